@@ -1,0 +1,53 @@
+"""RL algorithm functions: pure torch over (B, T) token tensors, chosen by name.
+
+`advantages` (gae, grpo, reinforce and the `compute_advantages` registry), `losses` (PPO actor
+and critic losses, log-probs, entropy), `kl` (reference-KL penalty and its controllers), `utils`
+(masked reductions).
+"""
+
+from roll.algorithms.advantages import (
+    ADV_ESTIMATORS,
+    compute_advantages,
+    compute_gae,
+    compute_grpo_advantages,
+    compute_reinforce_returns,
+)
+from roll.algorithms.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_penalty,
+    make_kl_controller,
+)
+from roll.algorithms.losses import (
+    agg_loss,
+    entropy_from_logits,
+    explained_variance,
+    logprobs_from_logits,
+    ppo_policy_loss,
+    value_loss,
+)
+from roll.algorithms.utils import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "agg_loss",
+    "apply_kl_penalty",
+    "compute_advantages",
+    "compute_gae",
+    "compute_grpo_advantages",
+    "compute_reinforce_returns",
+    "entropy_from_logits",
+    "explained_variance",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "make_kl_controller",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "ppo_policy_loss",
+    "value_loss",
+]

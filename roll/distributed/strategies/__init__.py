@@ -1,0 +1,8 @@
+"""Engines behind the worker roles, one module each.
+
+- `torch_train`: `TorchTrainStrategy`, plain PyTorch training on CPU or one GPU (actor, critic).
+- `hf_infer`: transformers generation for the inference worker.
+
+Modules are imported by path (`roll.distributed.strategies.torch_train`) so that a process that
+only generates never imports the training stack, and the other way round.
+"""

@@ -1,0 +1,8 @@
+"""roll's built-in environments. Importing this package registers them (see roll.agentic.env).
+
+roll finds it through the `roll.envs` entry point (`builtin = envs` in setup.py), never by name.
+"""
+
+from roll.agentic.env import register_env
+
+register_env("roll/FrozenLake-v0", "envs.frozen_lake.env:FrozenLakeEnv", aliases=("frozen_lake",))

@@ -1,0 +1,115 @@
+"""FrozenLake as a text env (gymnasium's toy-text FrozenLake, drawn as a grid of symbols).
+
+Same dynamics as `gymnasium.envs.toy_text.FrozenLakeEnv`: actions Left, Down, Right, Up; a move
+into the edge leaves the player in place; on slippery ice the player goes the intended way or
+one of the two perpendicular ways, 1/3 each; reward 1 on the goal, else 0; a hole or the goal
+ends the episode. Differences: maps are random per episode with rng-placed start and goal
+(`maps.generate_map`), and observations are text (`_` ice, `O` hole, `G` goal, `P` player,
+`X` player in a hole, `√` player on the goal; the start cell is ice once the player leaves it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from envs.frozen_lake.maps import (
+    MOVES,
+    check_map_params,
+    find_cell,
+    generate_map,
+    shortest_path_length,
+)
+from roll.agentic.env import TextEnv
+
+_SYMBOL = {"S": "_", "F": "_", "H": "O", "G": "G"}
+_PLAYER_ON = {"S": "P", "F": "P", "H": "X", "G": "√"}
+
+
+def _check_desc(desc: Sequence[str]) -> list[str]:
+    """A given map as a list of rows, rejected unless it is a playable FrozenLake map."""
+    rows = [str(row) for row in desc]
+    text = "".join(rows)
+    if not rows or len({len(row) for row in rows}) != 1 or not set(text) <= set("SFHG"):
+        raise ValueError(f"desc must be equal-length rows of S, F, H, G; got {rows}")
+    if text.count("S") != 1 or text.count("G") != 1:
+        raise ValueError(f"desc needs exactly one S and one G; got {rows}")
+    if shortest_path_length(rows) is None:
+        raise ValueError(f"desc has no path from S to G: {rows}")
+    return rows
+
+
+class FrozenLakeEnv(TextEnv):
+    """Walk from the start to the goal G without stepping into a hole O.
+
+    `reset(options={"desc": [...]})` plays the given map (rows of S/F/H/G) instead of a random one.
+    `episode_metrics`: `fell_in_hole` (0/1) and `shortest_path` (fewest moves from the start).
+    """
+
+    actions = ("Left", "Down", "Right", "Up")
+    instruction = (
+        "You are P on a frozen lake. Reach the goal G. Do not step into a hole O. "
+        "Answer with one move, like <answer>Left</answer>: Left, Down, Right or Up."
+    )
+
+    def __init__(
+        self,
+        size: int = 4,
+        hole_prob: float = 0.2,
+        is_slippery: bool = False,
+        max_path_length: int | None = None,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(format_penalty=format_penalty, render_mode=render_mode)
+        check_map_params(size, hole_prob, max_path_length)
+        self.size = size
+        self.hole_prob = hole_prob
+        self.is_slippery = is_slippery
+        self.max_path_length = max_path_length
+        self._desc: list[str] = []
+        self._pos = (0, 0)
+        self._shortest_path = 0
+
+    @property
+    def _cell(self) -> str:
+        return self._desc[self._pos[0]][self._pos[1]]
+
+    @property
+    def success(self) -> bool:
+        return bool(self._desc) and self._cell == "G"
+
+    def episode_metrics(self) -> dict[str, float]:
+        fell_in_hole = float(self._cell == "H")
+        return {"fell_in_hole": fell_in_hole, "shortest_path": float(self._shortest_path)}
+
+    def _reset(self, options: dict[str, Any]) -> str:
+        if "desc" in options:
+            self._desc = _check_desc(options["desc"])
+        else:
+            self._desc = generate_map(
+                self.np_random, self.size, self.hole_prob, self.max_path_length
+            )
+        self._pos = find_cell(self._desc, "S")
+        self._shortest_path = shortest_path_length(self._desc)
+        return self._text()
+
+    def _apply(self, action: str) -> tuple[str, float, bool, bool]:
+        if self._cell in "HG":  # the episode is over: absorbing, as in gymnasium
+            return self._text(), 0.0, True, False
+        direction = self.actions.index(action)
+        if self.is_slippery:
+            direction = (direction - 1 + int(self.np_random.integers(3))) % 4
+        row, col = self._pos[0] + MOVES[direction][0], self._pos[1] + MOVES[direction][1]
+        if 0 <= row < len(self._desc) and 0 <= col < len(self._desc[0]):
+            self._pos = (row, col)
+        return self._text(), float(self._cell == "G"), self._cell in "HG", False
+
+    def _text(self) -> str:
+        rows = []
+        for row, line in enumerate(self._desc):
+            symbols = [_SYMBOL[letter] for letter in line]
+            if row == self._pos[0]:
+                symbols[self._pos[1]] = _PLAYER_ON[line[self._pos[1]]]
+            rows.append("".join(symbols))
+        return "\n".join(rows)

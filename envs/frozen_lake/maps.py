@@ -1,0 +1,73 @@
+"""Random FrozenLake maps that are always solvable.
+
+A map is a list of equal-length rows over gymnasium's letters: S start, F frozen, H hole, G goal.
+Unlike gymnasium's `generate_random_map` (start and goal fixed in opposite corners), the start and
+goal are placed by the rng, so a policy cannot solve every map with one memorised route, and
+`max_path_length` bounds how far apart they may be (a curriculum knob for small models).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+# (row, col) offsets in gymnasium's action order: Left, Down, Right, Up.
+MOVES: tuple[tuple[int, int], ...] = ((0, -1), (1, 0), (0, 1), (-1, 0))
+
+
+def find_cell(desc: Sequence[str], letter: str) -> tuple[int, int]:
+    """(row, col) of the first `letter` in `desc`."""
+    for row, line in enumerate(desc):
+        col = line.find(letter)
+        if col >= 0:
+            return row, col
+    raise ValueError(f"map has no {letter!r}: {list(desc)}")
+
+
+def shortest_path_length(desc: Sequence[str]) -> int | None:
+    """Fewest moves from S to G that avoid holes (breadth-first search), None if unreachable."""
+    start, goal = find_cell(desc, "S"), find_cell(desc, "G")
+    rows, cols = len(desc), len(desc[0])
+    distance = {start: 0}
+    queue = deque([start])
+    while queue:
+        row, col = queue.popleft()
+        if (row, col) == goal:
+            return distance[goal]
+        for d_row, d_col in MOVES:
+            nxt = (row + d_row, col + d_col)
+            inside = 0 <= nxt[0] < rows and 0 <= nxt[1] < cols
+            if inside and nxt not in distance and desc[nxt[0]][nxt[1]] != "H":
+                distance[nxt] = distance[(row, col)] + 1
+                queue.append(nxt)
+    return None
+
+
+def check_map_params(size: int, hole_prob: float, max_path_length: int | None) -> None:
+    """Reject parameters for which `generate_map` would be meaningless or never return."""
+    if size < 2:
+        raise ValueError(f"size must be >= 2 (start and goal need two cells), got {size}")
+    if not 0.0 <= hole_prob <= 1.0:
+        raise ValueError(f"hole_prob must be in [0, 1], got {hole_prob}")
+    if max_path_length is not None and max_path_length < 1:
+        raise ValueError(f"max_path_length must be >= 1 or None, got {max_path_length}")
+
+
+def generate_map(
+    rng: np.random.Generator, size: int, hole_prob: float, max_path_length: int | None = None
+) -> list[str]:
+    """A `size` x `size` map: each cell a hole with probability `hole_prob`, then start and goal
+    on two distinct rng-chosen cells; redrawn until G is reachable from S in at most
+    `max_path_length` moves (any number when None). Always terminates: adjacent S and G are
+    accepted whatever the holes, and they come up with positive probability."""
+    check_map_params(size, hole_prob, max_path_length)
+    while True:
+        cells = np.where(rng.random((size, size)) < hole_prob, "H", "F")
+        start, goal = rng.choice(size * size, size=2, replace=False)
+        cells.flat[start], cells.flat[goal] = "S", "G"
+        desc = ["".join(row) for row in cells]
+        length = shortest_path_length(desc)
+        if length is not None and (max_path_length is None or length <= max_path_length):
+            return desc

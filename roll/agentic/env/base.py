@@ -1,0 +1,114 @@
+"""`TextEnv`: the one base class every roll environment (built-in or user) subclasses.
+
+Contract (DESIGN.md "Environments"):
+- `reset(*, seed=None, options=None) -> (obs, info)` with `info["env_instruction"]` (the task text,
+  shown once) and `info["metrics"] == {}`.
+- `step(action) -> (obs, reward, terminated, truncated, info)`; `action` is the raw model text.
+  `info` always has `action_is_valid: bool`, `success: bool` and `metrics: dict[str, float]`
+  (episode-so-far: `num_actions`, `num_invalid` plus the env's `episode_metrics()`), so the last
+  step's metrics are the episode's.
+- An action that does not parse is a valid *step*: no state change, the same observation,
+  `format_penalty` reward, not terminated. `step` never raises for any `str`.
+
+A subclass implements only `actions`, `instruction`, `_reset`, `_apply`, `success` and optionally
+`episode_metrics`, and draws all randomness from `self.np_random` so that equal seeds give equal
+rollouts. A subclass whose observations need characters outside `CHARSET` (or longer than
+`MAX_TEXT_CHARS`) reassigns `self.observation_space` after `super().__init__`.
+"""
+
+from __future__ import annotations
+
+import abc
+import string
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from roll.agentic.env.parsing import extract_answer, match_choice
+
+# Printable ASCII (with newline), Latin-1 letters and the symbols our grids and pages print.
+_LATIN1 = "".join(map(chr, range(0xA1, 0x100)))
+CHARSET = string.printable + _LATIN1 + "√•…–—‘’“”€™"
+# Longest observation (or sampled action) in characters; responses longer than this still parse.
+MAX_TEXT_CHARS = 8192
+
+
+class TextEnv(gym.Env[str, str], abc.ABC):
+    """A gymnasium env whose observations and actions are text; see the module docstring."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    actions: tuple[str, ...] = ()
+    instruction: str = ""
+
+    def __init__(self, *, format_penalty: float = -0.1, render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode {render_mode!r} not in {self.metadata['render_modes']}"
+            )
+        self.format_penalty = float(format_penalty)
+        self.render_mode = render_mode
+        self.observation_space = spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
+        self.action_space = spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
+        self._frame: str | None = None
+        self._num_actions = 0
+        self._num_invalid = 0
+
+    # --- the surface a subclass implements -------------------------------------------------
+    @abc.abstractmethod
+    def _reset(self, options: dict[str, Any]) -> str:
+        """Start a new episode using `self.np_random`; return the first observation."""
+
+    @abc.abstractmethod
+    def _apply(self, action: str) -> tuple[str, float, bool, bool]:
+        """Play one parsed action (one of `actions`): (obs, reward, terminated, truncated)."""
+
+    @property
+    @abc.abstractmethod
+    def success(self) -> bool:
+        """True when the current episode is solved."""
+
+    def episode_metrics(self) -> dict[str, float]:
+        """Env-specific per-episode numbers reported in every step's `info["metrics"]`."""
+        return {}
+
+    def parse_action(self, text: str) -> str | None:
+        """The action word in the raw model `text`, or None. Override for another answer format."""
+        return match_choice(extract_answer(text), self.actions)
+
+    # --- the gymnasium API, final ----------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._num_actions = 0
+        self._num_invalid = 0
+        self._frame = self._reset(dict(options or {}))
+        return self._frame, {"env_instruction": self.instruction, "metrics": {}}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._frame is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        self._num_actions += 1
+        parsed = self.parse_action(action)
+        if parsed is None:
+            self._num_invalid += 1
+            obs, reward, terminated, truncated = self._frame, self.format_penalty, False, False
+        else:
+            obs, reward, terminated, truncated = self._apply(parsed)
+            self._frame = obs
+        metrics = {
+            "num_actions": float(self._num_actions),
+            "num_invalid": float(self._num_invalid),
+            **self.episode_metrics(),
+        }
+        info = {
+            "action_is_valid": parsed is not None,
+            "success": bool(self.success),
+            "metrics": metrics,
+        }
+        return obs, float(reward), bool(terminated), bool(truncated), info
+
+    def render(self) -> str | None:
+        """The current text frame in "ansi" mode (what the last observation showed)."""
+        return self._frame if self.render_mode == "ansi" else None

@@ -1,0 +1,123 @@
+"""Find an env class from a config's `env_type`, the same way for built-ins and user envs.
+
+`env_type` is a gymnasium id (`roll/FrozenLake-v0`), a short alias (`frozen_lake`) or
+`package.module:ClassName`. `roll` never imports the `envs` package by name: packages that ship
+envs declare a Python entry point in group `roll.envs` (roll's own setup.py has
+`builtin = envs`), and the first lookup loads each one, which registers its envs through
+`register_env`. Without an installed entry point (a bare checkout) `import envs` does the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+
+from roll.agentic.env.base import TextEnv
+
+ENTRY_POINT_GROUP = "roll.envs"
+_ENTRY_POINTS: dict[str, str] = {}  # env id -> "module:Class", in registration order
+_ALIASES: dict[str, str] = {}  # alias -> env id
+
+
+def register_env(env_id: str, entry_point: str, aliases: Sequence[str] = ()) -> None:
+    """Register a `TextEnv` with gymnasium under `env_id` and with roll under `aliases`.
+
+    Registering the same id, entry point and aliases again is a no-op (plugins may be imported
+    twice); an alias already taken by another id is an error. The gymnasium spec keeps its default
+    checker wrappers for `gym.make` users; roll itself builds the raw class (`make_env`).
+    """
+    for alias in aliases:
+        if _ALIASES.get(alias, env_id) != env_id:
+            raise ValueError(f"env alias {alias!r} already names {_ALIASES[alias]!r}")
+    if _ENTRY_POINTS.get(env_id) != entry_point:
+        gym.register(id=env_id, entry_point=entry_point)
+        _ENTRY_POINTS[env_id] = entry_point
+    _ALIASES.update(dict.fromkeys(aliases, env_id))
+
+
+@functools.cache
+def load_plugins() -> tuple[str, ...]:
+    """Load every `roll.envs` entry point once (a module registers on import; a callable is
+    called). Returns their names. A plugin that fails to load is an error naming it."""
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = ep.load()
+            if callable(loaded):
+                loaded()
+        except Exception as e:
+            where = f"{ENTRY_POINT_GROUP} entry point '{ep.name} = {ep.value}'"
+            raise RuntimeError(f"{where} failed to load: {e}") from e
+        names.append(ep.name)
+    return tuple(names)
+
+
+def list_envs() -> list[str]:
+    """Ids of every env registered through `register_env` (plugins loaded), sorted."""
+    load_plugins()
+    return sorted(_ENTRY_POINTS)
+
+
+def _unknown(env_type: str, why: str = "") -> ValueError:
+    known = ", ".join(sorted({*_ENTRY_POINTS, *_ALIASES})) or "none"
+    hint = ""
+    if not load_plugins():
+        hint = f" (no '{ENTRY_POINT_GROUP}' entry point installed: pip install -e . or import envs)"
+    return ValueError(f"unknown env_type {env_type!r}{why}; known: {known}{hint}")
+
+
+def _import_class(env_type: str) -> Any:
+    module_name, _, attr = env_type.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name and not module_name.startswith(f"{e.name}."):
+            raise  # the module exists but one of its own imports is missing
+        raise _unknown(env_type, f" (no module {module_name!r})") from e
+    if not hasattr(module, attr):
+        raise _unknown(env_type, f" (module {module_name!r} has no {attr!r})")
+    return getattr(module, attr)
+
+
+def resolve_env_class(env_type: str) -> type[TextEnv]:
+    """The `TextEnv` subclass that `env_type` (id, alias or "module:Class") names."""
+    load_plugins()
+    if ":" in env_type:
+        cls = _import_class(env_type)
+    else:
+        env_id = _ALIASES.get(env_type, env_type)
+        if env_id not in gym.registry:
+            raise _unknown(env_type)
+        creator = gym.registry[env_id].entry_point
+        cls = load_env_creator(creator) if isinstance(creator, str) else creator
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
+        raise ValueError(f"env_type {env_type!r} names {cls!r}, which is not a TextEnv subclass")
+    return cls
+
+
+def check_env_config(env_type: str, env_config: Mapping[str, Any]) -> type[TextEnv]:
+    """The class of `env_type`, after checking that its constructor takes every `env_config`
+    key: an unknown key is a one-line TypeError naming it and the accepted ones. Cheap, so config
+    validation can call it long before any env is built."""
+    cls = resolve_env_class(env_type)
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(env_config) - set(params))
+        if unknown:
+            raise TypeError(
+                f"unknown env_config key(s) {', '.join(map(repr, unknown))} for env_type "
+                f"{env_type!r} ({cls.__name__}); accepted: {', '.join(params) or 'none'}"
+            )
+    return cls
+
+
+def make_env(env_type: str, env_config: Mapping[str, Any]) -> TextEnv:
+    """A raw (unwrapped, no gymnasium wrappers) instance of `env_type` built with `**env_config`."""
+    return check_env_config(env_type, env_config)(**env_config)

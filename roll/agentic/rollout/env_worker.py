@@ -1,0 +1,69 @@
+"""Env-worker actor: hosts env managers (grouped) as coroutines and plays whole groups on request."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
+from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.rollout.records import GroupResult, SamplingParams
+from roll.models.loading import load_tokenizer
+from roll.utils.seeding import derive_seed
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One group to play: `group_size` episodes on the same env seed, each with its own sampling seed."""
+
+    group_index: int
+    traj_group_id: str
+    env_seed: int
+    sample_seed: int
+    keep_frames: bool = False
+
+    def episode(self, member: int) -> EpisodeSpec:
+        return EpisodeSpec(
+            traj_group_id=self.traj_group_id, traj_id=f"{self.traj_group_id}-{member}",
+            env_seed=self.env_seed, sample_seed=derive_seed(self.sample_seed, member),
+            keep_frames=self.keep_frames,
+        )
+
+
+class EnvWorker:
+    """Ray actor (async). Slot k holds `group_size` managers of env spec `slots[k]`."""
+
+    def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
+                 sampling: SamplingParams, sequence_length: int, step_timeout_s: float | None = 60.0):
+        torch.set_num_threads(1)  # env workers only tokenize; leave the cores to the engine
+        n_envs = max(1, len(slots) * group_size)
+        asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.inference = inference
+        self._args = (sampling, sequence_length, step_timeout_s)
+        self.groups = [[self._make_manager(spec) for _ in range(group_size)] for spec in slots]
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    def _make_manager(self, spec: EnvSpec) -> TrajEnvManager:
+        sampling, sequence_length, step_timeout_s = self._args
+        return TrajEnvManager(spec, self.tokenizer, self._generate, sampling, sequence_length, step_timeout_s)
+
+    async def _generate(self, request):
+        return await self.inference.generate.remote(request)
+
+    async def run_group(self, slot: int, group: GroupSpec) -> GroupResult:
+        managers = self.groups[slot]
+        results = await asyncio.gather(
+            *(m.run_episode(group.episode(i)) for i, m in enumerate(managers)), return_exceptions=True)
+        trajectories, dropped = [], []
+        for i, res in enumerate(results):
+            if isinstance(res, BaseException):
+                dropped.append(f"{type(res).__name__}: {res}")
+                managers[i] = self._make_manager(managers[i].spec)  # a fresh env for the next episode
+            else:
+                trajectories.append(res)
+        return GroupResult(group.group_index, trajectories, dropped)

@@ -1,0 +1,93 @@
+"""Config of environments (`custom_envs.<Tag>`) and of the env managers that run them.
+
+Two meanings of "steps" meet here: `CustomEnvConfig.max_steps` counts actions in one trajectory,
+while the top-level `max_steps` counts training steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.worker import GeneratingArgs
+
+
+class CustomEnvConfig(ConfigModel):
+    """One environment kind, referred to by its tag (the key under `custom_envs`)."""
+
+    env_type: str
+    """A gymnasium id ("roll/FrozenLake-v0"), a short alias ("frozen_lake") or
+    "package.module:ClassName" of a `roll.agentic.env.TextEnv` subclass."""
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the env class's constructor."""
+    max_steps: int = Field(10, ge=1)
+    """Most actions in one trajectory; the episode is cut (stop reason "max_steps") after it.
+    Not to be confused with the top-level `max_steps` (training steps)."""
+    max_tokens_per_step: int = Field(64, ge=1)
+    """Most tokens the model may generate for one action."""
+    response_prefix: str = ""
+    """Text put after the assistant generation prompt as part of the prompt, and prepended to the
+    model's text before the env parses it. RAGEN uses "<answer>" so that a model that does not
+    know the answer format yet only has to produce the action."""
+
+
+class EnvManagerConfig(ConfigModel):
+    """A pool of env groups that produces trajectories (for training or validation).
+
+    The `group_size` envs of one group share one seed, hence one start state, so that GRPO/GiGPO
+    can compare their outcomes. `num_env_groups` is how many groups run concurrently; a training
+    step consumes `rollout_batch_size / group_size` complete groups, so fewer concurrent groups
+    just means that groups are run again until the step has enough.
+    """
+
+    num_env_groups: int = Field(ge=1)
+    """Env groups running concurrently."""
+    group_size: int = Field(1, ge=1)
+    """Envs (trajectories) per group, all started from the same seed."""
+    tags: list[str] = Field(min_length=1)
+    """Which `custom_envs` this manager runs."""
+    num_groups_partition: list[int] | None = None
+    """Groups per tag, in the order of `tags`, summing to `num_env_groups`. May be left out only
+    when there is a single tag (it then gets every group)."""
+    max_env_num_per_worker: int = Field(0, ge=0)
+    """Most envs in one env-worker process; 0 puts all envs in one env worker."""
+    generating_args: GeneratingArgs | None = None
+    """Sampling of this manager's requests: the keys given here replace those of
+    `actor_infer.generating_args`, the others are inherited (e.g. `{do_sample: false}` for
+    greedy validation). None uses the actor's as they are."""
+
+    @model_validator(mode="after")
+    def _check_tags_and_partition(self) -> EnvManagerConfig:
+        if len(set(self.tags)) != len(self.tags):
+            raise InvalidField("tags", f"must be distinct (got {self.tags})")
+        partition = self.num_groups_partition
+        if partition is None:
+            if len(self.tags) > 1:
+                raise InvalidField(
+                    "num_groups_partition", f"required when there are several tags {self.tags}"
+                )
+            return self
+        if len(partition) != len(self.tags):
+            raise InvalidField(
+                "num_groups_partition",
+                f"needs one number per tag {self.tags}, got {partition}",
+            )
+        if any(n < 0 for n in partition) or sum(partition) != self.num_env_groups:
+            raise InvalidField(
+                "num_groups_partition",
+                f"{partition} must be non-negative and sum to num_env_groups={self.num_env_groups}",
+            )
+        return self
+
+    @property
+    def groups_per_tag(self) -> dict[str, int]:
+        """How many env groups run each tag (the resolved `num_groups_partition`)."""
+        partition = self.num_groups_partition or [self.num_env_groups]
+        return dict(zip(self.tags, partition, strict=True))
+
+    @property
+    def num_envs(self) -> int:
+        """Envs this manager runs concurrently."""
+        return self.num_env_groups * self.group_size

@@ -1,0 +1,205 @@
+"""YAML + overrides -> validated `PipelineConfig`, every failure as a one-line `ConfigError`.
+
+Hydra's compose API does the composition (defaults lists, `${...}` interpolation, `key=value`
+overrides) without taking over the process (no output dir, no logging setup, no chdir); pydantic
+does the validation. This module only translates their exceptions into "KEY: why".
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from pydantic import BaseModel, ValidationError
+
+from roll.configs.base import ConfigError, InvalidField
+from roll.configs.pipeline import PipelineConfig
+
+
+def load_config(
+    config_path: str, config_name: str, overrides: Sequence[str] = ()
+) -> PipelineConfig:
+    """Compose `config_path/config_name.yaml` with hydra `overrides` and validate it.
+
+    `config_path` is a directory, relative to the current directory or absolute.
+    Raises `ConfigError` for every problem: missing file, bad YAML, bad override, invalid value.
+    """
+    config_dir = os.path.abspath(config_path)
+    if not os.path.isdir(config_dir):
+        raise ConfigError("config_path", f"{config_path!r} is not a directory")
+    return validate_config(_compose(config_dir, config_name, list(overrides)))
+
+
+def validate_config(data: dict[str, Any]) -> PipelineConfig:
+    """Validate an already composed config (a plain dict), raising `ConfigError`."""
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise _from_validation_error(err) from None
+
+
+def _compose(config_dir: str, config_name: str, overrides: list[str]) -> dict[str, Any]:
+    try:
+        cfg = _compose_adding_schema_keys(config_dir, config_name, overrides)
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingConfigException as err:
+        raise _missing_file_error(err, config_dir, config_name) from None
+    except ConfigCompositionException as err:
+        raise _composition_error(err) from None
+    except MissingMandatoryValue as err:
+        why = "required value is missing (it is ??? in the YAML)"
+        raise ConfigError(err.full_key, why) from None
+    except OmegaConfBaseException as err:  # e.g. an interpolation of a key that does not exist
+        raise ConfigError(err.full_key or config_name, _first_line(err)) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{mark.name} line {mark.line + 1}" if mark else config_name
+        raise ConfigError(where, f"invalid YAML: {getattr(err, 'problem', None) or err}") from None
+    except HydraException as err:
+        raise ConfigError(config_name, _first_line(err)) from None
+
+
+def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: list[str]) -> Any:
+    """Hydra composition, where `key=value` also works for a key the YAML leaves at its default.
+
+    Hydra only knows the YAML, so it rejects `adv_estimator=gae` unless the YAML sets
+    `adv_estimator` (the user would have to write `+adv_estimator=gae`). The schema knows the
+    key: such an override is retried as `+key=value`. Keys outside the schema still fail.
+    """
+    changed_keys = [_parse_override(override) for override in overrides]
+    overrides = list(overrides)
+    while True:
+        try:
+            with initialize_config_dir(config_dir=config_dir, version_base=None):
+                return compose(config_name=config_name, overrides=overrides)
+        except ConfigCompositionException as err:
+            cause = err.__cause__
+            key = getattr(cause, "full_key", None)
+            left_at_default = (
+                key is not None
+                and key in changed_keys
+                and "not in struct" in str(cause)
+                and _is_schema_key(key)
+            )
+            if not left_at_default:
+                raise
+            index = changed_keys.index(key)
+            overrides[index] = "+" + overrides[index]
+            changed_keys[index] = None  # "+key=value" now, never retried again
+
+
+def _parse_override(override: str) -> str | None:
+    """The key that a plain `key=value` override changes (None for `+key`, `~key`, ...), or a
+    `ConfigError` quoting the override when its syntax is wrong."""
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([override])
+    except HydraException as err:
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        details = [line for line in lines if not line.startswith(("Error parsing", "See https"))]
+        raise ConfigError(override, f"bad override syntax: {(details or lines)[0]}") from None
+    return parsed.key_or_group if parsed.type is OverrideType.CHANGE else None
+
+
+def _missing_file_error(
+    err: MissingConfigException, config_dir: str, config_name: str
+) -> ConfigError:
+    missing = err.missing_cfg_file or config_name
+    if missing == config_name:
+        return ConfigError("config_name", f"no {config_name!r} config in {config_dir}")
+    group = missing.rsplit("/", 1)[0] if "/" in missing else "defaults"
+    return ConfigError(group, f"cannot find config {missing!r}; options: {err.options}")
+
+
+def _composition_error(err: ConfigCompositionException) -> ConfigError:
+    cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        if "not in struct" in str(cause):
+            return ConfigError(cause.full_key, _unknown_key_message(cause.full_key.split(".")))
+        return ConfigError(cause.full_key, _first_line(cause))
+    return ConfigError("overrides", _first_line(err))
+
+
+def _from_validation_error(err: ValidationError) -> ConfigError:
+    """The first pydantic error as "dotted.key: why", with a count of the others."""
+    errors = err.errors()
+    first = errors[0]
+    loc = [str(part) for part in first["loc"]]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, InvalidField):
+        loc.append(cause.key)
+        message = cause.reason
+    elif first["type"] == "extra_forbidden":
+        message = _unknown_key_message(loc)
+    elif first["type"] == "missing":
+        message = "required key is missing"
+    elif cause is not None:  # our own ValueError from a field validator
+        message = str(cause)
+    else:
+        got = repr(first["input"])
+        got = got if len(got) <= 60 else got[:57] + "..."
+        message = f"{first['msg'][0].lower()}{first['msg'][1:]} (got {got})"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return ConfigError(".".join(loc) or "config", message)
+
+
+def _unknown_key_message(path: Sequence[str]) -> str:
+    """ "unknown key", with the closest valid key of that section as a suggestion."""
+    section = _section_model(path[:-1])
+    if section is None:
+        return "unknown key"
+    valid = list(section.model_fields)
+    close = difflib.get_close_matches(path[-1], valid, n=1)
+    if close:
+        return f"unknown key (did you mean {close[0]!r}?)"
+    return f"unknown key; valid keys here: {', '.join(valid)}"
+
+
+def _is_schema_key(dotted_key: str) -> bool:
+    return _annotation_at(dotted_key.split(".")) is not None
+
+
+def _section_model(path: Sequence[str]) -> type[BaseModel] | None:
+    """The config model found at `path` below `PipelineConfig`; None when there is none."""
+    return _as_model(_annotation_at(path))
+
+
+def _annotation_at(path: Sequence[str]) -> Any:
+    """The type annotation of the key at `path` below `PipelineConfig`, walking through optional
+    sections, dicts of sections (`custom_envs.<Tag>`) and free-form dicts (`env_config`);
+    None when no such key exists."""
+    annotation: Any = PipelineConfig
+    for part in path:
+        model = _as_model(annotation)
+        if model is not None:
+            if part not in model.model_fields:
+                return None
+            annotation = model.model_fields[part].annotation
+        elif typing.get_origin(annotation) is dict:
+            annotation = typing.get_args(annotation)[1]
+        elif annotation is not Any:
+            return None
+    return annotation
+
+
+def _as_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # `Section | None`
+        return next(filter(None, map(_as_model, typing.get_args(annotation))), None)
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -1,0 +1,242 @@
+"""The top-level config of an agentic RL run: the whole YAML, validated.
+
+Checks that involve several sections live in one model validator here, each error naming the
+exact key; values derived from several fields (groups per step, whether KL is on, ...) are
+properties here, so no other module recomputes them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.env import CustomEnvConfig, EnvManagerConfig
+from roll.configs.worker import (
+    GeneratingArgs,
+    WorkerConfig,
+    check_model_dir,
+    check_strategy_for_role,
+)
+
+
+class PipelineConfig(ConfigModel):
+    """Everything `AgenticPipeline` needs. Field names follow ROLL's agentic YAMLs."""
+
+    exp_name: str = Field("roll", min_length=1)
+    """Name of the experiment, shown in logs."""
+    seed: int = 42
+    """Root of every random choice in the run (env seeds, sampling, init), via `derive_seed`."""
+    logging_dir: str = "./output/logs"
+    """TensorBoard event files go here."""
+    output_dir: str = "./output"
+    """`metrics.jsonl` and `checkpoints/step_N/` go here."""
+    render_save_dir: str | None = None
+    """Text frames of validation episodes go here; None saves none."""
+    max_steps: int = Field(ge=1)
+    """Training steps (rollout + update) of the run. Not `custom_envs.<Tag>.max_steps`, which
+    counts actions in one trajectory."""
+    save_steps: int = Field(0, ge=0)
+    """Save a checkpoint every `save_steps` training steps and at the last step; 0 never saves."""
+    logging_steps: int = Field(1, ge=1)
+    """Log metrics every `logging_steps` training steps."""
+    eval_steps: int = Field(0, ge=0)
+    """Validate every `eval_steps` training steps; 0 turns validation off."""
+    resume_from_checkpoint: bool | str = False
+    """False starts fresh; True resumes from the latest complete checkpoint under `output_dir`
+    (fresh if there is none yet); a path resumes from that checkpoint directory (it must exist)."""
+    pretrain: str
+    """Local HF model dir (with config.json) that every role loads unless its
+    `model_args.model_name_or_path` says otherwise."""
+    reward_pretrain: str | None = None
+    """Local HF model dir of the critic; None uses `pretrain`."""
+    adv_estimator: Literal["gae", "grpo", "reinforce"] = "grpo"
+    """"gae": critic-based GAE (needs `critic`); "grpo": reward minus the group mean (divided by
+    the group std if `norm_adv_by_std_in_grpo`); "reinforce": the discounted return."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each rollout batch, in mini-batches of `training_args.mini_batch_size`."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount factor across tokens/steps."""
+    lambd: float = Field(0.95, ge=0, le=1)
+    """GAE lambda."""
+    pg_clip: float = Field(0.2, gt=0)
+    """PPO clip range of the probability ratio: [1 - pg_clip, 1 + pg_clip]."""
+    value_clip: float | None = Field(0.5, gt=0)
+    """Critic values are clipped to old value +- value_clip in the value loss; None: no clipping."""
+    init_kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty against `reference` (initial value when `target_kl` is set)."""
+    target_kl: float | None = Field(None, gt=0)
+    """When set, the KL weight adapts towards this per-token KL (adaptive controller); None keeps
+    it fixed at `init_kl_coef`."""
+    kl_horizon: int = Field(10000, ge=1)
+    """Horizon of the adaptive KL controller, in samples."""
+    whiten_advantages: bool = False
+    """Normalise advantages over the whole batch to zero mean and unit std."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO divides by the group std; False keeps only the mean subtraction (Dr. GRPO)."""
+    entropy_loss_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus in the actor loss (loss -= coef * entropy)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How per-token losses become one number: mean over all tokens of the batch, or per sequence
+    first (mean or sum over its tokens) and then the mean over sequences."""
+    async_generation_ratio: int = 0
+    """How many steps rollout may run ahead of training; only 0 (synchronous) exists today."""
+    rollout_batch_size: int = Field(ge=1)
+    """Trajectories per training step; a multiple of `train_env_manager.group_size`."""
+    val_batch_size: int = Field(0, ge=0)
+    """Trajectories per validation; a multiple of `val_env_manager.group_size`."""
+    sequence_length: int = Field(2048, ge=1)
+    """Most tokens of one trajectory (prompt, responses and observations together)."""
+    ray_address: str | None = None
+    """Address of a running Ray cluster; None starts a local Ray."""
+    actor_train: WorkerConfig
+    """The policy being trained."""
+    actor_infer: WorkerConfig
+    """The policy's inference engine, which serves the env managers."""
+    critic: WorkerConfig | None = None
+    """Value model; required by adv_estimator "gae"."""
+    reference: WorkerConfig | None = None
+    """Frozen policy for the KL penalty; required when `init_kl_coef > 0` or `target_kl` is set."""
+    train_env_manager: EnvManagerConfig
+    """Envs that produce training trajectories."""
+    val_env_manager: EnvManagerConfig | None = None
+    """Envs that produce validation trajectories; required when `eval_steps > 0`."""
+    custom_envs: dict[str, CustomEnvConfig]
+    """Environment kinds by tag, referred to by the env managers' `tags`."""
+
+    @field_validator("pretrain", "reward_pretrain")
+    @classmethod
+    def _is_model_dir(cls, path: str | None) -> str | None:
+        return path if path is None else check_model_dir(path)
+
+    @field_validator("resume_from_checkpoint", mode="plain", json_schema_input_type=bool | str)
+    @classmethod
+    def _bool_or_existing_dir(cls, value: object) -> bool | str:
+        # "plain": a bool|str union would report one error per member for a single bad value.
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and os.path.isdir(value):
+            return value
+        raise ValueError(
+            f"expected true, false or an existing checkpoint directory (got {value!r})"
+        )
+
+    @field_validator("async_generation_ratio")
+    @classmethod
+    def _synchronous_only(cls, ratio: int) -> int:
+        if ratio != 0:
+            raise ValueError("asynchronous training is not available yet; use 0")
+        return ratio
+
+    @model_validator(mode="after")
+    def _check_and_fill(self) -> PipelineConfig:
+        for role, worker in self.workers.items():
+            check_strategy_for_role(role, worker)
+        self._check_batches()
+        self._check_required_roles()
+        for name, manager in self.env_managers.items():
+            for tag in manager.tags:
+                if tag not in self.custom_envs:
+                    raise InvalidField(
+                        f"{name}.tags", f"{tag!r} is not in custom_envs {sorted(self.custom_envs)}"
+                    )
+        _check_env_types(self.custom_envs)
+        self._fill_model_paths()
+        return self
+
+    def _check_batches(self) -> None:
+        group_size = self.train_env_manager.group_size
+        if self.rollout_batch_size % group_size:
+            raise InvalidField(
+                "rollout_batch_size",
+                f"{self.rollout_batch_size} is not a multiple of "
+                f"train_env_manager.group_size={group_size}",
+            )
+        if self.eval_steps > 0 and self.val_env_manager is None:
+            raise InvalidField("val_env_manager", "required when eval_steps > 0")
+        if self.eval_steps > 0 and self.val_batch_size == 0:
+            raise InvalidField("val_batch_size", "must be > 0 when eval_steps > 0")
+        if self.val_env_manager is not None:
+            group_size = self.val_env_manager.group_size
+            if self.val_batch_size % group_size:
+                raise InvalidField(
+                    "val_batch_size",
+                    f"{self.val_batch_size} is not a multiple of "
+                    f"val_env_manager.group_size={group_size}",
+                )
+
+    def _check_required_roles(self) -> None:
+        if self.adv_estimator == "gae" and self.critic is None:
+            raise InvalidField("critic", 'required by adv_estimator "gae"')
+        if self.uses_kl and self.reference is None:
+            raise InvalidField("reference", "required when init_kl_coef > 0 or target_kl is set")
+
+    def _fill_model_paths(self) -> None:
+        """Give every role without an explicit model the run's one (the critic's: reward_pretrain,
+        else pretrain). The one place where `model_name_or_path` gets its default."""
+        for role, worker in self.workers.items():
+            if worker.model_args.model_name_or_path is None:
+                default = self.reward_pretrain if role == "critic" else None
+                worker.model_args.model_name_or_path = default or self.pretrain
+
+    @property
+    def workers(self) -> dict[str, WorkerConfig]:
+        """The configured roles by name, absent optional roles left out."""
+        roles = {
+            "actor_train": self.actor_train,
+            "actor_infer": self.actor_infer,
+            "critic": self.critic,
+            "reference": self.reference,
+        }
+        return {role: worker for role, worker in roles.items() if worker is not None}
+
+    @property
+    def env_managers(self) -> dict[str, EnvManagerConfig]:
+        """The configured env managers by key ("train_env_manager", "val_env_manager")."""
+        managers = {
+            "train_env_manager": self.train_env_manager,
+            "val_env_manager": self.val_env_manager,
+        }
+        return {name: manager for name, manager in managers.items() if manager is not None}
+
+    @property
+    def train_groups_per_step(self) -> int:
+        """Complete env groups consumed by one training step."""
+        return self.rollout_batch_size // self.train_env_manager.group_size
+
+    @property
+    def val_groups_per_eval(self) -> int:
+        """Complete env groups run by one validation (0 without a validation manager)."""
+        if self.val_env_manager is None:
+            return 0
+        return self.val_batch_size // self.val_env_manager.group_size
+
+    @property
+    def uses_kl(self) -> bool:
+        """Whether the loss has a KL term, hence whether the reference model is run."""
+        return self.init_kl_coef > 0 or self.target_kl is not None
+
+    def generating_args_for(self, manager: EnvManagerConfig) -> GeneratingArgs:
+        """Sampling settings of a manager's requests: `actor_infer.generating_args` with the keys
+        that the manager's `generating_args` sets explicitly replaced."""
+        base = self.actor_infer.generating_args
+        override = manager.generating_args
+        if override is None:
+            return base
+        explicit = {key: getattr(override, key) for key in override.model_fields_set}
+        return base.model_copy(update=explicit)
+
+
+def _check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
+    """Resolve every `env_type` now, so a typo fails before Ray starts."""
+    # Imported here: the registry pulls in gymnasium and the env base classes, which a reader of
+    # the config models alone does not need.
+    from roll.agentic.env.registry import resolve_env_class
+
+    for tag, env in custom_envs.items():
+        try:
+            resolve_env_class(env.env_type)
+        except (ValueError, ImportError) as err:
+            raise InvalidField(f"custom_envs.{tag}.env_type", str(err)) from None

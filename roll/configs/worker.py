@@ -1,0 +1,188 @@
+"""Config of one worker role (`actor_train`, `actor_infer`, `critic`, `reference`).
+
+Each role has the same four sections as in ROLL: which model, how to train it, how to sample from
+it, and which engine ("strategy") runs it. Which strategy names a role accepts is checked by
+`PipelineConfig`, because it depends on the role (see `check_strategy_for_role`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, field_validator
+
+from roll.agentic.rollout.records import SamplingParams
+from roll.configs.base import ConfigModel, InvalidField
+
+INFERENCE_STRATEGIES = ("hf",)
+"""Engines that can serve `actor_infer` today."""
+TRAINING_STRATEGIES = ("torch",)
+"""Engines that can train `actor_train`, `critic` and run `reference` today."""
+PLANNED_STRATEGIES = ("vllm", "sglang", "deepspeed", "fsdp2", "megatron")
+"""Engines of the design that are not built yet: named so the error can say "not available yet"."""
+STRATEGY_ALIASES = {
+    "hf_infer": "hf",
+    "torch_train": "torch",
+    "deepspeed_train": "deepspeed",
+    "fsdp2_train": "fsdp2",
+    "megatron_train": "megatron",
+}
+"""ROLL's spellings, accepted so that ROLL YAMLs keep working, normalised to ours."""
+
+
+class ModelArgs(ConfigModel):
+    """Which weights a role loads, and in which precision."""
+
+    model_name_or_path: str | None = None
+    """Local HF model dir. None: the top-level `pretrain` (for `critic`: `reward_pretrain`, else
+    `pretrain`), filled in by `PipelineConfig`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype. float32 is the safe choice on CPU; bfloat16 halves memory on GPU."""
+    attn_implementation: str | None = None
+    """Passed to `transformers` (e.g. "sdpa", "eager"); None lets transformers choose."""
+
+    @field_validator("model_name_or_path")
+    @classmethod
+    def _is_model_dir(cls, path: str | None) -> str | None:
+        return path if path is None else check_model_dir(path)
+
+
+class TrainingArgs(ConfigModel):
+    """Optimiser and batch sizes of a trained role. Ignored by roles that only infer."""
+
+    learning_rate: float = Field(1e-6, gt=0)
+    """Peak learning rate of AdamW."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW first-moment decay."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW second-moment decay."""
+    adam_epsilon: float = Field(1e-8, gt=0)
+    """AdamW denominator epsilon."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    """Shape of the learning-rate schedule after warm-up, over the run's optimiser steps."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimiser steps of linear warm-up from 0 to `learning_rate`."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global L2 norm before each optimiser step."""
+    per_device_train_batch_size: int = Field(8, ge=1)
+    """Micro-batch: samples in one forward/backward pass."""
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    """Micro-batches accumulated per optimiser step (see `mini_batch_size`)."""
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Samples per optimiser step, the PPO mini-batch, as in ROLL:
+        `per_device_train_batch_size * gradient_accumulation_steps` (one data-parallel rank)."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
+class GeneratingArgs(ConfigModel):
+    """How `actor_infer` samples one response (one env step)."""
+
+    max_new_tokens: int = Field(64, ge=1)
+    """Most tokens generated per response, unless the env's `max_tokens_per_step` says otherwise."""
+    temperature: float = Field(1.0, ge=0)
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass; 1.0 turns it off."""
+    top_k: int = Field(0, ge=0)
+    """Keep only the k most likely tokens; 0 turns it off."""
+    do_sample: bool = True
+    """False means greedy decoding whatever the temperature (e.g. for validation)."""
+    stop_strings: list[str] = Field(default_factory=list)
+    """Generation stops after any of these; each must be a single token of the tokenizer, which
+    the pipeline checks once it has loaded the tokenizer."""
+
+    def to_sampling_params(
+        self, max_new_tokens: int | None = None, stop_token_ids: Sequence[int] = ()
+    ) -> SamplingParams:
+        """The engine-level record for one request.
+
+        `max_new_tokens` replaces `self.max_new_tokens` when given (an env's
+        `max_tokens_per_step`); `stop_token_ids` are the ids of `stop_strings` and the EOS, which
+        only the caller can know because they need the tokenizer.
+        """
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            do_sample=self.do_sample,
+            stop_token_ids=list(stop_token_ids),
+        )
+
+
+class StrategyArgs(ConfigModel):
+    """Which engine runs the role, and its engine-specific options."""
+
+    strategy_name: str
+    """Inference: "hf" (alias "hf_infer"). Training: "torch" (alias "torch_train")."""
+    strategy_config: dict[str, Any] = Field(default_factory=dict)
+    """Options passed to the engine as keyword arguments; each engine documents its own."""
+
+    @field_validator("strategy_name")
+    @classmethod
+    def _normalise_alias(cls, name: str) -> str:
+        return STRATEGY_ALIASES.get(name, name)
+
+
+class WorkerConfig(ConfigModel):
+    """One role: model, optimiser, sampling and engine."""
+
+    model_args: ModelArgs = Field(default_factory=ModelArgs)
+    """Which weights to load."""
+    training_args: TrainingArgs = Field(default_factory=TrainingArgs)
+    """Optimiser and batch sizes (used by `actor_train` and `critic`)."""
+    generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
+    """Sampling (used by `actor_infer`; an env manager may override it)."""
+    strategy_args: StrategyArgs
+    """Engine of the role."""
+    device_mapping: list[NonNegativeInt] | None = None
+    """CUDA device indices of the role; None runs it on CPU. A list needs CUDA, which the
+    pipeline checks when it places workers."""
+
+    @field_validator("device_mapping")
+    @classmethod
+    def _distinct_devices(cls, devices: list[int] | None) -> list[int] | None:
+        if devices is not None and len(set(devices)) != len(devices):
+            raise ValueError(f"device indices must be distinct (got {devices})")
+        return devices
+
+
+def check_model_dir(path: str) -> str:
+    """`path` if it is a local HF model dir, else a ValueError that says how to make one.
+
+    Only local dirs: runs must not depend on a download (and the tiny model is built locally).
+    """
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(
+            f"{path!r} is not a local model directory (no config.json); build the tiny model "
+            "with `python -m roll.models.tiny --output_dir DIR` and point to DIR"
+        )
+    return path
+
+
+def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
+    """Raise `InvalidField` unless the role's engine exists and fits the role.
+
+    `actor_infer` needs an inference engine; `actor_train`, `critic` and `reference` a training
+    engine (the reference only computes log-probs, but with the same engine as the actor).
+    """
+    name = worker.strategy_args.strategy_name
+    available = INFERENCE_STRATEGIES if role == "actor_infer" else TRAINING_STRATEGIES
+    if name in available:
+        return
+    if name in PLANNED_STRATEGIES:
+        why = "is not available yet"
+    elif name in INFERENCE_STRATEGIES + TRAINING_STRATEGIES:
+        why = f"cannot run {role}"
+    else:
+        why = "is not a known strategy"
+    raise InvalidField(
+        f"{role}.strategy_args.strategy_name",
+        f"{name!r} {why}; available for {role}: {', '.join(available)}",
+    )

@@ -1,0 +1,131 @@
+"""`hf` inference strategy: a transformers causal LM driven by our own batched decode loop.
+
+Why not `model.generate`: it draws every row's sample from one global RNG, so a response would
+depend on which other requests happened to share its batch. Here each request carries its own
+seed and draws its own uniforms, so the same seed gives the same tokens however requests are
+batched (up to float round-off between batch shapes). The loop is the plain one: left-pad, prefill
+with a KV cache, then one token per step for every unfinished row.
+
+Log-probs are those of the temperature-scaled full distribution, `log_softmax(logits / T)` — what
+the trainer recomputes — so top-k / top-p truncation is not reflected in them (as in vLLM's
+default). Greedy rows report `log_softmax(logits)`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from roll.agentic.rollout.records import GenerateRequest, GenerateOutput
+
+
+class HFInferStrategy:
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_ids: list[int]):
+        self.model = model.eval()
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+        self.policy_version = 0
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.model.load_state_dict(state_dict, strict=False)
+        self.policy_version = version
+
+    @torch.no_grad()
+    def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        """Decode all requests together; each row stops on its own stop ids or length."""
+        n = len(requests)
+        device = next(self.model.parameters()).device
+        input_ids, attention_mask = _left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        sampler = _RowSampler(requests, device)
+        stop_sets = [set(r.params.stop_token_ids) | set(self.eos_token_ids) for r in requests]
+        max_new = [r.params.max_new_tokens for r in requests]
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        out_lps: list[list[float]] = [[] for _ in range(n)]
+        finish = ["length"] * n
+        active = [m > 0 for m in max_new]
+
+        cache = DynamicCache()
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        step_ids = input_ids
+        for t in range(max(max_new, default=0)):
+            if not any(active):
+                break
+            logits = self.model(
+                input_ids=step_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1, :].float()
+            tokens, logprobs = sampler.sample(logits)
+            for i in range(n):
+                if not active[i]:
+                    continue
+                tok = int(tokens[i])
+                out_ids[i].append(tok)
+                out_lps[i].append(float(logprobs[i]))
+                if tok in stop_sets[i]:
+                    active[i], finish[i] = False, "stop"
+                elif len(out_ids[i]) >= max_new[i]:
+                    active[i] = False
+            step_ids = tokens.view(n, 1)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+        return [
+            GenerateOutput(r.request_id, out_ids[i], out_lps[i], finish[i], self.policy_version)
+            for i, r in enumerate(requests)
+        ]
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+class _RowSampler:
+    """Per-row temperature / top-k / top-p sampling with one torch.Generator per request.
+
+    A row's token is found by inverse-CDF with a uniform from its own generator, so rows never
+    share random numbers.
+    """
+
+    def __init__(self, requests: list[GenerateRequest], device: torch.device):
+        self.greedy = torch.tensor([r.params.greedy for r in requests], device=device)
+        temps = [1.0 if r.params.greedy else r.params.temperature for r in requests]
+        self.temperature = torch.tensor(temps, device=device).unsqueeze(1)
+        self.top_k = [r.params.top_k for r in requests]
+        self.top_p = torch.tensor([r.params.top_p for r in requests], device=device).unsqueeze(1)
+        self.generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits (N, V) -> (tokens (N,), logprobs (N,))."""
+        scaled = logits / self.temperature
+        logprobs_full = torch.log_softmax(scaled, dim=-1)
+        probs = self._truncate(scaled).softmax(dim=-1)
+        u = torch.stack([torch.rand((), generator=g) for g in self.generators]).to(logits.device)
+        cdf = probs.cumsum(dim=-1)
+        sampled = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1)
+        sampled = sampled.clamp(max=logits.shape[-1] - 1)
+        tokens = torch.where(self.greedy, logits.argmax(dim=-1), sampled)
+        return tokens, logprobs_full.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+    def _truncate(self, scaled: torch.Tensor) -> torch.Tensor:
+        """Apply top-k then top-p (nucleus) as -inf masks; rows with neither pass unchanged."""
+        out = scaled
+        if any(k > 0 for k in self.top_k):
+            k = torch.tensor([k if k > 0 else scaled.shape[-1] for k in self.top_k], device=scaled.device)
+            kth = torch.sort(scaled, dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+            out = out.masked_fill(out < kth, float("-inf"))
+        if bool((self.top_p < 1.0).any()):
+            sorted_logits, order = torch.sort(out, dim=-1, descending=True)
+            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= self.top_p  # keep the first token always
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            out = out.masked_fill(drop, float("-inf"))
+        return out

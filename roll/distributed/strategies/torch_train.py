@@ -1,0 +1,233 @@
+"""`torch` training strategy: one nn.Module on CPU or one GPU, AdamW, an LR schedule, clipping.
+
+The engine behind the actor and critic roles. It knows nothing about PPO: a role hands it a
+`loss_fn(model, micro) -> (loss, metrics)` and gets back the optimizer step's metrics.
+
+Three choices differ from a plain HF Trainer and are deliberate:
+- The LR scheduler advances once per `step_lr_scheduler()` call, which the roles make once per
+  pipeline training step (as verl does), not once per optimizer step. A step-wise agentic batch
+  has a different number of rows every step, so the number of optimizer steps in a run is not
+  known up front; pipeline steps are. `total_steps` and `warmup_steps` therefore count pipeline
+  steps.
+- Dropout is switched off: PPO compares forward passes of the same weights (ratio = 1 on the
+  first pass, value clipping around old values), and dropout noise would break that (TRL does
+  the same). HF value heads (`*ForTokenClassification`) default to dropout 0.1.
+- A non-finite loss or gradient norm skips the optimizer step (weights and Adam moments stay as
+  they were) and is reported as `<prefix>/skipped_steps` = 1 instead of crashing the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+from transformers import get_scheduler
+
+from roll.configs.worker import TrainingArgs
+from roll.distributed.batch import MicroForward, forward_in_micro_batches, iter_micro_batches, token_logprobs
+
+LossFn = Callable[[nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float | torch.Tensor]]]
+SchedulerType = Literal["constant", "linear", "cosine"]
+# "constant" maps to HF's constant_with_warmup, which is plain constant when warmup_steps == 0.
+_HF_SCHEDULER = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+class TorchTrainStrategy:
+    """AdamW + LR schedule + grad clipping + gradient accumulation around one model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        learning_rate: float,
+        weight_decay: float,
+        adam_betas: tuple[float, float],
+        adam_epsilon: float,
+        lr_scheduler_type: SchedulerType,
+        warmup_steps: int,
+        total_steps: int,
+        max_grad_norm: float,
+        micro_batch_size: int,
+        metric_prefix: str,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.model.train()
+        _disable_dropout(self.model)
+        self.max_grad_norm = max_grad_norm
+        self.micro_batch_size = micro_batch_size
+        self.metric_prefix = metric_prefix
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=learning_rate,
+            betas=adam_betas,
+            eps=adam_epsilon,
+            weight_decay=weight_decay,
+        )
+        self.scheduler = get_scheduler(
+            _HF_SCHEDULER[lr_scheduler_type],
+            self.optimizer,
+            num_warmup_steps=warmup_steps,
+            num_training_steps=total_steps,
+        )
+
+    # ---- forward -----------------------------------------------------------------------------
+    def forward(
+        self, batch: TensorDict, forward: MicroForward, micro_batch_size: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """`forward(model, micro)` over micro-batches under no_grad; (B, T) outputs on CPU."""
+        return forward_in_micro_batches(
+            self.model, batch, forward, micro_batch_size or self.micro_batch_size, self.device
+        )
+
+    def forward_logprobs(
+        self,
+        batch: TensorDict,
+        temperature: float,
+        with_entropy: bool = False,
+        micro_batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (B, T) and entropy (B, T) or None, aligned as in `token_logprobs`."""
+
+        def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
+            logprobs, entropy = token_logprobs(
+                model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy
+            )
+            return {"logprobs": logprobs} | ({"entropy": entropy} if with_entropy else {})
+
+        out = self.forward(batch, logprobs_forward, micro_batch_size)
+        return out["logprobs"], out.get("entropy")
+
+    # ---- training ----------------------------------------------------------------------------
+    def train_step(
+        self, minibatch: TensorDict, loss_fn: LossFn, weight_by: Literal["tokens", "rows"] = "tokens"
+    ) -> dict[str, float]:
+        """One optimizer step on `minibatch`, accumulating gradients over micro-batches.
+
+        `loss_fn` returns the mean loss of its micro-batch. Each micro-batch's loss is scaled by
+        its share of the minibatch: its share of `response_mask` tokens for token-mean losses
+        (`weight_by="tokens"`), its share of rows with a response token for sequence-mean losses
+        (`weight_by="rows"`). The accumulated gradient then equals the gradient of the loss over
+        the whole minibatch, however it is split. `loss_fn`'s metrics are averaged with the same
+        weights, so they too are minibatch values.
+        """
+        micros = list(iter_micro_batches(minibatch, self.micro_batch_size))
+        weights = _micro_weights(micros, weight_by)
+        metrics: dict[str, float] = {}
+        finite = True
+        for micro, weight in zip(micros, weights, strict=True):
+            loss, micro_metrics = loss_fn(self.model, micro.to(self.device))
+            finite = finite and bool(torch.isfinite(loss))
+            if finite:
+                (loss * weight).backward()
+            for key, value in micro_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + weight * float(value)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+        skipped = not (finite and math.isfinite(grad_norm))
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        prefix = self.metric_prefix
+        return metrics | {
+            f"{prefix}/grad_norm": grad_norm,
+            f"{prefix}/lr": self.current_lr(),
+            f"{prefix}/skipped_steps": float(skipped),
+        }
+
+    def current_lr(self) -> float:
+        """Learning rate the next optimizer step will use."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def step_lr_scheduler(self) -> None:
+        """Advance the LR schedule by one pipeline step (see module docstring)."""
+        self.scheduler.step()
+
+    # ---- weights and checkpoints ------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A snapshot of the model weights: detached CPU copies (what inference workers load).
+
+        Copies, not views: on CPU a view would keep changing as training goes on.
+        """
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Overwrite the model weights (optimizer state is left as it is)."""
+        self.model.load_state_dict(state_dict)
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """HF model dir (safetensors via save_pretrained) + optimizer.pt + scheduler.pt."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore model weights, optimizer and scheduler written by `save_checkpoint`.
+
+        Weights go through `from_pretrained` of the model's own class, so sharded files, tied
+        embeddings and HF key conversions are handled the way HF saved them.
+        """
+        directory = Path(directory)
+        dtype = next(self.model.parameters()).dtype
+        saved = type(self.model).from_pretrained(directory, dtype=dtype)
+        self.model.load_state_dict(saved.state_dict())
+        del saved
+        self.optimizer.load_state_dict(
+            torch.load(directory / "optimizer.pt", weights_only=True, map_location=self.device)
+        )
+        self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    """Set p = 0 on every dropout layer (see module docstring)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+def _micro_weights(micros: list[TensorDict], weight_by: Literal["tokens", "rows"]) -> list[float]:
+    """Each micro-batch's share of the minibatch (uniform when no token is masked in).
+
+    "rows" counts only rows with a masked token, as the sequence-mean modes of
+    roll.algorithms.losses.agg_loss leave empty rows out of the mean.
+    """
+    if weight_by == "tokens":
+        counts = [float(m["response_mask"].sum()) for m in micros]
+    else:
+        counts = [float((m["response_mask"].sum(dim=-1) > 0).sum()) for m in micros]
+    total = sum(counts)
+    if total == 0:
+        return [1.0 / len(micros)] * len(micros)
+    return [c / total for c in counts]
+
+
+def build_torch_strategy(
+    model: nn.Module,
+    training_args: TrainingArgs,
+    *,
+    total_steps: int,
+    metric_prefix: str,
+    device: str | torch.device = "cpu",
+) -> TorchTrainStrategy:
+    """Build from a `TrainingArgs` (roll.configs): the one place its fields are read."""
+    return TorchTrainStrategy(
+        model,
+        learning_rate=training_args.learning_rate,
+        weight_decay=training_args.weight_decay,
+        adam_betas=(training_args.adam_beta1, training_args.adam_beta2),
+        adam_epsilon=training_args.adam_epsilon,
+        lr_scheduler_type=training_args.lr_scheduler_type,
+        warmup_steps=training_args.warmup_steps,
+        total_steps=total_steps,
+        max_grad_norm=training_args.max_grad_norm,
+        micro_batch_size=training_args.per_device_train_batch_size,
+        metric_prefix=metric_prefix,
+        device=device,
+    )

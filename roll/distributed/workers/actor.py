@@ -1,0 +1,144 @@
+"""Actor role: the policy being trained with the clipped PPO objective (+ entropy bonus).
+
+Variant: PPO-clip (Schulman et al. 2017) with optional asymmetric clipping (`pg_clip_high`,
+DAPO's clip-higher) over per-token ratios; the entropy bonus is aggregated with the same
+`loss_agg_mode` as the policy loss. No value loss here: the critic is its own role.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from roll.algorithms.losses import AggMode, agg_loss, ppo_policy_loss
+from roll.algorithms.utils import masked_mean
+from roll.configs.worker import TrainingArgs
+from roll.distributed.batch import token_logprobs
+from roll.distributed.strategies.torch_train import build_torch_strategy
+from roll.distributed.workers.common import average_metrics, set_num_threads, shuffled_minibatches
+from roll.models.loading import DType, load_causal_lm, load_tokenizer
+
+TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages")
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+class ActorWorker:
+    """Holds the trainable policy: old log-probs, PPO updates, weights for inference, checkpoints.
+
+    `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
+    `train()` call each), the unit the LR schedule advances in.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        training_args: TrainingArgs,
+        *,
+        total_train_steps: int,
+        seed: int,
+        num_threads: int | None = None,
+        dtype: DType = "float32",
+        device: str = "cpu",
+    ) -> None:
+        set_num_threads(num_threads)
+        torch.manual_seed(seed)
+        self.seed = seed
+        self.mini_batch_rows = training_args.mini_batch_size
+        model = load_causal_lm(model_path, dtype=dtype)
+        self.strategy = build_torch_strategy(
+            model, training_args, total_steps=total_train_steps, metric_prefix="actor", device=device
+        )
+        self.tokenizer = _load_tokenizer(model_path)
+
+    def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
+        """Log-probs (B, T) of the current weights (the PPO "old" log-probs), CPU float32."""
+        logprobs, _ = self.strategy.forward_logprobs(batch.select("input_ids", "attention_mask"), temperature)
+        return logprobs
+
+    def train(
+        self,
+        batch: TensorDict,
+        *,
+        temperature: float,
+        ppo_epochs: int,
+        pg_clip: float,
+        pg_clip_high: float | None = None,
+        entropy_loss_coef: float,
+        loss_agg_mode: AggMode,
+        step: int,
+    ) -> dict[str, float]:
+        """`ppo_epochs` shuffled passes of mini-batches over `batch`; metrics averaged over steps.
+
+        `batch` needs input_ids, attention_mask, response_mask, old_logprobs, advantages (B, T).
+        Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps rows, in an
+        order drawn from derive_seed(seed, "minibatch", step, epoch).
+        """
+        batch = batch.select(*TRAIN_KEYS)
+        loss_fn = partial(
+            _policy_loss,
+            temperature=temperature,
+            pg_clip=pg_clip,
+            pg_clip_high=pg_clip_high,
+            entropy_loss_coef=entropy_loss_coef,
+            loss_agg_mode=loss_agg_mode,
+        )
+        weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
+        per_step = [
+            self.strategy.train_step(minibatch, loss_fn, weight_by)
+            for epoch in range(ppo_epochs)
+            for minibatch in shuffled_minibatches(
+                batch, self.mini_batch_rows, self.seed, "minibatch", step, epoch
+            )
+        ]
+        self.strategy.step_lr_scheduler()
+        return average_metrics(per_step, summed=("actor/skipped_steps",))
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
+        return self.strategy.state_dict()
+
+    def save_checkpoint(self, directory: str) -> None:
+        """An HF model dir (plus tokenizer when the base model had one) + optimizer/scheduler."""
+        self.strategy.save_checkpoint(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore weights, optimizer and LR schedule from `save_checkpoint`'s directory."""
+        self.strategy.load_checkpoint(directory)
+
+
+def _policy_loss(
+    model: nn.Module,
+    micro: TensorDict,
+    *,
+    temperature: float,
+    pg_clip: float,
+    pg_clip_high: float | None,
+    entropy_loss_coef: float,
+    loss_agg_mode: AggMode,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip loss minus the entropy bonus on one micro-batch; metrics as floats."""
+    logprobs, entropy = token_logprobs(
+        model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True
+    )
+    mask = micro["response_mask"]
+    pg_loss, metrics = ppo_policy_loss(
+        logprobs, micro["old_logprobs"], micro["advantages"], mask, pg_clip, pg_clip_high, loss_agg_mode
+    )
+    loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)
+    metrics = {key: float(value) for key, value in metrics.items()}
+    metrics["losses/entropy"] = float(masked_mean(entropy.detach(), mask))
+    return loss, metrics
+
+
+def _load_tokenizer(model_path: str) -> PreTrainedTokenizerBase | None:
+    """The base model's tokenizer, so checkpoints are complete HF dirs; None if it has none."""
+    if not any((Path(model_path) / name).exists() for name in TOKENIZER_FILES):
+        return None
+    return load_tokenizer(model_path)

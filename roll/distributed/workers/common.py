@@ -1,0 +1,36 @@
+"""Pieces shared by the training-side roles: thread setup, mini-batch order, metric averaging."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+from tensordict import TensorDict
+
+from roll.utils.seeding import derive_seed
+
+
+def set_num_threads(num_threads: int | None) -> None:
+    """Pin torch's intra-op threads; None means every core of the machine.
+
+    Several roles share one machine in a CPU run, so the pipeline passes each its share.
+    """
+    torch.set_num_threads(num_threads or os.cpu_count() or 1)
+
+
+def shuffled_minibatches(batch: TensorDict, rows: int, *seed_keys: object) -> Iterator[TensorDict]:
+    """Rows of `batch` in a derived random order, `rows` at a time (the last may be smaller).
+
+    The order depends only on `derive_seed(*seed_keys)`, so a resumed run replays it exactly.
+    """
+    generator = torch.Generator().manual_seed(derive_seed(*seed_keys))
+    order = torch.randperm(batch.batch_size[0], generator=generator)
+    for start in range(0, len(order), rows):
+        yield batch[order[start : start + rows]]
+
+
+def average_metrics(per_step: list[dict[str, float]], summed: tuple[str, ...] = ()) -> dict[str, float]:
+    """Mean of each metric over optimizer steps; keys in `summed` are totals instead (counts)."""
+    keys = per_step[0].keys()
+    return {key: sum(m[key] for m in per_step) / (1 if key in summed else len(per_step)) for key in keys}

@@ -1,0 +1,107 @@
+"""Critic role: a value model trained by clipped value regression onto the returns.
+
+Convention (shared with GAE in roll.algorithms): values[:, t] = V(input_ids[:, :t]), the value of
+the state in which token t was generated, i.e. the value head's output at position t - 1. It
+lines up with logprobs[:, t]; values[:, 0] and padding positions are 0.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from roll.algorithms.losses import AggMode, value_loss
+from roll.configs.worker import TrainingArgs
+from roll.distributed.batch import shifted_values
+from roll.distributed.strategies.torch_train import build_torch_strategy
+from roll.distributed.workers.common import average_metrics, set_num_threads, shuffled_minibatches
+from roll.models.loading import DType, load_value_model
+from roll.utils.seeding import derive_seed
+
+TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
+
+
+class CriticWorker:
+    """Holds the value model: values for GAE, value updates, checkpoints.
+
+    `total_train_steps` and `training_args.warmup_steps` count pipeline training steps.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        training_args: TrainingArgs,
+        *,
+        total_train_steps: int,
+        seed: int,
+        num_threads: int | None = None,
+        dtype: DType = "float32",
+        device: str = "cpu",
+    ) -> None:
+        set_num_threads(num_threads)
+        torch.manual_seed(seed)
+        self.seed = seed
+        self.mini_batch_rows = training_args.mini_batch_size
+        model = load_value_model(model_path, dtype=dtype, seed=derive_seed(seed, "value_head"))
+        self.strategy = build_torch_strategy(
+            model, training_args, total_steps=total_train_steps, metric_prefix="critic", device=device
+        )
+
+    def compute_values(self, batch: TensorDict) -> torch.Tensor:
+        """Values (B, T) under the convention in the module docstring, CPU float32."""
+        out = self.strategy.forward(batch.select("input_ids", "attention_mask"), _values_forward)
+        return out["values"]
+
+    def train(
+        self,
+        batch: TensorDict,
+        *,
+        ppo_epochs: int,
+        value_clip: float | None,
+        loss_agg_mode: AggMode,
+        step: int,
+    ) -> dict[str, float]:
+        """`ppo_epochs` shuffled passes of clipped value regression; metrics averaged over steps.
+
+        `batch` needs input_ids, attention_mask, response_mask, values (the old values from
+        `compute_values`) and returns (B, T). Order from derive_seed(seed, "critic_minibatch",
+        step, epoch).
+        """
+        batch = batch.select(*TRAIN_KEYS)
+        loss_fn = partial(_value_loss, value_clip=value_clip, loss_agg_mode=loss_agg_mode)
+        weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
+        per_step = [
+            self.strategy.train_step(minibatch, loss_fn, weight_by)
+            for epoch in range(ppo_epochs)
+            for minibatch in shuffled_minibatches(
+                batch, self.mini_batch_rows, self.seed, "critic_minibatch", step, epoch
+            )
+        ]
+        self.strategy.step_lr_scheduler()
+        return average_metrics(per_step, summed=("critic/skipped_steps",))
+
+    def save_checkpoint(self, directory: str) -> None:
+        """An HF value-model dir + optimizer/scheduler state."""
+        self.strategy.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore weights, optimizer and LR schedule from `save_checkpoint`'s directory."""
+        self.strategy.load_checkpoint(directory)
+
+
+def _values_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
+    return {"values": shifted_values(model, micro["input_ids"], micro["attention_mask"])}
+
+
+def _value_loss(
+    model: nn.Module, micro: TensorDict, *, value_clip: float | None, loss_agg_mode: AggMode
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss on one micro-batch; metrics as floats."""
+    values = shifted_values(model, micro["input_ids"], micro["attention_mask"])
+    loss, metrics = value_loss(
+        values, micro["values"], micro["returns"], micro["response_mask"], value_clip, loss_agg_mode
+    )
+    return loss, {key: float(value) for key, value in metrics.items()}

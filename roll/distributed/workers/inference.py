@@ -1,0 +1,86 @@
+"""Inference worker: token-in/token-out generation with dynamic batching.
+
+Env managers call `generate(request)` concurrently. Requests that arrive while the engine is busy
+wait for the next engine call, which takes everything pending (up to `max_batch_size`), so the
+engine stays busy and no request waits for more than one batch. The engine call runs in a thread so
+the actor's event loop keeps accepting requests meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
+from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.models.loading import load_causal_lm, load_tokenizer
+
+
+class InferenceWorker:
+    """Ray actor (async): owns one inference engine and the policy version it serves."""
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
+                 num_threads: int | None = None):
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        tokenizer = load_tokenizer(model_path)
+        model = load_causal_lm(model_path, dtype=dtype)
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos)
+        self.max_batch_size = max_batch_size
+        self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
+        self._wake: asyncio.Event | None = None
+        self._engine_lock: asyncio.Lock | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._loop_task: asyncio.Task | None = None
+        self.stats = {"engine_calls": 0, "requests": 0, "generated_tokens": 0}
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        self._ensure_loop()
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        self._wake.set()
+        return await future
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        """Load new actor weights between engine calls (never in the middle of one)."""
+        self._ensure_loop()
+        async with self._engine_lock:
+            self.engine.load_weights(state_dict, version)
+        return version
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self.stats, policy_version=self.engine.policy_version)
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None:
+            self._wake = asyncio.Event()
+            self._engine_lock = asyncio.Lock()
+            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch = self._pending[: self.max_batch_size]
+                self._pending = self._pending[self.max_batch_size:]
+                async with self._engine_lock:
+                    try:
+                        outputs = await loop.run_in_executor(
+                            self._executor, self.engine.generate_batch, [r for r, _ in batch])
+                    except Exception as exc:  # fail these requests, keep serving others
+                        for _, fut in batch:
+                            if not fut.done():
+                                fut.set_exception(exc)
+                        continue
+                self.stats["engine_calls"] += 1
+                self.stats["requests"] += len(batch)
+                for (_, fut), out in zip(batch, outputs):
+                    self.stats["generated_tokens"] += len(out.token_ids)
+                    if not fut.done():
+                        fut.set_result(out)

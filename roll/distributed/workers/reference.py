@@ -1,0 +1,41 @@
+"""Reference role: the frozen initial policy whose log-probs anchor the KL penalty."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from roll.distributed.batch import forward_in_micro_batches, token_logprobs
+from roll.distributed.workers.common import set_num_threads
+from roll.models.loading import DType, load_causal_lm
+
+
+class ReferenceWorker:
+    """Log-probs of a frozen model (eval mode, no grad, no optimizer)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        micro_batch_size: int,
+        num_threads: int | None = None,
+        dtype: DType = "float32",
+        device: str = "cpu",
+    ) -> None:
+        set_num_threads(num_threads)
+        self.device = torch.device(device)
+        self.micro_batch_size = micro_batch_size
+        self.model = load_causal_lm(model_path, dtype=dtype).to(self.device).eval().requires_grad_(False)
+
+    def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
+        """Log-probs (B, T) aligned as in roll.distributed.batch.token_logprobs, CPU float32."""
+
+        def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
+            logprobs, _ = token_logprobs(model, micro["input_ids"], micro["attention_mask"], temperature)
+            return {"logprobs": logprobs}
+
+        batch = batch.select("input_ids", "attention_mask")
+        return forward_in_micro_batches(
+            self.model, batch, logprobs_forward, self.micro_batch_size, self.device
+        )["logprobs"]

@@ -1,0 +1,179 @@
+"""AgenticPipeline: the training loop, read top to bottom in `run()`.
+
+Per step: (1) rollout complete env groups on the current policy, (2) turn trajectories into one
+padded batch, (3) score it (old / reference log-probs, values, advantages), (4) update critic then
+actor, (5) push the new weights to the inference worker, (6) log, validate and checkpoint on their
+own counters. Synchronous: rollout of step t+1 starts after the weights of step t are in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+
+from roll.algorithms.kl import make_kl_controller
+from roll.algorithms.utils import masked_mean
+from roll.models.loading import load_tokenizer
+from roll.pipeline import checkpoint as ckpt
+from roll.pipeline.batch import build_traj_batch, summarize_trajectories
+from roll.pipeline.builders import build_rollout, build_workers, init_ray
+from roll.pipeline.scoring import score_batch
+from roll.tracking.progress import ProgressBar
+from roll.tracking.tracker import Tracker
+from roll.utils.seeding import seed_everything
+
+logger = logging.getLogger("roll")
+RAY_TIMEOUT_S = 1800.0  # no phase of a step may hang forever
+
+
+class AgenticPipeline:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        seed_everything(cfg.seed)
+        init_ray(cfg.ray_address)
+        self.tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.workers = build_workers(cfg)
+        infer = self.workers["inference"]
+        self.train_rollout = build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train")
+        self.val_rollout = None
+        if cfg.eval_steps > 0:
+            self.val_rollout = build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val")
+        gen = cfg.actor_infer.generating_args
+        self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
+        self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
+        self.start_step = self._resume()
+        # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
+        self.tracker = Tracker(cfg.output_dir, cfg.logging_dir, resume_step=self.start_step if self.start_step else -1)
+
+    def run(self) -> dict[str, float]:
+        cfg, metrics = self.cfg, {}
+        progress = ProgressBar(cfg.max_steps, initial=self.start_step)
+        if self.val_rollout is not None and self.start_step == 0:
+            self.tracker.log(0, self.validate(0))  # where the untrained policy starts
+        for step in range(self.start_step + 1, cfg.max_steps + 1):
+            timings: dict[str, float] = {}
+            # 1. Rollout: complete groups of trajectories on the current weights
+            with _timer(timings, "rollout"):
+                trajs, dropped = self.train_rollout.collect(step, cfg.train_groups_per_step)
+            # 2. Batch: one padded row per trajectory
+            batch, meta = build_traj_batch(trajs, self.pad_id)
+            # 3. Score: old/ref log-probs, values, then advantages
+            with _timer(timings, "score"):
+                score_metrics = self.score(batch, meta)
+            # 4. Update: critic, then actor
+            with _timer(timings, "train"):
+                train_metrics = self.update(batch, step)
+            # 5. Sync: new actor weights to the inference engine
+            with _timer(timings, "sync"):
+                self.sync_weights(version=step)
+            # 6. Log / validate / checkpoint
+            metrics = {**summarize_trajectories(trajs, "train"), **score_metrics, **train_metrics,
+                       "rollout/dropped_trajectories": float(len(dropped)),
+                       **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": sum(timings.values())}
+            for cause in dropped:
+                logger.warning("step %d: dropped a trajectory: %s", step, cause)
+            if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+                metrics.update(self.validate(step))
+            if step % cfg.logging_steps == 0 or step == cfg.max_steps:
+                self.tracker.log(step, metrics)
+            if cfg.save_steps > 0 and (step % cfg.save_steps == 0 or step == cfg.max_steps):
+                self.save(step)
+            progress.update(step, metrics)
+        progress.close()
+        self.tracker.close()
+        return metrics
+
+    def shutdown(self) -> None:
+        """Stop this pipeline's actors (Ray itself stays up for the caller)."""
+        handles = list(self.workers.values())
+        for rollout in (self.train_rollout, self.val_rollout):
+            handles += rollout.workers if rollout is not None else []
+        for handle in handles:
+            ray.kill(handle)
+
+    def score(self, batch, meta) -> dict[str, float]:
+        refs = {"old_logprobs": self.workers["actor"].compute_logprobs.remote(batch, self.temperature)}
+        if "reference" in self.workers:
+            refs["ref_logprobs"] = self.workers["reference"].compute_logprobs.remote(batch, self.temperature)
+        if "critic" in self.workers:
+            refs["values"] = self.workers["critic"].compute_values.remote(batch)
+        for key, ref in refs.items():
+            batch[key] = ray.get(ref, timeout=RAY_TIMEOUT_S)
+        cfg = self.cfg
+        metrics = score_batch(batch, meta, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
+                              kl_coef=self.kl_ctl.value, whiten_advantages=cfg.whiten_advantages,
+                              norm_adv_by_std=cfg.norm_adv_by_std_in_grpo)
+        if "critic/kl" in metrics:
+            self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
+        diff = (batch["infer_logprobs"] - batch["old_logprobs"]).abs()
+        metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch["response_mask"]))
+        return metrics
+
+    def update(self, batch, step: int) -> dict[str, float]:
+        cfg, metrics = self.cfg, {}
+        if "critic" in self.workers:
+            metrics.update(ray.get(self.workers["critic"].train.remote(
+                batch, ppo_epochs=cfg.ppo_epochs, value_clip=cfg.value_clip,
+                loss_agg_mode=cfg.loss_agg_mode, step=step), timeout=RAY_TIMEOUT_S))
+        metrics.update(ray.get(self.workers["actor"].train.remote(
+            batch, temperature=self.temperature, ppo_epochs=cfg.ppo_epochs, pg_clip=cfg.pg_clip,
+            entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step),
+            timeout=RAY_TIMEOUT_S))
+        return metrics
+
+    def sync_weights(self, version: int) -> None:
+        weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
+        ray.get(self.workers["inference"].update_weights.remote(weights, version), timeout=RAY_TIMEOUT_S)
+
+    def validate(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        keep_frames = cfg.render_save_dir is not None
+        trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
+        if keep_frames:
+            _save_frames(Path(cfg.render_save_dir) / f"step_{step}", trajs)
+        return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
+
+    def save(self, step: int) -> None:
+        tmp = ckpt.begin(self.cfg.output_dir, step)
+        refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
+        if "critic" in self.workers:
+            refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
+        ray.get(refs, timeout=RAY_TIMEOUT_S)
+        ckpt.commit(self.cfg.output_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+
+    def _resume(self) -> int:
+        cfg = self.cfg
+        path = ckpt.resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir)
+        if path is None:
+            if cfg.resume_from_checkpoint is True:
+                logger.warning("resume_from_checkpoint: no checkpoint under %s yet; starting fresh",
+                               ckpt.checkpoint_root(cfg.output_dir))
+            return 0
+        state = ckpt.read_state(path)
+        refs = [self.workers["actor"].load_checkpoint.remote(str(path))]
+        if "critic" in self.workers:
+            refs.append(self.workers["critic"].load_checkpoint.remote(str(path / "critic")))
+        ray.get(refs, timeout=RAY_TIMEOUT_S)
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.sync_weights(version=state["step"])
+        logger.warning("resumed from %s (step %d)", path, state["step"])
+        return int(state["step"])
+
+
+@contextmanager
+def _timer(timings: dict[str, float], name: str):
+    start = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - start
+
+
+def _save_frames(directory: Path, trajs) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for tr in trajs:
+        text = f"# {tr.traj_id} seed={tr.env_seed} reward={tr.episode_reward} success={tr.success}\n\n"
+        (directory / f"{tr.traj_id}.txt").write_text(text + "\n\n".join(tr.frames) + "\n")

@@ -1,0 +1,78 @@
+"""Trajectories -> one right-padded training batch, and rollout statistics."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from roll.agentic.rollout.records import Trajectory
+
+
+def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, dict]:
+    """One row per trajectory. Tensors (B, T), aligned to token positions:
+    input_ids, attention_mask, response_mask (1.0 on generated tokens), infer_logprobs,
+    token_level_rewards (each step reward on the last generated token of its turn).
+    The second value holds per-row ids and scores: traj_group_id, traj_id, tag, scores (B,).
+    """
+    b, t = len(trajs), max(len(tr.token_ids) for tr in trajs)
+    input_ids = torch.full((b, t), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, t), dtype=torch.long)
+    response_mask = torch.zeros((b, t))
+    infer_logprobs = torch.zeros((b, t))
+    rewards = torch.zeros((b, t))
+    for i, tr in enumerate(trajs):
+        n = len(tr.token_ids)
+        input_ids[i, :n] = torch.tensor(tr.token_ids)
+        attention_mask[i, :n] = 1
+        response_mask[i, :n] = torch.tensor(tr.response_mask, dtype=torch.float)
+        infer_logprobs[i, :n] = torch.tensor(tr.infer_logprobs)
+        for pos, r in zip(tr.turn_end_positions, tr.step_rewards):
+            rewards[i, pos] += r
+    batch = TensorDict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
+         "infer_logprobs": infer_logprobs, "token_level_rewards": rewards},
+        batch_size=[b],
+    )
+    meta = {
+        "traj_group_id": [tr.traj_group_id for tr in trajs],
+        "traj_id": [tr.traj_id for tr in trajs],
+        "tag": [tr.tag for tr in trajs],
+        "scores": torch.tensor([tr.episode_reward for tr in trajs]),
+    }
+    return batch, meta
+
+
+def summarize_trajectories(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
+    """Episode statistics under `prefix/` (e.g. train/success); per tag too when there are several."""
+    if not trajs:
+        return {}
+    out = _summary(trajs, prefix)
+    by_tag = defaultdict(list)
+    for tr in trajs:
+        by_tag[tr.tag].append(tr)
+    if len(by_tag) > 1:
+        for tag, group in by_tag.items():
+            out.update(_summary(group, f"{prefix}/{tag}"))
+    return out
+
+
+def _summary(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
+    n_actions = sum(tr.num_actions for tr in trajs)
+    out = {
+        f"{prefix}/success": float(np.mean([tr.success for tr in trajs])),
+        f"{prefix}/episode_reward": float(np.mean([tr.episode_reward for tr in trajs])),
+        f"{prefix}/num_actions": n_actions / len(trajs),
+        f"{prefix}/valid_action_ratio": sum(tr.num_valid_actions for tr in trajs) / max(n_actions, 1),
+        f"{prefix}/response_tokens": float(np.mean([sum(tr.response_mask) for tr in trajs])),
+        f"{prefix}/sequence_length": float(np.mean([len(tr.token_ids) for tr in trajs])),
+    }
+    for reason, count in Counter(tr.stop_reason for tr in trajs).items():
+        out[f"{prefix}/stop_{reason}"] = count / len(trajs)
+    keys = sorted({k for tr in trajs for k in tr.metrics})
+    for k in keys:
+        vals = [tr.metrics[k] for tr in trajs if k in tr.metrics]
+        out[f"{prefix}/env/{k}"] = float(np.mean(vals))
+    return out

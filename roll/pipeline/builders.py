@@ -1,0 +1,107 @@
+"""The edge where config becomes objects: Ray, worker actors and rollout schedulers.
+
+Classes below this line take plain arguments; only these functions read `PipelineConfig`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.rollout.env_worker import EnvWorker
+from roll.agentic.rollout.records import SamplingParams
+from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
+from roll.distributed.workers.actor import ActorWorker
+from roll.distributed.workers.critic import CriticWorker
+from roll.distributed.workers.inference import InferenceWorker
+from roll.distributed.workers.reference import ReferenceWorker
+
+logger = logging.getLogger(__name__)
+
+# Every actor asks Ray for 0 CPUs: on a 2-core machine, actors that each hold a CPU while idle
+# starve later tasks. The phases are sequential (rollout, then scoring, then training), so each
+# worker uses all cores in its own phase through torch threads instead.
+_ACTOR_OPTIONS = {"num_cpus": 0}
+
+
+def init_ray(address: str | None) -> None:
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if address:
+        ray.init(address=address, logging_level="ERROR")
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+
+
+def _check_cpu_only(cfg) -> None:
+    for role in ("actor_train", "actor_infer", "critic", "reference"):
+        worker = getattr(cfg, role)
+        if worker is not None and worker.device_mapping:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"{role}.device_mapping: {worker.device_mapping} needs CUDA; use null for CPU")
+
+
+def build_workers(cfg) -> dict:
+    """Inference, actor and (when needed) reference and critic actors, keyed by role."""
+    _check_cpu_only(cfg)
+    total = cfg.max_steps
+    infer_cfg = cfg.actor_infer
+    workers = {
+        "inference": ray.remote(InferenceWorker).options(**_ACTOR_OPTIONS).remote(
+            infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
+            max_batch_size=int(infer_cfg.strategy_args.strategy_config.get("max_batch_size", 256))),
+        "actor": ray.remote(ActorWorker).options(**_ACTOR_OPTIONS).remote(
+            cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
+            total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype),
+    }
+    if cfg.uses_kl:
+        workers["reference"] = ray.remote(ReferenceWorker).options(**_ACTOR_OPTIONS).remote(
+            cfg.reference.model_args.model_name_or_path, dtype=cfg.reference.model_args.dtype,
+            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size)
+    if cfg.adv_estimator == "gae":
+        workers["critic"] = ray.remote(CriticWorker).options(**_ACTOR_OPTIONS).remote(
+            cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
+            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype)
+    return workers
+
+
+def sampling_params(generating_args, tokenizer) -> SamplingParams:
+    """Stop strings must each be one token of the tokenizer (checked here, once)."""
+    stop_ids = []
+    for s in generating_args.stop_strings:
+        ids = tokenizer.encode(s, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"generating_args.stop_strings: {s!r} is not a single token ({ids})")
+        stop_ids.append(ids[0])
+    return generating_args.to_sampling_params(None, stop_ids)
+
+
+def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutScheduler:
+    """Env workers for one env manager config (train or val) and the scheduler that drives them."""
+    slot_tags = [tag for tag, n in manager_cfg.groups_per_tag.items() for _ in range(n)]
+    # max_env_num_per_worker counts envs; a worker holds whole groups (0 = everything in one worker)
+    per_worker = (max(1, manager_cfg.max_env_num_per_worker // manager_cfg.group_size)
+                  if manager_cfg.max_env_num_per_worker else len(slot_tags))
+    chunks = [slot_tags[i:i + per_worker] for i in range(0, len(slot_tags), per_worker)]
+    sampling = sampling_params(cfg.generating_args_for(manager_cfg), tokenizer)
+    workers, slots = [], []
+    for w, tags in enumerate(chunks):
+        specs = [_env_spec(cfg, tag) for tag in tags]
+        workers.append(ray.remote(EnvWorker).options(**_ACTOR_OPTIONS).remote(
+            specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
+            sampling, cfg.sequence_length))
+        slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
+    return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode)
+
+
+def _env_spec(cfg, tag: str) -> EnvSpec:
+    env = cfg.custom_envs[tag]
+    return EnvSpec(tag=tag, env_type=env.env_type, env_config=dict(env.env_config),
+                   max_steps=env.max_steps, max_tokens_per_step=env.max_tokens_per_step,
+                   response_prefix=env.response_prefix)

@@ -1,0 +1,100 @@
+"""Metrics of a run, written twice: `output_dir/metrics.jsonl` and TensorBoard under `logging_dir`.
+
+metrics.jsonl is the contract (DESIGN.md "Outputs of a run"): one JSON object per `log` call,
+`{"step": N, "<key>": float, ...}`, flushed line by line so a killed run keeps what it logged.
+TensorBoard gets the same keys as scalars at the same step.
+
+A resumed run restarts from its last checkpoint, but the killed run may have logged a few steps
+past it; those lines are dropped and TensorBoard purges its events after the checkpoint, so each
+step appears once in both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Self
+
+from torch.utils.tensorboard import SummaryWriter
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def to_float(value: Any) -> float:
+    """A Python float from a number, a bool, a NumPy scalar or a one-element tensor/array."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return float(value)
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep the lines of `path` with step <= `last_step` (and drop a torn last line); return how
+    many lines were dropped. The file is rewritten atomically."""
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            keep = json.loads(line)["step"] <= last_step
+        except (json.JSONDecodeError, KeyError, TypeError):
+            keep = False  # a line cut short when the run was killed mid-write
+        if keep:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+    return dropped
+
+
+class Tracker:
+    """Append-only metrics log of one run; `resume_step` is the step of the checkpoint resumed
+    from (None for a fresh run, which starts a new metrics.jsonl)."""
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str],
+        logging_dir: str | os.PathLike[str],
+        *,
+        resume_step: int | None = None,
+    ) -> None:
+        self.metrics_path = Path(output_dir) / METRICS_FILE
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.metrics_path.exists():
+            dropped = truncate_metrics(self.metrics_path, resume_step)
+            log.info("resuming after step %d: dropped %d later metrics lines", resume_step, dropped)
+        self._file = self.metrics_path.open("a" if resume_step is not None else "w")
+        purge_step = None if resume_step is None else resume_step + 1
+        self._writer = SummaryWriter(log_dir=os.fspath(logging_dir), purge_step=purge_step)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """Record `metrics` at `step`; None values are skipped. Returns the floats written."""
+        if "step" in metrics:
+            raise ValueError("'step' is the record's own key; pass it as the step argument")
+        values = {key: to_float(v) for key, v in metrics.items() if v is not None}
+        record = {"step": int(step), **values}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for key, value in values.items():
+            self._writer.add_scalar(key, value, global_step=int(step))
+        self._writer.flush()
+        return values
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        """A text panel in TensorBoard (e.g. a rendered validation episode)."""
+        self._writer.add_text(tag, text, global_step=int(step))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        self._writer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

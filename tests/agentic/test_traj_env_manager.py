@@ -1,0 +1,113 @@
+"""A scripted policy drives TrajEnvManager: exact token ids, masks, log-probs and rewards."""
+
+import asyncio
+from collections import deque
+
+import pytest
+
+import envs  # noqa: F401  (registers the built-in envs)
+from envs.frozen_lake.env import FrozenLakeEnv
+from envs.frozen_lake.maps import MOVES, find_cell
+from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
+from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.rollout.records import GenerateOutput, SamplingParams
+from roll.models.loading import chat_template_ids
+from roll.models.tiny import build_tiny_tokenizer
+
+SEED = 123
+
+
+def solve(desc):
+    """Shortest list of action words from S to G (BFS), avoiding holes."""
+    start, goal = find_cell(desc, "S"), find_cell(desc, "G")
+    parent, queue = {start: None}, deque([start])
+    while queue:
+        cell = queue.popleft()
+        for i, (dr, dc) in enumerate(MOVES):
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if nxt in parent or not (0 <= nxt[0] < len(desc) and 0 <= nxt[1] < len(desc[0])):
+                continue
+            if desc[nxt[0]][nxt[1]] == "H":
+                continue
+            parent[nxt] = (cell, FrozenLakeEnv.actions[i])
+            queue.append(nxt)
+    path, cell = [], goal
+    while parent[cell] is not None:
+        cell, action = parent[cell]
+        path.append(action)
+    return path[::-1]
+
+
+class ScriptedEngine:
+    """Answers turn k with the k-th scripted word; records every prompt it was given."""
+
+    def __init__(self, tokenizer, words):
+        self.tokenizer, self.words, self.prompts = tokenizer, list(words), []
+
+    async def __call__(self, request):
+        self.prompts.append(list(request.prompt_ids))
+        word = self.words[len(self.prompts) - 1]
+        ids = self.tokenizer.encode(word, add_special_tokens=False)
+        return GenerateOutput(request.request_id, ids, [-0.5] * len(ids), "length", policy_version=7)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer(corpus=[FrozenLakeEnv.instruction])
+
+
+def make_manager(tokenizer, engine, max_steps=8):
+    spec = EnvSpec(tag="FrozenLake", env_type="frozen_lake", env_config={"max_path_length": 8},
+                   max_steps=max_steps, max_tokens_per_step=1, response_prefix="<answer>")
+    return TrajEnvManager(spec, tokenizer, engine, SamplingParams(), sequence_length=4096)
+
+
+def test_scripted_episode_token_ids_masks_and_rewards(tokenizer):
+    env = FrozenLakeEnv(max_path_length=8)
+    first_obs, info = env.reset(seed=SEED)
+    path = solve(env._desc)
+    words = ["G"] + path  # one invalid answer first, then the shortest path
+    engine = ScriptedEngine(tokenizer, words)
+    manager = make_manager(tokenizer, engine)
+    traj = asyncio.run(manager.run_episode(EpisodeSpec("g0", "g0-0", env_seed=SEED, sample_seed=1)))
+
+    # The oracle: the chat template applied once to the whole conversation as text.
+    messages = [{"role": "system", "content": info["env_instruction"]}, {"role": "user", "content": first_obs}]
+    replay = FrozenLakeEnv(max_path_length=8)
+    replay.reset(seed=SEED)
+    for k, word in enumerate(words):
+        messages.append({"role": "assistant", "content": "<answer>" + word})
+        obs, *_ = replay.step("<answer>" + word)
+        if k + 1 < len(words):
+            messages.append({"role": "user", "content": obs})
+    full = chat_template_ids(tokenizer, messages, add_generation_prompt=False)
+    close = chat_template_ids(tokenizer, messages[:2] + [{"role": "assistant", "content": ""}], False)[-2:]
+    assert traj.token_ids == full[: len(full) - len(close)]  # ends right after the last answer
+
+    word_ids = [tokenizer.convert_tokens_to_ids(w) for w in words]
+    generated = [i for i, m in enumerate(traj.response_mask) if m]
+    assert [traj.token_ids[i] for i in generated] == word_ids
+    assert traj.turn_end_positions == generated
+    assert [traj.infer_logprobs[i] for i in generated] == [-0.5] * len(words)
+    assert sum(traj.infer_logprobs) == pytest.approx(-0.5 * len(words))
+    assert traj.step_rewards == [-0.1] + [0.0] * (len(path) - 1) + [1.0]
+    assert traj.success and traj.stop_reason == "terminated"
+    assert (traj.num_actions, traj.num_valid_actions) == (len(words), len(path))
+    assert traj.policy_version == 7
+    # every prompt the engine saw is exactly the trajectory prefix before that turn's answer
+    for k, prompt in enumerate(engine.prompts):
+        assert prompt == traj.token_ids[: generated[k]]
+
+
+def test_episode_stops_after_max_steps_without_trailing_observation(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["Left", "Right", "Left"])
+    env = FrozenLakeEnv(max_path_length=8)
+    env.reset(seed=SEED)
+    manager = make_manager(tokenizer, engine, max_steps=3)
+    traj = asyncio.run(manager.run_episode(EpisodeSpec("g", "g-0", env_seed=SEED, sample_seed=1)))
+    if traj.stop_reason == "terminated":  # the map put a hole next to the start: still consistent
+        assert traj.num_actions <= 3
+    else:
+        assert traj.stop_reason == "max_steps" and traj.num_actions == 3
+        assert traj.response_mask[-1] == 1  # nothing appended after the last answer
+    assert len(traj.token_ids) == len(traj.response_mask) == len(traj.infer_logprobs)
