@@ -1,8 +1,9 @@
 """RL algorithm functions: pure torch over (B, T) token tensors, chosen by name.
 
-`advantages` (gae, grpo, reinforce and the `compute_advantages` registry), `losses` (PPO actor
-and critic losses, log-probs, entropy), `kl` (reference-KL penalty and its controllers), `utils`
-(masked reductions).
+`advantages` (gae, grpo, reinforce and the `compute_advantages` registry), `gigpo` (step-wise
+estimators over one row per env step: gigpo, step_reinforce, step_grpo, and
+`broadcast_to_tokens`), `losses` (PPO actor and critic losses, log-probs, entropy), `kl`
+(reference-KL penalty and its controllers), `utils` (masked reductions).
 """
 
 from roll.algorithms.advantages import (
@@ -11,6 +12,12 @@ from roll.algorithms.advantages import (
     compute_gae,
     compute_grpo_advantages,
     compute_reinforce_returns,
+)
+from roll.algorithms.gigpo import (
+    broadcast_to_tokens,
+    compute_gigpo_advantages,
+    compute_step_grpo_advantages,
+    compute_step_reinforce_advantages,
 )
 from roll.algorithms.kl import (
     AdaptiveKLController,
@@ -35,10 +42,14 @@ __all__ = [
     "FixedKLController",
     "agg_loss",
     "apply_kl_penalty",
+    "broadcast_to_tokens",
     "compute_advantages",
     "compute_gae",
+    "compute_gigpo_advantages",
     "compute_grpo_advantages",
     "compute_reinforce_returns",
+    "compute_step_grpo_advantages",
+    "compute_step_reinforce_advantages",
     "entropy_from_logits",
     "explained_variance",
     "kl_penalty",
