@@ -14,6 +14,9 @@ Three choices differ from a plain HF Trainer and are deliberate:
   the same). HF value heads (`*ForTokenClassification`) default to dropout 0.1.
 - A non-finite loss or gradient norm skips the optimizer step (weights and Adam moments stay as
   they were) and is reported as `<prefix>/skipped_steps` = 1 instead of crashing the run.
+
+Forward passes run the model once per distinct row of the whole batch (no grad) or mini-batch
+(training), see roll.distributed.batch; `<prefix>/unique_row_ratio` reports distinct rows / rows.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from torch import nn
 from transformers import get_scheduler
 
 from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import MicroForward, forward_in_micro_batches, iter_micro_batches, token_logprobs
+from roll.distributed.batch import (
+    MicroForward,
+    all_rows,
+    distinct_rows,
+    forward_in_micro_batches,
+    iter_distinct_micro_batches,
+    token_logprobs,
+)
 
 LossFn = Callable[[nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float | torch.Tensor]]]
 SchedulerType = Literal["constant", "linear", "cosine"]
@@ -38,7 +48,11 @@ _HF_SCHEDULER = {"constant": "constant_with_warmup", "linear": "linear", "cosine
 
 
 class TorchTrainStrategy:
-    """AdamW + LR schedule + grad clipping + gradient accumulation around one model."""
+    """AdamW + LR schedule + grad clipping + gradient accumulation around one model.
+
+    `dedupe_rows=False` runs the model on every row, copies included, with the same results; it
+    exists to measure what deduplication saves (benchmarks/train_dedupe.py).
+    """
 
     def __init__(
         self,
@@ -55,8 +69,10 @@ class TorchTrainStrategy:
         micro_batch_size: int,
         metric_prefix: str,
         device: str | torch.device = "cpu",
+        dedupe_rows: bool = True,
     ) -> None:
         self.device = torch.device(device)
+        self.dedupe_rows = dedupe_rows
         self.model = model.to(self.device)
         self.model.train()
         _disable_dropout(self.model)
@@ -82,8 +98,9 @@ class TorchTrainStrategy:
         self, batch: TensorDict, forward: MicroForward, micro_batch_size: int | None = None
     ) -> dict[str, torch.Tensor]:
         """`forward(model, micro)` over micro-batches under no_grad; (B, T) outputs on CPU."""
+        micro_batch_size = micro_batch_size or self.micro_batch_size
         return forward_in_micro_batches(
-            self.model, batch, forward, micro_batch_size or self.micro_batch_size, self.device
+            self.model, batch, forward, micro_batch_size, self.device, dedupe=self.dedupe_rows
         )
 
     def forward_logprobs(
@@ -96,9 +113,8 @@ class TorchTrainStrategy:
         """Log-probs (B, T) and entropy (B, T) or None, aligned as in `token_logprobs`."""
 
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
-            logprobs, entropy = token_logprobs(
-                model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy
-            )
+            ids, mask = micro["input_ids"], micro["attention_mask"]
+            logprobs, entropy = token_logprobs(model, ids, mask, temperature, with_entropy, self.dedupe_rows)
             return {"logprobs": logprobs} | ({"entropy": entropy} if with_entropy else {})
 
         out = self.forward(batch, logprobs_forward, micro_batch_size)
@@ -116,8 +132,14 @@ class TorchTrainStrategy:
         (`weight_by="rows"`). The accumulated gradient then equals the gradient of the loss over
         the whole minibatch, however it is split. `loss_fn`'s metrics are averaged with the same
         weights, so they too are minibatch values.
+
+        With `dedupe_rows`, a micro-batch holds at most `micro_batch_size` distinct rows and every
+        copy of them in the minibatch (`iter_distinct_micro_batches`), so `loss_fn` must run its model once
+        per distinct row, as `token_logprobs` and `shifted_values` do.
         """
-        micros = list(iter_micro_batches(minibatch, self.micro_batch_size))
+        distinct = distinct_rows(minibatch["input_ids"], minibatch["attention_mask"])
+        grouping = distinct if self.dedupe_rows else all_rows(len(minibatch))
+        micros = list(iter_distinct_micro_batches(minibatch, self.micro_batch_size, grouping))
         weights = _micro_weights(micros, weight_by)
         metrics: dict[str, float] = {}
         finite = True
@@ -138,6 +160,7 @@ class TorchTrainStrategy:
             f"{prefix}/grad_norm": grad_norm,
             f"{prefix}/lr": self.current_lr(),
             f"{prefix}/skipped_steps": float(skipped),
+            f"{prefix}/unique_row_ratio": distinct.ratio,
         }
 
     def current_lr(self) -> float:
@@ -215,6 +238,7 @@ def build_torch_strategy(
     total_steps: int,
     metric_prefix: str,
     device: str | torch.device = "cpu",
+    dedupe_rows: bool = True,
 ) -> TorchTrainStrategy:
     """Build from a `TrainingArgs` (roll.configs): the one place its fields are read."""
     return TorchTrainStrategy(
@@ -230,4 +254,5 @@ def build_torch_strategy(
         micro_batch_size=training_args.per_device_train_batch_size,
         metric_prefix=metric_prefix,
         device=device,
+        dedupe_rows=dedupe_rows,
     )

@@ -31,7 +31,9 @@ class ActorWorker:
     """Holds the trainable policy: old log-probs, PPO updates, weights for inference, checkpoints.
 
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
-    `train()` call each), the unit the LR schedule advances in.
+    `train()` call each), the unit the LR schedule advances in. Forward passes run the model once
+    per distinct row (roll.distributed.batch); `dedupe_rows=False` runs every copy, with the same
+    results, to measure what that saves (benchmarks/train_dedupe.py).
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class ActorWorker:
         num_threads: int | None = None,
         dtype: DType = "float32",
         device: str = "cpu",
+        dedupe_rows: bool = True,
     ) -> None:
         set_num_threads(num_threads)
         torch.manual_seed(seed)
@@ -51,7 +54,12 @@ class ActorWorker:
         self.mini_batch_rows = training_args.mini_batch_size
         model = load_causal_lm(model_path, dtype=dtype)
         self.strategy = build_torch_strategy(
-            model, training_args, total_steps=total_train_steps, metric_prefix="actor", device=device
+            model,
+            training_args,
+            total_steps=total_train_steps,
+            metric_prefix="actor",
+            device=device,
+            dedupe_rows=dedupe_rows,
         )
         self.tokenizer = _load_tokenizer(model_path)
 
@@ -76,7 +84,8 @@ class ActorWorker:
 
         `batch` needs input_ids, attention_mask, response_mask, old_logprobs, advantages (B, T).
         Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps rows, in an
-        order drawn from derive_seed(seed, "minibatch", step, epoch).
+        order drawn from derive_seed(seed, "minibatch", step, epoch). "actor/unique_row_ratio" is
+        the mean over mini-batches of their distinct rows / rows.
         """
         batch = batch.select(*TRAIN_KEYS)
         loss_fn = partial(
@@ -86,6 +95,7 @@ class ActorWorker:
             pg_clip_high=pg_clip_high,
             entropy_loss_coef=entropy_loss_coef,
             loss_agg_mode=loss_agg_mode,
+            dedupe=self.strategy.dedupe_rows,
         )
         weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
         per_step = [
@@ -122,10 +132,11 @@ def _policy_loss(
     pg_clip_high: float | None,
     entropy_loss_coef: float,
     loss_agg_mode: AggMode,
+    dedupe: bool,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss minus the entropy bonus on one micro-batch; metrics as floats."""
     logprobs, entropy = token_logprobs(
-        model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True
+        model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
     )
     mask = micro["response_mask"]
     pg_loss, metrics = ppo_policy_loss(

@@ -68,7 +68,8 @@ class CriticWorker:
 
         `batch` needs input_ids, attention_mask, response_mask, values (the old values from
         `compute_values`) and returns (B, T). Order from derive_seed(seed, "critic_minibatch",
-        step, epoch).
+        step, epoch). "critic/unique_row_ratio" is the mean over mini-batches of their distinct
+        rows / rows (the value model runs once per distinct row, roll.distributed.batch).
         """
         batch = batch.select(*TRAIN_KEYS)
         loss_fn = partial(_value_loss, value_clip=value_clip, loss_agg_mode=loss_agg_mode)

@@ -12,7 +12,8 @@ from roll.models.loading import DType, load_causal_lm
 
 
 class ReferenceWorker:
-    """Log-probs of a frozen model (eval mode, no grad, no optimizer)."""
+    """Log-probs of a frozen model (eval mode, no grad, no optimizer), computed once per distinct
+    row of the batch (roll.distributed.batch.forward_in_micro_batches)."""
 
     def __init__(
         self,
