@@ -6,7 +6,7 @@ while the top-level `max_steps` counts training steps.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -27,6 +27,10 @@ class CustomEnvConfig(ConfigModel):
     Not to be confused with the top-level `max_steps` (training steps)."""
     max_tokens_per_step: int = Field(64, ge=1)
     """Most tokens the model may generate for one action."""
+    instruction: str | None = None
+    """The task text shown as the system message; None uses the env's own
+    (`info["env_instruction"]`), "" shows none (a tiny model trained from scratch gains nothing
+    from a constant instruction, and step-wise samples repeat it in every prompt)."""
     response_prefix: str = ""
     """Text put after the assistant generation prompt as part of the prompt, and prepended to the
     model's text before the env parses it. RAGEN uses "<answer>" so that a model that does not
@@ -53,6 +57,12 @@ class EnvManagerConfig(ConfigModel):
     when there is a single tag (it then gets every group)."""
     max_env_num_per_worker: int = Field(0, ge=0)
     """Most envs in one env-worker process; 0 puts all envs in one env worker."""
+    env_manager_type: Literal["traj", "step"] = "traj"
+    """"traj" (StarPO): one training sample per trajectory, the whole multi-turn conversation;
+    "step" (GiGPO): one sample per env step, its prompt the instruction, the last
+    `history_length` turns and the current observation. Validate with the type you train with."""
+    history_length: int = Field(0, ge=0)
+    """Step-wise only: how many earlier (observation, answer) turns a step's prompt shows."""
     generating_args: GeneratingArgs | None = None
     """Sampling of this manager's requests: the keys given here replace those of
     `actor_infer.generating_args`, the others are inherited (e.g. `{do_sample: false}` for

@@ -52,9 +52,17 @@ class PipelineConfig(ConfigModel):
     `model_args.model_name_or_path` says otherwise."""
     reward_pretrain: str | None = None
     """Local HF model dir of the critic; None uses `pretrain`."""
-    adv_estimator: Literal["gae", "grpo", "reinforce"] = "grpo"
+    adv_estimator: Literal["gae", "grpo", "reinforce", "gigpo", "step_reinforce"] = "grpo"
     """"gae": critic-based GAE (needs `critic`); "grpo": reward minus the group mean (divided by
-    the group std if `norm_adv_by_std_in_grpo`); "reinforce": the discounted return."""
+    the group std if `norm_adv_by_std_in_grpo`; for step-wise samples the mean and std are over
+    the group's trajectories); "reinforce": the discounted return. Step-wise only: "gigpo"
+    (episode + anchor-state step advantages), "step_reinforce" (normalised step returns)."""
+    step_reward_gamma: float = Field(0.95, ge=0, le=1)
+    """Step-wise estimators: discount of step rewards across env steps."""
+    episode_reward_weight: float = 1.0
+    """GiGPO: weight of the episode-level (group) advantage."""
+    step_reward_weight: float = 1.0
+    """GiGPO: weight of the step-level (anchor state) advantage."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each rollout batch, in mini-batches of `training_args.mini_batch_size`."""
     gamma: float = Field(1.0, ge=0, le=1)
@@ -168,6 +176,15 @@ class PipelineConfig(ConfigModel):
                 )
 
     def _check_required_roles(self) -> None:
+        step_wise = self.train_env_manager.env_manager_type == "step"
+        if step_wise and self.adv_estimator in ("gae", "reinforce"):
+            raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs env_manager_type "traj"; '
+                               'step-wise samples take "grpo", "gigpo" or "step_reinforce"')
+        if step_wise and self.uses_kl:
+            raise InvalidField("init_kl_coef", "the KL penalty is not available for step-wise samples yet; use 0")
+        if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
+            raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs '
+                               'train_env_manager.env_manager_type "step"')
         if self.adv_estimator == "gae" and self.critic is None:
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:

@@ -19,9 +19,9 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.models.loading import load_tokenizer
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.batch import build_traj_batch, summarize_trajectories
+from roll.pipeline.batch import build_step_batch, build_traj_batch, summarize_trajectories
 from roll.pipeline.builders import build_rollout, build_workers, init_ray
-from roll.pipeline.scoring import score_batch
+from roll.pipeline.scoring import score_batch, score_step_batch
 from roll.tracking.progress import ProgressBar
 from roll.tracking.tracker import Tracker
 from roll.utils.seeding import seed_everything
@@ -45,6 +45,8 @@ class AgenticPipeline:
             self.val_rollout = build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val")
         gen = cfg.actor_infer.generating_args
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
+        self.step_wise = cfg.train_env_manager.env_manager_type == "step"
+        self.build_batch = build_step_batch if self.step_wise else build_traj_batch
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
@@ -60,8 +62,8 @@ class AgenticPipeline:
             # 1. Rollout: complete groups of trajectories on the current weights
             with _timer(timings, "rollout"):
                 trajs, dropped = self.train_rollout.collect(step, cfg.train_groups_per_step)
-            # 2. Batch: one padded row per trajectory
-            batch, meta = build_traj_batch(trajs, self.pad_id)
+            # 2. Batch: one padded row per trajectory (or per env step, step-wise)
+            batch, meta = self.build_batch(trajs, self.pad_id)
             # 3. Score: old/ref log-probs, values, then advantages
             with _timer(timings, "score"):
                 score_metrics = self.score(batch, meta)
@@ -105,9 +107,16 @@ class AgenticPipeline:
         for key, ref in refs.items():
             batch[key] = ray.get(ref, timeout=RAY_TIMEOUT_S)
         cfg = self.cfg
-        metrics = score_batch(batch, meta, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
-                              kl_coef=self.kl_ctl.value, whiten_advantages=cfg.whiten_advantages,
-                              norm_adv_by_std=cfg.norm_adv_by_std_in_grpo)
+        if self.step_wise:
+            metrics = score_step_batch(
+                batch, meta, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
+                episode_weight=cfg.episode_reward_weight, step_weight=cfg.step_reward_weight,
+                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo, whiten_advantages=cfg.whiten_advantages)
+        else:
+            metrics = score_batch(
+                batch, meta, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
+                kl_coef=self.kl_ctl.value, whiten_advantages=cfg.whiten_advantages,
+                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo)
         if "critic/kl" in metrics:
             self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
         diff = (batch["infer_logprobs"] - batch["old_logprobs"]).abs()

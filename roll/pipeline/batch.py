@@ -45,6 +45,42 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
     return batch, meta
 
 
+def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, dict]:
+    """One row per env step (step-wise managers): prompt + response ids, right-padded.
+    Tensors as in `build_traj_batch` (no token rewards: step-wise advantages are per row).
+    Per-row ids: traj_group_id, traj_id, tag, step, state_hash, step_rewards (S,),
+    episode_scores (S,) (the trajectory's total reward, repeated on each of its steps).
+    """
+    rows = [(tr, st) for tr in trajs for st in tr.steps]
+    b = len(rows)
+    t = max(len(st.prompt_ids) + len(st.response_ids) for _, st in rows)
+    input_ids = torch.full((b, t), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, t), dtype=torch.long)
+    response_mask = torch.zeros((b, t))
+    infer_logprobs = torch.zeros((b, t))
+    for i, (_, st) in enumerate(rows):
+        p, n = len(st.prompt_ids), len(st.prompt_ids) + len(st.response_ids)
+        input_ids[i, :n] = torch.tensor(st.prompt_ids + st.response_ids)
+        attention_mask[i, :n] = 1
+        response_mask[i, p:n] = 1.0
+        infer_logprobs[i, p:n] = torch.tensor(st.logprobs)
+    batch = TensorDict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
+         "infer_logprobs": infer_logprobs},
+        batch_size=[b],
+    )
+    meta = {
+        "traj_group_id": [tr.traj_group_id for tr, _ in rows],
+        "traj_id": [tr.traj_id for tr, _ in rows],
+        "tag": [tr.tag for tr, _ in rows],
+        "step": [st.step for _, st in rows],
+        "state_hash": [st.state_hash for _, st in rows],
+        "step_rewards": torch.tensor([st.reward for _, st in rows]),
+        "episode_scores": torch.tensor([tr.episode_reward for tr, _ in rows]),
+    }
+    return batch, meta
+
+
 def summarize_trajectories(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
     """Episode statistics under `prefix/` (e.g. train/success); per tag too when there are several."""
     if not trajs:
@@ -66,8 +102,8 @@ def _summary(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
         f"{prefix}/episode_reward": float(np.mean([tr.episode_reward for tr in trajs])),
         f"{prefix}/num_actions": n_actions / len(trajs),
         f"{prefix}/valid_action_ratio": sum(tr.num_valid_actions for tr in trajs) / max(n_actions, 1),
-        f"{prefix}/response_tokens": float(np.mean([sum(tr.response_mask) for tr in trajs])),
-        f"{prefix}/sequence_length": float(np.mean([len(tr.token_ids) for tr in trajs])),
+        f"{prefix}/response_tokens": float(np.mean([tr.num_generated_tokens for tr in trajs])),
+        f"{prefix}/tokens_per_episode": float(np.mean([tr.num_tokens for tr in trajs])),
     }
     for reason, count in Counter(tr.stop_reason for tr in trajs).items():
         out[f"{prefix}/stop_{reason}"] = count / len(trajs)

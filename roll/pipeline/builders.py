@@ -95,7 +95,8 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
         specs = [_env_spec(cfg, tag) for tag in tags]
         workers.append(ray.remote(EnvWorker).options(**_ACTOR_OPTIONS).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
-            sampling, cfg.sequence_length))
+            sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
+            history_length=manager_cfg.history_length))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode)
 
@@ -104,4 +105,4 @@ def _env_spec(cfg, tag: str) -> EnvSpec:
     env = cfg.custom_envs[tag]
     return EnvSpec(tag=tag, env_type=env.env_type, env_config=dict(env.env_config),
                    max_steps=env.max_steps, max_tokens_per_step=env.max_tokens_per_step,
-                   response_prefix=env.response_prefix)
+                   response_prefix=env.response_prefix, instruction=env.instruction)

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from roll.algorithms.advantages import compute_advantages
+from roll.algorithms.gigpo import (
+    broadcast_to_tokens,
+    compute_gigpo_advantages,
+    compute_step_grpo_advantages,
+    compute_step_reinforce_advantages,
+)
 from roll.algorithms.kl import apply_kl_penalty
 from roll.algorithms.utils import masked_mean, masked_whiten
 
@@ -30,10 +36,42 @@ def score_batch(batch, meta: dict, *, adv_estimator: str, gamma: float, lambd: f
     if whiten_advantages:
         adv = masked_whiten(adv, mask)
     batch["advantages"], batch["returns"] = adv, returns
-    metrics.update({
-        "critic/score_mean": float(scores.mean()),
+    return metrics | _advantage_metrics(adv, returns, mask, scores)
+
+
+def score_step_batch(batch, meta: dict, *, adv_estimator: str, step_reward_gamma: float,
+                     episode_weight: float, step_weight: float, norm_adv_by_std: bool,
+                     whiten_advantages: bool) -> dict[str, float]:
+    """Step-wise samples: one advantage per row (env step), broadcast to its generated tokens.
+
+    "grpo" normalises each trajectory's score within its group (over trajectories, not rows);
+    "gigpo" adds the anchor-state step advantage; "step_reinforce" uses discounted step returns.
+    """
+    mask = batch["response_mask"]
+    if adv_estimator == "grpo":
+        rows = compute_step_grpo_advantages(meta["episode_scores"], meta["traj_group_id"], meta["traj_id"],
+                                            norm_std=norm_adv_by_std)
+    elif adv_estimator == "gigpo":
+        rows = compute_gigpo_advantages(
+            meta["episode_scores"], meta["step_rewards"], meta["traj_group_id"], meta["traj_id"],
+            meta["state_hash"], meta["step"], gamma=step_reward_gamma, episode_weight=episode_weight,
+            step_weight=step_weight, norm_std=norm_adv_by_std)
+    elif adv_estimator == "step_reinforce":
+        rows = compute_step_reinforce_advantages(meta["step_rewards"], meta["traj_id"], meta["step"],
+                                                 gamma=step_reward_gamma, normalize=not whiten_advantages)
+    else:
+        raise ValueError(f"adv_estimator {adv_estimator!r} does not apply to step-wise samples")
+    adv = broadcast_to_tokens(rows, mask)
+    if whiten_advantages:
+        adv = masked_whiten(adv, mask)
+    batch["advantages"], batch["returns"] = adv, adv
+    return _advantage_metrics(adv, adv, mask, meta["episode_scores"])
+
+
+def _advantage_metrics(adv, returns, mask, scores) -> dict[str, float]:
+    return {
+        "critic/score_mean": float(scores.float().mean()),
         "critic/advantages_mean": float(masked_mean(adv, mask)),
         "critic/advantages_abs_mean": float(masked_mean(adv.abs(), mask)),
         "critic/returns_mean": float(masked_mean(returns, mask)),
-    })
-    return metrics
+    }

@@ -1,4 +1,4 @@
-"""A scripted policy drives TrajEnvManager: exact token ids, masks, log-probs and rewards."""
+"""Scripted policies drive the env managers: exact token ids, masks, log-probs and rewards."""
 
 import asyncio
 from collections import deque
@@ -111,3 +111,33 @@ def test_episode_stops_after_max_steps_without_trailing_observation(tokenizer):
         assert traj.stop_reason == "max_steps" and traj.num_actions == 3
         assert traj.response_mask[-1] == 1  # nothing appended after the last answer
     assert len(traj.token_ids) == len(traj.response_mask) == len(traj.infer_logprobs)
+
+
+def test_step_manager_one_sample_per_step(tokenizer):
+    from roll.agentic.env_manager.step_env_manager import StepEnvManager, state_hash
+
+    env = FrozenLakeEnv(max_path_length=8)
+    obs0, info = env.reset(seed=SEED)
+    path = solve(env._desc)
+    words = ["G"] + path
+    engine = ScriptedEngine(tokenizer, words)
+    spec = EnvSpec(tag="FrozenLake", env_type="frozen_lake", env_config={"max_path_length": 8},
+                   max_steps=8, max_tokens_per_step=1, response_prefix="<answer>")
+    manager = StepEnvManager(spec, tokenizer, engine, SamplingParams(), sequence_length=4096)
+    traj = asyncio.run(manager.run_episode(EpisodeSpec("g0", "g0-0", env_seed=SEED, sample_seed=1)))
+
+    assert traj.token_ids == [] and len(traj.steps) == len(words)
+    replay = FrozenLakeEnv(max_path_length=8)
+    obs, _ = replay.reset(seed=SEED)
+    prefix = tokenizer.encode("<answer>", add_special_tokens=False)
+    for k, (word, step) in enumerate(zip(words, traj.steps)):
+        messages = [{"role": "system", "content": info["env_instruction"]}, {"role": "user", "content": obs}]
+        assert step.prompt_ids == chat_template_ids(tokenizer, messages, add_generation_prompt=True) + prefix
+        assert step.prompt_ids == engine.prompts[k]
+        assert step.response_ids == [tokenizer.convert_tokens_to_ids(word)]
+        assert step.state_hash == state_hash(obs) and step.step == k
+        obs, reward, *_ = replay.step("<answer>" + word)
+        assert step.reward == reward
+    # the invalid first answer leaves the state unchanged: steps 0 and 1 share an anchor state
+    assert traj.steps[0].state_hash == traj.steps[1].state_hash
+    assert traj.success and traj.step_rewards[-1] == 1.0

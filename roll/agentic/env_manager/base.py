@@ -14,7 +14,8 @@ from typing import Awaitable, Callable
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.utils.seeding import derive_seed
 
 GenerateFn = Callable[[GenerateRequest], Awaitable[GenerateOutput]]
 
@@ -29,6 +30,7 @@ class EnvSpec:
     max_steps: int  # actions per trajectory
     max_tokens_per_step: int
     response_prefix: str = ""
+    instruction: str | None = None  # None: the env's own; "": no system message
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,35 @@ class EnvStepTimeout(RuntimeError):
     pass
 
 
+class EpisodeBuilder:
+    """How one episode becomes training samples; the only part a manager type defines."""
+
+    def prompt(self) -> list[int] | None:
+        """Ids to generate from this turn; None when the token budget is spent."""
+        raise NotImplementedError
+
+    def add_response(self, out: GenerateOutput, reward: float) -> None:
+        raise NotImplementedError
+
+    def add_observation(self, observation: str, out: GenerateOutput, reward: float) -> None:
+        raise NotImplementedError
+
+    def sample_fields(self) -> dict:
+        """The Trajectory fields that hold the samples (token_ids... or steps)."""
+        raise NotImplementedError
+
+
 class BaseEnvManager:
+    """Plays episodes; `run_episode` is the one loop every manager type shares."""
+
+    # Whether each turn's prompt extends the previous turn's prompt and response, so the engine
+    # can keep the conversation's KV between turns (requests then carry the trajectory id as
+    # their session id). False for managers that rebuild every prompt.
+    reuse_kv_across_turns: bool = False
+
+    def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
+        raise NotImplementedError
+
     def __init__(self, spec: EnvSpec, tokenizer, generate: GenerateFn, sampling: SamplingParams,
                  sequence_length: int, step_timeout_s: float | None = 60.0):
         self.spec = spec
@@ -57,8 +87,10 @@ class BaseEnvManager:
         self.sequence_length = sequence_length
         self.step_timeout_s = step_timeout_s
 
-    async def generate(self, request_id: str, prompt_ids: list[int], seed: int) -> GenerateOutput:
-        return await self._generate(GenerateRequest(request_id, list(prompt_ids), self.sampling, seed))
+    async def generate(self, request_id: str, prompt_ids: list[int], seed: int,
+                       session_id: str | None = None) -> GenerateOutput:
+        return await self._generate(
+            GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id))
 
     async def env_step(self, text: str):
         """env.step in a thread, so a slow env does not block the other managers; bounded in time."""
@@ -70,3 +102,40 @@ class BaseEnvManager:
     def render_frame(self) -> str:
         frame = self.env.render() if getattr(self.env, "render_mode", None) == "ansi" else None
         return frame if isinstance(frame, str) else ""
+
+    async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
+        obs, info = self.env.reset(seed=episode.env_seed)
+        instruction = info.get("env_instruction") if self.spec.instruction is None else self.spec.instruction
+        builder = self.new_builder(instruction, obs)
+        frames = [self.render_frame()] if episode.keep_frames else []
+        rewards: list[float] = []
+        versions: set[int] = set()
+        num_valid, success, stop_reason, info = 0, False, "max_steps", {}
+        for turn in range(self.spec.max_steps):
+            prompt_ids = builder.prompt()
+            if prompt_ids is None:
+                stop_reason = "max_tokens"
+                break
+            out = await self.generate(f"{episode.traj_id}/{turn}", prompt_ids,
+                                      derive_seed(episode.sample_seed, turn),
+                                      episode.traj_id if self.reuse_kv_across_turns else None)
+            versions.add(out.policy_version)
+            obs, reward, terminated, truncated, info = await self.env_step(self.chat.response_text(out.token_ids))
+            rewards.append(float(reward))
+            builder.add_response(out, float(reward))
+            num_valid += bool(info.get("action_is_valid", True))
+            success = bool(info.get("success", False))
+            if episode.keep_frames:
+                frames.append(self.render_frame())
+            if terminated or truncated:
+                stop_reason = "terminated" if terminated else "truncated"
+                break
+            if turn + 1 < self.spec.max_steps:  # the observation is only needed for another turn
+                builder.add_observation(obs, out, float(reward))
+        return Trajectory(
+            tag=self.spec.tag, traj_group_id=episode.traj_group_id, traj_id=episode.traj_id,
+            env_seed=episode.env_seed, step_rewards=rewards, success=success, stop_reason=stop_reason,
+            policy_version=max(versions, default=0), num_actions=len(rewards), num_valid_actions=num_valid,
+            metrics={k: float(v) for k, v in (info.get("metrics") or {}).items()}, frames=frames,
+            **builder.sample_fields(),
+        )

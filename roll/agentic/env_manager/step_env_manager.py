@@ -1,0 +1,69 @@
+"""Step-wise env manager (as in GiGPO / RAGEN's step mode): one training sample per env step.
+
+Each step's prompt is built afresh from text: the task instruction, the last `history_length`
+(observation, answer) turns, and the current observation. Only the generated ids are the
+engine's own; the prompt is re-templated every step by design, since each step is its own sample.
+Every sample carries the hash of the observation it answered, so GiGPO can find the steps of one
+group that stood in the same state (anchor states).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
+from roll.agentic.env_manager.chat import ChatFormatter
+from roll.agentic.rollout.records import GenerateOutput, StepRecord
+from roll.models.loading import chat_template_ids
+
+
+def state_hash(observation: str) -> str:
+    return hashlib.blake2b(observation.encode(), digest_size=8).hexdigest()
+
+
+class StepEnvManager(BaseEnvManager):
+    def __init__(self, *args, history_length: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.history_length = history_length
+
+    def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
+        return _StepBuilder(self.chat, instruction, observation, self.history_length,
+                            self.sequence_length - self.sampling.max_new_tokens)
+
+
+class _StepBuilder(EpisodeBuilder):
+    def __init__(self, chat: ChatFormatter, instruction: str | None, observation: str,
+                 history_length: int, budget: int):
+        self.chat = chat
+        self.system = [{"role": "system", "content": instruction}] if instruction else []
+        self.history_length = history_length
+        self.budget = budget
+        self.turns: list[tuple[str, str]] = []  # (user text, assistant text), oldest first
+        self.user_text = observation
+        self.observation = observation
+        self.steps: list[StepRecord] = []
+        self._prompt: list[int] = []
+
+    def prompt(self) -> list[int] | None:
+        window = self.turns[-self.history_length:] if self.history_length else []
+        messages = list(self.system)
+        for user, assistant in window:
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+        messages.append({"role": "user", "content": self.user_text})
+        ids = chat_template_ids(self.chat.tokenizer, messages, add_generation_prompt=True) + self.chat.prefix_ids
+        self._prompt = ids
+        return ids if len(ids) <= self.budget else None
+
+    def add_response(self, out: GenerateOutput, reward: float) -> None:
+        self.steps.append(StepRecord(
+            step=len(self.steps), prompt_ids=self._prompt, response_ids=list(out.token_ids),
+            logprobs=list(out.logprobs), reward=reward, state_hash=state_hash(self.observation)))
+
+    def add_observation(self, observation: str, out: GenerateOutput, reward: float) -> None:
+        self.turns.append((self.user_text, self.chat.response_text(out.token_ids)))
+        self.observation = observation
+        # with a history window the model also sees what its last answer earned
+        self.user_text = f"Reward: {reward:g}\n{observation}" if self.history_length else observation
+
+    def sample_fields(self) -> dict:
+        return {"steps": self.steps}
