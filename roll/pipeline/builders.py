@@ -14,6 +14,7 @@ from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
+from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
@@ -55,7 +56,9 @@ def build_workers(cfg) -> dict:
     workers = {
         "inference": ray.remote(InferenceWorker).options(**_ACTOR_OPTIONS).remote(
             infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
-            max_batch_size=int(infer_cfg.strategy_args.strategy_config.get("max_batch_size", 256))),
+            max_batch_size=int(infer_cfg.strategy_args.strategy_config.get("max_batch_size", 256)),
+            max_cached_tokens=int(infer_cfg.strategy_args.strategy_config.get(
+                "max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS))),
         "actor": ray.remote(ActorWorker).options(**_ACTOR_OPTIONS).remote(
             cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype),

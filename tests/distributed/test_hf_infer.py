@@ -1,19 +1,35 @@
-"""The hf engine: per-request seeded sampling, exact log-probs, stop and length handling."""
+"""The hf engine: per-request seeded sampling, exact log-probs, stop and length handling, and
+multi-turn KV reuse that gives the same tokens and log-probs as recomputing every prompt."""
+
+import asyncio
 
 import pytest
 import torch
 
+import envs  # noqa: F401  (registers the built-in envs)
+from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
+from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.rollout.records import GenerateRequest, SamplingParams
 from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.kv_cache import (
+    Prefix,
+    SessionKVCache,
+    left_padded_past,
+)
+from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), corpus=["You are P."], seed=3)
-    tok = load_tokenizer(path)
-    model = load_causal_lm(path)
+def model_path(tmp_path_factory):
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), corpus=["You are P."], seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    tok = load_tokenizer(model_path)
+    model = load_causal_lm(model_path)
     return HFInferStrategy(model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id]), tok
 
 
@@ -78,3 +94,183 @@ def test_top_k_one_is_greedy(engine):
     greedy = strategy.generate_batch([req("g", PROMPTS[0], seed=1, do_sample=False, max_new_tokens=6)])[0]
     top1 = strategy.generate_batch([req("k", PROMPTS[0], seed=9, top_k=1, max_new_tokens=6)])[0]
     assert top1.token_ids == greedy.token_ids
+
+
+# ---- multi-turn prefix caching (kv_cache.py) ----
+
+FIRST_PROMPTS = [[2, 5, 9], [2, 7, 7, 8, 9, 10, 11, 12], [2, *range(5, 16)], [2, 6, 6, 6, 6], [2, *range(20, 39)]]
+MAX_NEW = [1, 2, 4, 6, 3]
+
+
+def observation(turn, i):
+    """Scripted ids appended after turn `turn` of conversation i: 1 to 7 ids, varying per row."""
+    return [5 + (i + k) % 9 for k in range(1 + (3 * i + turn) % 7)]
+
+
+def engine_on(model, tok, max_cached_tokens=10_000):
+    return HFInferStrategy(model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id],
+                           max_cached_tokens=max_cached_tokens)
+
+
+def converse(strategy, turns=3):
+    """Five conversations, one engine call per turn; returns (prompts, outputs) per turn."""
+    prompts, history = [list(p) for p in FIRST_PROMPTS], []
+    for turn in range(turns):
+        reqs = [GenerateRequest(f"s{i}/{turn}", prompts[i], SamplingParams(max_new_tokens=MAX_NEW[i], temperature=0.8),
+                                seed=10 * i + turn, session_id=f"s{i}")
+                for i in range(len(prompts))]
+        outs = strategy.generate_batch(reqs)
+        history.append((prompts, outs))
+        prompts = [p + o.token_ids + observation(turn, i) for i, (p, o) in enumerate(zip(prompts, outs))]
+    return history
+
+
+def assert_same_outputs(got, want):
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5, rtol=0)
+
+
+def test_multi_turn_reuse_matches_recompute(engine):
+    strategy, tok = engine
+    cached, fresh = engine_on(strategy.model, tok), engine_on(strategy.model, tok, max_cached_tokens=0)
+    with_reuse, without = converse(cached), converse(fresh)
+    reused_per_turn = []
+    for (prompts, outs), (prompts_ref, outs_ref) in zip(with_reuse, without):
+        assert prompts == prompts_ref
+        assert_same_outputs(outs, outs_ref)
+    for prev_prompts, prev_outs in with_reuse[:-1]:
+        # a turn reuses everything the last turn fed: its prompt and its output but the last id
+        reused_per_turn.append(sum(len(p) + len(o.token_ids) - 1 for p, o in zip(prev_prompts, prev_outs)))
+    total_prompt = sum(len(p) for prompts, _ in with_reuse for p in prompts)
+    assert cached.stats == {"prefix_tokens_reused": sum(reused_per_turn),
+                            "prefill_tokens": total_prompt - sum(reused_per_turn)}
+    assert fresh.stats == {"prefix_tokens_reused": 0, "prefill_tokens": total_prompt}
+    prompts, outs = with_reuse[-1]  # and the last turn agrees with one plain forward per row
+    for prompt, out in zip(prompts, outs):
+        lp = torch.log_softmax(strategy.model(input_ids=torch.tensor([prompt + out.token_ids])).logits[0] / 0.8, -1)
+        expected = [lp[len(prompt) - 1 + k, t].item() for k, t in enumerate(out.token_ids)]
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(expected), atol=1e-4, rtol=0)
+
+
+def test_diverging_prompts_reuse_only_the_common_prefix(engine):
+    strategy, tok = engine
+    cached, fresh = engine_on(strategy.model, tok), engine_on(strategy.model, tok, max_cached_tokens=0)
+    a, b, r = [2, 5, 9, 11, 7, 7, 8, 9, 10], [2, 6, 7, 8], [2, 8, 8, 9, 5, 6]
+    first = [req("a", a, 1, max_new_tokens=3), req("b", b, 2, max_new_tokens=2), req("r", r, 3, max_new_tokens=1)]
+    for q in first:
+        q.session_id = q.request_id
+    outs = cached.generate_batch(first)
+    assert cached.kv_cache.num_tokens == (9 + 2) + (4 + 1) + 6
+    b_next = b + outs[1].token_ids + [5, 5]
+    second = [req("a", a[:4] + [12, 13], 4), req("b", b_next, 5), req("r", r, 3, max_new_tokens=1),
+              req("z", [3] + a[1:], 6), req("n", [2, 9, 9], 7)]
+    for q, sid in zip(second, ["a", "b", "r", "a", None]):
+        q.session_id = sid
+    before = dict(cached.stats)
+    assert_same_outputs(cached.generate_batch(second), fresh.generate_batch(second))
+    # a: diverges at index 4; b: extends (4 + 2 - 1 fed); r: identical prompt, all but its last id;
+    # z: first id differs from a's cache; n: no session
+    assert cached.stats["prefix_tokens_reused"] - before["prefix_tokens_reused"] == 4 + 5 + 5 + 0 + 0
+
+
+def test_load_weights_clears_the_session_cache(engine):
+    strategy, tok = engine
+    cached = engine_on(strategy.model, tok)
+    converse(cached, turns=1)
+    assert len(cached.kv_cache) == 5
+    cached.load_weights(strategy.model.state_dict(), version=3)
+    assert len(cached.kv_cache) == 0 and cached.kv_cache.num_tokens == 0
+    out = cached.generate_batch([req("s0/1", FIRST_PROMPTS[0] + [5, 6], 1)])[0]
+    assert cached.stats["prefix_tokens_reused"] == 0 and out.policy_version == 3
+
+
+def test_lru_bound_evicts_least_recently_used_sessions(engine):
+    strategy, tok = engine
+    cached = engine_on(strategy.model, tok, max_cached_tokens=20)
+    prompts = {s: [2, *range(5 + k, 12 + k)] for k, s in enumerate("abc")}  # 8 ids each
+    reqs = [req(s, p, 1, do_sample=False, max_new_tokens=1) for s, p in prompts.items()]
+    for q in reqs:
+        q.session_id = q.request_id
+    outs = cached.generate_batch(reqs)
+    assert cached.kv_cache.session_ids() == ["b", "c"] and cached.kv_cache.num_tokens == 16  # a: 24 > 20
+    nxt = [req(s, prompts[s] + outs[k].token_ids + [5], 2, do_sample=False, max_new_tokens=1)
+           for k, s in enumerate("ab")]
+    for q in nxt:
+        q.session_id = q.request_id
+    cached.generate_batch(nxt)
+    assert cached.stats["prefix_tokens_reused"] == 0 + 8  # a was evicted, b reuses its 8 ids
+    # the lookup touched b; storing a (10 ids) evicts c, then b (10 ids) replaces its 8
+    assert cached.kv_cache.session_ids() == ["a", "b"] and cached.kv_cache.num_tokens == 20
+    assert cached.release("a") and not cached.release("a") and cached.kv_cache.num_tokens == 10
+
+
+def test_traj_env_manager_sends_its_trajectory_id_as_session(engine):
+    strategy, tok = engine
+    cached, fresh = engine_on(strategy.model, tok), engine_on(strategy.model, tok, max_cached_tokens=0)
+    spec = EnvSpec(tag="FrozenLake", env_type="frozen_lake", env_config={"max_path_length": 8},
+                   max_steps=3, max_tokens_per_step=2, response_prefix="<answer>")
+    trajectories, requests = [], []
+    for strat in (cached, fresh):
+        async def generate(request, strat=strat):
+            requests.append(request)
+            return strat.generate_batch([request])[0]
+        manager = TrajEnvManager(spec, tok, generate, SamplingParams(), sequence_length=4096)
+        trajectories.append(asyncio.run(manager.run_episode(EpisodeSpec("g", "g-0", env_seed=1, sample_seed=2))))
+    assert {r.session_id for r in requests} == {"g-0"}
+    assert trajectories[0].token_ids == trajectories[1].token_ids
+    torch.testing.assert_close(torch.tensor(trajectories[0].infer_logprobs),
+                               torch.tensor(trajectories[1].infer_logprobs), atol=1e-5, rtol=0)
+    turns = requests[: len(requests) // 2]
+    ends = trajectories[0].turn_end_positions
+    # turn k reuses every id up to (not including) turn k-1's last generated id
+    assert cached.stats["prefix_tokens_reused"] == sum(ends[:len(turns) - 1])
+    assert len(turns) == trajectories[0].num_actions == 3  # invalid answers: the episode runs all 3 turns
+
+
+def kv_span(first, last):
+    """A one-layer chunk whose key at position t is t and value is -t: (T, H_kv=1, D=1)."""
+    keys = torch.arange(float(first), float(last)).view(-1, 1, 1)
+    return [(keys, -keys)]
+
+
+def test_session_cache_matches_the_common_prefix_across_chunks():
+    cache = SessionKVCache(max_cached_tokens=6)
+    turn0, turn1 = kv_span(0, 3), kv_span(3, 5)
+    cache.store("s", [2, 4, 6, 8, 10], [turn0, turn1])
+    prefix = cache.match("s", [2, 4, 6, 9, 9])  # diverges at a chunk boundary: reused as is
+    assert prefix.length == 3 and prefix.chunks == [turn0]
+    prefix = cache.match("s", [2, 4, 6, 8, 10])  # identical: all but the last id, which is fed
+    assert prefix.length == 4 and prefix.chunks[0] is turn0
+    assert prefix.chunks[1][0][0].flatten().tolist() == [3.0] and prefix.chunks[1][0][1].flatten().tolist() == [-3.0]
+    assert cache.match("other", [2, 4]).length == 0 and cache.match(None, [2, 4]).length == 0
+    assert cache.match("s", [3, 4, 6]).length == 0
+    cache.store("t", list(range(7)), [kv_span(0, 7)])  # over the bound: not kept, evicts nothing
+    assert cache.session_ids() == ["s"] and cache.num_tokens == 5
+
+
+def test_left_padded_past_right_aligns_each_row():
+    rows = [Prefix(2, [kv_span(0, 1), kv_span(1, 2)]), Prefix(), Prefix(3, [kv_span(5, 8)])]
+    [(keys, values)] = left_padded_past(rows)
+    assert keys.shape == (3, 1, 3, 1)  # (B, H_kv, P, D)
+    assert keys.flatten().tolist() == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 5.0, 6.0, 7.0]
+    assert values.flatten().tolist() == [-0.0, -0.0, -1.0, 0.0, 0.0, 0.0, -5.0, -6.0, -7.0]
+
+
+def test_inference_worker_counts_reused_and_prefilled_ids(model_path):
+    worker = InferenceWorker(model_path, num_threads=1, max_cached_tokens=100)
+    first = req("c/0", [2, 5, 9, 11], 1, max_new_tokens=3)
+    first.session_id = "c"
+
+    async def play():
+        out = await worker.generate(first)
+        second = req("c/1", first.prompt_ids + out.token_ids + [5, 6], 2, max_new_tokens=1)
+        second.session_id = "c"
+        await worker.generate(second)
+        return out, worker.get_stats(), worker.release_session("c"), worker.get_stats()
+
+    out, stats, released, after = asyncio.run(play())
+    fed = 4 + len(out.token_ids) - 1  # the first turn's prompt and its output but the last id
+    assert (stats["prefix_tokens_reused"], stats["prefill_tokens"]) == (fed, 4 + (4 + len(out.token_ids) + 2 - fed))
+    assert stats["kv_cached_tokens"] == 4 + len(out.token_ids) + 2  # second turn: prompt, 1 id generated
+    assert released and after["kv_cached_tokens"] == 0

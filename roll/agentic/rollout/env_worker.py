@@ -65,6 +65,9 @@ class EnvWorker:
         managers = self.groups[slot]
         results = await asyncio.gather(
             *(m.run_episode(group.episode(i)) for i, m in enumerate(managers)), return_exceptions=True)
+        for i, m in enumerate(managers):  # the engine may drop these conversations' KV now
+            if m.reuse_kv_across_turns:
+                self.inference.release_session.remote(group.episode(i).traj_id)
         trajectories, dropped = [], []
         for i, res in enumerate(results):
             if isinstance(res, BaseException):

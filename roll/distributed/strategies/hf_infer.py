@@ -6,6 +6,13 @@ seed and draws its own uniforms, so the same seed gives the same tokens however 
 batched (up to float round-off between batch shapes). The loop is the plain one: left-pad, prefill
 with a KV cache, then one token per step for every unfinished row.
 
+Multi-turn prefix caching: a request with a `session_id` reuses the keys and values the engine
+kept from that session's earlier turns for the longest common prefix of ids (see `kv_cache.py`),
+so a turn prefills only its new ids. Rows of one batch reuse different lengths and feed different
+numbers of new ids; each row is laid out as [pad | reused KV | pad | new ids], the pads masked
+out and every real id at its position among the row's real ids, so the logits are those of a
+plain forward over the row alone (up to round-off).
+
 Log-probs are those of the temperature-scaled full distribution, `log_softmax(logits / T)` — what
 the trainer recomputes — so top-k / top-p truncation is not reflected in them (as in vLLM's
 default). Greedy rows report `log_softmax(logits)`.
@@ -13,49 +20,78 @@ default). Greedy rows report `log_softmax(logits)`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 
-from roll.agentic.rollout.records import GenerateRequest, GenerateOutput
+from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
+from roll.distributed.strategies.kv_cache import (
+    DEFAULT_MAX_CACHED_TOKENS,
+    Prefix,
+    SessionKVCache,
+    left_padded_past,
+    row_chunk,
+)
 
 
 class HFInferStrategy:
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_ids: list[int]):
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_ids: list[int],
+                 max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
         self.model = model.eval()
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.policy_version = 0
+        self.kv_cache = SessionKVCache(max_cached_tokens)
+        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0}
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """New weights make every cached key and value stale, so the session cache is cleared."""
         self.model.load_state_dict(state_dict, strict=False)
         self.policy_version = version
+        self.kv_cache.clear()
+
+    def release(self, session_id: str) -> bool:
+        """Forget a finished conversation's KV; True if it was cached."""
+        return self.kv_cache.release(session_id)
 
     @torch.no_grad()
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """Decode all requests together; each row stops on its own stop ids or length."""
-        n = len(requests)
         device = next(self.model.parameters()).device
-        input_ids, attention_mask = _left_pad([r.prompt_ids for r in requests], self.pad_token_id)
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        sampler = _RowSampler(requests, device)
+        prefixes = [self.kv_cache.match(r.session_id, r.prompt_ids) for r in requests]
+        prefill = _build_prefill(requests, prefixes, self.pad_token_id, device)
+        self.stats["prefix_tokens_reused"] += sum(p.length for p in prefixes)
+        self.stats["prefill_tokens"] += sum(prefill.new)
+        out_ids, out_lps, finish = self._decode(requests, prefill)
+        self._store_sessions(requests, prefixes, prefill, out_ids)
+        return [
+            GenerateOutput(r.request_id, out_ids[i], out_lps[i], finish[i], self.policy_version)
+            for i, r in enumerate(requests)
+        ]
+
+    def _decode(self, requests: list[GenerateRequest], prefill: _Prefill):
+        """Prefill then one token per step for every unfinished row; grows `prefill.cache`.
+
+        Returns per row (token ids, log-probs, finish reason).
+        """
+        n = len(requests)
+        sampler = _RowSampler(requests, prefill.input_ids.device)
         stop_sets = [set(r.params.stop_token_ids) | set(self.eos_token_ids) for r in requests]
         max_new = [r.params.max_new_tokens for r in requests]
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lps: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
         active = [m > 0 for m in max_new]
-
-        cache = DynamicCache()
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        step_ids = input_ids
-        for t in range(max(max_new, default=0)):
+        step_ids, attention_mask, position_ids = prefill.input_ids, prefill.attention_mask, prefill.position_ids
+        for _ in range(max(max_new, default=0)):
             if not any(active):
                 break
             logits = self.model(
                 input_ids=step_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=cache,
+                past_key_values=prefill.cache,
                 use_cache=True,
             ).logits[:, -1, :].float()
             tokens, logprobs = sampler.sample(logits)
@@ -72,10 +108,52 @@ class HFInferStrategy:
             step_ids = tokens.view(n, 1)
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], dim=1)
             position_ids = position_ids[:, -1:] + 1
-        return [
-            GenerateOutput(r.request_id, out_ids[i], out_lps[i], finish[i], self.policy_version)
-            for i, r in enumerate(requests)
-        ]
+        return out_ids, out_lps, finish
+
+    def _store_sessions(self, requests: list[GenerateRequest], prefixes: list[Prefix], prefill: _Prefill,
+                        out_ids: list[list[int]]) -> None:
+        """Keep each session's KV for the ids it fed: prompt + generated ids but the last.
+
+        The reused chunks are kept as they are; the new chunk is the row's KV from the batch cache,
+        where row i holds its new ids at [P + N - m_i, P + N) and the generated ids it fed right
+        after them.
+        """
+        if not self.kv_cache.enabled:
+            return
+        end_of_prompt = prefill.attention_mask.shape[1]  # P + N
+        layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
+        for i, r in enumerate(requests):
+            if r.session_id is None or not out_ids[i]:
+                continue
+            fed = slice(end_of_prompt - prefill.new[i], end_of_prompt + len(out_ids[i]) - 1)
+            self.kv_cache.store(r.session_id, r.prompt_ids + out_ids[i][:-1],
+                                prefixes[i].chunks + [row_chunk(layers, i, fed)])
+
+
+@dataclass
+class _Prefill:
+    """The first model call of a batch. Row i is [pad | n_i reused | pad | m_i new ids]: the reused
+    KV left-padded to width P in `cache`, the new ids left-padded to width N in `input_ids`."""
+
+    input_ids: torch.Tensor  # (B, N)
+    attention_mask: torch.Tensor  # (B, P + N), 1 on real ids (reused or new)
+    position_ids: torch.Tensor  # (B, N), index among the row's real ids
+    cache: DynamicCache  # P positions per layer
+    new: list[int]  # m_i
+
+
+def _build_prefill(requests: list[GenerateRequest], prefixes: list[Prefix], pad_id: int,
+                   device: torch.device) -> _Prefill:
+    new_ids = [r.prompt_ids[p.length:] for r, p in zip(requests, prefixes)]
+    input_ids, new_mask = _left_pad(new_ids, pad_id)
+    width = max(p.length for p in prefixes)
+    past_mask = torch.zeros((len(requests), width), dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        past_mask[i, width - p.length:] = 1
+    attention_mask = torch.cat([past_mask, new_mask], dim=1).to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
+    cache = DynamicCache(left_padded_past(prefixes)) if width else DynamicCache()
+    return _Prefill(input_ids.to(device), attention_mask, position_ids, cache, [len(s) for s in new_ids])
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

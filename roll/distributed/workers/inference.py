@@ -4,6 +4,11 @@ Env managers call `generate(request)` concurrently. Requests that arrive while t
 wait for the next engine call, which takes everything pending (up to `max_batch_size`), so the
 engine stays busy and no request waits for more than one batch. The engine call runs in a thread so
 the actor's event loop keeps accepting requests meanwhile.
+
+Requests with a `session_id` reuse the KV of their conversation's earlier turns (see
+`strategies/kv_cache.py`); `max_cached_tokens` bounds that cache and 0 turns it off. The stats
+count prompt ids served from it (`prefix_tokens_reused`) and those fed to the model
+(`prefill_tokens`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 
 from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.models.loading import load_causal_lm, load_tokenizer
 
 
@@ -23,13 +29,14 @@ class InferenceWorker:
     """Ray actor (async): owns one inference engine and the policy version it serves."""
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(model_path, dtype=dtype)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-        self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos)
+        self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos,
+                                      max_cached_tokens=max_cached_tokens)
         self.max_batch_size = max_batch_size
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
         self._wake: asyncio.Event | None = None
@@ -52,8 +59,13 @@ class InferenceWorker:
             self.engine.load_weights(state_dict, version)
         return version
 
+    def release_session(self, session_id: str) -> bool:
+        """Drop a finished conversation's cached KV (safe while the engine runs); True if cached."""
+        return self.engine.release(session_id)
+
     def get_stats(self) -> dict[str, int]:
-        return dict(self.stats, policy_version=self.engine.policy_version)
+        return dict(self.stats, **self.engine.stats, kv_cached_tokens=self.engine.kv_cache.num_tokens,
+                    policy_version=self.engine.policy_version)
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None:
