@@ -4,13 +4,22 @@ A batch is a `tensordict.TensorDict` with batch_size [B] whose per-token tensors
 RIGHT-padded and aligned to token positions. Everything here keeps that alignment: position t of
 every output describes token t of `input_ids`.
 
-Forward passes run the model once per DISTINCT row (`distinct_rows`). Agentic batches repeat rows
-token for token: step-wise samples revisit the same states (a 4x4 FrozenLake map has at most 16,
-and every rollout of a group starts from the same one), and trajectory-wise samples repeat once
-the policy sharpens. A causal LM's output for a row depends only on that row's tokens and mask, so
-the copies are computed once and expanded back with `index_select`; through autograd the copies'
-gradients are summed, which is exactly the gradient of the full batch. Every row keeps its own
-advantages, old log-probs and masks in the loss, so losses and gradients are unchanged.
+Forward passes run the model once per DISTINCT row (`distinct_rows`), where two rows are the same
+when they differ at most in their last real token. A causal LM's output at position t depends only
+on the row's tokens up to t and its mask, and the output at the last real position is never used:
+logprobs[:, t] and entropy[:, t] come from the logits at t - 1, values[:, t] from the head at t - 1.
+The last real token is only ever a label. Agentic batches repeat rows up to that label: step-wise
+samples revisit the same states (a 4x4 FrozenLake map has at most 16, and every rollout of a
+group starts from the same one) and answer them with different one-token actions, and
+trajectory-wise samples repeat once the policy sharpens.
+
+So the model runs on one representative row per distinct row, (U, T), and every row of the batch
+(B, T) reads its outputs from its representative's: entropies and values as they are (`expand`),
+log-probs by gathering the row's OWN labels from the representative's per-position distribution
+(`_label_logprobs`); no (B, T, V) tensor is made. Through autograd the contributions of all rows
+sharing a representative are summed, which is exactly the gradient of the full batch. Every row
+keeps its own labels, advantages, old log-probs and masks in the loss, so losses and gradients
+are unchanged.
 """
 
 from __future__ import annotations
@@ -23,18 +32,28 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
-from roll.algorithms.losses import entropy_from_logits, logprobs_from_logits
+from roll.algorithms.losses import entropy_from_logits
 
 MicroForward = Callable[[nn.Module, TensorDict], dict[str, torch.Tensor]]
-"""`forward(model, micro) -> {name: (b, t)}`. A row's outputs must depend only on its own
-`input_ids` and `attention_mask`: copies of a row are computed once (see module docstring)."""
+"""`forward(model, micro) -> {name: (b, t)}`, one output row per row of `micro`. A micro-batch
+holds every row sharing each of its distinct rows, so to run the model once per distinct row the
+forward must deduplicate itself, as `token_logprobs` and `shifted_values` do."""
+
+PADDING_KEY = -1
+"""Stands for ids under attention_mask == 0 in the grouping key (token ids are >= 0)."""
+LAST_TOKEN_KEY = -2
+"""Stands for each row's last real token in the grouping key: a label only (module docstring)."""
 
 
 class DistinctRows(NamedTuple):
-    """The distinct rows of a batch of B rows, U of them: `rows == rows[index][inverse]`."""
+    """The distinct rows of a batch of B rows, U of them: rows that share one forward pass.
+
+    Row b and its representative, row index[inverse[b]], have equal attention masks and equal real
+    tokens except maybe the last one (`distinct_rows`).
+    """
 
     index: torch.Tensor
-    """(U,) the first row of the batch holding each distinct row."""
+    """(U,) the first row of the batch holding each distinct row: its representative."""
     inverse: torch.Tensor
     """(B,) which distinct row each row of the batch is, an index into `index`."""
 
@@ -44,22 +63,26 @@ class DistinctRows(NamedTuple):
         return len(self.index) / max(len(self.inverse), 1)
 
     def expand(self, per_distinct: torch.Tensor) -> torch.Tensor:
-        """(U, ...) -> (B, ...): every row gets its distinct row's values.
+        """(U, ...) -> (B, ...): every row gets its representative's values.
 
-        Backward through `index_select` sums the gradients of all copies of a distinct row, which
-        is what the same row repeated in the model's input would receive.
+        Backward through `index_select` sums the gradients of all rows sharing a representative,
+        which is what those rows, each in the model's input, would send into the shared positions.
         """
         return per_distinct.index_select(0, self.inverse)
 
 
 def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DistinctRows:
-    """Group the rows of `input_ids` (B, T) that are token-for-token identical.
+    """Group the rows of `input_ids` (B, T) that a forward pass cannot tell apart.
 
     Two rows are the same when their attention masks are equal and their attended tokens are
-    equal; ids under attention_mask == 0 are ignored (the model's output at real tokens does not
-    see them, and outputs at padding are masked to 0). Exact comparison (`torch.unique`), no hash.
+    equal except the last one (a label only, module docstring). Ids under attention_mask == 0 are
+    ignored (no real token's output sees them, and outputs at padding are masked to 0). The key
+    writes both as negative sentinels, so equal keys mean equal masks; exact comparison
+    (`torch.unique`), no hash.
     """
-    key = torch.where(attention_mask.bool(), input_ids, -1)
+    attended = attention_mask.bool()
+    last = attended & (attended.long().cumsum(dim=1) == attended.sum(dim=1, keepdim=True))
+    key = torch.where(attended, input_ids, PADDING_KEY).masked_fill(last, LAST_TOKEN_KEY)
     distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
     rows = torch.arange(len(inverse), device=inverse.device)
     first = torch.full((len(distinct),), len(inverse), dtype=rows.dtype, device=rows.device)
@@ -105,19 +128,25 @@ def iter_micro_batches(batch: TensorDict, micro_batch_size: int) -> Iterator[Ten
         yield trim_padding(batch[start : start + micro_batch_size])
 
 
+def distinct_micro_batch_rows(rows: DistinctRows, micro_batch_size: int) -> Iterator[torch.Tensor]:
+    """Row indices, in batch order, of each group of `micro_batch_size` distinct rows and every
+    row sharing them (see `iter_distinct_micro_batches`)."""
+    for start in range(0, len(rows.index), micro_batch_size):
+        yield ((rows.inverse >= start) & (rows.inverse < start + micro_batch_size)).nonzero()[:, 0]
+
+
 def iter_distinct_micro_batches(
     batch: TensorDict, micro_batch_size: int, rows: DistinctRows
 ) -> Iterator[TensorDict]:
-    """Micro-batches of at most `micro_batch_size` distinct rows each, holding every copy of them.
+    """Micro-batches of at most `micro_batch_size` distinct rows each, holding every row sharing them.
 
-    Gathering all copies of a row into one micro-batch lets a single forward pass serve every copy
-    in the whole mini-batch, not only the copies that happen to share a micro-batch. The model
-    still sees at most `micro_batch_size` rows per pass; the copies cost only their (rows, T) loss
-    tensors. Rows keep their batch order within a micro-batch; each is trimmed to its padding.
+    Gathering all rows of a distinct row into one micro-batch lets a single forward pass serve all
+    of them in the whole mini-batch, not only those that happen to share a micro-batch. The model
+    still sees at most `micro_batch_size` rows per pass; the other rows cost only their (rows, T)
+    loss tensors. Rows keep their batch order within a micro-batch; each is trimmed to its padding.
     With `all_rows(B)` this is `iter_micro_batches`.
     """
-    for start in range(0, len(rows.index), micro_batch_size):
-        members = (rows.inverse >= start) & (rows.inverse < start + micro_batch_size)
+    for members in distinct_micro_batch_rows(rows, micro_batch_size):
         yield trim_padding(batch[members])
 
 
@@ -138,27 +167,29 @@ def token_logprobs(
     with the same results, to measure what that saves.
     """
     rows = rows_to_compute(input_ids, attention_mask, dedupe)
-    logprobs, entropy = _token_logprobs(
-        model, input_ids[rows.index], attention_mask[rows.index], temperature, with_entropy
-    )
-    return rows.expand(logprobs), None if entropy is None else rows.expand(entropy)
-
-
-def _token_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    with_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`token_logprobs` of every row as given, copies included."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    logits = logits.float() / temperature
+    shared = rows.index
+    logits = model(input_ids=input_ids[shared], attention_mask=attention_mask[shared]).logits[:, :-1]
+    logits = logits.float() / temperature  # (U, T - 1, V): position t scores token t + 1
     mask = attention_mask[:, 1:].to(logits.dtype)
-    logprobs = F.pad(logprobs_from_logits(logits, input_ids[:, 1:]) * mask, (1, 0))
+    logprobs = F.pad(_label_logprobs(logits, rows.inverse, input_ids[:, 1:]) * mask, (1, 0))
     if not with_entropy:
         return logprobs, None
-    return logprobs, F.pad(entropy_from_logits(logits) * mask, (1, 0))
+    return logprobs, F.pad(rows.expand(entropy_from_logits(logits)) * mask, (1, 0))
+
+
+def _label_logprobs(logits: torch.Tensor, inverse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits[inverse[b], t])[labels[b, t]]: logits (U, T, V), labels (B, T) -> (B, T).
+
+    Each row reads its own labels out of its representative's distributions with one advanced
+    index (B, T); the log-normaliser is per representative (U, T), one row at a time as in
+    `logprobs_from_logits`, so neither a (B, T, V) tensor nor a second (U, T, V) one (which
+    log_softmax would keep for backward) is made. Backward scatters every row's gradient into its
+    representative's logits, adding up those of rows sharing one.
+    """
+    positions = torch.arange(labels.shape[1], device=labels.device)
+    picked = logits[inverse[:, None], positions[None, :], labels]
+    log_normaliser = torch.cat([torch.logsumexp(one, dim=-1) for one in logits.split(1)])
+    return picked - log_normaliser.index_select(0, inverse)
 
 
 def shifted_values(
@@ -168,12 +199,13 @@ def shifted_values(
 
     values[:, t] = V(input_ids[:, :t]): the value of the state in which token t was generated,
     i.e. the head's output at position t - 1. Column 0 and padding positions are 0.
-    Once per distinct row, as `token_logprobs`.
+    Once per distinct row, as `token_logprobs`: rows differing only in their last token share the
+    state before it, so they share every value.
     """
     rows = rows_to_compute(input_ids, attention_mask, dedupe)
-    input_ids, attention_mask = input_ids[rows.index], attention_mask[rows.index]
-    head = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, 0].float()
-    return rows.expand(F.pad(head * attention_mask[:, 1:].to(head.dtype), (1, 0)))
+    shared = rows.index
+    head = model(input_ids=input_ids[shared], attention_mask=attention_mask[shared]).logits[:, :-1, 0]
+    return F.pad(rows.expand(head.float()) * attention_mask[:, 1:].to(torch.float32), (1, 0))
 
 
 @torch.no_grad()
@@ -187,14 +219,17 @@ def forward_in_micro_batches(
 ) -> dict[str, torch.Tensor]:
     """Run `forward(model, micro)` over micro-batches without grad; outputs (B, T) on CPU.
 
-    With `dedupe`, only the distinct rows of the whole batch are run (see `MicroForward`), then
-    copied back to every row. Each micro-batch is trimmed to its longest row, so short rows do not
-    pay for the longest one in the whole batch; outputs are zero-padded back to the batch's T.
+    With `dedupe`, micro-batches are those of `iter_distinct_micro_batches` over the whole batch,
+    so a `forward` that deduplicates (see `MicroForward`) runs each distinct row of the batch once.
+    Each micro-batch is trimmed to its longest row, so short rows do not pay for the longest one
+    in the whole batch; outputs are zero-padded back to the batch's T and put back in batch order.
     """
     total = batch["input_ids"].shape[1]
     rows = rows_to_compute(batch["input_ids"], batch["attention_mask"], dedupe)
+    order: list[torch.Tensor] = []
     parts: dict[str, list[torch.Tensor]] = {}
-    for micro in iter_micro_batches(batch[rows.index], micro_batch_size):
-        for key, value in forward(model, micro.to(device)).items():
+    for members in distinct_micro_batch_rows(rows, micro_batch_size):
+        order.append(members)
+        for key, value in forward(model, trim_padding(batch[members]).to(device)).items():
             parts.setdefault(key, []).append(pad_right(value.float().cpu(), total))
-    return {key: rows.expand(torch.cat(values)) for key, values in parts.items()}
+    return {key: torch.cat(values)[torch.cat(order).argsort()] for key, values in parts.items()}

@@ -134,8 +134,9 @@ class TorchTrainStrategy:
         weights, so they too are minibatch values.
 
         With `dedupe_rows`, a micro-batch holds at most `micro_batch_size` distinct rows and every
-        copy of them in the minibatch (`iter_distinct_micro_batches`), so `loss_fn` must run its model once
-        per distinct row, as `token_logprobs` and `shifted_values` do.
+        row of the minibatch sharing them (`iter_distinct_micro_batches`; rows differing only in
+        their last token share one), so `loss_fn` must run its model once per distinct row, as
+        `token_logprobs` and `shifted_values` do.
         """
         distinct = distinct_rows(minibatch["input_ids"], minibatch["attention_mask"])
         grouping = distinct if self.dedupe_rows else all_rows(len(minibatch))
