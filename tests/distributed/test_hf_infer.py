@@ -143,9 +143,10 @@ def test_multi_turn_reuse_matches_recompute(engine):
         # a turn reuses everything the last turn fed: its prompt and its output but the last id
         reused_per_turn.append(sum(len(p) + len(o.token_ids) - 1 for p, o in zip(prev_prompts, prev_outs)))
     total_prompt = sum(len(p) for prompts, _ in with_reuse for p in prompts)
-    assert cached.stats == {"prefix_tokens_reused": sum(reused_per_turn),
-                            "prefill_tokens": total_prompt - sum(reused_per_turn)}
-    assert fresh.stats == {"prefix_tokens_reused": 0, "prefill_tokens": total_prompt}
+    tokens = ("prefix_tokens_reused", "prefill_tokens")
+    assert {k: cached.stats[k] for k in tokens} == {"prefix_tokens_reused": sum(reused_per_turn),
+                                                   "prefill_tokens": total_prompt - sum(reused_per_turn)}
+    assert {k: fresh.stats[k] for k in tokens} == {"prefix_tokens_reused": 0, "prefill_tokens": total_prompt}
     prompts, outs = with_reuse[-1]  # and the last turn agrees with one plain forward per row
     for prompt, out in zip(prompts, outs):
         lp = torch.log_softmax(strategy.model(input_ids=torch.tensor([prompt + out.token_ids])).logits[0] / 0.8, -1)
@@ -274,3 +275,15 @@ def test_inference_worker_counts_reused_and_prefilled_ids(model_path):
     assert (stats["prefix_tokens_reused"], stats["prefill_tokens"]) == (fed, 4 + (4 + len(out.token_ids) + 2 - fed))
     assert stats["kv_cached_tokens"] == 4 + len(out.token_ids) + 2  # second turn: prompt, 1 id generated
     assert released and after["kv_cached_tokens"] == 0
+
+
+def test_identical_prompts_are_prefilled_once(engine):
+    strategy, _ = engine
+    before = strategy.stats.get("prefill_rows_computed", 0)
+    reqs = [req(str(i), PROMPTS[i % 2], seed=i, max_new_tokens=4) for i in range(6)]
+    together = strategy.generate_batch(reqs)
+    assert strategy.stats["prefill_rows_computed"] - before == 2  # two distinct prompts for six rows
+    for r, out in zip(reqs, together):  # each row is what it would be alone
+        alone = strategy.generate_batch([r])[0]
+        assert out.token_ids == alone.token_ids
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)

@@ -46,6 +46,7 @@ class EnvWorker:
         asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.inference = inference
+        self._client = _BatchingClient(inference)
         self._args = (sampling, sequence_length, step_timeout_s)
         self._manager_type, self._history_length = manager_type, history_length
         self.groups = [[self._make_manager(spec) for _ in range(group_size)] for spec in slots]
@@ -59,7 +60,7 @@ class EnvWorker:
         return TrajEnvManager(*args)
 
     async def _generate(self, request):
-        return await self.inference.generate.remote(request)
+        return await self._client.submit(request)
 
     async def run_group(self, slot: int, group: GroupSpec) -> GroupResult:
         managers = self.groups[slot]
@@ -76,3 +77,42 @@ class EnvWorker:
             else:
                 trajectories.append(res)
         return GroupResult(group.group_index, trajectories, dropped)
+
+
+class _BatchingClient:
+    """Sends the generate requests that this worker's managers make within `window_s` of each
+    other to the inference worker in one Ray call. Hundreds of managers finishing an env step at
+    nearly the same moment then cost one round trip instead of hundreds; the wait is bounded by
+    the window, so no manager waits on another's env."""
+
+    def __init__(self, inference, window_s: float = 0.002):
+        self.inference = inference
+        self.window_s = window_s
+        self._pending: list = []
+        self._flush_handle = None
+
+    async def submit(self, request):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.append((request, future))
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_later(self.window_s, self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending, self._flush_handle = self._pending, [], None
+        ref = self.inference.generate_many.remote([r for r, _ in batch])
+        asyncio.ensure_future(self._deliver(ref, [f for _, f in batch]))
+
+    @staticmethod
+    async def _deliver(ref, futures) -> None:
+        try:
+            outputs = await ref
+        except Exception as exc:  # every request of the call fails; their episodes are dropped
+            for f in futures:
+                if not f.done():
+                    f.set_exception(exc)
+            return
+        for f, out in zip(futures, outputs):
+            if not f.done():
+                f.set_result(out)

@@ -84,16 +84,19 @@ class HFInferStrategy:
         finish = ["length"] * n
         active = [m > 0 for m in max_new]
         step_ids, attention_mask, position_ids = prefill.input_ids, prefill.attention_mask, prefill.position_ids
-        for _ in range(max(max_new, default=0)):
+        for t in range(max(max_new, default=0)):
             if not any(active):
                 break
-            logits = self.model(
-                input_ids=step_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=prefill.cache,
-                use_cache=True,
-            ).logits[:, -1, :].float()
+            if t == 0:
+                logits = self._prefill_forward(prefill)
+            else:
+                logits = self.model(
+                    input_ids=step_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=prefill.cache,
+                    use_cache=True,
+                ).logits[:, -1, :].float()
             tokens, logprobs = sampler.sample(logits)
             for i in range(n):
                 if not active[i]:
@@ -109,6 +112,35 @@ class HFInferStrategy:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], dim=1)
             position_ids = position_ids[:, -1:] + 1
         return out_ids, out_lps, finish
+
+    def _prefill_forward(self, prefill: _Prefill) -> torch.Tensor:
+        """The first model call, over distinct rows only when no row reuses a cached prefix.
+
+        Requests often repeat a prompt (the members of a group start from the same state, and
+        step-wise prompts revisit states), so identical rows are computed once and their logits
+        and KV copied to every row that asked; each row still samples with its own seed.
+        Returns last-position logits (B, V).
+        """
+        rows = prefill.input_ids
+        if prefill.attention_mask.shape[1] != rows.shape[1]:  # some rows reuse a cached prefix
+            unique, inverse = rows, None
+        else:
+            unique, index, inverse = _distinct_rows(rows)
+        out = self.model(
+            input_ids=unique,
+            attention_mask=prefill.attention_mask if inverse is None else prefill.attention_mask[index],
+            position_ids=prefill.position_ids if inverse is None else prefill.position_ids[index],
+            past_key_values=prefill.cache if inverse is None else DynamicCache(),
+            use_cache=True,
+        )
+        logits = out.logits[:, -1, :].float()
+        if inverse is None:
+            return logits
+        layers = [(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse))
+                  for layer in out.past_key_values.layers]
+        prefill.cache = DynamicCache(layers)
+        self.stats["prefill_rows_computed"] = self.stats.get("prefill_rows_computed", 0) + len(unique)
+        return logits.index_select(0, inverse)
 
     def _store_sessions(self, requests: list[GenerateRequest], prefixes: list[Prefix], prefill: _Prefill,
                         out_ids: list[list[int]]) -> None:
@@ -154,6 +186,14 @@ def _build_prefill(requests: list[GenerateRequest], prefixes: list[Prefix], pad_
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
     cache = DynamicCache(left_padded_past(prefixes)) if width else DynamicCache()
     return _Prefill(input_ids.to(device), attention_mask, position_ids, cache, [len(s) for s in new_ids])
+
+
+def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(unique rows (U, N), index of each unique row's first occurrence (U,), inverse (B,))."""
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    index = torch.full((len(unique),), len(rows), dtype=torch.long, device=rows.device)
+    index.scatter_reduce_(0, inverse, torch.arange(len(rows), device=rows.device), reduce="amin")
+    return rows.index_select(0, index), index, inverse
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -52,6 +52,10 @@ class InferenceWorker:
         self._wake.set()
         return await future
 
+    async def generate_many(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        """Several requests in one Ray call (an env worker's batch); each is served as if alone."""
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         """Load new actor weights between engine calls (never in the middle of one)."""
         self._ensure_loop()
