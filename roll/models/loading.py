@@ -90,13 +90,14 @@ def chat_template_ids(
 ) -> list[int]:
     """Token ids of `messages` rendered by the tokenizer's chat template, as one flat list.
 
-    transformers 5 returns a `BatchEncoding` from `apply_chat_template(tokenize=True)` unless
-    `return_dict=False`; callers want plain ids either way.
+    Renders the text, then encodes it with the Rust tokenizer directly when there is one (what
+    `apply_chat_template(tokenize=True)` does, minus a Python wrapper that costs more than the
+    encoding itself; env managers call this for every step).
     """
-    ids = tokenizer.apply_chat_template(
-        [dict(m) for m in messages],
-        tokenize=True,
-        add_generation_prompt=add_generation_prompt,
-        return_dict=False,
+    text = tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt
     )
-    return [int(i) for i in ids]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.encode(text, add_special_tokens=False).ids
+    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]

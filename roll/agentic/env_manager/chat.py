@@ -12,6 +12,8 @@ from __future__ import annotations
 from roll.models.loading import chat_template_ids
 
 _PROBE_SYSTEM, _PROBE_USER = "s", "u"
+_MEMO_SIZE = 65536
+_MEMO: dict = {}
 
 
 class ChatFormatter:
@@ -28,11 +30,22 @@ class ChatFormatter:
         self._closed_probe = closed
         self.turn_close_ids = closed[len(with_gen):]  # e.g. <|im_end|> \n
 
+    def template_ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        """`chat_template_ids`, memoised across the formatters of this process (all managers of an
+        env worker): the envs of a group start from one state and often revisit states."""
+        key = (id(self.tokenizer), tuple((m["role"], m["content"]) for m in messages), add_generation_prompt)
+        ids = _MEMO.get(key)
+        if ids is None:
+            if len(_MEMO) >= _MEMO_SIZE:
+                _MEMO.clear()
+            ids = _MEMO[key] = chat_template_ids(self.tokenizer, messages, add_generation_prompt)
+        return list(ids)
+
     def initial_prompt(self, instruction: str | None, observation: str) -> list[int]:
         messages = [{"role": "user", "content": observation}]
         if instruction:
             messages.insert(0, {"role": "system", "content": instruction})
-        return chat_template_ids(self.tokenizer, messages, add_generation_prompt=True) + self.prefix_ids
+        return self.template_ids(messages, add_generation_prompt=True) + self.prefix_ids
 
     def next_turn(self, observation: str, generated_ids: list[int]) -> list[int]:
         """Ids to append after a generated turn: what closes it, then the next user turn."""
@@ -52,7 +65,7 @@ class ChatFormatter:
             {"role": "assistant", "content": ""},
             {"role": "user", "content": observation},
         ]
-        ids = chat_template_ids(self.tokenizer, probe, add_generation_prompt=True)
+        ids = self.template_ids(probe, add_generation_prompt=True)
         if ids[: len(self._closed_probe)] != self._closed_probe:
             raise ValueError("chat template renders earlier turns differently once a turn is added")
         return ids[len(self._closed_probe):]

@@ -14,7 +14,6 @@ import hashlib
 from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.rollout.records import GenerateOutput, StepRecord
-from roll.models.loading import chat_template_ids
 
 
 def state_hash(observation: str) -> str:
@@ -50,7 +49,7 @@ class _StepBuilder(EpisodeBuilder):
         for user, assistant in window:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
         messages.append({"role": "user", "content": self.user_text})
-        ids = chat_template_ids(self.chat.tokenizer, messages, add_generation_prompt=True) + self.chat.prefix_ids
+        ids = self.chat.template_ids(messages, add_generation_prompt=True) + self.chat.prefix_ids
         self._prompt = ids
         return ids if len(ids) <= self.budget else None
 
