@@ -39,7 +39,7 @@ def read_metrics(out_dir):
 
 def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
     out = tmp_path / "run"
-    proc = run_cli(tiny_model, out, "max_steps=3")
+    proc = run_cli(tiny_model, out, "max_steps=3", f"render_save_dir={out / 'frames'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -49,6 +49,9 @@ def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
     assert {"val/success"} <= rows[0].keys() and "val/success" in rows[2] and "val/success" in rows[3]
     assert all(r["rollout/dropped_trajectories"] == 0 for r in rows[1:])
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    frames = sorted((out / "frames" / "step_2").glob("*.txt"))
+    assert len(frames) == 4  # one file per validation episode
+    assert "reward" in frames[0].read_text() and "P" in frames[0].read_text()
     ckpts = out / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step_3"
     assert (ckpts / "step_2" / "trainer_state.json").is_file()

@@ -99,15 +99,11 @@ class BaseEnvManager:
         except asyncio.TimeoutError:
             raise EnvStepTimeout(f"env.step exceeded {self.step_timeout_s}s") from None
 
-    def render_frame(self) -> str:
-        frame = self.env.render() if getattr(self.env, "render_mode", None) == "ansi" else None
-        return frame if isinstance(frame, str) else ""
-
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
         obs, info = self.env.reset(seed=episode.env_seed)
         instruction = info.get("env_instruction") if self.spec.instruction is None else self.spec.instruction
         builder = self.new_builder(instruction, obs)
-        frames = [self.render_frame()] if episode.keep_frames else []
+        frames = [obs] if episode.keep_frames else []  # a text env's observation is its frame
         rewards: list[float] = []
         versions: set[int] = set()
         num_valid, success, stop_reason, info = 0, False, "max_steps", {}
@@ -126,7 +122,7 @@ class BaseEnvManager:
             num_valid += bool(info.get("action_is_valid", True))
             success = bool(info.get("success", False))
             if episode.keep_frames:
-                frames.append(self.render_frame())
+                frames.append(f"{self.chat.response_text(out.token_ids)} -> reward {reward:g}\n{obs}")
             if terminated or truncated:
                 stop_reason = "terminated" if terminated else "truncated"
                 break
