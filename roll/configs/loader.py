@@ -86,15 +86,16 @@ def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: li
         except ConfigCompositionException as err:
             cause = err.__cause__
             key = getattr(cause, "full_key", None)
-            left_at_default = (
-                key is not None
-                and key in changed_keys
-                and "not in struct" in str(cause)
-                and _is_schema_key(key)
-            )
-            if not left_at_default:
+            # the missing key may be the override's own key or a section above it (`critic` for
+            # `critic.strategy_args.strategy_name=torch` when the YAML has no critic)
+            related = [i for i, k in enumerate(changed_keys)
+                       if key is not None and k is not None and (k == key or k.startswith(key + "."))]
+            if not related or "not in struct" not in str(cause):
                 raise
-            index = changed_keys.index(key)
+            index = related[0]
+            if not _is_schema_key(changed_keys[index]):  # a typo: name the override's own key
+                path = changed_keys[index].split(".")
+                raise ConfigError(changed_keys[index], _unknown_key_message(path)) from None
             overrides[index] = "+" + overrides[index]
             changed_keys[index] = None  # "+key=value" now, never retried again
 

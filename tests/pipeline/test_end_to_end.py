@@ -64,17 +64,38 @@ def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
 
 
 def test_resumed_run_reproduces_the_uninterrupted_run(tiny_model, tmp_path):
-    full, part = tmp_path / "full", tmp_path / "part"
-    assert run_cli(tiny_model, full, "max_steps=4").returncode == 0
-    first = run_cli(tiny_model, part, "max_steps=2")
+    """Resume from the uninterrupted run's step-2 checkpoint (what a run killed after step 2
+    leaves) into a fresh directory: steps 3 and 4 must match, weights, optimizer, LR schedule
+    (cosine over max_steps), KL controller and data order all restored."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    first = run_cli(tiny_model, full, "max_steps=4")
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = run_cli(tiny_model, part, "max_steps=4", "resume_from_checkpoint=true")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = read_metrics(full), read_metrics(part)
-    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    second = run_cli(tiny_model, resumed, "max_steps=4",
+                     f"resume_from_checkpoint={full / 'checkpoints' / 'step_2'}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    a, b = read_metrics(full), read_metrics(resumed)
+    assert [r["step"] for r in b] == [3, 4]
     keys = ["train/episode_reward", "train/success", "losses/policy_loss", "losses/entropy",
-            "losses/approx_kl", "val/success"]
-    for ra, rb in zip(a[3:], b[3:]):
+            "losses/approx_kl", "actor/lr", "val/success"]
+    for ra, rb in zip(a[3:], b):
         for k in keys:
             if k in ra:
                 assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (ra["step"], k)
+
+
+def test_trajectory_wise_ppo_with_critic_and_kl(tiny_model, tmp_path):
+    """The StarPO example with GAE (critic worker) and a KL penalty (reference worker)."""
+    out = tmp_path / "traj"
+    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
+           "--config_name", "agent_val_frozen_lake_traj", f"pretrain={tiny_model}", f"output_dir={out}",
+           *SMALL, "max_steps=2", "adv_estimator=gae", "critic.strategy_args.strategy_name=torch",
+           "reference.strategy_args.strategy_name=torch", "init_kl_coef=0.05", "target_kl=0.01"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in ("losses/value_loss", "critic/kl", "critic/kl_coef", "losses/policy_loss"):
+        assert all(key in r for r in rows[1:]), key
+    assert rows[1]["critic/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: actor == reference
+    assert rows[2]["critic/kl_coef"] != 0.05  # the adaptive controller moved
+    assert (out / "checkpoints" / "step_2" / "critic" / "config.json").is_file()

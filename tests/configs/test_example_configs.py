@@ -1,0 +1,40 @@
+"""The shipped example configs validate, and overrides can add optional sections to them."""
+
+from pathlib import Path
+
+import pytest
+
+from roll.configs import ConfigError, load_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "frozen_lake"
+
+
+@pytest.fixture
+def pretrain(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    return f"pretrain={tmp_path}"
+
+
+def test_step_wise_default_and_trajectory_variant(pretrain):
+    step = load_config(str(EXAMPLES), "agent_val_frozen_lake", [pretrain])
+    traj = load_config(str(EXAMPLES), "agent_val_frozen_lake_traj", [pretrain])
+    assert (step.adv_estimator, step.train_env_manager.env_manager_type) == ("gigpo", "step")
+    assert (traj.adv_estimator, traj.train_env_manager.env_manager_type) == ("grpo", "traj")
+    assert traj.val_env_manager.env_manager_type == "traj"
+    assert step.train_groups_per_step == 32 and step.val_groups_per_eval == 128
+    assert traj.actor_train.training_args.mini_batch_size == 128
+
+
+def test_override_adds_a_section_the_yaml_leaves_out(pretrain):
+    cfg = load_config(str(EXAMPLES), "agent_val_frozen_lake_traj",
+                      [pretrain, "adv_estimator=gae", "critic.strategy_args.strategy_name=torch"])
+    assert cfg.critic.strategy_args.strategy_name == "torch"
+    assert cfg.critic.model_args.model_name_or_path == cfg.pretrain
+    with pytest.raises(ConfigError, match=r"^critic\.strategy_args\.strategy_nam: unknown key"):
+        load_config(str(EXAMPLES), "agent_val_frozen_lake_traj",
+                    [pretrain, "adv_estimator=gae", "critic.strategy_args.strategy_nam=torch"])
+
+
+def test_gigpo_needs_step_wise_samples(pretrain):
+    with pytest.raises(ConfigError, match='^adv_estimator: "gigpo" needs train_env_manager.env_manager_type "step"'):
+        load_config(str(EXAMPLES), "agent_val_frozen_lake_traj", [pretrain, "adv_estimator=gigpo"])
