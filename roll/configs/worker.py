@@ -63,9 +63,11 @@ class TrainingArgs(ConfigModel):
     adam_epsilon: float = Field(1e-8, gt=0)
     """AdamW denominator epsilon."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
-    """Shape of the learning-rate schedule after warm-up, over the run's optimiser steps."""
+    """Shape of the learning-rate schedule after warm-up, over the run's training steps (the
+    top-level `max_steps`: the schedule advances once per pipeline step, however many optimiser
+    steps the PPO epochs and mini-batches of that step take)."""
     warmup_steps: int = Field(0, ge=0)
-    """Optimiser steps of linear warm-up from 0 to `learning_rate`."""
+    """Training (pipeline) steps of linear warm-up from 0 to `learning_rate`."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradients are clipped to this global L2 norm before each optimiser step."""
     per_device_train_batch_size: int = Field(8, ge=1)
