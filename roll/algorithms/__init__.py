@@ -13,6 +13,7 @@ from roll.algorithms.advantages import (
     compute_grpo_advantages,
     compute_reinforce_returns,
 )
+from roll.algorithms.filters import group_reward_std_stats, select_groups_by_reward_std
 from roll.algorithms.gigpo import (
     broadcast_to_tokens,
     compute_gigpo_advantages,
@@ -52,6 +53,7 @@ __all__ = [
     "compute_step_reinforce_advantages",
     "entropy_from_logits",
     "explained_variance",
+    "group_reward_std_stats",
     "kl_penalty",
     "logprobs_from_logits",
     "make_kl_controller",
@@ -60,5 +62,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "ppo_policy_loss",
+    "select_groups_by_reward_std",
     "value_loss",
 ]

@@ -71,6 +71,15 @@ class PipelineConfig(ConfigModel):
     """GAE lambda."""
     pg_clip: float = Field(0.2, gt=0)
     """PPO clip range of the probability ratio: [1 - pg_clip, 1 + pg_clip]."""
+    rollout_filter_ratio: float = Field(1.0, gt=0, le=1)
+    """StarPO-S uncertainty filtering: train only on this fraction of each step's groups, those
+    whose members' episode rewards differ most (std); 1.0 keeps every group. A group whose members
+    all scored the same gives GRPO/GiGPO no signal, only noise."""
+    pg_clip_low: float | None = Field(None, gt=0)
+    """Lower clip range, [1 - pg_clip_low, ...]; None uses `pg_clip`."""
+    pg_clip_high: float | None = Field(None, gt=0)
+    """Upper clip range, [..., 1 + pg_clip_high]; None uses `pg_clip`. A larger upper range than
+    lower ("clip-higher", DAPO / StarPO-S) lets unlikely good tokens grow faster."""
     value_clip: float | None = Field(0.5, gt=0)
     """Critic values are clipped to old value +- value_clip in the value loss; None: no clipping."""
     init_kl_coef: float = Field(0.0, ge=0)

@@ -19,7 +19,7 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.models.loading import load_tokenizer
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.batch import build_step_batch, build_traj_batch, summarize_trajectories
+from roll.pipeline.batch import build_step_batch, build_traj_batch, filter_groups, summarize_trajectories
 from roll.pipeline.builders import build_rollout, build_workers, init_ray
 from roll.pipeline.scoring import score_batch, score_step_batch
 from roll.tracking.progress import ProgressBar
@@ -62,8 +62,9 @@ class AgenticPipeline:
             # 1. Rollout: complete groups of trajectories on the current weights
             with _timer(timings, "rollout"):
                 trajs, dropped = self.train_rollout.collect(step, cfg.train_groups_per_step)
-            # 2. Batch: one padded row per trajectory (or per env step, step-wise)
-            batch, meta = self.build_batch(trajs, self.pad_id)
+            # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
+            kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
+            batch, meta = self.build_batch(kept, self.pad_id)
             # 3. Score: old/ref log-probs, values, then advantages
             with _timer(timings, "score"):
                 score_metrics = self.score(batch, meta)
@@ -74,7 +75,7 @@ class AgenticPipeline:
             with _timer(timings, "sync"):
                 self.sync_weights(version=step)
             # 6. Log / validate / checkpoint
-            metrics = {**summarize_trajectories(trajs, "train"), **score_metrics, **train_metrics,
+            metrics = {**summarize_trajectories(trajs, "train"), **filter_metrics, **score_metrics, **train_metrics,
                        "rollout/dropped_trajectories": float(len(dropped)),
                        **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": sum(timings.values())}
             for cause in dropped:
@@ -130,7 +131,8 @@ class AgenticPipeline:
                 batch, ppo_epochs=cfg.ppo_epochs, value_clip=cfg.value_clip,
                 loss_agg_mode=cfg.loss_agg_mode, step=step), timeout=RAY_TIMEOUT_S))
         metrics.update(ray.get(self.workers["actor"].train.remote(
-            batch, temperature=self.temperature, ppo_epochs=cfg.ppo_epochs, pg_clip=cfg.pg_clip,
+            batch, temperature=self.temperature, ppo_epochs=cfg.ppo_epochs,
+            pg_clip=cfg.pg_clip_low or cfg.pg_clip, pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
             entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step),
             timeout=RAY_TIMEOUT_S))
         return metrics

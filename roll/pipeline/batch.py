@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from roll.agentic.rollout.records import Trajectory
+from roll.algorithms.filters import group_reward_std_stats, select_groups_by_reward_std
 
 
 def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, dict]:
@@ -79,6 +80,18 @@ def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         "episode_scores": torch.tensor([tr.episode_reward for tr, _ in rows]),
     }
     return batch, meta
+
+
+def filter_groups(trajs: list[Trajectory], keep_ratio: float) -> tuple[list[Trajectory], dict[str, float]]:
+    """StarPO-S: keep the groups with the largest spread of episode rewards (one score per
+    trajectory, so long trajectories do not weigh more); whole groups, in their original order."""
+    scores = torch.tensor([tr.episode_reward for tr in trajs])
+    groups = [tr.traj_group_id for tr in trajs]
+    metrics = group_reward_std_stats(scores, groups)
+    if keep_ratio < 1.0:
+        trajs = [trajs[i] for i in select_groups_by_reward_std(scores, groups, keep_ratio=keep_ratio)]
+    metrics["rollout/kept_trajectories"] = float(len(trajs))
+    return trajs, metrics
 
 
 def summarize_trajectories(trajs: list[Trajectory], prefix: str) -> dict[str, float]:

@@ -39,7 +39,8 @@ def read_metrics(out_dir):
 
 def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
     out = tmp_path / "run"
-    proc = run_cli(tiny_model, out, "max_steps=3", f"render_save_dir={out / 'frames'}")
+    proc = run_cli(tiny_model, out, "max_steps=3", f"render_save_dir={out / 'frames'}",
+                   "rollout_filter_ratio=0.5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -48,6 +49,7 @@ def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
         assert all(key in r for r in rows[1:]), key
     assert {"val/success"} <= rows[0].keys() and "val/success" in rows[2] and "val/success" in rows[3]
     assert all(r["rollout/dropped_trajectories"] == 0 for r in rows[1:])
+    assert all(r["rollout/kept_trajectories"] == 4 for r in rows[1:])  # 1 of 2 groups of 4
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     frames = sorted((out / "frames" / "step_2").glob("*.txt"))
     assert len(frames) == 4  # one file per validation episode
