@@ -1,0 +1,103 @@
+"""Reward normalisation before advantage estimation: ROLL's `reward_normalization` block.
+
+ROLL's agentic pipeline (`agentic_reward_norm` in `roll/pipeline/agentic/utils.py`) rescales the
+response-level score of every sample before the advantage estimator sees it. Its config is
+`reward_normalization {grouping, norm_mean_type, norm_std_type}`:
+- `grouping` names the non-tensor key whose equal values form a group: `traj_group_id` (the
+  trajectories that started from one env seed, GRPO's group), `tag` (one env type), or `batch`
+  (the whole rollout batch is one group). The caller passes that key's values as `group_keys`,
+  or one constant for every row when grouping is "batch".
+- `norm_mean_type` says what is subtracted: the mean of the whole batch ("batch"), the mean of the
+  row's group ("group"), or nothing (None).
+- `norm_std_type` says what the result is divided by: std + eps of the whole batch ("batch"), of
+  the row's group ("group"), or nothing (None). Stds are unbiased (torch.std), eps = 1e-6.
+Batch statistics ignore the grouping; with grouping "batch" the two kinds agree. GRPO's outcome
+advantage is ("group", "group") grouped by traj_group_id; ("batch", "batch") is plain whitening.
+
+Where this differs from ROLL: statistics without spread. ROLL, whenever norm_std_type is set,
+returns 0 for every row of a group that has one member or whose chosen std is <= 1e-6, whatever
+the mean type: under ("batch", "group") a lone trajectory loses its reward entirely. Here the
+divisor falls back to 1 when the rows the std is taken over (the batch for "batch", the group for
+"group") have one member or all equal scores, and the centred value is kept. When the mean comes
+from the same rows, the centred value is 0 anyway (set exactly, so the mean's rounding, 1e-17 for
+0.1, 0.1, 0.1, does not leak through), and ROLL and this agree; when the centre is the batch mean
+or None, this keeps the signal that ROLL drops. "No spread" means all scores exactly equal: a
+group with a tiny but real spread is still divided by its std + eps, where ROLL would zero it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from roll.algorithms.advantages import _group_index
+
+NormType = Literal["batch", "group"] | None
+NORM_TYPES: tuple[NormType, ...] = ("batch", "group", None)
+
+
+class _RowStats(NamedTuple):
+    """Statistics of the set of rows (the batch, or one group) each row belongs to, per row (B,)."""
+
+    mean: Tensor
+    divisor: Tensor
+    has_spread: Tensor
+
+
+def _row_stats(scores: Tensor, sets: Tensor, eps: float) -> _RowStats:
+    """Mean, divisor (std + eps, or 1 without spread) and spread flag of each row's set.
+
+    scores (B,) float; sets (B,) dense codes 0..S-1 (all zeros for the batch). The std is the
+    unbiased one; a set without spread (one member, or every score equal) has divisor exactly 1.
+    """
+    num_sets = int(sets.max()) + 1 if sets.numel() else 0
+    counts = torch.bincount(sets, minlength=num_sets).to(scores.dtype)
+    means = scores.new_zeros(num_sets).index_add_(0, sets, scores) / counts.clamp_min(1)
+    deviations = scores - means[sets]
+    sq_sums = scores.new_zeros(num_sets).index_add_(0, sets, deviations * deviations)
+    stds = torch.sqrt(sq_sums / (counts - 1).clamp_min(1))
+    empty = scores.new_zeros(num_sets)
+    highest = empty.scatter_reduce(0, sets, scores, "amax", include_self=False)
+    lowest = empty.scatter_reduce(0, sets, scores, "amin", include_self=False)
+    has_spread = highest > lowest
+    divisors = torch.where(has_spread, stds + eps, torch.ones_like(stds))
+    return _RowStats(means[sets], divisors[sets], has_spread[sets])
+
+
+@torch.no_grad()
+def normalize_rewards(
+    scores: Tensor,
+    group_keys: Sequence[Hashable] | Tensor,
+    *,
+    norm_mean_type: NormType,
+    norm_std_type: NormType,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Normalised scores (B,): (s - mean) / (std + eps), each part chosen as in ROLL.
+
+    scores (B,): one score per sample; integer scores become the default float dtype.
+    group_keys (B,): hashables or a tensor; equal keys form a group, in any row order.
+    norm_mean_type, norm_std_type: "batch", "group" or None (see the module docstring).
+    A divisor over rows without spread is 1, and centring over such rows gives exactly 0.
+    """
+    for name, value in (("norm_mean_type", norm_mean_type), ("norm_std_type", norm_std_type)):
+        if value not in NORM_TYPES:
+            raise ValueError(f"{name} must be one of {NORM_TYPES}, got {value!r}")
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be 1-D (one per sample), got shape {tuple(scores.shape)}")
+    if not scores.is_floating_point():
+        scores = scores.to(torch.get_default_dtype())
+    groups = _group_index(group_keys, scores.shape[0]).to(scores.device)
+    sets = {"batch": torch.zeros_like(groups), "group": groups}
+    kinds = {norm_mean_type, norm_std_type} - {None}
+    stats = {kind: _row_stats(scores, sets[kind], eps) for kind in kinds}
+    normalized = scores
+    if norm_mean_type is not None:
+        centre = stats[norm_mean_type]
+        normalized = torch.where(centre.has_spread, scores - centre.mean, torch.zeros_like(scores))
+    if norm_std_type is not None:
+        normalized = normalized / stats[norm_std_type].divisor
+    return normalized
