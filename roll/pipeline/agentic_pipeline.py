@@ -91,14 +91,6 @@ class AgenticPipeline:
         self.tracker.close()
         return metrics
 
-    def shutdown(self) -> None:
-        """Stop this pipeline's actors (Ray itself stays up for the caller)."""
-        handles = list(self.workers.values())
-        for rollout in (self.train_rollout, self.val_rollout):
-            handles += rollout.workers if rollout is not None else []
-        for handle in handles:
-            ray.kill(handle)
-
     def score(self, batch, meta) -> dict[str, float]:
         refs = {"old_logprobs": self.workers["actor"].compute_logprobs.remote(batch, self.temperature)}
         if "reference" in self.workers:
