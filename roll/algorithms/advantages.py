@@ -31,7 +31,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from roll.algorithms.utils import compress, scatter
+from roll.algorithms.utils import (
+    compress,
+    dense_codes,
+    reverse_discounted_cumsum,
+    scatter,
+)
 
 GroupIds = Sequence[Hashable] | Tensor
 
@@ -43,22 +48,6 @@ def _check_rewards_on_generated_tokens(token_rewards: Tensor, response_mask: Ten
             "token_rewards has non-zero entries off response_mask; place each step reward on the "
             "last generated token of its turn"
         )
-
-
-def _reverse_discounted_cumsum(x: Tensor, discount: float) -> Tensor:
-    """out[:, t] = x[:, t] + discount * out[:, t + 1], with out = 0 past the end. x: (B, L).
-
-    Loops over contiguous columns and stacks once: writing out[:, t] in the loop is several
-    times slower (strided copies), and L reaches thousands of tokens in multi-turn rows.
-    """
-    running = x.new_zeros(x.shape[0])
-    reversed_out = []
-    for column in reversed(x.T.contiguous().unbind(0)):
-        running = torch.add(column, running, alpha=discount)
-        reversed_out.append(running)
-    if not reversed_out:
-        return torch.zeros_like(x)
-    return torch.stack(reversed_out[::-1], dim=1)
 
 
 @torch.no_grad()
@@ -83,23 +72,20 @@ def compute_gae(
     next_values = torch.zeros_like(packed_values)
     next_values[:, :-1] = packed_values[:, 1:]
     deltas = (rewards + gamma * next_values - packed_values) * valid
-    advantages = _reverse_discounted_cumsum(deltas, gamma * lambd)
+    advantages = reverse_discounted_cumsum(deltas, gamma * lambd)
     returns = (advantages + packed_values) * valid
     length = token_rewards.shape[1]
     return scatter(advantages, index, length), scatter(returns, index, length)
 
 
-def _group_index(group_ids: GroupIds, batch_size: int) -> Tensor:
+def group_index(group_ids: GroupIds, batch_size: int) -> Tensor:
     """Map any hashable group ids to dense ints 0..G-1 (B,), in order of first appearance."""
-    if isinstance(group_ids, Tensor):
-        if group_ids.shape != (batch_size,):
-            shape = tuple(group_ids.shape)
-            raise ValueError(f"group_ids must have shape ({batch_size},), got {shape}")
-        return torch.unique(group_ids, return_inverse=True)[1]
+    if isinstance(group_ids, Tensor) and group_ids.shape != (batch_size,):
+        shape = tuple(group_ids.shape)
+        raise ValueError(f"group_ids must have shape ({batch_size},), got {shape}")
     if len(group_ids) != batch_size:
         raise ValueError(f"got {len(group_ids)} group_ids for {batch_size} scores")
-    dense: dict[Hashable, int] = {}
-    return torch.tensor([dense.setdefault(gid, len(dense)) for gid in group_ids], dtype=torch.long)
+    return dense_codes(group_ids)
 
 
 @torch.no_grad()
@@ -120,7 +106,7 @@ def compute_grpo_advantages(
     `norm_by_std` is False; and returns (B, T) = s_i on every generated token. A group of one gets
     A = 0 (its std is undefined; its only baseline is itself).
     """
-    group = _group_index(group_ids, scores.shape[0]).to(scores.device)
+    group = group_index(group_ids, scores.shape[0]).to(scores.device)
     num_groups = int(group.max()) + 1 if group.numel() else 0
     counts = torch.bincount(group, minlength=num_groups).to(scores.dtype)
     means = scores.new_zeros(num_groups).index_add_(0, group, scores) / counts
@@ -146,7 +132,7 @@ def compute_reinforce_returns(
     """
     _check_rewards_on_generated_tokens(token_rewards, response_mask)
     rewards, _, index = compress(token_rewards, response_mask)
-    returns = scatter(_reverse_discounted_cumsum(rewards, gamma), index, token_rewards.shape[1])
+    returns = scatter(reverse_discounted_cumsum(rewards, gamma), index, token_rewards.shape[1])
     return returns, returns.clone()
 
 

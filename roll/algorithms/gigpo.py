@@ -49,7 +49,7 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
-from roll.algorithms.advantages import _reverse_discounted_cumsum
+from roll.algorithms.utils import dense_codes, reverse_discounted_cumsum
 
 Ids = Sequence[Hashable] | Tensor
 Numbers = Sequence[float] | Tensor
@@ -65,15 +65,11 @@ def _floats(values: Numbers, name: str) -> Tensor:
 
 def _codes(ids: Ids, size: int, name: str, device: torch.device) -> Tensor:
     """Map any hashable ids to dense ints 0..G-1 (S,), so that groups become scatter indices."""
-    if isinstance(ids, Tensor):
-        if ids.shape != (size,):
-            raise ValueError(f"{name} must have shape ({size},), got {tuple(ids.shape)}")
-        return torch.unique(ids, return_inverse=True)[1].to(device)
+    if isinstance(ids, Tensor) and ids.shape != (size,):
+        raise ValueError(f"{name} must have shape ({size},), got {tuple(ids.shape)}")
     if len(ids) != size:
         raise ValueError(f"{name} has {len(ids)} entries for {size} step rows")
-    dense: dict[Hashable, int] = {}
-    codes = [dense.setdefault(value, len(dense)) for value in ids]
-    return torch.tensor(codes, dtype=torch.long, device=device)
+    return dense_codes(ids).to(device)
 
 
 def _pair_codes(outer: Tensor, inner: Tensor) -> Tensor:
@@ -170,7 +166,7 @@ def _step_returns(rewards: Tensor, trajs: Tensor, steps: Tensor, gamma: float) -
     _check_complete(trajs, steps)
     length = int(steps.max()) + 1 if steps.numel() else 0
     table = rewards.new_zeros(_num_groups(trajs), length).index_put_((trajs, steps), rewards)
-    return _reverse_discounted_cumsum(table, gamma)[trajs, steps]
+    return reverse_discounted_cumsum(table, gamma)[trajs, steps]
 
 
 @torch.no_grad()

@@ -33,7 +33,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from roll.algorithms.advantages import _group_index
+from roll.algorithms.advantages import group_index
 
 NormType = Literal["batch", "group"] | None
 NORM_TYPES: tuple[NormType, ...] = ("batch", "group", None)
@@ -90,7 +90,7 @@ def normalize_rewards(
         raise ValueError(f"scores must be 1-D (one per sample), got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():
         scores = scores.to(torch.get_default_dtype())
-    groups = _group_index(group_keys, scores.shape[0]).to(scores.device)
+    groups = group_index(group_keys, scores.shape[0]).to(scores.device)
     sets = {"batch": torch.zeros_like(groups), "group": groups}
     kinds = {norm_mean_type, norm_std_type} - {None}
     stats = {kind: _row_stats(scores, sets[kind], eps) for kind in kinds}

@@ -91,3 +91,29 @@ def scatter(packed: Tensor, index: Tensor, length: int) -> Tensor:
     """
     out = packed.new_zeros(packed.shape[0], length)
     return out.scatter(1, index, packed)
+
+
+def reverse_discounted_cumsum(x: Tensor, discount: float) -> Tensor:
+    """out[:, t] = x[:, t] + discount * out[:, t + 1], with out = 0 past the end. x: (B, L).
+
+    Loops over contiguous columns and stacks once: writing out[:, t] in the loop is several
+    times slower (strided copies), and L reaches thousands of tokens in multi-turn rows.
+    """
+    running = x.new_zeros(x.shape[0])
+    reversed_out = []
+    for column in reversed(x.T.contiguous().unbind(0)):
+        running = torch.add(column, running, alpha=discount)
+        reversed_out.append(running)
+    if not reversed_out:
+        return torch.zeros_like(x)
+    return torch.stack(reversed_out[::-1], dim=1)
+
+
+def dense_codes(ids) -> Tensor:
+    """Any hashable ids (a sequence, or a 1-D tensor) -> dense ints 0..G-1 (B,), so that groups
+    become scatter indices. Sequences number groups in order of first appearance; tensors in
+    sorted order (torch.unique)."""
+    if isinstance(ids, Tensor):
+        return torch.unique(ids, return_inverse=True)[1]
+    dense: dict = {}
+    return torch.tensor([dense.setdefault(value, len(dense)) for value in ids], dtype=torch.long)
