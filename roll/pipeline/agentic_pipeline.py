@@ -19,7 +19,12 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.models.loading import load_tokenizer
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.batch import build_step_batch, build_traj_batch, filter_groups, summarize_trajectories
+from roll.pipeline.batch import (
+    build_step_batch,
+    build_traj_batch,
+    filter_groups,
+    summarize_trajectories,
+)
 from roll.pipeline.builders import build_rollout, build_workers, init_ray
 from roll.pipeline.scoring import score_batch, score_step_batch
 from roll.tracking.progress import ProgressBar

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.agentic.rollout.records import (
+    GenerateOutput,
+    GenerateRequest,
+    SamplingParams,
+    Trajectory,
+)
 from roll.utils.seeding import derive_seed
 
 GenerateFn = Callable[[GenerateRequest], Awaitable[GenerateOutput]]
@@ -96,7 +101,7 @@ class BaseEnvManager:
         """env.step in a thread, so a slow env does not block the other managers; bounded in time."""
         try:
             return await asyncio.wait_for(asyncio.to_thread(self.env.step, text), self.step_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise EnvStepTimeout(f"env.step exceeded {self.step_timeout_s}s") from None
 
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -50,7 +49,6 @@ class EnvWorker:
         self._args = (sampling, sequence_length, step_timeout_s)
         self._manager_type, self._history_length = manager_type, history_length
         self.groups = [[self._make_manager(spec) for _ in range(group_size)] for spec in slots]
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager:
         sampling, sequence_length, step_timeout_s = self._args

@@ -43,7 +43,7 @@ class HFInferStrategy:
         self.eos_token_ids = list(eos_token_ids)
         self.policy_version = 0
         self.kv_cache = SessionKVCache(max_cached_tokens)
-        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0}
+        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0, "prefill_rows_computed": 0}
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """New weights make every cached key and value stale, so the session cache is cleared."""
@@ -139,7 +139,7 @@ class HFInferStrategy:
         layers = [(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse))
                   for layer in out.past_key_values.layers]
         prefill.cache = DynamicCache(layers)
-        self.stats["prefill_rows_computed"] = self.stats.get("prefill_rows_computed", 0) + len(unique)
+        self.stats["prefill_rows_computed"] += len(unique)
         return logits.index_select(0, inverse)
 
     def _store_sessions(self, requests: list[GenerateRequest], prefixes: list[Prefix], prefill: _Prefill,

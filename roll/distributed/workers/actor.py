@@ -20,7 +20,11 @@ from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import token_logprobs
 from roll.distributed.strategies.torch_train import build_torch_strategy
-from roll.distributed.workers.common import average_metrics, set_num_threads, shuffled_minibatches
+from roll.distributed.workers.common import (
+    average_metrics,
+    set_num_threads,
+    shuffled_minibatches,
+)
 from roll.models.loading import DType, load_causal_lm, load_tokenizer
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages")

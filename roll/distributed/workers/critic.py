@@ -17,7 +17,11 @@ from roll.algorithms.losses import AggMode, value_loss
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import shifted_values
 from roll.distributed.strategies.torch_train import build_torch_strategy
-from roll.distributed.workers.common import average_metrics, set_num_threads, shuffled_minibatches
+from roll.distributed.workers.common import (
+    average_metrics,
+    set_num_threads,
+    shuffled_minibatches,
+)
 from roll.models.loading import DType, load_value_model
 from roll.utils.seeding import derive_seed
 
