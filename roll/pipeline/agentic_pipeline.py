@@ -184,4 +184,5 @@ def _save_frames(directory: Path, trajs) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for tr in trajs:
         text = f"# {tr.traj_id} seed={tr.env_seed} reward={tr.episode_reward} success={tr.success}\n\n"
-        (directory / f"{tr.traj_id}.txt").write_text(text + "\n\n".join(tr.frames) + "\n")
+        body = "\n\n".join(f"{cap}\n{frame}" for cap, frame in zip(tr.frame_captions, tr.frames))
+        (directory / f"{tr.traj_id}.txt").write_text(text + body + "\n")

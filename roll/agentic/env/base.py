@@ -11,7 +11,8 @@ Contract (DESIGN.md "Environments"):
   `format_penalty` reward, not terminated. `step` never raises for any `str`.
 
 A subclass implements only `actions`, `instruction`, `_reset`, `_apply`, `success` and optionally
-`episode_metrics`, and draws all randomness from `self.np_random` so that equal seeds give equal
+`episode_metrics`, `scripted_action` (a competent move, for local play and scripted tests) and
+`frame_to_rgb` (an image of a frame; add "rgb_array" to `metadata["render_modes"]`), and draws all randomness from `self.np_random` so that equal seeds give equal
 rollouts. A subclass whose observations need characters outside `CHARSET` (or longer than
 `MAX_TEXT_CHARS`) reassigns `self.observation_space` after `super().__init__`.
 """
@@ -23,6 +24,7 @@ import string
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 from roll.agentic.env.parsing import extract_answer, match_choice
@@ -72,6 +74,19 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         """Env-specific per-episode numbers reported in every step's `info["metrics"]`."""
         return {}
 
+    def scripted_action(self) -> str | None:
+        """Raw model text for a good move from the current state (an oracle or heuristic agent
+        for `python -m roll.agentic.play --agent scripted` and multi-turn tests), or None when the
+        env has no scripted agent. Must not change the env's state or consume `np_random`."""
+        return None
+
+    @classmethod
+    def frame_to_rgb(cls, frame: str) -> np.ndarray | None:
+        """An (H, W, 3) uint8 image of the text `frame`, or None for an env without images.
+
+        A classmethod, so saved frames can be drawn later from text alone (`render_save_dir`)."""
+        return None
+
     def parse_action(self, text: str) -> str | None:
         """The action word in the raw model `text`, or None. Override for another answer format."""
         return match_choice(extract_answer(text), self.actions)
@@ -109,6 +124,9 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         }
         return obs, float(reward), bool(terminated), bool(truncated), info
 
-    def render(self) -> str | None:
-        """The current text frame in "ansi" mode (what the last observation showed)."""
-        return self._frame if self.render_mode == "ansi" else None
+    def render(self) -> str | np.ndarray | None:
+        """The current frame: its text in "ansi" mode (what the last observation showed), its
+        image (`frame_to_rgb`) in "rgb_array" mode, None without a render mode or a reset."""
+        if self._frame is None or self.render_mode is None:
+            return None
+        return self._frame if self.render_mode == "ansi" else self.frame_to_rgb(self._frame)

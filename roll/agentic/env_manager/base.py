@@ -109,6 +109,7 @@ class BaseEnvManager:
         instruction = info.get("env_instruction") if self.spec.instruction is None else self.spec.instruction
         builder = self.new_builder(instruction, obs)
         frames = [obs] if episode.keep_frames else []  # a text env's observation is its frame
+        captions = [f"reset (seed {episode.env_seed})"] if episode.keep_frames else []
         rewards: list[float] = []
         versions: set[int] = set()
         num_valid, success, stop_reason, info = 0, False, "max_steps", {}
@@ -127,7 +128,8 @@ class BaseEnvManager:
             num_valid += bool(info.get("action_is_valid", True))
             success = bool(info.get("success", False))
             if episode.keep_frames:
-                frames.append(f"{self.chat.response_text(out.token_ids)} -> reward {reward:g}\n{obs}")
+                frames.append(obs)
+                captions.append(f"{self.chat.response_text(out.token_ids)!r} -> reward {reward:g}")
             if terminated or truncated:
                 stop_reason = "terminated" if terminated else "truncated"
                 break
@@ -138,5 +140,6 @@ class BaseEnvManager:
             env_seed=episode.env_seed, step_rewards=rewards, success=success, stop_reason=stop_reason,
             policy_version=max(versions, default=0), num_actions=len(rewards), num_valid_actions=num_valid,
             metrics={k: float(v) for k, v in (info.get("metrics") or {}).items()}, frames=frames,
+            frame_captions=captions,
             **builder.sample_fields(),
         )

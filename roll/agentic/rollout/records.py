@@ -98,7 +98,10 @@ class Trajectory:
     turn_end_positions: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-    frames: list[str] = field(default_factory=list)  # text renders, kept only when asked for
+    # Kept only when asked for (validation with render_save_dir): the observation after reset and
+    # after each action, and for each a caption ("reset (seed 3)", "'Left' -> reward 0").
+    frames: list[str] = field(default_factory=list)
+    frame_captions: list[str] = field(default_factory=list)
 
     @property
     def episode_reward(self) -> float:
