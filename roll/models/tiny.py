@@ -142,7 +142,14 @@ def build_tiny_tokenizer(
 def collect_env_text(env: Any, num_seeds: int = 20) -> list[str]:
     """The texts a tokenizer must cover for `env` (a `TextEnv`): its action words, and for seeds
     0..num_seeds-1 the instruction, the first observation and the observations after playing each
-    action once in turn (until the episode ends), so feedback words are in the vocabulary too."""
+    action once in turn (until the episode ends), so feedback words are in the vocabulary too.
+
+    An env whose actions are open text (WebShop's `search[...]`) provides `tokenizer_corpus()`
+    instead, which is used as is."""
+    if callable(getattr(env, "tokenizer_corpus", None)):
+        texts = list(env.tokenizer_corpus())
+        env.close()
+        return texts
     texts = list(env.actions)
     for seed in range(num_seeds):
         obs, info = env.reset(seed=seed)
