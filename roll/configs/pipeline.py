@@ -22,6 +22,19 @@ from roll.configs.worker import (
 )
 
 
+class RewardNormalization(ConfigModel):
+    """ROLL's `reward_normalization`: rescale each trajectory's episode score before the
+    advantage estimator (see `roll.algorithms.reward_norm`)."""
+
+    grouping: Literal["traj_group_id", "tag", "batch"] = "traj_group_id"
+    """Rows with equal values of this key form a group: the trajectories of one env seed
+    ("traj_group_id"), of one env tag ("tag"), or the whole batch ("batch")."""
+    norm_mean_type: Literal["batch", "group"] | None = "group"
+    """Subtract the mean of the whole batch, of the row's group, or nothing (null)."""
+    norm_std_type: Literal["batch", "group"] | None = None
+    """Divide by the std (+1e-6) of the whole batch, of the row's group, or nothing (null)."""
+
+
 class PipelineConfig(ConfigModel):
     """Everything `AgenticPipeline` needs. Field names follow ROLL's agentic YAMLs."""
 
@@ -75,6 +88,11 @@ class PipelineConfig(ConfigModel):
     """StarPO-S uncertainty filtering: train only on this fraction of each step's groups, those
     whose members' episode rewards differ most (std); 1.0 keeps every group. A group whose members
     all scored the same gives GRPO/GiGPO no signal, only noise."""
+    reward_normalization: RewardNormalization | None = None
+    """Normalise episode scores before the estimator (null: off). Trajectory-wise rows then carry
+    the normalised score as their only reward, on the last generated token (as in ROLL); step-wise
+    rows use it as the episode score of "grpo"/"gigpo". GRPO already centres (and scales) within
+    traj groups, so the useful combinations are other groupings, e.g. batch whitening for GAE."""
     pg_clip_low: float | None = Field(None, gt=0)
     """Lower clip range, [1 - pg_clip_low, ...]; None uses `pg_clip`."""
     pg_clip_high: float | None = Field(None, gt=0)
@@ -194,6 +212,9 @@ class PipelineConfig(ConfigModel):
         if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs '
                                'train_env_manager.env_manager_type "step"')
+        if self.reward_normalization is not None and self.adv_estimator == "step_reinforce":
+            raise InvalidField("reward_normalization", 'normalises episode scores, which "step_reinforce" '
+                               "does not use (it learns from step rewards); set it to null")
         if self.adv_estimator == "gae" and self.critic is None:
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:

@@ -26,7 +26,12 @@ from roll.pipeline.batch import (
     summarize_trajectories,
 )
 from roll.pipeline.builders import build_rollout, build_workers, init_ray
-from roll.pipeline.scoring import score_batch, score_step_batch
+from roll.pipeline.scoring import (
+    normalize_step_episode_scores,
+    normalize_traj_rewards,
+    score_batch,
+    score_step_batch,
+)
 from roll.tracking.progress import ProgressBar
 from roll.tracking.tracker import Tracker
 from roll.utils.seeding import seed_everything
@@ -105,6 +110,10 @@ class AgenticPipeline:
         for key, ref in refs.items():
             batch[key] = ray.get(ref, timeout=RAY_TIMEOUT_S)
         cfg = self.cfg
+        if cfg.reward_normalization is not None and self.step_wise:
+            normalize_step_episode_scores(meta, cfg.reward_normalization)
+        elif cfg.reward_normalization is not None:
+            normalize_traj_rewards(batch, meta, cfg.reward_normalization)
         if self.step_wise:
             metrics = score_step_batch(
                 batch, meta, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,

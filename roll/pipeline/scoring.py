@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.gigpo import (
     broadcast_to_tokens,
@@ -10,7 +12,8 @@ from roll.algorithms.gigpo import (
     compute_step_reinforce_advantages,
 )
 from roll.algorithms.kl import apply_kl_penalty
-from roll.algorithms.utils import masked_mean, masked_whiten
+from roll.algorithms.reward_norm import normalize_rewards
+from roll.algorithms.utils import dense_codes, masked_mean, masked_whiten
 
 
 def score_batch(batch, meta: dict, *, adv_estimator: str, gamma: float, lambd: float,
@@ -66,6 +69,43 @@ def score_step_batch(batch, meta: dict, *, adv_estimator: str, step_reward_gamma
         adv = masked_whiten(adv, mask)
     batch["advantages"], batch["returns"] = adv, adv
     return _advantage_metrics(adv, adv, mask, meta["episode_scores"])
+
+
+def normalize_traj_rewards(batch, meta: dict, norm) -> None:
+    """ROLL's `reward_normalization` on trajectory-wise rows, in place, before any estimator.
+
+    Each row's episode score (the sum of its token rewards) is normalised (`normalize_rewards`,
+    grouped by `norm.grouping`) and becomes the row's only reward, on its last generated token,
+    as in ROLL: per-turn rewards collapse into the normalised outcome. `meta["scores"]` is kept raw
+    for the metrics.
+    """
+    mask = batch["response_mask"]
+    rewards = batch["token_level_rewards"]
+    scores = normalize_rewards(rewards.sum(dim=-1), _group_keys(meta, norm.grouping, len(mask)),
+                               norm_mean_type=norm.norm_mean_type, norm_std_type=norm.norm_std_type)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).amax(dim=1)  # (B,) last generated token, -1: none
+    new = torch.zeros_like(rewards)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    new[rows, last[rows]] = scores[rows].to(new.dtype)
+    batch["token_level_rewards"] = new
+
+
+def normalize_step_episode_scores(meta: dict, norm) -> None:
+    """`reward_normalization` on step-wise rows, in place: the episode scores are normalised over
+    trajectories (one score each, however many steps it has) and repeated on every step row."""
+    trajs = dense_codes(meta["traj_id"])
+    num = int(trajs.max()) + 1 if trajs.numel() else 0
+    first = torch.full((num,), len(trajs), dtype=torch.long).scatter_reduce(
+        0, trajs, torch.arange(len(trajs)), "amin")  # (N,) the first row of each trajectory
+    keys = _group_keys(meta, norm.grouping, len(trajs))
+    per_traj = normalize_rewards(meta["episode_scores"][first].float(), [keys[i] for i in first.tolist()],
+                                 norm_mean_type=norm.norm_mean_type, norm_std_type=norm.norm_std_type)
+    meta["episode_scores"] = per_traj[trajs]
+
+
+def _group_keys(meta: dict, grouping: str, size: int) -> list:
+    return [0] * size if grouping == "batch" else list(meta[grouping])
 
 
 def _advantage_metrics(adv, returns, mask, scores) -> dict[str, float]:

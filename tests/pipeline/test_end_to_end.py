@@ -86,12 +86,15 @@ def test_resumed_run_reproduces_the_uninterrupted_run(tiny_model, tmp_path):
 
 
 def test_trajectory_wise_ppo_with_critic_and_kl(tiny_model, tmp_path):
-    """The StarPO example with GAE (critic worker) and a KL penalty (reference worker)."""
+    """The StarPO example with GAE (critic worker), a KL penalty (reference worker) and batch-whitened
+    episode scores (reward_normalization, a section the YAML leaves out)."""
     out = tmp_path / "traj"
     cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
            "--config_name", "agent_val_frozen_lake_traj", f"pretrain={tiny_model}", f"output_dir={out}",
            *SMALL, "max_steps=2", "adv_estimator=gae", "critic.strategy_args.strategy_name=torch",
-           "reference.strategy_args.strategy_name=torch", "init_kl_coef=0.05", "target_kl=0.01"]
+           "reference.strategy_args.strategy_name=torch", "init_kl_coef=0.05", "target_kl=0.01",
+           "reward_normalization.grouping=batch", "reward_normalization.norm_mean_type=batch",
+           "reward_normalization.norm_std_type=batch"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
@@ -99,5 +102,6 @@ def test_trajectory_wise_ppo_with_critic_and_kl(tiny_model, tmp_path):
     for key in ("losses/value_loss", "critic/kl", "critic/kl_coef", "losses/policy_loss"):
         assert all(key in r for r in rows[1:]), key
     assert rows[1]["critic/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: actor == reference
+    assert rows[1]["critic/score_mean"] == pytest.approx(0.0, abs=1e-5)  # whitened, no KL yet
     assert rows[2]["critic/kl_coef"] != 0.05  # the adaptive controller moved
     assert (out / "checkpoints" / "step_2" / "critic" / "config.json").is_file()
