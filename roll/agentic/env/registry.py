@@ -17,9 +17,11 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import gymnasium as gym
+import pydantic
 from gymnasium.envs.registration import load_env_creator
 
 from roll.agentic.env.base import TextEnv
+from roll.agentic.env.faults import FaultInjectingEnv, FaultInjection
 
 ENTRY_POINT_GROUP = "roll.envs"
 _ENTRY_POINTS: dict[str, str] = {}  # env id -> "module:Class", in registration order
@@ -102,11 +104,18 @@ def resolve_env_class(env_type: str) -> type[TextEnv]:
     return cls
 
 
+FAULT_INJECTION_KEY = "fault_injection"  # an env_config key of every env: see roll.agentic.env.faults
+
+
 def check_env_config(env_type: str, env_config: Mapping[str, Any]) -> type[TextEnv]:
     """The class of `env_type`, after checking that its constructor takes every `env_config`
-    key: an unknown key is a one-line TypeError naming it and the accepted ones. Cheap, so config
-    validation can call it long before any env is built."""
+    key (besides `fault_injection`, which any env takes): an unknown key is a one-line TypeError
+    naming it and the accepted ones. Cheap, so config validation can call it long before any env
+    is built."""
     cls = resolve_env_class(env_type)
+    if FAULT_INJECTION_KEY in env_config:
+        _check_fault_injection(env_config[FAULT_INJECTION_KEY])
+        env_config = {k: v for k, v in env_config.items() if k != FAULT_INJECTION_KEY}
     params = inspect.signature(cls).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(env_config) - set(params))
@@ -118,6 +127,22 @@ def check_env_config(env_type: str, env_config: Mapping[str, Any]) -> type[TextE
     return cls
 
 
-def make_env(env_type: str, env_config: Mapping[str, Any]) -> TextEnv:
-    """A raw (unwrapped, no gymnasium wrappers) instance of `env_type` built with `**env_config`."""
-    return check_env_config(env_type, env_config)(**env_config)
+def _check_fault_injection(block: Any) -> None:
+    """A bad `fault_injection` block as a one-line ValueError naming the key."""
+    try:
+        FaultInjection.model_validate(block or {})
+    except pydantic.ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join([FAULT_INJECTION_KEY, *map(str, first["loc"])])
+        raise ValueError(f"{where}: {first['msg']}") from None
+
+
+def make_env(env_type: str, env_config: Mapping[str, Any]) -> TextEnv | FaultInjectingEnv:
+    """A raw (no gymnasium checker wrappers) instance of `env_type` built with `**env_config`,
+    wrapped in a `FaultInjectingEnv` when `env_config` has a `fault_injection` block."""
+    cls = check_env_config(env_type, env_config)
+    kwargs = {k: v for k, v in env_config.items() if k != FAULT_INJECTION_KEY}
+    env = cls(**kwargs)
+    if env_config.get(FAULT_INJECTION_KEY):
+        return FaultInjectingEnv(env, FaultInjection.model_validate(env_config[FAULT_INJECTION_KEY]))
+    return env

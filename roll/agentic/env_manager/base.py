@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
@@ -50,7 +53,29 @@ class EpisodeSpec:
 
 
 class EnvStepTimeout(RuntimeError):
-    pass
+    """env.reset or env.step took longer than the manager's step timeout."""
+
+
+class MalformedEnvOutput(RuntimeError):
+    """env.step returned something other than (str, finite number, bool, bool, dict)."""
+
+
+def check_step_output(result) -> tuple[str, float, bool, bool, dict]:
+    """`result` of env.step, checked: a malformed one raises instead of poisoning the batch."""
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise MalformedEnvOutput(f"env.step returned {type(result).__name__}, not a 5-tuple")
+    obs, reward, terminated, truncated, info = result
+    problems = [
+        what for what, bad in (
+            ("observation is not a str", not isinstance(obs, str)),
+            ("reward is not a finite number", not (isinstance(reward, (int, float)) and math.isfinite(reward))),
+            ("terminated/truncated are not bools", not all(isinstance(x, (bool, np.bool_)) for x in (terminated, truncated))),
+            ("info is not a dict", not isinstance(info, dict)),
+        ) if bad
+    ]
+    if problems:
+        raise MalformedEnvOutput("env.step output: " + "; ".join(problems))
+    return obs, float(reward), bool(terminated), bool(truncated), info
 
 
 class EpisodeBuilder:
@@ -97,15 +122,28 @@ class BaseEnvManager:
         return await self._generate(
             GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id))
 
-    async def env_step(self, text: str):
-        """env.step in a thread, so a slow env does not block the other managers; bounded in time."""
+    async def _env_call(self, name: str, *args, **kwargs):
+        """env.<name> in a thread, so a slow env does not block the other managers; bounded in
+        time. A call that times out leaves its thread behind: the manager is then dropped and its
+        env closed (`close`), which is what releases a well-behaved env."""
+        call = getattr(self.env, name)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self.env.step, text), self.step_timeout_s)
+            return await asyncio.wait_for(asyncio.to_thread(call, *args, **kwargs), self.step_timeout_s)
         except TimeoutError:
-            raise EnvStepTimeout(f"env.step exceeded {self.step_timeout_s}s") from None
+            raise EnvStepTimeout(f"env.{name} exceeded {self.step_timeout_s}s") from None
+
+    async def env_step(self, text: str):
+        return check_step_output(await self._env_call("step", text))
+
+    def close(self) -> None:
+        """Close the env (a dropped manager's env may hold a hung thread, a server session...)."""
+        try:
+            self.env.close()
+        except Exception:  # closing is best effort: the manager is being discarded anyway
+            pass
 
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
-        obs, info = self.env.reset(seed=episode.env_seed)
+        obs, info = await self._env_call("reset", seed=episode.env_seed)
         instruction = info.get("env_instruction") if self.spec.instruction is None else self.spec.instruction
         builder = self.new_builder(instruction, obs)
         frames = [obs] if episode.keep_frames else []  # a text env's observation is its frame

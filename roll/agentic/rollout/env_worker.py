@@ -71,6 +71,7 @@ class EnvWorker:
         for i, res in enumerate(results):
             if isinstance(res, BaseException):
                 dropped.append(f"{type(res).__name__}: {res}")
+                managers[i].close()  # releases an env hung in a thread, if it can be
                 managers[i] = self._make_manager(managers[i].spec)  # a fresh env for the next episode
             else:
                 trajectories.append(res)
