@@ -59,7 +59,10 @@ CHAT_TEMPLATE = (
 )
 ARCH_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config}
 # Preset name -> (env_type, env_config) whose texts make up the tokenizer corpus.
-PRESETS: dict[str, tuple[str, dict[str, Any]]] = {"frozen_lake": ("frozen_lake", {})}
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "frozen_lake": ("frozen_lake", {}),
+    "sokoban": ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10}),
+}
 
 
 def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
