@@ -250,6 +250,28 @@ def compute_step_grpo_advantages(
     return _episode_advantages(scores, groups, trajs, norm_std, eps)
 
 
+@torch.no_grad()
+def anchor_group_stats(traj_group_ids: Ids, state_hashes: Ids) -> dict[str, float]:
+    """How much step-level signal GiGPO can find in a batch: rows pooled by (group, state hash).
+
+    `nonsingleton_frac`: the fraction of rows whose anchor group has >= 2 rows (only those get a
+    step advantage); `mean_size`: the anchor-group size seen from an average row;
+    `num_groups`: the number of anchor groups. An empty batch gives zeros.
+    """
+    size = len(traj_group_ids)
+    if size == 0:
+        return {"nonsingleton_frac": 0.0, "mean_size": 0.0, "num_groups": 0.0}
+    groups = _codes(traj_group_ids, size, "traj_group_ids", torch.device("cpu"))
+    anchors = _pair_codes(groups, _codes(state_hashes, size, "state_hashes", torch.device("cpu")))
+    counts = torch.bincount(anchors)
+    per_row = counts[anchors].double()
+    return {
+        "nonsingleton_frac": float((per_row >= 2).double().mean()),
+        "mean_size": float(per_row.mean()),
+        "num_groups": float((counts > 0).sum()),
+    }
+
+
 def broadcast_to_tokens(advantages: Tensor, response_mask: Tensor) -> Tensor:
     """Per-row advantages (S,) onto the generated tokens of each row: (S, T), 0 off the mask."""
     if advantages.shape != (response_mask.shape[0],):

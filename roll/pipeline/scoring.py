@@ -6,6 +6,7 @@ import torch
 
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.gigpo import (
+    anchor_group_stats,
     broadcast_to_tokens,
     compute_gigpo_advantages,
     compute_step_grpo_advantages,
@@ -68,7 +69,9 @@ def score_step_batch(batch, meta: dict, *, adv_estimator: str, step_reward_gamma
     if whiten_advantages:
         adv = masked_whiten(adv, mask)
     batch["advantages"], batch["returns"] = adv, adv
-    return _advantage_metrics(adv, adv, mask, meta["episode_scores"])
+    anchors = anchor_group_stats(meta["traj_group_id"], meta["state_hash"])
+    return _advantage_metrics(adv, adv, mask, meta["episode_scores"]) | {
+        f"critic/anchor_{k}": v for k, v in anchors.items()}
 
 
 def normalize_traj_rewards(batch, meta: dict, norm) -> None:

@@ -9,6 +9,7 @@ import torch
 from torch.testing import assert_close
 
 from roll.algorithms.gigpo import (
+    anchor_group_stats,
     broadcast_to_tokens,
     compute_gigpo_advantages,
     compute_step_grpo_advantages,
@@ -210,3 +211,10 @@ def test_broadcast_to_tokens_fills_generated_tokens_only():
     assert_close(broadcast_to_tokens(t([1.5, -2]), mask), t([[0, 1.5, 1.5], [-2, 0, 0]]))
     with pytest.raises(ValueError, match="disagree"):
         broadcast_to_tokens(t([1.5]), mask)
+
+
+def test_anchor_group_stats_by_hand():
+    # group g: states a, a, b (anchor groups {a: 2 rows}, {b: 1}); group h: state a (its own group)
+    stats = anchor_group_stats(["g", "g", "g", "h"], ["a", "a", "b", "a"])
+    assert stats == {"nonsingleton_frac": 0.5, "mean_size": (2 + 2 + 1 + 1) / 4, "num_groups": 3.0}
+    assert anchor_group_stats([], []) == {"nonsingleton_frac": 0.0, "mean_size": 0.0, "num_groups": 0.0}
