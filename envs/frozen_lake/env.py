@@ -6,6 +6,9 @@ one of the two perpendicular ways, 1/3 each; reward 1 on the goal, else 0; a hol
 ends the episode. Differences: maps are random per episode with rng-placed start and goal
 (`maps.generate_map`), and observations are text (`_` ice, `O` hole, `G` goal, `P` player,
 `X` player in a hole, `√` player on the goal; the start cell is ice once the player leaves it).
+`scripted_action` walks a shortest path round the holes (optimal on non-slippery ice; on slippery
+ice it still aims along a shortest path, which is not the best policy there) and `frame_to_rgb`
+draws a frame as coloured cells, so `render_mode="rgb_array"` and saved GIFs come for free.
 """
 
 from __future__ import annotations
@@ -13,17 +16,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from envs.frozen_lake.maps import (
     MOVES,
     check_map_params,
     find_cell,
     generate_map,
+    goal_distances,
+    next_move,
     shortest_path_length,
 )
 from roll.agentic.env import TextEnv
+from roll.agentic.env.grid_image import RGB, draw_grid
 
 _SYMBOL = {"S": "_", "F": "_", "H": "O", "G": "G"}
 _PLAYER_ON = {"S": "P", "F": "P", "H": "X", "G": "√"}
+# Frame symbol -> cell colour: light-blue ice, dark-blue holes, green goal, the player in red
+# (dark red in a hole, gold once on the goal).
+PALETTE: dict[str, RGB] = {
+    "_": (200, 230, 250),
+    "O": (40, 70, 150),
+    "G": (60, 180, 75),
+    "P": (220, 50, 50),
+    "X": (120, 20, 40),
+    "√": (255, 200, 0),
+}
 
 
 def _check_desc(desc: Sequence[str]) -> list[str]:
@@ -45,6 +63,8 @@ class FrozenLakeEnv(TextEnv):
     `reset(options={"desc": [...]})` plays the given map (rows of S/F/H/G) instead of a random one.
     `episode_metrics`: `fell_in_hole` (0/1) and `shortest_path` (fewest moves from the start).
     """
+
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     actions = ("Left", "Down", "Right", "Up")
     instruction = (
@@ -69,6 +89,7 @@ class FrozenLakeEnv(TextEnv):
         self.max_path_length = max_path_length
         self._desc: list[str] = []
         self._pos = (0, 0)
+        self._to_goal: dict[tuple[int, int], int] = {}  # goal_distances of the current map
         self._shortest_path = 0
 
     @property
@@ -91,8 +112,20 @@ class FrozenLakeEnv(TextEnv):
                 self.np_random, self.size, self.hole_prob, self.max_path_length
             )
         self._pos = find_cell(self._desc, "S")
-        self._shortest_path = shortest_path_length(self._desc)
+        self._to_goal = goal_distances(self._desc)
+        self._shortest_path = self._to_goal[self._pos]
         return self._text()
+
+    def scripted_action(self) -> str | None:
+        """The next move of a shortest path to the goal that avoids holes, as
+        `<answer>Left</answer>`; None before a reset, on a hole or on the goal."""
+        move = next_move(self._to_goal, self._pos)
+        return None if move is None else f"<answer>{self.actions[move]}</answer>"
+
+    @classmethod
+    def frame_to_rgb(cls, frame: str) -> np.ndarray:
+        """The frame as a grid of coloured 32-pixel cells (see `PALETTE`)."""
+        return draw_grid(frame, PALETTE)
 
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         if self._cell in "HG":  # the episode is over: absorbing, as in gymnasium

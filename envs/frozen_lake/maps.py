@@ -26,23 +26,43 @@ def find_cell(desc: Sequence[str], letter: str) -> tuple[int, int]:
     raise ValueError(f"map has no {letter!r}: {list(desc)}")
 
 
-def shortest_path_length(desc: Sequence[str]) -> int | None:
-    """Fewest moves from S to G that avoid holes (breadth-first search), None if unreachable."""
-    start, goal = find_cell(desc, "S"), find_cell(desc, "G")
+def goal_distances(desc: Sequence[str]) -> dict[tuple[int, int], int]:
+    """Fewest moves from each cell to G that avoid holes, for every cell that can reach G.
+
+    One breadth-first search backwards from the goal (moves are reversible), so both the path
+    length from S and the scripted agent's next move (`next_move`) are lookups in its result."""
+    goal = find_cell(desc, "G")
     rows, cols = len(desc), len(desc[0])
-    distance = {start: 0}
-    queue = deque([start])
+    distance = {goal: 0}
+    queue = deque([goal])
     while queue:
         row, col = queue.popleft()
-        if (row, col) == goal:
-            return distance[goal]
         for d_row, d_col in MOVES:
             nxt = (row + d_row, col + d_col)
             inside = 0 <= nxt[0] < rows and 0 <= nxt[1] < cols
             if inside and nxt not in distance and desc[nxt[0]][nxt[1]] != "H":
                 distance[nxt] = distance[(row, col)] + 1
                 queue.append(nxt)
-    return None
+    return distance
+
+
+def shortest_path_length(desc: Sequence[str]) -> int | None:
+    """Fewest moves from S to G that avoid holes, None if unreachable."""
+    return goal_distances(desc).get(find_cell(desc, "S"))
+
+
+def next_move(distances: dict[tuple[int, int], int], pos: tuple[int, int]) -> int | None:
+    """Index into `MOVES` of the first move (in action order) from `pos` onto a cell one step
+    nearer the goal, given `goal_distances`; None at the goal or where the goal is unreachable."""
+    here = distances.get(pos)
+    if not here:  # None (unreachable, or a hole) or 0 (on the goal)
+        return None
+    nearer = (
+        index
+        for index, (d_row, d_col) in enumerate(MOVES)
+        if distances.get((pos[0] + d_row, pos[1] + d_col)) == here - 1
+    )
+    return next(nearer, None)
 
 
 def check_map_params(size: int, hole_prob: float, max_path_length: int | None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import ray
 
 from roll.algorithms.kl import make_kl_controller
+from roll.agentic.env.registry import resolve_env_class
 from roll.algorithms.utils import masked_mean
 from roll.models.loading import load_tokenizer
 from roll.pipeline import checkpoint as ckpt
@@ -32,6 +33,7 @@ from roll.pipeline.scoring import (
     score_batch,
     score_step_batch,
 )
+from roll.tracking.frames import save_episode_frames
 from roll.tracking.progress import ProgressBar
 from roll.tracking.tracker import Tracker
 from roll.utils.seeding import seed_everything
@@ -151,8 +153,10 @@ class AgenticPipeline:
         cfg = self.cfg
         keep_frames = cfg.render_save_dir is not None
         trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
-        if keep_frames:
-            _save_frames(Path(cfg.render_save_dir) / f"step_{step}", trajs)
+        if keep_frames:  # text, PNG frames and a GIF per episode (text only for envs without images)
+            directory = Path(cfg.render_save_dir) / f"step_{step}"
+            for tr in trajs:
+                save_episode_frames(directory, tr, resolve_env_class(cfg.custom_envs[tr.tag].env_type))
         return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
 
     def save(self, step: int) -> None:
@@ -187,11 +191,3 @@ def _timer(timings: dict[str, float], name: str):
     start = time.perf_counter()
     yield
     timings[name] = time.perf_counter() - start
-
-
-def _save_frames(directory: Path, trajs) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    for tr in trajs:
-        text = f"# {tr.traj_id} seed={tr.env_seed} reward={tr.episode_reward} success={tr.success}\n\n"
-        body = "\n\n".join(f"{cap}\n{frame}" for cap, frame in zip(tr.frame_captions, tr.frames))
-        (directory / f"{tr.traj_id}.txt").write_text(text + body + "\n")

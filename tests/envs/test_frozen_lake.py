@@ -188,3 +188,62 @@ def test_check_env_non_default_config(config):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(gym.make("roll/FrozenLake-v0", **config).unwrapped)
+
+
+def play_scripted(env: FrozenLakeEnv) -> tuple[list[str], dict]:
+    """Follow `scripted_action` until it has no move; the moves made and the last info."""
+    moves, info = [], {}
+    while (action := env.scripted_action()) is not None:
+        moves.append(action)
+        info = env.step(action)[4]
+    return moves, info
+
+
+def test_scripted_action_follows_the_first_shortest_move_in_action_order():
+    env = FrozenLakeEnv()
+    assert env.scripted_action() is None  # before any reset
+    env.reset(seed=0, options={"desc": DESC})
+    # distances to G: (0,0) 6, (1,0) 5, (2,0) 4, (2,1) 3, then (3,1) and (2,2) both 2: Down first
+    moves, info = play_scripted(env)
+    assert moves == [answer(m) for m in ("Down", "Down", "Right", "Down", "Right", "Right")]
+    assert info["success"] is True
+    env.reset(seed=0, options={"desc": DESC})
+    env.step(answer("Right"))
+    env.step(answer("Down"))  # into the hole at (1, 1)
+    assert env.scripted_action() is None
+
+
+@pytest.mark.parametrize(("size", "hole_prob"), [(4, 0.2), (6, 0.4)])
+def test_scripted_agent_solves_every_map_in_shortest_path_moves(size, hole_prob):
+    env = FrozenLakeEnv(size=size, hole_prob=hole_prob)
+    for seed in range(200):
+        env.reset(seed=seed)
+        moves, info = play_scripted(env)
+        assert info["success"] is True, seed
+        assert len(moves) == info["metrics"]["shortest_path"] == info["metrics"]["num_actions"]
+
+
+def test_frame_to_rgb_colours_each_cell():
+    image = FrozenLakeEnv.frame_to_rgb("P__O\n_O__\n___O\nO__√")
+    assert image.shape == (128, 128, 3) and image.dtype == np.uint8
+
+    def corner(row, col):  # inside the cell's 1-pixel outline, away from the centred symbol
+        return tuple(image[row * 32 + 3, col * 32 + 3])
+
+    assert corner(0, 0) == (220, 50, 50)  # player: red
+    assert corner(0, 1) == (200, 230, 250)  # ice: light blue
+    assert corner(0, 3) == (40, 70, 150)  # hole: dark blue
+    assert corner(3, 3) == (255, 200, 0)  # player on the goal: gold
+    assert tuple(FrozenLakeEnv.frame_to_rgb("G")[3, 3]) == (60, 180, 75)  # goal: green
+
+
+def test_render_rgb_array():
+    env = FrozenLakeEnv(render_mode="rgb_array")
+    assert env.render() is None  # nothing to draw before a reset
+    obs, _ = env.reset(seed=0, options={"desc": OPEN})
+    image = env.render()
+    assert image.shape == (96, 96, 3) and image.dtype == np.uint8
+    assert np.array_equal(image, FrozenLakeEnv.frame_to_rgb(obs))
+    obs = env.step(answer("Left"))[0]
+    assert np.array_equal(env.render(), FrozenLakeEnv.frame_to_rgb(obs))
+    assert not np.array_equal(env.render(), image)

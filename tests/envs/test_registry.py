@@ -31,18 +31,6 @@ def test_check_env_every_registered_env(env_id):
         check_env(gym.make(env_id).unwrapped)
 
 
-@pytest.mark.parametrize("env_id", list_envs())
-def test_every_registered_env_same_seed_same_rollout(env_id):
-    def rollout():
-        env = make_env(env_id, {})
-        steps = [env.reset(seed=3)]
-        for i in range(12):
-            steps.append(env.step(f"<answer>{env.actions[i % len(env.actions)]}</answer>"))
-        return steps
-
-    assert rollout() == rollout()
-
-
 @pytest.mark.parametrize(
     "env_type", ["roll/FrozenLake-v0", "frozen_lake", "envs.frozen_lake.env:FrozenLakeEnv"]
 )

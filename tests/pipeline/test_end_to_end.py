@@ -54,6 +54,8 @@ def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
     frames = sorted((out / "frames" / "step_2").glob("*.txt"))
     assert len(frames) == 4  # one file per validation episode
     assert "reward" in frames[0].read_text() and "P" in frames[0].read_text()
+    gifs = sorted((out / "frames" / "step_2").glob("*.gif"))  # FrozenLake has images: PNGs and a GIF
+    assert len(gifs) == 4 and list((out / "frames" / "step_2").glob("*/frame_000.png"))
     ckpts = out / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step_3"
     assert (ckpts / "step_2" / "trainer_state.json").is_file()

@@ -6,14 +6,26 @@ that `render_save_dir` writes, so a frame image is always a pure function of the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
+from matplotlib import font_manager
 from PIL import Image, ImageDraw, ImageFont
 
 RGB = tuple[int, int, int]
 UNKNOWN_FILL: RGB = (128, 128, 128)
 _TEXT: RGB = (0, 0, 0)
+
+
+@functools.cache
+def grid_font(size: int) -> ImageFont.FreeTypeFont:
+    """DejaVu Sans (shipped with matplotlib, a dependency) at `size` px: unlike pillow's built-in
+    font it has the grid symbols beyond ASCII (√). Pillow's font if it cannot be found."""
+    try:
+        return ImageFont.truetype(font_manager.findfont("DejaVu Sans", fallback_to_default=False), size)
+    except (OSError, ValueError):
+        return ImageFont.load_default(size=size)
 
 
 def draw_grid(frame: str, palette: Mapping[str, RGB], cell_px: int = 32) -> np.ndarray:
@@ -29,7 +41,7 @@ def draw_grid(frame: str, palette: Mapping[str, RGB], cell_px: int = 32) -> np.n
     width = max(1, max(len(row) for row in rows))
     image = Image.new("RGB", (width * cell_px, len(rows) * cell_px), UNKNOWN_FILL)
     draw = ImageDraw.Draw(image)
-    font = ImageFont.load_default(size=cell_px // 2)
+    font = grid_font(cell_px // 2)
     for r, row in enumerate(rows):
         for c, char in enumerate(row):
             box = (c * cell_px, r * cell_px, (c + 1) * cell_px - 1, (r + 1) * cell_px - 1)
