@@ -7,13 +7,36 @@ the reference documentation of the YAML.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 class ConfigModel(BaseModel):
-    """Base of every config section: strict about keys, documented per field."""
+    """Base of every config section: strict about keys, documented per field.
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    Numbers are strict in two ways that pydantic's defaults are not: `nan`/`inf` are refused (no
+    size, rate or weight of a run means them; a `nan` weight poisons every loss silently), and so
+    is a boolean where a number belongs (`max_steps: true` is a slip, not 1).
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and _takes_a_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, not a boolean (got {str(value).lower()})")
+        return value
+
+
+def _takes_a_number(annotation: Any) -> bool:
+    """Whether a field of this type takes an int or float (alone or `| None`) and no bool."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    members = typing.get_args(annotation) if union else (annotation,)
+    return bool not in members and any(member in (int, float) for member in members)
 
 
 class InvalidField(ValueError):

@@ -6,12 +6,16 @@ while the top-level `max_steps` counts training steps.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.worker import GeneratingArgs
+
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+"""`env_type` of a class given by import path: "package.module:ClassName"."""
 
 
 class CustomEnvConfig(ConfigModel):
@@ -21,7 +25,8 @@ class CustomEnvConfig(ConfigModel):
     """A gymnasium id ("roll/FrozenLake-v0"), a short alias ("frozen_lake") or
     "package.module:ClassName" of a `roll.agentic.env.TextEnv` subclass."""
     env_config: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the env class's constructor."""
+    """Keyword arguments of the env class's constructor, checked against its signature when the
+    config is validated (plus `fault_injection`, which every env takes)."""
     max_steps: int = Field(10, ge=1)
     """Most actions in one trajectory; the episode is cut (stop reason "max_steps") after it.
     Not to be confused with the top-level `max_steps` (training steps)."""
@@ -35,6 +40,18 @@ class CustomEnvConfig(ConfigModel):
     """Text put after the assistant generation prompt as part of the prompt, and prepended to the
     model's text before the env parses it. RAGEN uses "<answer>" so that a model that does not
     know the answer format yet only has to produce the action."""
+
+    @field_validator("env_type")
+    @classmethod
+    def _import_path_form(cls, env_type: str) -> str:
+        # Checked here because importlib's own errors for a malformed path (".x:C", "a..b:C") say
+        # nothing about env_type, and some of them are TypeErrors.
+        if ":" in env_type and not _IMPORT_PATH.fullmatch(env_type):
+            raise ValueError(
+                f"{env_type!r} is not of the form 'package.module:ClassName' "
+                "(or give a registered id or alias, without ':')"
+            )
+        return env_type
 
 
 class EnvManagerConfig(ConfigModel):

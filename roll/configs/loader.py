@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -56,7 +57,7 @@ def _compose(config_dir: str, config_name: str, overrides: list[str]) -> dict[st
     except MissingConfigException as err:
         raise _missing_file_error(err, config_dir, config_name) from None
     except ConfigCompositionException as err:
-        raise _composition_error(err) from None
+        raise _composition_error(err, config_name) from None
     except MissingMandatoryValue as err:
         why = "required value is missing (it is ??? in the YAML)"
         raise ConfigError(err.full_key, why) from None
@@ -109,6 +110,8 @@ def _parse_override(override: str) -> str | None:
         lines = [line for line in str(err).splitlines() if line.strip()]
         details = [line for line in lines if not line.startswith(("Error parsing", "See https"))]
         raise ConfigError(override, f"bad override syntax: {(details or lines)[0]}") from None
+    if not parsed.key_or_group:  # hydra takes "=3" for a config group named "" and crashes later
+        raise ConfigError(override, "bad override syntax: no key (expected KEY=VALUE)")
     return parsed.key_or_group if parsed.type is OverrideType.CHANGE else None
 
 
@@ -122,13 +125,19 @@ def _missing_file_error(
     return ConfigError(group, f"cannot find config {missing!r}; options: {err.options}")
 
 
-def _composition_error(err: ConfigCompositionException) -> ConfigError:
+def _composition_error(err: ConfigCompositionException, config_name: str) -> ConfigError:
     cause = err.__cause__
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
         if "not in struct" in str(cause):
             return ConfigError(cause.full_key, _unknown_key_message(cause.full_key.split(".")))
         return ConfigError(cause.full_key, _first_line(cause))
-    return ConfigError("overrides", _first_line(err))
+    message = _first_line(err)
+    if "must be a DictConfig" in message:  # hydra's words for a YAML whose top level is a list
+        return ConfigError("config_name", f"{config_name!r} must be a mapping of keys to values")
+    # Hydra quotes the key of an override it could not apply ("Could not delete from config.
+    # 'x' does not exist."); name that key rather than the overrides as a whole.
+    quoted = re.search(r"'([^']+)'", message)
+    return ConfigError(quoted.group(1) if quoted else "overrides", message)
 
 
 def _from_validation_error(err: ValidationError) -> ConfigError:

@@ -208,7 +208,8 @@ class PipelineConfig(ConfigModel):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs env_manager_type "traj"; '
                                'step-wise samples take "grpo", "gigpo" or "step_reinforce"')
         if step_wise and self.uses_kl:
-            raise InvalidField("init_kl_coef", "the KL penalty is not available for step-wise samples yet; use 0")
+            key, off = ("init_kl_coef", "use 0") if self.init_kl_coef > 0 else ("target_kl", "use null")
+            raise InvalidField(key, f"the KL penalty is not available for step-wise samples yet; {off}")
         if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs '
                                'train_env_manager.env_manager_type "step"')
@@ -277,7 +278,8 @@ class PipelineConfig(ConfigModel):
 
 
 def _check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
-    """Resolve every `env_type` now, so a typo fails before Ray starts."""
+    """Resolve every `env_type` and check its `env_config` keys now, so a typo fails before Ray
+    starts rather than when the first env worker builds its envs."""
     # Imported here: the registry pulls in gymnasium and the env base classes, which a reader of
     # the config models alone does not need.
     from roll.agentic.env.registry import resolve_env_class
@@ -287,3 +289,19 @@ def _check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
             resolve_env_class(env.env_type)
         except (ValueError, ImportError) as err:
             raise InvalidField(f"custom_envs.{tag}.env_type", str(err)) from None
+        for key, value in env.env_config.items():
+            _check_env_config_key(f"custom_envs.{tag}.env_config", env.env_type, key, value)
+
+
+def _check_env_config_key(where: str, env_type: str, key: str, value: object) -> None:
+    """`InvalidField` naming `where.key` when the env's constructor has no argument `key`, or
+    naming the bad field of a `fault_injection` block. One key at a time, so that the error can
+    name the key at fault."""
+    from roll.agentic.env.registry import check_env_config
+
+    try:
+        check_env_config(env_type, {key: value})
+    except TypeError as err:  # the constructor has no such argument
+        raise InvalidField(f"{where}.{key}", str(err)) from None
+    except InvalidField as err:  # a bad field of the fault_injection block
+        raise InvalidField(f"{where}.{err.key}", err.reason) from None

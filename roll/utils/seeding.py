@@ -6,7 +6,6 @@ import hashlib
 import random
 
 import numpy as np
-import torch
 
 
 def derive_seed(*keys: object) -> int:
@@ -21,6 +20,8 @@ def derive_seed(*keys: object) -> int:
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch global RNGs (for code we do not control)."""
+    import torch  # here, so that env and config code importing `derive_seed` does not load torch
+
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)

@@ -22,9 +22,9 @@ def test_make_env_wraps_only_when_asked():
 
 
 @pytest.mark.parametrize("block, message", [
-    ({"raise_pp": 0.1}, "fault_injection.raise_pp: Extra inputs are not permitted"),
-    ({"raise_p": 0.6, "garbage_p": 0.6}, "fault_injection: Value error, raise_p + hang_p + garbage_p must be <= 1"),
-    ({"hang_p": -0.1}, "fault_injection.hang_p: Input should be greater than or equal to 0"),
+    ({"raise_pp": 0.1}, "fault_injection.raise_pp: extra inputs are not permitted"),
+    ({"raise_p": 0.6, "garbage_p": 0.6}, "fault_injection: raise_p + hang_p + garbage_p must be <= 1"),
+    ({"hang_p": -0.1}, "fault_injection.hang_p: input should be greater than or equal to 0"),
 ])
 def test_bad_fault_injection_block_is_one_line(block, message):
     with pytest.raises(ValueError) as err:

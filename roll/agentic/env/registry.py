@@ -22,6 +22,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from roll.agentic.env.base import TextEnv
 from roll.agentic.env.faults import FaultInjectingEnv, FaultInjection
+from roll.configs.base import InvalidField
 
 ENTRY_POINT_GROUP = "roll.envs"
 _ENTRY_POINTS: dict[str, str] = {}  # env id -> "module:Class", in registration order
@@ -128,13 +129,14 @@ def check_env_config(env_type: str, env_config: Mapping[str, Any]) -> type[TextE
 
 
 def _check_fault_injection(block: Any) -> None:
-    """A bad `fault_injection` block as a one-line ValueError naming the key."""
+    """A bad `fault_injection` block as a one-line `InvalidField` (a ValueError) naming the key."""
     try:
         FaultInjection.model_validate(block or {})
     except pydantic.ValidationError as err:
         first = err.errors()[0]
-        where = ".".join([FAULT_INJECTION_KEY, *map(str, first["loc"])])
-        raise ValueError(f"{where}: {first['msg']}") from None
+        key = ".".join([FAULT_INJECTION_KEY, *map(str, first["loc"])])
+        reason = first["msg"].removeprefix("Value error, ")
+        raise InvalidField(key, reason[:1].lower() + reason[1:]) from None
 
 
 def make_env(env_type: str, env_config: Mapping[str, Any]) -> TextEnv | FaultInjectingEnv:
