@@ -36,8 +36,13 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
         return 2
     # Imported only now: torch and Ray take seconds, a config error should not wait for them.
     from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.guards import TrainingDiverged
 
-    AgenticPipeline(config).run()
+    try:
+        AgenticPipeline(config).run()
+    except TrainingDiverged as err:
+        print(f"training stopped: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -88,6 +88,9 @@ class PipelineConfig(ConfigModel):
     """StarPO-S uncertainty filtering: train only on this fraction of each step's groups, those
     whose members' episode rewards differ most (std); 1.0 keeps every group. A group whose members
     all scored the same gives GRPO/GiGPO no signal, only noise."""
+    max_consecutive_skipped_steps: int = Field(3, ge=0)
+    """An optimizer step with a non-finite loss or gradient is skipped and counted
+    (`actor/skipped_steps`); this many in a row stop the run with a clear error (0: never stop)."""
     reward_normalization: RewardNormalization | None = None
     """Normalise episode scores before the estimator (null: off). Trajectory-wise rows then carry
     the normalised score as their only reward, on the last generated token (as in ROLL); step-wise

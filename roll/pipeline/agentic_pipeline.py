@@ -15,8 +15,8 @@ from pathlib import Path
 
 import ray
 
-from roll.algorithms.kl import make_kl_controller
 from roll.agentic.env.registry import resolve_env_class
+from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.models.loading import load_tokenizer
 from roll.pipeline import checkpoint as ckpt
@@ -27,6 +27,7 @@ from roll.pipeline.batch import (
     summarize_trajectories,
 )
 from roll.pipeline.builders import build_rollout, build_workers, init_ray
+from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.scoring import (
     normalize_step_episode_scores,
     normalize_traj_rewards,
@@ -96,6 +97,7 @@ class AgenticPipeline:
                 metrics.update(self.validate(step))
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 self.tracker.log(step, metrics)
+            stop_if_diverged(metrics, cfg.max_consecutive_skipped_steps, step)
             if cfg.save_steps > 0 and (step % cfg.save_steps == 0 or step == cfg.max_steps):
                 self.save(step)
             progress.update(step, metrics)

@@ -9,7 +9,12 @@ import pytest
 import envs  # noqa: F401  (registers the built-in envs)
 from roll.agentic.env.faults import FaultInjectingEnv, FaultInjection, InjectedEnvError
 from roll.agentic.env.registry import check_env_config, make_env
-from roll.agentic.env_manager.base import EnvSpec, EnvStepTimeout, EpisodeSpec, MalformedEnvOutput
+from roll.agentic.env_manager.base import (
+    EnvSpec,
+    EnvStepTimeout,
+    EpisodeSpec,
+    MalformedEnvOutput,
+)
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.rollout.records import GenerateOutput, SamplingParams
 from roll.models.tiny import build_tiny_tokenizer

@@ -15,7 +15,13 @@ from roll.algorithms.advantages import (
     compute_grpo_advantages,
     compute_reinforce_returns,
 )
-from roll.algorithms.utils import compress, masked_mean, masked_var, masked_whiten, scatter
+from roll.algorithms.utils import (
+    compress,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    scatter,
+)
 
 F64 = torch.float64
 

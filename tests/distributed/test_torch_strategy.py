@@ -217,15 +217,17 @@ def test_non_finite_loss_or_grad_skips_the_step():
         return (next(model.parameters()).flatten()[0] * 0).sqrt(), {}
 
     # A NaN loss is never back-propagated (grad norm 0); a NaN gradient shows in the norm.
-    for loss_fn, is_grad_norm_finite in ((nan_loss, True), (nan_grad, False)):
+    for streak, (loss_fn, is_grad_norm_finite) in enumerate(((nan_loss, True), (nan_grad, False)), 1):
         metrics = strategy.train_step(batch, loss_fn)
         assert metrics["actor/skipped_steps"] == 1.0
+        assert metrics["actor/consecutive_skipped_steps"] == streak
         assert math.isfinite(metrics["actor/grad_norm"]) == is_grad_norm_finite
         assert strategy.optimizer.state == {}  # no Adam moment was touched
         for key, value in strategy.state_dict().items():
             assert torch.equal(value, before[key]), key
 
-    assert strategy.train_step(batch, reinforce_loss)["actor/skipped_steps"] == 0.0
+    metrics = strategy.train_step(batch, reinforce_loss)
+    assert metrics["actor/skipped_steps"] == 0.0 and metrics["actor/consecutive_skipped_steps"] == 0.0
     assert not torch.equal(strategy.state_dict()["lm_head.weight"], before["lm_head.weight"])
 
 

@@ -8,7 +8,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import envs  # noqa: F401  registers the built-ins (the entry point may not be installed)
-from roll.models.loading import chat_template_ids, load_causal_lm, load_tokenizer, load_value_model
+from roll.models.loading import (
+    chat_template_ids,
+    load_causal_lm,
+    load_tokenizer,
+    load_value_model,
+)
 from roll.models.tiny import build_tiny_model, build_tiny_tokenizer, env_corpus, main
 
 # Defaults: tied embeddings, so params = 128 * V + 2 layers * (attention 4 * 128 * 128 + MLP

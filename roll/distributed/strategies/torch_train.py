@@ -79,6 +79,7 @@ class TorchTrainStrategy:
         self.max_grad_norm = max_grad_norm
         self.micro_batch_size = micro_batch_size
         self.metric_prefix = metric_prefix
+        self.consecutive_skips = 0  # optimizer steps in a row skipped for a non-finite loss/grad
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=learning_rate,
@@ -153,6 +154,7 @@ class TorchTrainStrategy:
                 metrics[key] = metrics.get(key, 0.0) + weight * float(value)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
         skipped = not (finite and math.isfinite(grad_norm))
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -161,6 +163,7 @@ class TorchTrainStrategy:
             f"{prefix}/grad_norm": grad_norm,
             f"{prefix}/lr": self.current_lr(),
             f"{prefix}/skipped_steps": float(skipped),
+            f"{prefix}/consecutive_skipped_steps": float(self.consecutive_skips),
             f"{prefix}/unique_row_ratio": distinct.ratio,
         }
 

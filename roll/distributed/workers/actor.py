@@ -110,7 +110,7 @@ class ActorWorker:
             )
         ]
         self.strategy.step_lr_scheduler()
-        return average_metrics(per_step, summed=("actor/skipped_steps",))
+        return average_metrics(per_step, summed=("actor/skipped_steps",), last=("actor/consecutive_skipped_steps",))
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""

@@ -86,7 +86,7 @@ class CriticWorker:
             )
         ]
         self.strategy.step_lr_scheduler()
-        return average_metrics(per_step, summed=("critic/skipped_steps",))
+        return average_metrics(per_step, summed=("critic/skipped_steps",), last=("critic/consecutive_skipped_steps",))
 
     def save_checkpoint(self, directory: str) -> None:
         """An HF value-model dir + optimizer/scheduler state."""
