@@ -62,6 +62,7 @@ ARCH_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config}
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "frozen_lake": ("frozen_lake", {}),
     "sokoban": ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10}),
+    "webshop": ("webshop", {}),
 }
 
 

@@ -1,0 +1,32 @@
+"""WebShop's tokenizer corpus covers every word the env shows or the scripted agent writes."""
+
+from envs.webshop.env import WebShopEnv
+from roll.models.tiny import PRESETS, build_tiny_tokenizer, env_corpus
+
+
+def test_corpus_covers_instructions_pages_and_actions():
+    env = WebShopEnv()
+    tokenizer = build_tiny_tokenizer(env.tokenizer_corpus())
+    texts = []
+    for seed in range(30):
+        obs, info = env.reset(seed=seed)
+        texts += [info["env_instruction"], obs]
+        while (action := env.scripted_action()) is not None:
+            texts += [action, env.step(action)[0]]
+    for page in ("Description", "Features"):  # the sub-pages the expert never opens
+        env.reset(seed=0)
+        env.step(env.scripted_action())
+        env.step(env.scripted_action())
+        texts.append(env.step(f"<answer>click[{page}]</answer>")[0])
+    env.close()
+    unknown = {
+        piece for text in texts for piece in tokenizer.tokenize(text)
+        if tokenizer.convert_tokens_to_ids(piece) == tokenizer.unk_token_id
+    }
+    assert unknown == set()
+    assert len(tokenizer) < 1500  # word-level vocabulary of the shipped catalog
+
+
+def test_tiny_preset_uses_the_corpus():
+    assert PRESETS["webshop"] == ("webshop", {})
+    assert env_corpus(*PRESETS["webshop"]) == WebShopEnv().tokenizer_corpus()
