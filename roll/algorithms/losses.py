@@ -5,7 +5,8 @@ Variants implemented, and where they differ from the papers:
   -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), with r = exp(logprobs - old_logprobs).
   `clip_high` above `clip_low` is DAPO's "clip-higher" (Yu et al. 2025); equal values are the
   paper. No dual clip and no clamp of the log-ratio: a huge ratio with a negative advantage gives a
-  huge loss, as in the paper.
+  huge loss, as in the paper. Optional per-token `weights` (truncated importance weights of
+  `off_policy.py`) multiply each token's term before aggregation.
 - `value_loss` — PPO2 / CleanRL value clipping: 0.5 * max((V - R)^2, (V_clip - R)^2) with
   V_clip = V_old + clip(V - V_old, -clip, clip). The paper itself uses the unclipped error.
 - `agg_loss` — how token losses become one scalar, with verl's mode names. Sequences without a
@@ -84,10 +85,12 @@ def ppo_policy_loss(
     clip_low: float,
     clip_high: float | None = None,
     loss_agg_mode: AggMode = "token-mean",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped PPO surrogate loss. All inputs (B, T); gradients flow through `logprobs` only.
 
-    clip_high None means symmetric clipping (clip_high = clip_low).
+    clip_high None means symmetric clipping (clip_high = clip_low). `weights` (B, T), detached,
+    scale each token's term (off-policy correction); None weighs every token 1.
     Metrics: "losses/policy_loss"; "losses/clipfrac", the fraction of tokens whose clipped term
     is the one taken (their gradient is zero); "losses/approx_kl", the k3 estimate
     mean((r - 1) - log r) of KL(old || new); "losses/ratio_mean", the masked mean of r.
@@ -98,7 +101,10 @@ def ppo_policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode)
+    token_loss = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        token_loss = token_loss * weights.detach()
+    loss = agg_loss(token_loss, response_mask, loss_agg_mode)
     with torch.no_grad():
         clipped_taken = (clipped > unclipped).to(ratio.dtype)
         metrics = {

@@ -80,6 +80,13 @@ class EnvManagerConfig(ConfigModel):
     `history_length` turns and the current observation. Validate with the type you train with."""
     history_length: int = Field(0, ge=0)
     """Step-wise only: how many earlier (observation, answer) turns a step's prompt shows."""
+    env_step_timeout_s: float = Field(60.0, gt=0)
+    """Most seconds one `env.reset` or `env.step` may take; a call over it drops its trajectory
+    (cause "env.step exceeded ..."), and the env is closed and made anew for the next episode."""
+    generate_timeout_s: float = Field(300.0, gt=0)
+    """Most seconds one generate request may wait for its answer (queueing in the inference
+    worker included); over it the trajectory is dropped (cause "generate timeout ...") and its env
+    made anew. A group that lost every trajectory is replaced by a fresh group."""
     generating_args: GeneratingArgs | None = None
     """Sampling of this manager's requests: the keys given here replace those of
     `actor_infer.generating_args`, the others are inherited (e.g. `{do_sample: false}` for

@@ -35,6 +35,19 @@ class RewardNormalization(ConfigModel):
     """Divide by the std (+1e-6) of the whole batch, of the row's group, or nothing (null)."""
 
 
+class OffPolicyCorrection(ConfigModel):
+    """Truncated importance sampling of the policy-gradient loss by w = min(pi_old / mu, cap):
+    pi_old the trainer's old log-probs, mu the engine's (the policy that actually sampled; see
+    `roll.algorithms.off_policy`). Applies in synchronous training too, where the two differ by
+    numerics only."""
+
+    level: Literal["token", "sequence"] = "token"
+    """"token": one weight per generated token; "sequence": one per row, the product of its
+    tokens' ratios (exp of the summed log-ratio), before truncation."""
+    cap: float = Field(2.0, gt=0)
+    """Truncation: weights above `cap` are set to `cap` (bounds the variance)."""
+
+
 class PipelineConfig(ConfigModel):
     """Everything `AgenticPipeline` needs. Field names follow ROLL's agentic YAMLs."""
 
@@ -119,8 +132,23 @@ class PipelineConfig(ConfigModel):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     """How per-token losses become one number: mean over all tokens of the batch, or per sequence
     first (mean or sum over its tokens) and then the mean over sequences."""
-    async_generation_ratio: int = 0
-    """How many steps rollout may run ahead of training; only 0 (synchronous) exists today."""
+    async_generation_ratio: int = Field(0, ge=0)
+    """k: how many steps rollout runs ahead of training. 0 is synchronous: step t's rollout starts
+    after step t-1's weights are in the engine, and a run is reproducible from its seed. With k > 0,
+    as soon as step t's groups are collected, the groups of steps t+1..t+k start on the current
+    weights and keep generating while step t scores and trains. On a weight sync, requests already
+    in the engine finish on the old weights (they are never aborted); later turns of the same
+    episode use the new ones (the engine drops every conversation's cached KV on the update, so no
+    turn reuses keys and values of old weights). An episode may thus mix versions: each turn
+    records its version (`Trajectory.policy_versions`); the batch reports `rollout/staleness_mean`,
+    `rollout/staleness_max` and `rollout/mixed_version_trajectories`; at collect time a group whose
+    oldest turn is more than k versions old is dropped and played again
+    (`rollout/stale_dropped_groups`). Groups queued behind busy env slots start at the next
+    collect (results are only received there), so give enough `num_env_groups`. Which weights
+    a turn sees depends on timing, so k > 0 is not bitwise reproducible; a resumed run regenerates
+    the groups that were in flight. Pair it with `off_policy_correction`."""
+    off_policy_correction: OffPolicyCorrection | None = None
+    """Truncated importance weights between the engine's and the trainer's log-probs (null: off)."""
     rollout_batch_size: int = Field(ge=1)
     """Trajectories per training step; a multiple of `train_env_manager.group_size`."""
     val_batch_size: int = Field(0, ge=0)
@@ -160,13 +188,6 @@ class PipelineConfig(ConfigModel):
         raise ValueError(
             f"expected true, false or an existing checkpoint directory (got {value!r})"
         )
-
-    @field_validator("async_generation_ratio")
-    @classmethod
-    def _synchronous_only(cls, ratio: int) -> int:
-        if ratio != 0:
-            raise ValueError("asynchronous training is not available yet; use 0")
-        return ratio
 
     @model_validator(mode="after")
     def _check_and_fill(self) -> PipelineConfig:

@@ -3,7 +3,9 @@
 Per step: (1) rollout complete env groups on the current policy, (2) turn trajectories into one
 padded batch, (3) score it (old / reference log-probs, values, advantages), (4) update critic then
 actor, (5) push the new weights to the inference worker, (6) log, validate and checkpoint on their
-own counters. Synchronous: rollout of step t+1 starts after the weights of step t are in place.
+own counters. Synchronous by default: rollout of step t+1 starts after the weights of step t are
+in place. With `async_generation_ratio` k > 0 the groups of steps t+1..t+k start right after step
+t's rollout, on the weights of that moment, and generate while step t trains (`run_ahead`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from roll.pipeline.batch import (
     build_step_batch,
     build_traj_batch,
     filter_groups,
+    staleness_metrics,
     summarize_trajectories,
 )
 from roll.pipeline.builders import build_rollout, build_workers, init_ray
@@ -72,9 +75,13 @@ class AgenticPipeline:
             self.tracker.log(0, self.validate(0))  # where the untrained policy starts
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             timings: dict[str, float] = {}
-            # 1. Rollout: complete groups of trajectories on the current weights
+            # 1. Rollout: complete groups of trajectories on the current weights (version step - 1),
+            #    or at most async_generation_ratio versions older; then the next steps' groups start
             with _timer(timings, "rollout"):
-                trajs, dropped = self.train_rollout.collect(step, cfg.train_groups_per_step)
+                trajs, dropped = self.train_rollout.collect(
+                    step, cfg.train_groups_per_step, policy_version=step - 1,
+                    max_staleness=cfg.async_generation_ratio)
+                self.run_ahead(step)
             # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
             kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
             batch, meta = self.build_batch(kept, self.pad_id)
@@ -89,7 +96,8 @@ class AgenticPipeline:
                 self.sync_weights(version=step)
             # 6. Log / validate / checkpoint
             metrics = {**summarize_trajectories(trajs, "train"), **filter_metrics, **score_metrics, **train_metrics,
-                       "rollout/dropped_trajectories": float(len(dropped)),
+                       "rollout/dropped_trajectories": float(len(dropped)), **staleness_metrics(trajs, step - 1),
+                       "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
                        **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": sum(timings.values())}
             for cause in dropped:
                 logger.warning("step %d: dropped a trajectory: %s", step, cause)
@@ -104,6 +112,13 @@ class AgenticPipeline:
         progress.close()
         self.tracker.close()
         return metrics
+
+    def run_ahead(self, step: int) -> None:
+        """Async training: start the groups of steps step+1..step+k (k = async_generation_ratio,
+        never past max_steps) now, so they generate on these weights while this step trains."""
+        last = min(step + self.cfg.async_generation_ratio, self.cfg.max_steps)
+        for ahead in range(step + 1, last + 1):
+            self.train_rollout.dispatch(ahead, self.cfg.train_groups_per_step)
 
     def score(self, batch, meta) -> dict[str, float]:
         refs = {"old_logprobs": self.workers["actor"].compute_logprobs.remote(batch, self.temperature)}
@@ -135,7 +150,7 @@ class AgenticPipeline:
         return metrics
 
     def update(self, batch, step: int) -> dict[str, float]:
-        cfg, metrics = self.cfg, {}
+        cfg, metrics, tis = self.cfg, {}, self.cfg.off_policy_correction
         if "critic" in self.workers:
             metrics.update(ray.get(self.workers["critic"].train.remote(
                 batch, ppo_epochs=cfg.ppo_epochs, value_clip=cfg.value_clip,
@@ -143,8 +158,8 @@ class AgenticPipeline:
         metrics.update(ray.get(self.workers["actor"].train.remote(
             batch, temperature=self.temperature, ppo_epochs=cfg.ppo_epochs,
             pg_clip=cfg.pg_clip_low or cfg.pg_clip, pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
-            entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step),
-            timeout=RAY_TIMEOUT_S))
+            entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step,
+            tis_level=tis.level if tis else None, tis_cap=tis.cap if tis else None), timeout=RAY_TIMEOUT_S))
         return metrics
 
     def sync_weights(self, version: int) -> None:

@@ -94,6 +94,22 @@ def filter_groups(trajs: list[Trajectory], keep_ratio: float) -> tuple[list[Traj
     return trajs, metrics
 
 
+def staleness_metrics(trajs: list[Trajectory], policy_version: int) -> dict[str, float]:
+    """How far behind the trained policy the batch was generated (async training). Per trajectory,
+    staleness = `policy_version` (the weights being trained) minus the version of its oldest turn;
+    `rollout/mixed_version_trajectories` is the fraction whose turns span more than one version.
+    Trajectories without a generated turn count as fresh (staleness 0)."""
+    if not trajs:
+        return {}
+    staleness = [policy_version - tr.oldest_policy_version if tr.policy_versions else 0 for tr in trajs]
+    mixed = [len(set(tr.policy_versions)) > 1 for tr in trajs]
+    return {
+        "rollout/staleness_mean": float(np.mean(staleness)),
+        "rollout/staleness_max": float(max(staleness)),
+        "rollout/mixed_version_trajectories": float(np.mean(mixed)),
+    }
+
+
 def summarize_trajectories(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
     """Episode statistics under `prefix/` (e.g. train/success); per tag too when there are several."""
     if not trajs:

@@ -99,7 +99,8 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
         workers.append(ray.remote(EnvWorker).options(**_ACTOR_OPTIONS).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
-            history_length=manager_cfg.history_length))
+            history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
+            generate_timeout_s=manager_cfg.generate_timeout_s))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode)
 

@@ -98,6 +98,12 @@ BAD_OVERRIDES = [
     (["actor_infer.generating_args.top_p=1.5"],
      "actor_infer.generating_args.top_p: input should be less than or equal to 1 (got 1.5)"),
     (["pg_clip=0"], "pg_clip: input should be greater than 0 (got 0)"),
+    (["async_generation_ratio=-1"], f"async_generation_ratio: {at_least(0, -1)}"),
+    (["off_policy_correction.cap=0"], "off_policy_correction.cap: input should be greater than 0 (got 0)"),
+    (["train_env_manager.generate_timeout_s=0"],
+     "train_env_manager.generate_timeout_s: input should be greater than 0 (got 0)"),
+    (["off_policy_correction.level=row"],
+     "off_policy_correction.level: input should be 'token' or 'sequence' (got 'row')"),
     (["gamma=1.5"], "gamma: input should be less than or equal to 1 (got 1.5)"),
     (["lambd=-0.1"], "lambd: " + at_least(0, -0.1)),
     (["rollout_filter_ratio=0"], "rollout_filter_ratio: input should be greater than 0 (got 0)"),
@@ -141,8 +147,6 @@ BAD_OVERRIDES = [
      ("actor_train.training_args.lr_scheduler_type: input should be 'constant', 'linear' or 'cosine' "
       "(got 'exponential')")),
     # features that are not there (yet), and paths that must exist
-    (["async_generation_ratio=1"],
-     "async_generation_ratio: asynchronous training is not available yet; use 0"),
     ([*STEP_WISE, "init_kl_coef=0.1"],
      "init_kl_coef: the KL penalty is not available for step-wise samples yet; use 0"),
     ([*STEP_WISE, "target_kl=0.05"],

@@ -183,8 +183,8 @@ MALFORMED = [
     (["init_kl_coef=0.1"], "reference: required when init_kl_coef > 0 or target_kl is set"),
     (["target_kl=0.01"], "reference: required when init_kl_coef > 0 or target_kl is set"),
     (
-        ["async_generation_ratio=1"],
-        "async_generation_ratio: asynchronous training is not available yet; use 0",
+        ["async_generation_ratio=-1"],
+        "async_generation_ratio: input should be greater than or equal to 0 (got -1)",
     ),
     (
         ["actor_infer.strategy_args.strategy_name=vllm"],

@@ -287,3 +287,30 @@ def test_identical_prompts_are_prefilled_once(engine):
         alone = strategy.generate_batch([r])[0]
         assert out.token_ids == alone.token_ids
         torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+
+
+def test_a_weight_update_lets_the_running_batch_finish_then_drops_session_kv(model_path):
+    """Async training's sync policy: a batch already in the engine finishes on the old weights
+    (and stores its session's KV); the update then clears that KV, so the session's next turn is
+    prefilled from scratch under the new weights instead of reusing stale keys and values."""
+    worker = InferenceWorker(model_path, num_threads=1, max_cached_tokens=1000)
+    first = req("c/0", [2, 5, 9, 11], 1, max_new_tokens=6)
+    first.session_id = "c"
+
+    async def play():
+        turn = asyncio.create_task(worker.generate(first))
+        while worker._engine_lock is None or not worker._engine_lock.locked():  # the batch is running
+            await asyncio.sleep(0)
+        weights = {k: v.clone() for k, v in worker.engine.model.state_dict().items()}
+        await worker.update_weights(weights, version=1)
+        out, after_update = await turn, worker.get_stats()
+        second = req("c/1", first.prompt_ids + out.token_ids + [5, 6], 2, max_new_tokens=1)
+        second.session_id = "c"
+        return out, after_update, await worker.generate(second), worker.get_stats()
+
+    out, after_update, out2, final = asyncio.run(play())
+    assert out.policy_version == 0 and out2.policy_version == 1
+    assert after_update["kv_cached_tokens"] == 0 and after_update["policy_version"] == 1
+    # nothing of the old weights' KV was reused: the second turn's prompt was prefilled whole
+    assert final["prefix_tokens_reused"] == 0
+    assert final["prefill_tokens"] == len(first.prompt_ids) + len(first.prompt_ids + out.token_ids + [5, 6])

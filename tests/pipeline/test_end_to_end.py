@@ -107,3 +107,28 @@ def test_trajectory_wise_ppo_with_critic_and_kl(tiny_model, tmp_path):
     assert rows[1]["critic/score_mean"] == pytest.approx(0.0, abs=1e-5)  # whitened, no KL yet
     assert rows[2]["critic/kl_coef"] != 0.05  # the adaptive controller moved
     assert (out / "checkpoints" / "step_2" / "critic" / "config.json").is_file()
+
+
+def test_async_generation_runs_one_step_ahead_with_bounded_staleness(tiny_model, tmp_path):
+    """k = 1: step t+1's groups generate while step t trains, so their turns are at most one
+    version behind the weights being trained; truncated IS corrects for it (sequence level).
+    Validation and checkpoints work as in sync mode, and a resumed run regenerates what was in
+    flight (its first step runs nothing ahead, hence staleness 0)."""
+    out = tmp_path / "async"
+    flags = ("async_generation_ratio=1", "off_policy_correction.level=sequence", "off_policy_correction.cap=2.0")
+    proc = run_cli(tiny_model, out, "max_steps=3", *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert rows[1]["rollout/staleness_max"] == 0  # nothing ran ahead of the first step
+    for r in rows[1:]:
+        assert 0 <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1
+        assert 0 <= r["rollout/mixed_version_trajectories"] <= 1
+        assert r["rollout/stale_dropped_groups"] == 0 and r["rollout/dropped_trajectories"] == 0
+        assert 0 < r["actor/tis_weight_mean"] <= 2.0 and 0 <= r["actor/tis_clipped_frac"] <= 1
+    assert "val/success" in rows[2] and "val/success" in rows[3]
+    resumed = run_cli(tiny_model, tmp_path / "resumed", "max_steps=3", *flags,
+                      f"resume_from_checkpoint={out / 'checkpoints' / 'step_2'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    [row] = read_metrics(tmp_path / "resumed")
+    assert row["step"] == 3 and row["rollout/staleness_max"] == 0

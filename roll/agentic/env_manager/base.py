@@ -56,6 +56,10 @@ class EnvStepTimeout(RuntimeError):
     """env.reset or env.step took longer than the manager's step timeout."""
 
 
+class GenerateTimeout(RuntimeError):
+    """The inference worker did not answer one generate request within the manager's timeout."""
+
+
 class MalformedEnvOutput(RuntimeError):
     """env.step returned something other than (str, finite number, bool, bool, dict)."""
 
@@ -108,7 +112,8 @@ class BaseEnvManager:
         raise NotImplementedError
 
     def __init__(self, spec: EnvSpec, tokenizer, generate: GenerateFn, sampling: SamplingParams,
-                 sequence_length: int, step_timeout_s: float | None = 60.0):
+                 sequence_length: int, step_timeout_s: float | None = 60.0,
+                 generate_timeout_s: float | None = 300.0):
         self.spec = spec
         self.env = make_env(spec.env_type, dict(spec.env_config))
         self.chat = ChatFormatter(tokenizer, spec.response_prefix)
@@ -116,11 +121,17 @@ class BaseEnvManager:
         self.sampling = dataclasses.replace(sampling, max_new_tokens=spec.max_tokens_per_step)
         self.sequence_length = sequence_length
         self.step_timeout_s = step_timeout_s
+        self.generate_timeout_s = generate_timeout_s
 
     async def generate(self, request_id: str, prompt_ids: list[int], seed: int,
                        session_id: str | None = None) -> GenerateOutput:
-        return await self._generate(
-            GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id))
+        """One turn's generation, bounded in time (None: unbounded). A request that times out may
+        still be served by the engine; its answer is then discarded, and the episode is dropped."""
+        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id)
+        try:
+            return await asyncio.wait_for(self._generate(request), self.generate_timeout_s)
+        except TimeoutError:
+            raise GenerateTimeout(f"generate timeout: no answer within {self.generate_timeout_s}s") from None
 
     async def _env_call(self, name: str, *args, **kwargs):
         """env.<name> in a thread, so a slow env does not block the other managers; bounded in
@@ -149,7 +160,7 @@ class BaseEnvManager:
         frames = [obs] if episode.keep_frames else []  # a text env's observation is its frame
         captions = [f"reset (seed {episode.env_seed})"] if episode.keep_frames else []
         rewards: list[float] = []
-        versions: set[int] = set()
+        versions: list[int] = []  # per turn: which weights generated it
         num_valid, success, stop_reason, info = 0, False, "max_steps", {}
         for turn in range(self.spec.max_steps):
             prompt_ids = builder.prompt()
@@ -159,7 +170,7 @@ class BaseEnvManager:
             out = await self.generate(f"{episode.traj_id}/{turn}", prompt_ids,
                                       derive_seed(episode.sample_seed, turn),
                                       episode.traj_id if self.reuse_kv_across_turns else None)
-            versions.add(out.policy_version)
+            versions.append(out.policy_version)
             obs, reward, terminated, truncated, info = await self.env_step(self.chat.response_text(out.token_ids))
             rewards.append(float(reward))
             builder.add_response(out, float(reward))
@@ -178,6 +189,6 @@ class BaseEnvManager:
             env_seed=episode.env_seed, step_rewards=rewards, success=success, stop_reason=stop_reason,
             policy_version=max(versions, default=0), num_actions=len(rewards), num_valid_actions=num_valid,
             metrics={k: float(v) for k, v in (info.get("metrics") or {}).items()}, frames=frames,
-            frame_captions=captions,
+            frame_captions=captions, policy_versions=versions,
             **builder.sample_fields(),
         )

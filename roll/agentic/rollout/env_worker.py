@@ -39,20 +39,21 @@ class EnvWorker:
 
     def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
                  sampling: SamplingParams, sequence_length: int, *, manager_type: str = "traj",
-                 history_length: int = 0, step_timeout_s: float | None = 60.0):
+                 history_length: int = 0, step_timeout_s: float | None = 60.0,
+                 generate_timeout_s: float | None = 300.0):
         torch.set_num_threads(1)  # env workers only tokenize; leave the cores to the engine
         n_envs = max(1, len(slots) * group_size)
         asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.inference = inference
         self._client = _BatchingClient(inference)
-        self._args = (sampling, sequence_length, step_timeout_s)
+        self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
         self._manager_type, self._history_length = manager_type, history_length
         self.groups = [[self._make_manager(spec) for _ in range(group_size)] for spec in slots]
 
     def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager:
-        sampling, sequence_length, step_timeout_s = self._args
-        args = (spec, self.tokenizer, self._generate, sampling, sequence_length, step_timeout_s)
+        sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
+        args = (spec, self.tokenizer, self._generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
         if self._manager_type == "step":
             return StepEnvManager(*args, history_length=self._history_length)
         return TrajEnvManager(*args)

@@ -80,6 +80,10 @@ class Trajectory:
     by the policy; `infer_logprobs[i]` is the engine's log-prob for generated tokens (0.0
     elsewhere); `turn_end_positions[k]` is the index of the last generated token of turn k, where
     `step_rewards[k]` is credited. Step-wise managers fill `steps` instead (one sample per step).
+
+    `policy_versions[k]` is the version of the weights that generated turn k. In async training
+    (weights updated while an episode runs) the turns of one episode may come from different
+    versions; `policy_version` is the newest of them.
     """
 
     tag: str
@@ -102,6 +106,13 @@ class Trajectory:
     # after each action, and for each a caption ("reset (seed 3)", "'Left' -> reward 0").
     frames: list[str] = field(default_factory=list)
     frame_captions: list[str] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)
+
+    @property
+    def oldest_policy_version(self) -> int | None:
+        """The version of the oldest weights that generated a turn; None if no turn was generated
+        (such an episode is no older than any policy)."""
+        return min(self.policy_versions, default=None)
 
     @property
     def episode_reward(self) -> float:

@@ -5,17 +5,26 @@ sampling seeds. Any free env-group slot of the right tag may play it, so a slow 
 up a free slot, and the result does not depend on which slot played it. Results come back in
 completion order and are returned sorted by j, so the batch is the same run after run.
 A group whose every trajectory failed is replaced by a fresh group index (a bounded number of times).
+
+Async training: `dispatch(step)` queues a later step's groups ahead of time; they start on free
+slots at once and keep generating while the driver trains, and `collect(step)` later returns them
+(waiting only for those not finished yet). Slots freed while the driver is busy elsewhere stay
+idle until the next `collect`, which is the only place results are received. Queued groups start
+in step order, so the step being collected always goes first. At collect time a group that a too
+old policy started (`max_staleness`) is dropped, counted, and played again under the same identity.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 from dataclasses import dataclass
 
 import ray
 
 from roll.agentic.rollout.env_worker import GroupSpec
-from roll.agentic.rollout.records import Trajectory
+from roll.agentic.rollout.records import GroupResult, Trajectory
 from roll.utils.seeding import derive_seed
 
 
@@ -26,6 +35,16 @@ class Slot:
     tag: str
 
 
+@dataclass
+class _StepState:
+    """The groups of one dispatched step: how many it needs, what came back, why some failed."""
+
+    num_groups: int
+    next_index: int  # the index of the next replacement group
+    done: dict[int, tuple[str, GroupSpec, GroupResult]]  # group index -> (tag played, spec, result)
+    causes: list[str]  # one per dropped trajectory
+
+
 class RolloutScheduler:
     def __init__(self, workers: list, slots: list[Slot], seed: int, mode: str, timeout_s: float = 900.0):
         self.workers = workers
@@ -33,6 +52,12 @@ class RolloutScheduler:
         self.seed = seed
         self.mode = mode  # "train": seeds depend on the step; "val": a fixed set every evaluation
         self.timeout_s = timeout_s
+        self.stale_dropped_groups = 0  # groups dropped as too stale by the last `collect`
+        self._steps: dict[int, _StepState] = {}
+        self._pending: dict[str, list] = collections.defaultdict(list)  # tag -> heap of (step, seq, spec)
+        self._running: dict = {}  # ref -> (slot, step, spec)
+        self._free = self._all_slots_free()
+        self._seq = itertools.count()
 
     def group_spec(self, step: int, j: int, keep_frames: bool) -> GroupSpec:
         key = (self.seed, self.mode) if self.mode == "val" else (self.seed, self.mode, step)
@@ -45,41 +70,80 @@ class RolloutScheduler:
     def tag_of(self, j: int) -> str:
         return self.slots[j % len(self.slots)].tag
 
-    def collect(self, step: int, num_groups: int, keep_frames: bool = False) -> tuple[list[Trajectory], list[str]]:
-        """Play `num_groups` groups; return their trajectories (ordered) and the causes of drops."""
-        pending = collections.defaultdict(collections.deque)
+    def dispatch(self, step: int, num_groups: int, keep_frames: bool = False) -> None:
+        """Queue the groups of `step` (once; later calls for the same step do nothing) and start
+        as many as there are free slots."""
+        if step in self._steps:
+            return
+        self._steps[step] = _StepState(num_groups, num_groups, {}, [])
         for j in range(num_groups):
-            pending[self.tag_of(j)].append(j)
+            self._push(self.tag_of(j), step, self.group_spec(step, j, keep_frames))
+        self._launch()
+
+    def collect(self, step: int, num_groups: int, keep_frames: bool = False, *,
+                policy_version: int | None = None, max_staleness: int = 0) -> tuple[list[Trajectory], list[str]]:
+        """Play (or finish) the `num_groups` groups of `step`; return their trajectories ordered by
+        group index, and the causes of dropped trajectories.
+
+        With `policy_version` (the version the engine serves now) a group whose oldest turn is more
+        than `max_staleness` versions older is dropped and played again (`stale_dropped_groups`).
+        """
+        self.stale_dropped_groups = 0
+        if not self._running:  # nothing ahead in flight: start from the same slot order every time
+            self._free = self._all_slots_free()
+        self.dispatch(step, num_groups, keep_frames)
+        state = self._steps[step]
+        while True:
+            if policy_version is not None:
+                self._drop_stale(step, policy_version - max_staleness)
+            if len(state.done) == state.num_groups:
+                break
+            self._receive_one(step)
+        del self._steps[step]
+        return [t for j in sorted(state.done) for t in state.done[j][2].trajectories], state.causes
+
+    def _drop_stale(self, step: int, oldest_allowed: int) -> None:
+        state = self._steps[step]
+        for j, (tag, spec, result) in list(state.done.items()):
+            versions = [t.oldest_policy_version for t in result.trajectories if t.policy_versions]
+            if min(versions, default=oldest_allowed) < oldest_allowed:
+                del state.done[j]
+                self.stale_dropped_groups += 1
+                self._push(tag, step, spec)  # the same group again, on the current weights
+        self._launch()
+
+    def _receive_one(self, step: int) -> None:
+        """Wait for any running group (of any step), record it, and refill the freed slot."""
+        ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.timeout_s)
+        if not ready:
+            raise TimeoutError(f"rollout: no group finished within {self.timeout_s}s ({self.mode} step {step})")
+        slot, group_step, spec = self._running.pop(ready[0])
+        self._free[slot.tag].append(slot)
+        result = ray.get(ready[0])
+        state = self._steps[group_step]
+        state.causes += result.dropped
+        if result.trajectories:
+            state.done[result.group_index] = (slot.tag, spec, result)
+        elif state.next_index < 2 * state.num_groups:  # every member failed: play a replacement group
+            self._push(slot.tag, group_step, self.group_spec(group_step, state.next_index, spec.keep_frames))
+            state.next_index += 1
+        else:
+            raise RuntimeError(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
+        self._launch()
+
+    def _push(self, tag: str, step: int, spec: GroupSpec) -> None:
+        heapq.heappush(self._pending[tag], (step, next(self._seq), spec))
+
+    def _launch(self) -> None:
+        for tag, queue in self._pending.items():
+            while queue and self._free[tag]:
+                slot = self._free[tag].popleft()
+                step, _, spec = heapq.heappop(queue)
+                ref = self.workers[slot.worker].run_group.remote(slot.local, spec)
+                self._running[ref] = (slot, step, spec)
+
+    def _all_slots_free(self) -> dict[str, collections.deque]:
         free = collections.defaultdict(collections.deque)
         for slot in self.slots:
             free[slot.tag].append(slot)
-        running: dict = {}
-        done: dict[int, list[Trajectory]] = {}
-        dropped: list[str] = []
-        next_index, max_index = num_groups, 2 * num_groups
-
-        def launch() -> None:
-            for tag, queue in pending.items():
-                while queue and free[tag]:
-                    slot, j = free[tag].popleft(), queue.popleft()
-                    ref = self.workers[slot.worker].run_group.remote(slot.local, self.group_spec(step, j, keep_frames))
-                    running[ref] = slot
-
-        launch()
-        while running:
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=self.timeout_s)
-            if not ready:
-                raise TimeoutError(f"rollout: no group finished within {self.timeout_s}s ({self.mode} step {step})")
-            slot = running.pop(ready[0])
-            free[slot.tag].append(slot)
-            result = ray.get(ready[0])
-            dropped += result.dropped
-            if result.trajectories:
-                done[result.group_index] = result.trajectories
-            elif next_index < max_index:  # every member failed: play a replacement group
-                pending[slot.tag].append(next_index)
-                next_index += 1
-            else:
-                raise RuntimeError(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
-            launch()
-        return [t for j in sorted(done) for t in done[j]], dropped
+        return free

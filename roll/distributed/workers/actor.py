@@ -2,7 +2,9 @@
 
 Variant: PPO-clip (Schulman et al. 2017) with optional asymmetric clipping (`pg_clip_high`,
 DAPO's clip-higher) over per-token ratios; the entropy bonus is aggregated with the same
-`loss_agg_mode` as the policy loss. No value loss here: the critic is its own role.
+`loss_agg_mode` as the policy loss. Optional off-policy correction: truncated importance weights
+of the trainer's old log-probs over the engine's (`roll.algorithms.off_policy`) scale each token's
+policy-gradient term. No value loss here: the critic is its own role.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from roll.algorithms.losses import AggMode, agg_loss, ppo_policy_loss
+from roll.algorithms.off_policy import (
+    TISLevel,
+    tis_metrics,
+    truncated_importance_weights,
+)
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import token_logprobs
@@ -83,15 +90,19 @@ class ActorWorker:
         entropy_loss_coef: float,
         loss_agg_mode: AggMode,
         step: int,
+        tis_level: TISLevel | None = None,
+        tis_cap: float | None = None,
     ) -> dict[str, float]:
         """`ppo_epochs` shuffled passes of mini-batches over `batch`; metrics averaged over steps.
 
-        `batch` needs input_ids, attention_mask, response_mask, old_logprobs, advantages (B, T).
+        `batch` needs input_ids, attention_mask, response_mask, old_logprobs, advantages (B, T),
+        and infer_logprobs when `tis_level` ("token" / "sequence") turns the off-policy
+        correction on (weights truncated at `tis_cap`).
         Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps rows, in an
         order drawn from derive_seed(seed, "minibatch", step, epoch). "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
-        batch = batch.select(*TRAIN_KEYS)
+        batch = batch.select(*TRAIN_KEYS, *(("infer_logprobs",) if tis_level else ()))
         loss_fn = partial(
             _policy_loss,
             temperature=temperature,
@@ -100,6 +111,8 @@ class ActorWorker:
             entropy_loss_coef=entropy_loss_coef,
             loss_agg_mode=loss_agg_mode,
             dedupe=self.strategy.dedupe_rows,
+            tis_level=tis_level,
+            tis_cap=tis_cap,
         )
         weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
         per_step = [
@@ -137,17 +150,27 @@ def _policy_loss(
     entropy_loss_coef: float,
     loss_agg_mode: AggMode,
     dedupe: bool,
+    tis_level: TISLevel | None,
+    tis_cap: float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss minus the entropy bonus on one micro-batch; metrics as floats."""
+    """PPO-clip loss (importance-weighted if `tis_level`) minus the entropy bonus on one
+    micro-batch; metrics as floats."""
     logprobs, entropy = token_logprobs(
         model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
     )
     mask = micro["response_mask"]
+    weights = None
+    if tis_level is not None:
+        weights = truncated_importance_weights(
+            micro["old_logprobs"], micro["infer_logprobs"], mask, level=tis_level, cap=tis_cap)
     pg_loss, metrics = ppo_policy_loss(
-        logprobs, micro["old_logprobs"], micro["advantages"], mask, pg_clip, pg_clip_high, loss_agg_mode
+        logprobs, micro["old_logprobs"], micro["advantages"], mask, pg_clip, pg_clip_high, loss_agg_mode,
+        weights=weights,
     )
     loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)
     metrics = {key: float(value) for key, value in metrics.items()}
+    if weights is not None:
+        metrics.update(tis_metrics(weights, mask, tis_cap))
     metrics["losses/entropy"] = float(masked_mean(entropy.detach(), mask))
     return loss, metrics
 

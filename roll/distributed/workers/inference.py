@@ -57,7 +57,10 @@ class InferenceWorker:
         return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
-        """Load new actor weights between engine calls (never in the middle of one)."""
+        """Load new actor weights between engine calls, never in the middle of one: a batch already
+        running finishes on the old weights (async training's sync policy; nothing is aborted),
+        then the engine drops every cached conversation KV, which the new weights make stale.
+        Requests still queued are served on the new weights and stamped with `version`."""
         self._ensure_loop()
         async with self._engine_lock:
             self.engine.load_weights(state_dict, version)

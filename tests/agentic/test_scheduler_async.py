@@ -1,0 +1,237 @@
+"""Async rollout: the RolloutScheduler with groups dispatched ahead, and per-request timeouts.
+
+The scheduler is driven through a scripted env worker (a real Ray actor) that stamps each turn
+with the version of the weights it "serves": a scripted group has two turns per trajectory, the
+version is read at each, and with `hold` the second turn waits until the test calls `release`, so
+a weight update can land in between. The timeout test runs a real EnvWorker in-process against an
+inference handle whose first generate call never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+import time
+
+import pytest
+import ray
+from ray import cloudpickle
+
+from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.rollout.env_worker import EnvWorker
+from roll.agentic.rollout.records import (
+    GenerateOutput,
+    GroupResult,
+    SamplingParams,
+    Trajectory,
+)
+from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
+from roll.models.loading import load_tokenizer
+from roll.models.tiny import build_tiny_model
+from roll.pipeline.batch import staleness_metrics
+
+pytestmark = pytest.mark.ray
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+
+
+class ScriptedEnvWorker:
+    def __init__(self):
+        self.reset()
+
+    def reset(self, fail_group_ids: tuple[str, ...] = (), no_turn_group_ids: tuple[str, ...] = ()) -> None:
+        """A fresh script (one actor serves every test: starting actors is the slow part)."""
+        self.fail_group_ids, self.no_turn_group_ids = set(fail_group_ids), set(no_turn_group_ids)
+        self.version, self.hold, self.log = 0, False, []
+        self.gate = asyncio.Event()
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    def set_hold(self, hold: bool) -> None:
+        self.hold = hold
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def started(self) -> list[str]:
+        return list(self.log)
+
+    async def run_group(self, slot: int, spec) -> GroupResult:
+        self.log.append(spec.traj_group_id)
+        if spec.traj_group_id in self.fail_group_ids:
+            return GroupResult(spec.group_index, [], ["scripted failure"] * 2)
+        first = self.version
+        if self.hold:
+            await self.gate.wait()
+        else:
+            await asyncio.sleep(0.01)
+        trajs = [Trajectory(tag="lake", traj_group_id=spec.traj_group_id, traj_id=f"{spec.traj_group_id}-{m}",
+                            env_seed=spec.env_seed, step_rewards=[0.0, 1.0], success=True,
+                            stop_reason="terminated", policy_version=self.version, num_actions=2,
+                            num_valid_actions=2, policy_versions=[first, self.version])
+                 for m in range(2)]
+        if spec.traj_group_id in self.no_turn_group_ids:  # e.g. the first prompt was already too long
+            trajs = [dataclasses.replace(t, policy_versions=[], policy_version=0, num_actions=0) for t in trajs]
+        return GroupResult(spec.group_index, trajs)
+
+
+@pytest.fixture(scope="module")
+def scripted_worker():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield ray.remote(ScriptedEnvWorker).options(num_cpus=0).remote()
+    ray.shutdown()
+
+
+@pytest.fixture
+def make_scheduler(scripted_worker):
+    def make(num_slots: int, fail_group_ids: tuple[str, ...] = (), no_turn_group_ids: tuple[str, ...] = ()):
+        ray.get(scripted_worker.reset.remote(fail_group_ids, no_turn_group_ids))
+        slots = [Slot(worker=0, local=k, tag="lake") for k in range(num_slots)]
+        return RolloutScheduler([scripted_worker], slots, seed=7, mode="train"), scripted_worker
+
+    return make
+
+
+def wait_started(worker, n: int) -> list[str]:
+    while len(started := ray.get(worker.started.remote())) < n:
+        time.sleep(0.01)
+    return started
+
+
+def group_ids(trajs) -> list[str]:
+    return sorted({t.traj_group_id for t in trajs})
+
+
+def test_synchronous_collect_plays_each_group_once_in_index_order(make_scheduler):
+    scheduler, worker = make_scheduler(2)
+    trajs, dropped = scheduler.collect(1, 3, policy_version=0)
+    assert [t.traj_id for t in trajs] == [f"train-1-{j}-{m}" for j in range(3) for m in range(2)]
+    assert [t.env_seed for t in trajs[::2]] == [scheduler.group_spec(1, j, False).env_seed for j in range(3)]
+    assert dropped == [] and scheduler.stale_dropped_groups == 0
+    assert sorted(ray.get(worker.started.remote())) == ["train-1-0", "train-1-1", "train-1-2"]
+
+
+def test_groups_dispatched_ahead_generate_across_a_weight_update(make_scheduler):
+    scheduler, worker = make_scheduler(2)
+    scheduler.collect(1, 2, policy_version=0, max_staleness=1)
+    ray.get(worker.set_hold.remote(True))
+    scheduler.dispatch(2, 2)
+    scheduler.dispatch(2, 2)  # dispatching a step twice plays it once
+    assert sorted(wait_started(worker, 4)[2:]) == ["train-2-0", "train-2-1"]  # started before collect(2)
+    ray.get(worker.set_version.remote(1))  # "training" finished: the engine serves version 1
+    ray.get(worker.release.remote())
+    trajs, _ = scheduler.collect(2, 2, policy_version=1, max_staleness=1)
+    assert group_ids(trajs) == ["train-2-0", "train-2-1"]
+    assert all(t.policy_versions == [0, 1] and t.oldest_policy_version == 0 for t in trajs)
+    assert scheduler.stale_dropped_groups == 0 and len(ray.get(worker.started.remote())) == 4
+
+
+def test_too_stale_groups_are_dropped_and_played_again_with_the_same_identity(make_scheduler):
+    scheduler, worker = make_scheduler(2)
+    scheduler.collect(1, 2, policy_version=0, max_staleness=1)
+    scheduler.dispatch(2, 2)
+    wait_started(worker, 4)
+    ray.get(worker.set_version.remote(3))  # three updates later: version-0 groups are 3 > 1 behind
+    trajs, _ = scheduler.collect(2, 2, policy_version=3, max_staleness=1)
+    assert scheduler.stale_dropped_groups == 2
+    assert group_ids(trajs) == ["train-2-0", "train-2-1"]
+    assert all(t.policy_versions == [3, 3] for t in trajs)
+    assert sorted(ray.get(worker.started.remote())[4:]) == ["train-2-0", "train-2-1"]  # played twice each
+    # staleness within the bound keeps the group
+    scheduler.dispatch(3, 2)
+    wait_started(worker, 8)
+    ray.get(worker.set_version.remote(4))
+    scheduler.collect(3, 2, policy_version=4, max_staleness=1)
+    assert scheduler.stale_dropped_groups == 0
+
+
+def test_a_group_without_generated_turns_is_never_stale(make_scheduler):
+    scheduler, worker = make_scheduler(2, no_turn_group_ids=("train-2-0",))
+    scheduler.dispatch(2, 2)
+    wait_started(worker, 2)
+    ray.get(worker.set_version.remote(5))
+    trajs, _ = scheduler.collect(2, 2, policy_version=5, max_staleness=1)
+    assert scheduler.stale_dropped_groups == 1  # train-2-1 (version 0) only
+    assert [t.policy_versions for t in trajs] == [[], [], [5, 5], [5, 5]]
+
+
+def test_staleness_metrics_by_hand():
+    def traj(versions):
+        return Trajectory(tag="lake", traj_group_id="g", traj_id="t", env_seed=0, step_rewards=[], success=False,
+                          stop_reason="max_steps", policy_version=max(versions, default=0), num_actions=len(versions),
+                          num_valid_actions=0, policy_versions=versions)
+
+    # trained weights: version 4. Staleness 4-3=1, 4-2=2, 0 (fresh), 0 (no turn); mixed: [2, 3] only.
+    metrics = staleness_metrics([traj([3, 3]), traj([2, 3]), traj([4]), traj([])], policy_version=4)
+    assert metrics == {"rollout/staleness_mean": 0.75, "rollout/staleness_max": 2.0,
+                       "rollout/mixed_version_trajectories": 0.25}
+
+
+def test_the_collected_step_goes_before_groups_dispatched_ahead(make_scheduler):
+    scheduler, worker = make_scheduler(1)
+    ray.get(worker.set_hold.remote(True))
+    scheduler.dispatch(2, 2)  # one slot: train-2-0 runs, train-2-1 waits
+    wait_started(worker, 1)
+    ray.get(worker.release.remote())
+    ray.get(worker.set_hold.remote(False))
+    trajs, _ = scheduler.collect(1, 1, policy_version=0)
+    assert group_ids(trajs) == ["train-1-0"]
+    trajs, _ = scheduler.collect(2, 2, policy_version=0)
+    assert group_ids(trajs) == ["train-2-0", "train-2-1"]
+    assert ray.get(worker.started.remote()) == ["train-2-0", "train-1-0", "train-2-1"]
+
+
+def test_a_failed_group_ahead_is_replaced_within_its_own_step(make_scheduler):
+    scheduler, _ = make_scheduler(2, fail_group_ids=("train-2-1",))
+    scheduler.collect(1, 2, policy_version=0, max_staleness=1)
+    scheduler.dispatch(2, 2)
+    trajs, dropped = scheduler.collect(2, 2, policy_version=0, max_staleness=1)
+    assert group_ids(trajs) == ["train-2-0", "train-2-2"]  # the replacement takes a fresh index
+    assert dropped == ["scripted failure"] * 2
+
+
+class _Method:
+    """`handle.method.remote(*args)` of a Ray actor handle, answered in-process."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+class FirstCallHangsInference:
+    """Stands in for the inference worker's handle: the first `generate_many` call never answers
+    (a stuck engine); later calls answer every request with "Left"."""
+
+    def __init__(self, left_id: int):
+        self.calls, self.left_id = 0, left_id
+        self.generate_many, self.release_session = _Method(self._generate_many), _Method(lambda session: None)
+
+    async def _generate_many(self, requests):
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.Event().wait()
+        return [GenerateOutput(r.request_id, [self.left_id], [-0.1], "length", policy_version=0) for r in requests]
+
+
+def test_a_generate_that_never_answers_drops_its_trajectories_and_renews_their_envs(tmp_path):
+    path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
+    spec = EnvSpec(tag="FL", env_type="frozen_lake", env_config={}, max_steps=2, max_tokens_per_step=1,
+                   response_prefix="<answer>")
+    scheduler = RolloutScheduler([], [Slot(0, 0, "FL")], seed=7, mode="train")
+
+    async def play():
+        inference = FirstCallHangsInference(load_tokenizer(path).convert_tokens_to_ids("Left"))
+        worker = EnvWorker([spec], 1, path, inference, SamplingParams(), 4096, generate_timeout_s=0.3)
+        managers = list(worker.groups[0])
+        hung = await worker.run_group(0, scheduler.group_spec(1, 0, False))
+        renewed = [a is not b for a, b in zip(managers, worker.groups[0])]
+        return hung, renewed, await worker.run_group(0, scheduler.group_spec(1, 1, False))
+
+    hung, renewed, after = asyncio.run(play())
+    assert hung.trajectories == [] and hung.dropped == ["GenerateTimeout: generate timeout: no answer within 0.3s"]
+    assert renewed == [True]
+    assert [t.traj_id for t in after.trajectories] == ["train-1-1-0"] and after.dropped == []
