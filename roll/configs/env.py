@@ -67,6 +67,12 @@ class EnvManagerConfig(ConfigModel):
     """Env groups running concurrently."""
     group_size: int = Field(1, ge=1)
     """Envs (trajectories) per group, all started from the same seed."""
+    group_size_redundancy: int = Field(0, ge=0)
+    """Extra envs per group (ROLL's name): a group plays `group_size + group_size_redundancy`
+    episodes on its seed and is complete as soon as `group_size` of them have finished; the rest
+    are stopped and their envs made anew. A slow, hung or crashed env then costs neither the group
+    nor the wait for it. Which members are kept depends on timing (the fastest), so with a value
+    above 0 runs are not bitwise reproducible, and quick episodes are slightly favoured."""
     tags: list[str] = Field(min_length=1)
     """Which `custom_envs` this manager runs."""
     num_groups_partition: list[int] | None = None
@@ -124,4 +130,4 @@ class EnvManagerConfig(ConfigModel):
     @property
     def num_envs(self) -> int:
         """Envs this manager runs concurrently."""
-        return self.num_env_groups * self.group_size
+        return self.num_env_groups * (self.group_size + self.group_size_redundancy)

@@ -95,12 +95,9 @@ class AgenticPipeline:
             with _timer(timings, "sync"):
                 self.sync_weights(version=step)
             # 6. Log / validate / checkpoint
-            metrics = {**summarize_trajectories(trajs, "train"), **filter_metrics, **score_metrics, **train_metrics,
-                       "rollout/dropped_trajectories": float(len(dropped)), **staleness_metrics(trajs, step - 1),
-                       "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
-                       **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": sum(timings.values())}
-            for cause in dropped:
-                logger.warning("step %d: dropped a trajectory: %s", step, cause)
+            metrics = {**self.rollout_metrics(trajs, dropped, step), **filter_metrics, **score_metrics,
+                       **train_metrics, **{f"time/{k}_s": v for k, v in timings.items()},
+                       "time/step_s": sum(timings.values())}
             if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 metrics.update(self.validate(step))
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
@@ -112,6 +109,16 @@ class AgenticPipeline:
         progress.close()
         self.tracker.close()
         return metrics
+
+    def rollout_metrics(self, trajs: list, dropped: list[str], step: int) -> dict[str, float]:
+        """Episode statistics of the step's trajectories, and what the rollout lost (each dropped
+        trajectory's cause is logged too)."""
+        for cause in dropped:
+            logger.warning("step %d: dropped a trajectory: %s", step, cause)
+        return {**summarize_trajectories(trajs, "train"), **staleness_metrics(trajs, step - 1),
+                "rollout/dropped_trajectories": float(len(dropped)),
+                "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
+                "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories)}
 
     def run_ahead(self, step: int) -> None:
         """Async training: start the groups of steps step+1..step+k (k = async_generation_ratio,

@@ -89,7 +89,8 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     """Env workers for one env manager config (train or val) and the scheduler that drives them."""
     slot_tags = [tag for tag, n in manager_cfg.groups_per_tag.items() for _ in range(n)]
     # max_env_num_per_worker counts envs; a worker holds whole groups (0 = everything in one worker)
-    per_worker = (max(1, manager_cfg.max_env_num_per_worker // manager_cfg.group_size)
+    envs_per_group = manager_cfg.group_size + manager_cfg.group_size_redundancy
+    per_worker = (max(1, manager_cfg.max_env_num_per_worker // envs_per_group)
                   if manager_cfg.max_env_num_per_worker else len(slot_tags))
     chunks = [slot_tags[i:i + per_worker] for i in range(0, len(slot_tags), per_worker)]
     sampling = sampling_params(cfg.generating_args_for(manager_cfg), tokenizer)
@@ -100,7 +101,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
             history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
-            generate_timeout_s=manager_cfg.generate_timeout_s))
+            generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode)
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
+import threading
 import time
 
 import pytest
 import ray
 from ray import cloudpickle
 
+from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.records import (
@@ -235,3 +237,53 @@ def test_a_generate_that_never_answers_drops_its_trajectories_and_renews_their_e
     assert hung.trajectories == [] and hung.dropped == ["GenerateTimeout: generate timeout: no answer within 0.3s"]
     assert renewed == [True]
     assert [t.traj_id for t in after.trajectories] == ["train-1-1-0"] and after.dropped == []
+
+
+class SecondEnvHangs(FrozenLakeEnv):
+    """FrozenLake whose second instance (per `made` count) blocks in `step` until it is closed."""
+
+    made = 0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        SecondEnvHangs.made += 1
+        self.hangs, self.released = SecondEnvHangs.made == 2, threading.Event()
+
+    def _apply(self, action):
+        if self.hangs:
+            self.released.wait()
+        return super()._apply(action)
+
+    def close(self):
+        self.released.set()
+        super().close()
+
+
+def test_redundant_envs_complete_a_group_without_waiting_for_a_hung_member(tmp_path):
+    """group_size 2 + 1 redundant env: member 1 hangs, members 0 and 2 finish, so the group
+    returns at once (far inside the 60 s step timeout) with those two, counts one redundant
+    episode, drops nothing, and gives member 1 a fresh env; the next group plays all three."""
+    path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
+    spec = EnvSpec(tag="FL", env_type=f"{__name__}:SecondEnvHangs", env_config={}, max_steps=2,
+                   max_tokens_per_step=1, response_prefix="<answer>")
+    scheduler = RolloutScheduler([], [Slot(0, 0, "FL")], seed=7, mode="train")
+    SecondEnvHangs.made = 0
+
+    async def play():
+        inference = FirstCallHangsInference(load_tokenizer(path).convert_tokens_to_ids("Left"))
+        inference.calls = 1  # every call answers
+        worker = EnvWorker([spec], 2, path, inference, SamplingParams(), 4096, redundancy=1)
+        hung_env = worker.groups[0][1].env
+        started = time.monotonic()
+        first = await worker.run_group(0, scheduler.group_spec(1, 0, False))
+        elapsed = time.monotonic() - started
+        return first, elapsed, hung_env, worker.groups[0][1].env, await worker.run_group(0, scheduler.group_spec(1, 1, False))
+
+    first, elapsed, hung_env, renewed_env, second = asyncio.run(play())
+    assert [t.traj_id for t in first.trajectories] == ["train-1-0-0", "train-1-0-2"]
+    assert first.redundant == 1 and first.dropped == [] and elapsed < 30
+    assert hung_env.released.is_set() and renewed_env is not hung_env and not renewed_env.hangs
+    # no member hangs now: whichever two finish first are kept (in member order), one is surplus
+    ids = [t.traj_id for t in second.trajectories]
+    assert len(ids) == 2 and ids == sorted(ids) and set(ids) <= {"train-1-1-0", "train-1-1-1", "train-1-1-2"}
+    assert second.redundant == 1 and second.dropped == []

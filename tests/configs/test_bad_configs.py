@@ -100,6 +100,7 @@ BAD_OVERRIDES = [
     (["pg_clip=0"], "pg_clip: input should be greater than 0 (got 0)"),
     (["async_generation_ratio=-1"], f"async_generation_ratio: {at_least(0, -1)}"),
     (["off_policy_correction.cap=0"], "off_policy_correction.cap: input should be greater than 0 (got 0)"),
+    (["train_env_manager.group_size_redundancy=-1"], f"train_env_manager.group_size_redundancy: {at_least(0, -1)}"),
     (["train_env_manager.generate_timeout_s=0"],
      "train_env_manager.generate_timeout_s: input should be greater than 0 (got 0)"),
     (["off_policy_correction.level=row"],

@@ -113,9 +113,11 @@ def test_async_generation_runs_one_step_ahead_with_bounded_staleness(tiny_model,
     """k = 1: step t+1's groups generate while step t trains, so their turns are at most one
     version behind the weights being trained; truncated IS corrects for it (sequence level).
     Validation and checkpoints work as in sync mode, and a resumed run regenerates what was in
-    flight (its first step runs nothing ahead, hence staleness 0)."""
+    flight (its first step runs nothing ahead, hence staleness 0). Each group runs one redundant
+    env, so each step leaves out exactly one episode per group."""
     out = tmp_path / "async"
-    flags = ("async_generation_ratio=1", "off_policy_correction.level=sequence", "off_policy_correction.cap=2.0")
+    flags = ("async_generation_ratio=1", "off_policy_correction.level=sequence", "off_policy_correction.cap=2.0",
+             "train_env_manager.group_size_redundancy=1")
     proc = run_cli(tiny_model, out, "max_steps=3", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
@@ -125,6 +127,7 @@ def test_async_generation_runs_one_step_ahead_with_bounded_staleness(tiny_model,
         assert 0 <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1
         assert 0 <= r["rollout/mixed_version_trajectories"] <= 1
         assert r["rollout/stale_dropped_groups"] == 0 and r["rollout/dropped_trajectories"] == 0
+        assert r["rollout/redundant_trajectories"] == 2 and r["rollout/kept_trajectories"] == 8
         assert 0 < r["actor/tis_weight_mean"] <= 2.0 and 0 <= r["actor/tis_clipped_frac"] <= 1
     assert "val/success" in rows[2] and "val/success" in rows[3]
     resumed = run_cli(tiny_model, tmp_path / "resumed", "max_steps=3", *flags,

@@ -35,21 +35,23 @@ class GroupSpec:
 
 
 class EnvWorker:
-    """Ray actor (async). Slot k holds `group_size` managers of env spec `slots[k]`."""
+    """Ray actor (async). Slot k holds `group_size + redundancy` managers of env spec `slots[k]`;
+    a group is complete when `group_size` of them have finished an episode."""
 
     def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
                  sampling: SamplingParams, sequence_length: int, *, manager_type: str = "traj",
                  history_length: int = 0, step_timeout_s: float | None = 60.0,
-                 generate_timeout_s: float | None = 300.0):
+                 generate_timeout_s: float | None = 300.0, redundancy: int = 0):
         torch.set_num_threads(1)  # env workers only tokenize; leave the cores to the engine
-        n_envs = max(1, len(slots) * group_size)
+        self.group_size = group_size
+        n_envs = max(1, len(slots) * (group_size + redundancy))
         asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.inference = inference
         self._client = _BatchingClient(inference)
         self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
         self._manager_type, self._history_length = manager_type, history_length
-        self.groups = [[self._make_manager(spec) for _ in range(group_size)] for spec in slots]
+        self.groups = [[self._make_manager(spec) for _ in range(group_size + redundancy)] for spec in slots]
 
     def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager:
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
@@ -62,21 +64,37 @@ class EnvWorker:
         return await self._client.submit(request)
 
     async def run_group(self, slot: int, group: GroupSpec) -> GroupResult:
+        """Play one episode per manager of the slot; return once `group_size` have finished (or
+        every one has ended). Trajectories come in member order; members still running then are
+        cancelled, and they and the failed ones get a fresh env for the next group."""
         managers = self.groups[slot]
-        results = await asyncio.gather(
-            *(m.run_episode(group.episode(i)) for i, m in enumerate(managers)), return_exceptions=True)
+        tasks = {asyncio.ensure_future(m.run_episode(group.episode(i))): i for i, m in enumerate(managers)}
+        finished: dict[int, object] = {}  # member -> its Trajectory, or the exception that ended it
+        pending, completed = set(tasks), 0
+        while pending and completed < self.group_size:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                finished[tasks[task]] = task.exception() or task.result()
+                completed += task.exception() is None
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         for i, m in enumerate(managers):  # the engine may drop these conversations' KV now
             if m.reuse_kv_across_turns:
                 self.inference.release_session.remote(group.episode(i).traj_id)
         trajectories, dropped = [], []
-        for i, res in enumerate(results):
+        for i in range(len(managers)):
+            res = finished.get(i)
             if isinstance(res, BaseException):
                 dropped.append(f"{type(res).__name__}: {res}")
-                managers[i].close()  # releases an env hung in a thread, if it can be
-                managers[i] = self._make_manager(managers[i].spec)  # a fresh env for the next episode
-            else:
-                trajectories.append(res)
-        return GroupResult(group.group_index, trajectories, dropped)
+            elif res is not None:  # finished: its env is ready for the next episode
+                if len(trajectories) < self.group_size:  # several may finish at once: keep the first members
+                    trajectories.append(res)
+                continue
+            managers[i].close()  # failed or cancelled; releases an env hung in a thread, if it can be
+            managers[i] = self._make_manager(managers[i].spec)  # a fresh env for the next episode
+        surplus = len(managers) - len(trajectories) - len(dropped)
+        return GroupResult(group.group_index, trajectories, dropped, redundant=surplus)
 
 
 class _BatchingClient:

@@ -137,3 +137,4 @@ class GroupResult:
     group_index: int
     trajectories: list[Trajectory]
     dropped: list[str] = field(default_factory=list)  # one cause per dropped trajectory
+    redundant: int = 0  # episodes stopped or left out because the group had enough (redundancy)

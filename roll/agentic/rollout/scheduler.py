@@ -43,6 +43,7 @@ class _StepState:
     next_index: int  # the index of the next replacement group
     done: dict[int, tuple[str, GroupSpec, GroupResult]]  # group index -> (tag played, spec, result)
     causes: list[str]  # one per dropped trajectory
+    redundant: int = 0  # episodes beyond group_size that were stopped or left out
 
 
 class RolloutScheduler:
@@ -53,6 +54,7 @@ class RolloutScheduler:
         self.mode = mode  # "train": seeds depend on the step; "val": a fixed set every evaluation
         self.timeout_s = timeout_s
         self.stale_dropped_groups = 0  # groups dropped as too stale by the last `collect`
+        self.redundant_trajectories = 0  # episodes of the last `collect`'s groups beyond group_size
         self._steps: dict[int, _StepState] = {}
         self._pending: dict[str, list] = collections.defaultdict(list)  # tag -> heap of (step, seq, spec)
         self._running: dict = {}  # ref -> (slot, step, spec)
@@ -100,6 +102,7 @@ class RolloutScheduler:
                 break
             self._receive_one(step)
         del self._steps[step]
+        self.redundant_trajectories = state.redundant
         return [t for j in sorted(state.done) for t in state.done[j][2].trajectories], state.causes
 
     def _drop_stale(self, step: int, oldest_allowed: int) -> None:
@@ -122,6 +125,7 @@ class RolloutScheduler:
         result = ray.get(ready[0])
         state = self._steps[group_step]
         state.causes += result.dropped
+        state.redundant += result.redundant
         if result.trajectories:
             state.done[result.group_index] = (slot.tag, spec, result)
         elif state.next_index < 2 * state.num_groups:  # every member failed: play a replacement group
