@@ -1,0 +1,148 @@
+"""Generation through our InferenceWorker (a Ray actor) vs the `hf` engine called in-process.
+
+The same requests (FrozenLake first-turn prompts, one sampling seed each) are generated three
+ways, side by side in one process:
+- engine: `HFInferStrategy.generate_batch` called directly, `--max_batch_size` rows per call
+  (what the worker's batch loop does with a full queue);
+- generate_many: one Ray call with every request, as an env worker's batching client sends them;
+- generate: one Ray call per request, all in flight at once, batched by the worker's own loop
+  (the path of a manager with no neighbours in its 2 ms window).
+Both sides load the same model dir with the same number of torch threads (`--threads`, passed to
+the worker's `num_threads`), and never run at the same time. The default is 1 thread: on two
+cores shared with other jobs, two OpenMP threads thrash whenever another process holds a core
+(the same engine pass measured 1.8-2.8 s with one thread and 2.4-14 s with two, minutes apart),
+which would swamp the difference being measured; `--threads 2` is the pipeline's setting (the
+worker's default, every core) for a machine of your own. A mode's time is the
+best of `--repeats`, the modes taking turns within each repeat so that load from other processes
+hits all of them. Sampling is seeded per request, so all modes must produce the same tokens
+(the `same ids` column; the engine is batch-invariant up to float round-off).
+
+Two response lengths: `--max_new_tokens` (decode-heavy) and 1 (the FrozenLake example answers
+with one token after a forced "<answer>": prefill-heavy, where per-call costs weigh most).
+
+    python benchmarks/generation_overhead.py [--requests 256 --max_new_tokens 32 --threads 1 --repeats 5]
+
+The last line is `RESULT overhead_generate_many=<x> overhead_generate=<y>`: 1 - (tokens/s through
+the worker) / (tokens/s of the engine), at `--max_new_tokens`; the target is <= 0.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from roll.agentic.env.registry import make_env
+from roll.agentic.env_manager.chat import ChatFormatter
+from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.workers.inference import InferenceWorker
+from roll.models.loading import load_causal_lm, load_tokenizer
+from roll.models.tiny import build_tiny_model, env_corpus
+from roll.pipeline.builders import init_ray
+
+MODES = ("engine", "generate_many", "generate")
+
+
+def make_requests(tokenizer, count: int, max_new_tokens: int, tag: str) -> list[GenerateRequest]:
+    """One request per FrozenLake map (env seed = index), with the env's instruction."""
+    chat = ChatFormatter(tokenizer, response_prefix="<answer>")
+    env = make_env("frozen_lake", {})
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    requests = []
+    for i in range(count):
+        board, info = env.reset(seed=i)
+        requests.append(GenerateRequest(f"{tag}-{i}", chat.initial_prompt(info["env_instruction"], board), params, i))
+    return requests
+
+
+def run_engine(engine: HFInferStrategy, requests: list[GenerateRequest], max_batch_size: int) -> list[GenerateOutput]:
+    outputs = []
+    for first in range(0, len(requests), max_batch_size):
+        outputs += engine.generate_batch(requests[first:first + max_batch_size])
+    return outputs
+
+
+def run_mode(mode: str, engine, worker, requests, max_batch_size: int) -> tuple[float, list[GenerateOutput], int]:
+    """(seconds, outputs, engine calls) of one pass over `requests`."""
+    calls = ray.get(worker.get_stats.remote())["engine_calls"]
+    start = time.perf_counter()
+    if mode == "engine":
+        outputs = run_engine(engine, requests, max_batch_size)
+    elif mode == "generate_many":
+        outputs = ray.get(worker.generate_many.remote(requests))
+    else:
+        outputs = ray.get([worker.generate.remote(r) for r in requests])
+    seconds = time.perf_counter() - start
+    if mode == "engine":
+        return seconds, outputs, -(-len(requests) // max_batch_size)
+    return seconds, outputs, ray.get(worker.get_stats.remote())["engine_calls"] - calls
+
+
+def measure(engine, worker, requests, max_batch_size: int, repeats: int) -> dict[str, tuple[float, list, int]]:
+    """Per mode: its best (seconds, outputs, engine calls); one untimed small call each first."""
+    for mode in MODES:
+        run_mode(mode, engine, worker, requests[:8], max_batch_size)
+    best: dict[str, tuple[float, list, int]] = {}
+    for _ in range(repeats):
+        for mode in MODES:
+            result = run_mode(mode, engine, worker, requests, max_batch_size)
+            if mode not in best or result[0] < best[mode][0]:
+                best[mode] = result
+    return best
+
+
+def print_rows(max_new_tokens: int, results: dict[str, tuple[float, list, int]]) -> dict[str, float]:
+    """Table rows for one response length; returns each mode's overhead vs the engine."""
+    engine_s, engine_out, _ = results["engine"]
+    tokens = sum(len(o.token_ids) for o in engine_out)
+    overheads = {}
+    for mode in MODES:
+        seconds, outputs, calls = results[mode]
+        same = all(a.token_ids == b.token_ids for a, b in zip(outputs, engine_out))
+        overheads[mode] = 1.0 - engine_s / seconds
+        print(f"{max_new_tokens:>8}{mode:>15}{calls:>7}{seconds:9.3f}{tokens / seconds:11.0f}"
+              f"{100 * overheads[mode]:+10.1f}%{same!s:>10}")
+    return overheads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--max_new_tokens", type=int, default=32)
+    parser.add_argument("--max_batch_size", type=int, default=256, help="engine rows per call, both sides")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    load = os.getloadavg()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_model(Path(tmp) / "tiny", corpus=env_corpus("frozen_lake", {}))
+        tokenizer, model = load_tokenizer(path), load_causal_lm(path)
+        eos = [tokenizer.eos_token_id]
+        engine = HFInferStrategy(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos)
+        init_ray(None)
+        try:
+            # the actor options of roll.pipeline.builders.build_workers
+            worker = ray.remote(InferenceWorker).options(num_cpus=0).remote(
+                path, max_batch_size=args.max_batch_size, num_threads=args.threads)
+            results = {n: measure(engine, worker, make_requests(tokenizer, args.requests, n, f"n{n}"),
+                                  args.max_batch_size, args.repeats)
+                       for n in dict.fromkeys((args.max_new_tokens, 1))}
+        finally:
+            ray.shutdown()
+    print(f"{args.requests} requests, FrozenLake prompts, best of {args.repeats}; {torch.get_num_threads()} torch "
+          f"threads, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    print(f"{'new tok':>8}{'mode':>15}{'calls':>7}{'wall s':>9}{'tokens/s':>11}{'overhead':>11}{'same ids':>10}")
+    overheads = {n: print_rows(n, res) for n, res in results.items()}
+    main_row = overheads[args.max_new_tokens]
+    print(f"RESULT overhead_generate_many={main_row['generate_many']:.3f} overhead_generate={main_row['generate']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
