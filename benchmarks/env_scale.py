@@ -1,4 +1,4 @@
-"""Many envs at once: memory per env and steps/s, for 1 to 1024 concurrent FrozenLake / Sokoban envs.
+"""Many envs at once: memory per env and steps/s, for 1 to 1024 concurrent FrozenLake / Sokoban / WebShop envs.
 
 For each env (the example configs' settings) and each count N:
 - memory per env: what N built and reset envs hold, by tracemalloc (Python objects and numpy
@@ -12,10 +12,13 @@ For each env (the example configs' settings) and each count N:
   the path of `BaseEnvManager._env_call` inside `EnvWorker` (same executor size); what a step
   costs in thread hand-offs when the env itself is fast.
 Actions are random action words in the answer format (`<answer>Left</answer>`) from a seeded
-generator; an env whose episode ended is reset (seeded) and the reset counts in the loop time.
+generator; WebShop, whose actions are open text, plays its scripted shopper (search, open the
+goal product, pick its options, buy: every step an HTTP request to the process's shop server on
+127.0.0.1, which one env kept alive for the whole run holds up, so no cell pays for starting it).
+An env whose episode ended is reset (seeded) and the reset counts in the loop time.
 Each cell steps every env `max(4, --min_steps // N)` times.
 
-    python benchmarks/env_scale.py [--counts 1 64 256 1024 --envs frozen_lake sokoban --min_steps 4096]
+    python benchmarks/env_scale.py [--counts 1 64 256 1024 --envs frozen_lake sokoban webshop --min_steps 4096]
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ import numpy as np
 
 from roll.agentic.env.registry import make_env
 
-# the env_config of examples/frozen_lake and examples/sokoban
+# the env_config of examples/frozen_lake, examples/sokoban and examples/webshop
 ENV_CONFIGS = {
     "frozen_lake": {"size": 4, "hole_prob": 0.2, "is_slippery": False, "max_path_length": 8},
     "sokoban": {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10},
+    "webshop": {"max_steps": 8, "results_per_page": 5},
 }
 EXECUTOR_CAP = 64  # EnvWorker's thread pool: min(envs, 64)
 STEP_TIMEOUT_S = 60.0  # EnvWorker's default step timeout
@@ -62,9 +66,17 @@ def memory_per_env(env_type: str, count: int) -> tuple[float, float]:
     return total / count, spaces / count
 
 
-def action_texts(env, count: int, seed: int) -> list[str]:
+def action_texts(env, count: int, seed: int) -> list[str | None]:
+    """`count` random action words in the answer format; None each for an env without action
+    words (its step then plays `env.scripted_action()`)."""
+    if not env.actions:
+        return [None] * count
     rng = np.random.default_rng(seed)
     return [f"<answer>{env.actions[i]}</answer>" for i in rng.integers(len(env.actions), size=count)]
+
+
+def _act(env, text: str | None) -> str:
+    return env.scripted_action() if text is None else text
 
 
 def plain_loop(envs: list, rounds: int) -> float:
@@ -74,7 +86,7 @@ def plain_loop(envs: list, rounds: int) -> float:
     start = time.perf_counter()
     for r in range(rounds):
         for i, env in enumerate(envs):
-            _, _, terminated, truncated, _ = env.step(texts[r * len(envs) + i])
+            _, _, terminated, truncated, _ = env.step(_act(env, texts[r * len(envs) + i]))
             if terminated or truncated:
                 env.reset(seed=next_seed)
                 next_seed += 1
@@ -83,7 +95,7 @@ def plain_loop(envs: list, rounds: int) -> float:
 
 async def _threaded_episode(env, texts: list[str], seed: int) -> None:
     for text in texts:
-        step = asyncio.to_thread(env.step, text)
+        step = asyncio.to_thread(lambda: env.step(_act(env, text)))
         _, _, terminated, truncated, _ = await asyncio.wait_for(step, STEP_TIMEOUT_S)
         if terminated or truncated:
             await asyncio.wait_for(asyncio.to_thread(env.reset, seed=seed), STEP_TIMEOUT_S)
@@ -111,8 +123,8 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
-    for env_type in args.envs:  # lazy imports and module-level caches, outside the measurements
-        build_envs(env_type, 1)
+    # lazy imports, module-level caches and WebShop's server, outside the measurements
+    warm = [build_envs(env_type, 1) for env_type in args.envs]  # noqa: F841 (kept alive on purpose)
     print(f"{'env':12}{'envs':>6}{'KB/env':>8}{'of which spaces':>17}{'steps/s loop':>14}"
           f"{'steps/s threads':>17}{'threads/loop':>14}")
     for env_type in args.envs:
