@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 # starve later tasks. The phases are sequential (rollout, then scoring, then training), so each
 # worker uses all cores in its own phase through torch threads instead.
 _ACTOR_OPTIONS = {"num_cpus": 0}
+# An env-worker process that dies (a segfaulting env, the OOM killer) is restarted by Ray, as often
+# as it takes; the groups it was playing are replaced (`RolloutScheduler`).
+_ENV_WORKER_OPTIONS = {**_ACTOR_OPTIONS, "max_restarts": -1}
 
 
 def init_ray(address: str | None) -> None:
@@ -97,13 +100,13 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     workers, slots = [], []
     for w, tags in enumerate(chunks):
         specs = [_env_spec(cfg, tag) for tag in tags]
-        workers.append(ray.remote(EnvWorker).options(**_ACTOR_OPTIONS).remote(
+        workers.append(ray.remote(EnvWorker).options(**_ENV_WORKER_OPTIONS).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
             history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
             generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
-    return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode)
+    return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
 
 
 def _env_spec(cfg, tag: str) -> EnvSpec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -41,9 +42,12 @@ class ScriptedEnvWorker:
     def __init__(self):
         self.reset()
 
-    def reset(self, fail_group_ids: tuple[str, ...] = (), no_turn_group_ids: tuple[str, ...] = ()) -> None:
-        """A fresh script (one actor serves every test: starting actors is the slow part)."""
+    def reset(self, fail_group_ids: tuple[str, ...] = (), no_turn_group_ids: tuple[str, ...] = (),
+              die_group_ids: tuple[str, ...] = ()) -> None:
+        """A fresh script (one actor serves every test: starting actors is the slow part). A
+        restarted actor runs __init__ again, so it forgets `die_group_ids`."""
         self.fail_group_ids, self.no_turn_group_ids = set(fail_group_ids), set(no_turn_group_ids)
+        self.die_group_ids = set(die_group_ids)
         self.version, self.hold, self.log = 0, False, []
         self.gate = asyncio.Event()
 
@@ -62,6 +66,8 @@ class ScriptedEnvWorker:
 
     async def run_group(self, slot: int, spec) -> GroupResult:
         self.log.append(spec.traj_group_id)
+        if spec.traj_group_id in self.die_group_ids:
+            os._exit(1)  # the process dies, as with a segfaulting env
         if spec.traj_group_id in self.fail_group_ids:
             return GroupResult(spec.group_index, [], ["scripted failure"] * 2)
         first = self.version
@@ -192,6 +198,25 @@ def test_a_failed_group_ahead_is_replaced_within_its_own_step(make_scheduler):
     trajs, dropped = scheduler.collect(2, 2, policy_version=0, max_staleness=1)
     assert group_ids(trajs) == ["train-2-0", "train-2-2"]  # the replacement takes a fresh index
     assert dropped == ["scripted failure"] * 2
+
+
+def test_a_group_whose_worker_dies_is_replaced_on_the_restarted_worker(scripted_worker):
+    worker = ray.remote(ScriptedEnvWorker).options(num_cpus=0, max_restarts=1).remote()
+    ray.get(worker.reset.remote(die_group_ids=("train-1-0",)))
+    scheduler = RolloutScheduler([worker], [Slot(0, 0, "lake")], seed=7, mode="train", group_size=2)
+    trajs, dropped = scheduler.collect(1, 2)
+    assert group_ids(trajs) == ["train-1-1", "train-1-2"]  # the replacement takes a fresh index
+    assert dropped == ["env worker 0 died: ActorDiedError"] * 2 or dropped == [
+        "env worker 0 died: ActorUnavailableError"] * 2
+
+
+def test_a_worker_that_cannot_come_back_ends_the_step_with_a_clear_error(scripted_worker):
+    worker = ray.remote(ScriptedEnvWorker).options(num_cpus=0).remote()
+    ray.get(worker.reset.remote())
+    ray.kill(worker, no_restart=True)
+    scheduler = RolloutScheduler([worker], [Slot(0, 0, "lake")], seed=7, mode="train", group_size=2)
+    with pytest.raises(RuntimeError, match=r"too many failed groups; last causes: \['env worker 0 died"):
+        scheduler.collect(1, 2)
 
 
 class _Method:

@@ -4,7 +4,10 @@ Group j of a step is fully determined by (seed, mode, step, j): its env seed, it
 sampling seeds. Any free env-group slot of the right tag may play it, so a slow group never holds
 up a free slot, and the result does not depend on which slot played it. Results come back in
 completion order and are returned sorted by j, so the batch is the same run after run.
-A group whose every trajectory failed is replaced by a fresh group index (a bounded number of times).
+A group whose every trajectory failed is replaced by a fresh group index (a bounded number of times),
+and so is a group whose env-worker process died while playing it (Ray restarts the worker, whose
+envs are then made anew; one that cannot come back fails every group it is given, so the step
+ends in a clear error instead of a hang).
 
 Async training: `dispatch(step)` queues a later step's groups ahead of time; they start on free
 slots at once and keep generating while the driver trains, and `collect(step)` later returns them
@@ -47,8 +50,10 @@ class _StepState:
 
 
 class RolloutScheduler:
-    def __init__(self, workers: list, slots: list[Slot], seed: int, mode: str, timeout_s: float = 900.0):
+    def __init__(self, workers: list, slots: list[Slot], seed: int, mode: str, timeout_s: float = 900.0,
+                 group_size: int = 1):
         self.workers = workers
+        self.group_size = group_size  # trajectories a group owes: what a dead worker's group loses
         self.slots = slots
         self.seed = seed
         self.mode = mode  # "train": seeds depend on the step; "val": a fixed set every evaluation
@@ -122,7 +127,11 @@ class RolloutScheduler:
             raise TimeoutError(f"rollout: no group finished within {self.timeout_s}s ({self.mode} step {step})")
         slot, group_step, spec = self._running.pop(ready[0])
         self._free[slot.tag].append(slot)
-        result = ray.get(ready[0])
+        try:
+            result = ray.get(ready[0])
+        except ray.exceptions.RayActorError as err:  # the env-worker process died; Ray restarts it
+            cause = f"env worker {slot.worker} died: {type(err).__name__}"
+            result = GroupResult(spec.group_index, [], [cause] * self.group_size)
         state = self._steps[group_step]
         state.causes += result.dropped
         state.redundant += result.redundant
