@@ -31,13 +31,18 @@ def begin(output_dir: str, step: int) -> Path:
 
 
 def commit(output_dir: str, tmp: Path, step: int, state: dict) -> Path:
-    """Write the trainer state last, rename into place, then point `latest` at it."""
+    """Write the trainer state last, rename into place, then point `latest` at it. An existing
+    `step_N` (a resumed run saving a step again) is renamed aside before, and deleted after, so a
+    kill never leaves a half-deleted `step_N` that still looks complete."""
     _write_atomic(tmp / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
     final = checkpoint_root(output_dir) / f"step_{step}"
+    old = final.with_name(f".old-{final.name}")
     if final.exists():
-        shutil.rmtree(final)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
     os.rename(tmp, final)
     _write_atomic(checkpoint_root(output_dir) / LATEST_FILE, final.name)
+    shutil.rmtree(old, ignore_errors=True)
     return final
 
 

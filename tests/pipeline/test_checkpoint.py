@@ -48,3 +48,29 @@ def test_rewriting_a_step_replaces_it(tmp_path):
     write(tmp_path, 2, {"kl_ctl": {"kl_coef": 0.1}})
     write(tmp_path, 2, {"kl_ctl": {"kl_coef": 0.2}})
     assert ckpt.read_state(tmp_path / "checkpoints" / "step_2")["kl_ctl"] == {"kl_coef": 0.2}
+
+
+def test_a_kill_while_a_step_is_rewritten_never_exposes_a_half_deleted_one(tmp_path, monkeypatch):
+    """Rewriting step_2 (a run resumed from an earlier path) moves the old one aside first: killed
+    between that and the new one's rename, no step_2 exists at all, and resuming falls back to
+    step_1 instead of loading a directory that was half deleted."""
+    write(tmp_path, 1)
+    write(tmp_path, 2)
+    renames = []
+
+    def killed_at_second_rename(src, dst):
+        renames.append((src, dst))
+        if len(renames) == 2:
+            raise KeyboardInterrupt("killed")
+        return real_rename(src, dst)
+
+    real_rename = ckpt.os.rename
+    monkeypatch.setattr(ckpt.os, "rename", killed_at_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        write(tmp_path, 2, {"kl_ctl": {"kl_coef": 0.2}})
+    monkeypatch.undo()
+    assert not (tmp_path / "checkpoints" / "step_2").exists()
+    assert ckpt.latest(str(tmp_path)).name == "step_1"
+    write(tmp_path, 2, {"kl_ctl": {"kl_coef": 0.3}})  # the next save cleans up and commits
+    assert ckpt.read_state(ckpt.latest(str(tmp_path)))["kl_ctl"] == {"kl_coef": 0.3}
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_1", "step_2"]
