@@ -177,6 +177,8 @@ class AgenticPipeline:
         cfg = self.cfg
         keep_frames = cfg.render_save_dir is not None
         trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
+        for cause in dropped:
+            logger.warning("validation at step %d: dropped a trajectory: %s", step, cause)
         if keep_frames:  # text, PNG frames and a GIF per episode (text only for envs without images)
             directory = Path(cfg.render_save_dir) / f"step_{step}"
             for tr in trajs:
