@@ -1,7 +1,9 @@
 """Command line entry: `--config_path DIR --config_name NAME [hydra overrides ...]`.
 
 A bad config is the user's most common mistake, so it gets one line on stderr naming the key and
-exit status 2 (no traceback); anything else that goes wrong is a bug and keeps its traceback.
+exit status 2 (no traceback). A run that cannot go on for a known reason (diverged training, a
+rollout that keeps failing, a worker process that died for good) gets one line and exit status 1;
+anything else that goes wrong is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -35,15 +37,27 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
         print(f"config error: {err}", file=sys.stderr)
         return 2
     # Imported only now: torch and Ray take seconds, a config error should not wait for them.
+    from ray.exceptions import RayActorError
+
+    from roll.agentic.rollout.scheduler import RolloutFailed
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.guards import TrainingDiverged
 
     try:
         AgenticPipeline(config).run()
-    except TrainingDiverged as err:
+    except (TrainingDiverged, RolloutFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
+    except RayActorError as err:  # e.g. the inference or actor worker's process was killed
+        print(f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
+              f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 def resolve_config_dir(config_path: str, examples_dir: str | None) -> str:

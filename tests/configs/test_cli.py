@@ -85,3 +85,29 @@ def test_main_reports_missing_config_name(capsys):
     status = main(["--config_path", CONFIG_DIR, "--config_name", "nope"])
     assert status == 2
     assert capsys.readouterr().err == f"config error: config_name: no 'nope' config in {CONFIG_DIR}\n"
+
+
+@pytest.mark.parametrize(("error", "line"), [
+    ("rollout", "training stopped: rollout: too many failed groups; last causes: ['x']"),
+    ("worker", "training stopped: a worker process died (ActorDiedError); resume from the last checkpoint "
+               "with resume_from_checkpoint=true. The actor died unexpectedly before finishing this task."),
+])
+def test_a_run_that_cannot_go_on_stops_with_one_line_and_exit_1(error, line, model_dir, monkeypatch, capsys):
+    from ray.exceptions import ActorDiedError
+
+    from roll.agentic.rollout.scheduler import RolloutFailed
+    from roll.pipeline import agentic_pipeline
+
+    class Failing:
+        def __init__(self, config):
+            pass
+
+        def run(self):
+            if error == "rollout":
+                raise RolloutFailed("rollout: too many failed groups; last causes: ['x']")
+            raise ActorDiedError()
+
+    monkeypatch.setattr(agentic_pipeline, "AgenticPipeline", Failing)
+    status = main(["--config_path", CONFIG_DIR, "--config_name", "minimal_agentic", f"pretrain={model_dir}"])
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [line]

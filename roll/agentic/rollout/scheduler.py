@@ -38,6 +38,11 @@ class Slot:
     tag: str
 
 
+class RolloutFailed(RuntimeError):
+    """The rollout cannot complete a step: too many groups failed, or none finished in time. The
+    CLI prints it as one line and exits 1 (resume from the last checkpoint once it is fixed)."""
+
+
 @dataclass
 class _StepState:
     """The groups of one dispatched step: how many it needs, what came back, why some failed."""
@@ -124,7 +129,7 @@ class RolloutScheduler:
         """Wait for any running group (of any step), record it, and refill the freed slot."""
         ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.timeout_s)
         if not ready:
-            raise TimeoutError(f"rollout: no group finished within {self.timeout_s}s ({self.mode} step {step})")
+            raise RolloutFailed(f"rollout: no group finished within {self.timeout_s}s ({self.mode} step {step})")
         slot, group_step, spec = self._running.pop(ready[0])
         self._free[slot.tag].append(slot)
         try:
@@ -141,7 +146,7 @@ class RolloutScheduler:
             self._push(slot.tag, group_step, self.group_spec(group_step, state.next_index, spec.keep_frames))
             state.next_index += 1
         else:
-            raise RuntimeError(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
+            raise RolloutFailed(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
         self._launch()
 
     def _push(self, tag: str, step: int, spec: GroupSpec) -> None:
