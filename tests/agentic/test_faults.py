@@ -7,7 +7,12 @@ import threading
 import pytest
 
 import envs  # noqa: F401  (registers the built-in envs)
-from roll.agentic.env.faults import FaultInjectingEnv, FaultInjection, InjectedEnvError
+from roll.agentic.env.faults import (
+    EPISODE_KEY_OPTION,
+    FaultInjectingEnv,
+    FaultInjection,
+    InjectedEnvError,
+)
 from roll.agentic.env.registry import check_env_config, make_env
 from roll.agentic.env_manager.base import (
     EnvSpec,
@@ -37,8 +42,8 @@ def test_bad_fault_injection_block_is_one_line(block, message):
     assert str(err.value) == message
 
 
-def _outcomes(env, episode_seed, n=200):
-    env.reset(seed=episode_seed)
+def _outcomes(env, episode_seed, n=200, episode_key=None):
+    env.reset(seed=episode_seed, options=None if episode_key is None else {EPISODE_KEY_OPTION: episode_key})
     kinds = []
     for _ in range(n):
         try:
@@ -56,6 +61,17 @@ def test_faults_follow_the_seeds_and_rates():
     c = _outcomes(FaultInjectingEnv(make_env("frozen_lake", {}), faults), episode_seed=2)
     assert a == b and a != c  # a function of (fault seed, episode seed) only
     assert 0.05 < a.count("raise") / 200 < 0.15 and 0.14 < a.count("garbage") / 200 < 0.26
+
+
+def test_members_of_a_group_fail_independently_but_reproducibly():
+    """An env manager passes each episode's sampling seed as the episode key: the members of a
+    group share the reset seed (the same map) but not their faults; the key never reaches the env."""
+    faults = FaultInjection(raise_p=0.1, garbage_p=0.2, seed=5)
+    env = FaultInjectingEnv(make_env("frozen_lake", {}), faults)
+    member0, member1 = (_outcomes(env, episode_seed=1, episode_key=k) for k in (101, 202))
+    assert member0 != member1 and member0 == _outcomes(env, episode_seed=1, episode_key=101)
+    assert _outcomes(env, episode_seed=1, episode_key=None) == _outcomes(
+        FaultInjectingEnv(make_env("frozen_lake", {}), faults), episode_seed=1)
 
 
 def test_a_hang_ends_when_the_env_is_closed():

@@ -200,6 +200,15 @@ def test_a_failed_group_ahead_is_replaced_within_its_own_step(make_scheduler):
     assert dropped == ["scripted failure"] * 2
 
 
+def test_validation_replaces_no_failed_group(scripted_worker):
+    """The validation set is fixed: a group that failed is counted, never swapped for another map."""
+    ray.get(scripted_worker.reset.remote(fail_group_ids=("val-1",)))
+    scheduler = RolloutScheduler([scripted_worker], [Slot(0, 0, "lake")], seed=7, mode="val", group_size=2)
+    trajs, dropped = scheduler.collect(0, 2)
+    assert group_ids(trajs) == ["val-0"] and dropped == ["scripted failure"] * 2
+    assert sorted(ray.get(scripted_worker.started.remote())) == ["val-0", "val-1"]
+
+
 def test_a_group_whose_worker_dies_is_replaced_on_the_restarted_worker(scripted_worker):
     worker = ray.remote(ScriptedEnvWorker).options(num_cpus=0, max_restarts=1).remote()
     ray.get(worker.reset.remote(die_group_ids=("train-1-0",)))

@@ -135,3 +135,24 @@ def test_async_generation_runs_one_step_ahead_with_bounded_staleness(tiny_model,
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [row] = read_metrics(tmp_path / "resumed")
     assert row["step"] == 3 and row["rollout/staleness_max"] == 0
+
+
+def test_ten_percent_env_faults_lose_no_step_and_count_every_dropped_trajectory(tiny_model, tmp_path):
+    """Every env.step raises (4%), hangs past the 1 s step timeout (3%) or returns garbage (3%):
+    the run still logs every step, and each dropped trajectory is counted and logged with its
+    cause. The faults follow the seeds, so the same trajectories fail every time."""
+    out, fi = tmp_path / "faults", "custom_envs.FrozenLake.env_config.fault_injection"
+    proc = run_cli(tiny_model, out, "max_steps=3", f"{fi}.raise_p=0.04", f"{fi}.hang_p=0.03",
+                   f"{fi}.garbage_p=0.03", f"{fi}.seed=5", "train_env_manager.env_step_timeout_s=1",
+                   "val_env_manager.env_step_timeout_s=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    logged = [line for line in proc.stderr.splitlines() if ": dropped a trajectory: " in line]
+    train_logged = [line for line in logged if "validation at step" not in line]
+    dropped = sum(r["rollout/dropped_trajectories"] for r in rows[1:])
+    val_dropped = sum(r["val/dropped_trajectories"] for r in rows if "val/dropped_trajectories" in r)
+    assert dropped > 0 and len(train_logged) == dropped and len(logged) == dropped + val_dropped
+    for cause in ("InjectedEnvError", "env.step exceeded 1.0s", "MalformedEnvOutput"):
+        assert any(cause in line for line in logged), cause
+    assert all(r["rollout/kept_trajectories"] > 0 for r in rows[1:])

@@ -4,8 +4,10 @@
 (`make_env` does it), so the failure handling of the rollout (a dropped trajectory, counted and
 logged with its cause; the env recreated; the step completed) can be exercised on real envs and
 real runs. Each `step` draws one uniform number u from a generator seeded by (seed, the episode's
-reset seed), so the faults an episode meets depend only on its seeds, never on which env-worker
-slot played it or on timing:
+reset seed, and the episode key an env manager passes as the reset option `fault_episode_key`:
+the episode's sampling seed). The faults an episode meets thus depend only on its seeds, never on
+which env-worker slot played it or on timing, and the members of a group (one reset seed) fail
+independently, as real envs do:
 - u < raise_p: `step` raises `InjectedEnvError`;
 - u < raise_p + hang_p: `step` blocks until the env is closed (a dropped env's manager closes it)
   or `hang_s` pass, then raises `InjectedEnvError`; an env manager's step timeout fires first;
@@ -41,6 +43,9 @@ class FaultInjection(ConfigModel):
             raise ValueError("raise_p + hang_p + garbage_p must be <= 1")
 
 
+EPISODE_KEY_OPTION = "fault_episode_key"  # a reset option the wrapper takes out before the env sees it
+
+
 class InjectedEnvError(RuntimeError):
     """The failure a `FaultInjectingEnv` raises on purpose."""
 
@@ -55,8 +60,11 @@ class FaultInjectingEnv(gym.Wrapper):
         self._closed = threading.Event()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        self._rng = np.random.default_rng(derive_seed(self.faults.seed, "faults", seed))
-        return self.env.reset(seed=seed, options=options)
+        options = dict(options or {})
+        episode_key = options.pop(EPISODE_KEY_OPTION, None)
+        key = (seed,) if episode_key is None else (seed, episode_key)
+        self._rng = np.random.default_rng(derive_seed(self.faults.seed, "faults", *key))
+        return self.env.reset(seed=seed, options=options or None)
 
     def step(self, action):
         f, u = self.faults, float(self._rng.random())

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roll.agentic.env.faults import EPISODE_KEY_OPTION, FaultInjectingEnv
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.rollout.records import (
@@ -135,12 +136,14 @@ class BaseEnvManager:
 
     async def _env_call(self, name: str, *args, **kwargs):
         """env.<name> in a thread, so a slow env does not block the other managers; bounded in
-        time. A call that times out leaves its thread behind: the manager is then dropped and its
-        env closed (`close`), which is what releases a well-behaved env."""
+        time. A call that times out leaves its thread behind: the env is closed at once (`close`),
+        which is what releases a well-behaved env and so frees the thread for the other envs, and
+        the manager is dropped."""
         call = getattr(self.env, name)
         try:
             return await asyncio.wait_for(asyncio.to_thread(call, *args, **kwargs), self.step_timeout_s)
         except TimeoutError:
+            self.close()
             raise EnvStepTimeout(f"env.{name} exceeded {self.step_timeout_s}s") from None
 
     async def env_step(self, text: str):
@@ -154,7 +157,9 @@ class BaseEnvManager:
             pass
 
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
-        obs, info = await self._env_call("reset", seed=episode.env_seed)
+        # injected faults (if any) are drawn per episode, so a group's members fail independently
+        options = {EPISODE_KEY_OPTION: episode.sample_seed} if isinstance(self.env, FaultInjectingEnv) else None
+        obs, info = await self._env_call("reset", seed=episode.env_seed, options=options)
         instruction = info.get("env_instruction") if self.spec.instruction is None else self.spec.instruction
         builder = self.new_builder(instruction, obs)
         frames = [obs] if episode.keep_frames else []  # a text env's observation is its frame

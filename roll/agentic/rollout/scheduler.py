@@ -4,10 +4,11 @@ Group j of a step is fully determined by (seed, mode, step, j): its env seed, it
 sampling seeds. Any free env-group slot of the right tag may play it, so a slow group never holds
 up a free slot, and the result does not depend on which slot played it. Results come back in
 completion order and are returned sorted by j, so the batch is the same run after run.
-A group whose every trajectory failed is replaced by a fresh group index (a bounded number of times),
-and so is a group whose env-worker process died while playing it (Ray restarts the worker, whose
-envs are then made anew; one that cannot come back fails every group it is given, so the step
-ends in a clear error instead of a hang).
+In training, a group whose every trajectory failed is replaced by a fresh group index (at most
+max(8, 2 x the step's groups) times a step), and so is a group whose env-worker process died while
+playing it (Ray restarts the worker, whose envs are then made anew; one that cannot come back
+fails every group it is given, so the step ends in a clear error instead of a hang). Validation replaces nothing: its groups are a fixed set,
+so a lost episode is counted and the others are scored.
 
 Async training: `dispatch(step)` queues a later step's groups ahead of time; they start on free
 slots at once and keep generating while the driver trains, and `collect(step)` later returns them
@@ -140,9 +141,9 @@ class RolloutScheduler:
         state = self._steps[group_step]
         state.causes += result.dropped
         state.redundant += result.redundant
-        if result.trajectories:
+        if result.trajectories or self.mode == "val":  # validation keeps its fixed set: a loss is only counted
             state.done[result.group_index] = (slot.tag, spec, result)
-        elif state.next_index < 2 * state.num_groups:  # every member failed: play a replacement group
+        elif state.next_index < state.num_groups + max(8, 2 * state.num_groups):  # all failed: a replacement
             self._push(slot.tag, group_step, self.group_spec(group_step, state.next_index, spec.keep_frames))
             state.next_index += 1
         else:
