@@ -29,7 +29,7 @@ from roll.pipeline.batch import (
     staleness_metrics,
     summarize_trajectories,
 )
-from roll.pipeline.builders import build_rollout, build_workers, init_ray
+from roll.pipeline.builders import build_rollout, build_workers, inference_name, init_ray
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.scoring import (
     normalize_step_episode_scores,
@@ -54,7 +54,7 @@ class AgenticPipeline:
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.workers = build_workers(cfg)
-        infer = self.workers["inference"]
+        infer = inference_name()  # env workers find the inference worker by name (they may restart)
         self.train_rollout = build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train")
         self.val_rollout = None
         if cfg.eval_steps > 0:

@@ -51,13 +51,20 @@ def _check_cpu_only(cfg) -> None:
                 raise RuntimeError(f"{role}.device_mapping: {worker.device_mapping} needs CUDA; use null for CPU")
 
 
+def inference_name() -> str:
+    """The inference worker's actor name in this driver's Ray job. Env workers get the name, not
+    the handle: a handle among an actor's constructor arguments lives in Ray's object store, which
+    a restart of that actor depends on (Ray warns about it); a name is looked up afresh."""
+    return f"roll-inference-{ray.get_runtime_context().get_job_id()}"
+
+
 def build_workers(cfg) -> dict:
     """Inference, actor and (when needed) reference and critic actors, keyed by role."""
     _check_cpu_only(cfg)
     total = cfg.max_steps
     infer_cfg = cfg.actor_infer
     workers = {
-        "inference": ray.remote(InferenceWorker).options(**_ACTOR_OPTIONS).remote(
+        "inference": ray.remote(InferenceWorker).options(**_ACTOR_OPTIONS, name=inference_name()).remote(
             infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
             max_batch_size=int(infer_cfg.strategy_args.strategy_config.get("max_batch_size", 256)),
             max_cached_tokens=int(infer_cfg.strategy_args.strategy_config.get(
@@ -89,7 +96,8 @@ def sampling_params(generating_args, tokenizer) -> SamplingParams:
 
 
 def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutScheduler:
-    """Env workers for one env manager config (train or val) and the scheduler that drives them."""
+    """Env workers for one env manager config (train or val) and the scheduler that drives them.
+    `inference`: the inference worker's name (`inference_name()`) or its handle."""
     slot_tags = [tag for tag, n in manager_cfg.groups_per_tag.items() for _ in range(n)]
     # max_env_num_per_worker counts envs; a worker holds whole groups (0 = everything in one worker)
     envs_per_group = manager_cfg.group_size + manager_cfg.group_size_redundancy

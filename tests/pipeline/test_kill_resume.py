@@ -3,10 +3,11 @@ same numbers as a run that was never killed.
 
 One run of the FrozenLake example (small batches, a checkpoint every step) is started with
 `resume_from_checkpoint=true` and killed with SIGKILL (its whole process group: driver and Ray)
-ten times: seven times at a moment drawn from a seeded generator (start-up, rollout, training,
-validation, a checkpoint being written: wherever it lands), three times while a checkpoint is
-half written (the driver is started through a wrapper that announces each checkpoint commit and
-pauses before it, so the kill lands with the model files written and the trainer state not).
+ten times: once during start-up; six times a moment drawn from a seeded generator after the run
+has logged a new step (rollout, training, validation, a checkpoint being written: wherever it
+lands), so that every restart makes progress; three times while a checkpoint is half written
+(the driver is started through a wrapper that announces each checkpoint commit and pauses before
+it, so the kill lands with the model files written and the trainer state not).
 After every kill the newest complete checkpoint must load with `transformers`. Then the run is
 left to finish, and its metrics must equal an uninterrupted run's at every step.
 """
@@ -27,10 +28,10 @@ from roll.pipeline import checkpoint as ckpt
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
-MAX_STEPS = 6
+MAX_STEPS = 16
 ARGS = [
     "--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake", f"max_steps={MAX_STEPS}",
-    "save_steps=1", "eval_steps=3", "rollout_batch_size=8", "train_env_manager.num_env_groups=2",
+    "save_steps=1", "eval_steps=4", "rollout_batch_size=8", "train_env_manager.num_env_groups=2",
     "train_env_manager.group_size=4", "val_batch_size=4", "val_env_manager.num_env_groups=4",
     "actor_train.training_args.per_device_train_batch_size=4",
     "actor_train.training_args.gradient_accumulation_steps=1", "resume_from_checkpoint=true",
@@ -85,6 +86,23 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def logged_lines(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_for_new_step(out: Path, before: int, proc: subprocess.Popen, timeout_s: float = 300) -> bool:
+    """True once metrics.jsonl has more lines than `before`; False if the process ended first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if logged_lines(out) > before:
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    raise TimeoutError(f"no new step logged in {timeout_s}s")
+
+
 def assert_latest_checkpoint_loads(out: Path) -> int:
     """The step of the newest complete checkpoint (0: none yet), after loading it."""
     from transformers import AutoModelForCausalLM
@@ -96,31 +114,43 @@ def assert_latest_checkpoint_loads(out: Path) -> int:
     return ckpt.read_state(path)["step"]
 
 
+@pytest.mark.timeout(1200)
 def test_ten_kills_and_resumes_end_like_an_uninterrupted_run(tiny_model, tmp_path):
+    procs: list[subprocess.Popen] = []
+    try:
+        _sweep(tiny_model, tmp_path, procs)
+    finally:  # a failed assertion or a timeout must not leave a run (and its Ray) behind
+        for proc in procs:
+            if proc.poll() is None:
+                kill(proc)
+
+
+def _sweep(tiny_model, tmp_path: Path, procs: list) -> None:
     reference = tmp_path / "reference"
-    proc = start(tiny_model, reference, tmp_path / "reference.log")
+    procs.append(proc := start(tiny_model, reference, tmp_path / "reference.log"))
     assert proc.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
 
     out, rng, saved = tmp_path / "killed", random.Random(1234), []
-    plan = ["random"] * 7 + ["mid-checkpoint"] * 3
-    rng.shuffle(plan)
+    plan = ["start-up"] + rng.sample(["after-a-step"] * 6 + ["mid-checkpoint"] * 3, 9)
     for k, how in enumerate(plan):
         log = tmp_path / f"run{k}.log"
-        if how == "random":
-            proc = start(tiny_model, out, log)
-            time.sleep(rng.uniform(2.0, 25.0))
-        else:  # wait for the next commit to begin, kill it half-way
-            proc = start(tiny_model, out, log, pause_s=30.0)
+        before = logged_lines(out)
+        procs.append(proc := start(tiny_model, out, log, pause_s=30.0 if how == "mid-checkpoint" else 0.0))
+        if how == "start-up":
+            time.sleep(rng.uniform(1.0, 5.0))
+        elif how == "after-a-step":
+            wait_for_new_step(out, before, proc)
+            time.sleep(rng.uniform(0.0, 1.5))
+        else:  # the next commit has begun: kill it half-way
             wait_for(log, "COMMITTING", proc)
             time.sleep(0.5)
         if proc.poll() is not None:  # it finished before the kill: the sweep has no more to do
             break
         kill(proc)
         saved.append(assert_latest_checkpoint_loads(out))
-    assert saved == sorted(saved)  # a kill never loses a complete checkpoint
-    assert "mid-checkpoint" in plan[:len(saved)]
+    assert len(saved) == len(plan) and saved == sorted(saved)  # a kill never loses a complete checkpoint
     log = tmp_path / "final.log"
-    proc = start(tiny_model, out, log)
+    procs.append(proc := start(tiny_model, out, log))
     assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
 
     got, want = metrics(out), metrics(reference)

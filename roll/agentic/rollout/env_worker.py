@@ -6,6 +6,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import ray
 import torch
 
 from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
@@ -36,7 +37,8 @@ class GroupSpec:
 
 class EnvWorker:
     """Ray actor (async). Slot k holds `group_size + redundancy` managers of env spec `slots[k]`;
-    a group is complete when `group_size` of them have finished an episode."""
+    a group is complete when `group_size` of them have finished an episode. `inference` is the
+    inference worker's handle or its actor name (which a restarted env worker looks up again)."""
 
     def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
                  sampling: SamplingParams, sequence_length: int, *, manager_type: str = "traj",
@@ -47,8 +49,8 @@ class EnvWorker:
         n_envs = max(1, len(slots) * (group_size + redundancy))
         asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
         self.tokenizer = load_tokenizer(tokenizer_path)
-        self.inference = inference
-        self._client = _BatchingClient(inference)
+        self.inference = ray.get_actor(inference) if isinstance(inference, str) else inference
+        self._client = _BatchingClient(self.inference)
         self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
         self._manager_type, self._history_length = manager_type, history_length
         self.groups = [[self._make_manager(spec) for _ in range(group_size + redundancy)] for spec in slots]
