@@ -12,8 +12,9 @@ another row of their group, the only rows GiGPO's step advantage can touch), ave
 
     python benchmarks/gigpo_vs_grpo.py [--envs frozen_lake sokoban] [--seeds 1 2 3] [--steps 60]
 
-Cost on 2 CPU cores: about 2.5 s per training step for either env, so the defaults (12 runs of
-60 steps) take about 40 minutes. The last line is machine-readable:
+Cost on 2 quiet CPU cores (measured): a FrozenLake run about 7 minutes, a Sokoban run about 15
+(the early steps, with long random episodes, cost most), so the defaults (12 runs of 60 steps)
+take about 2 hours and `--envs frozen_lake` about 45 minutes; beside other jobs, 2-3x that. The last line is machine-readable:
 `RESULT <env>_gigpo_minus_grpo=<x> ...` (difference of mean final success).
 """
 
