@@ -85,16 +85,16 @@ def main() -> None:
     print(f"FrozenLake step-wise example, {args.steps} steps, env.step latency median {args.median_ms:g} ms, "
           f"{os.cpu_count()} cores, load average {load[0]:.2f} at start, {args.repeats} repeat(s)")
     print(f"{'mode':13}{'step s':>8}{'rollout s':>11}{'train s':>9}{'staleness':>11}  val success (step: value)")
-    best = {}
+    median_step_s = {}
     for mode, runs in results.items():
         step_s = statistics.median(r["step_s"] for r in runs)
-        best[mode] = step_s
+        median_step_s[mode] = step_s
         first = runs[0]
         curve = " ".join(f"{s}:{v:.3f}" for s, v in first["val"])
         print(f"{mode:13}{step_s:8.2f}{statistics.median(r['rollout_s'] for r in runs):11.2f}"
               f"{statistics.median(r['train_s'] for r in runs):9.2f}{first['staleness']:11.2f}  {curve}")
     sync, async_ = (results[m][0]["val"][-1][1] for m in MODES)
-    print(f"RESULT async_speedup={best['sync (k=0)'] / best['async (k=1)']:.2f} "
+    print(f"RESULT async_speedup={median_step_s['sync (k=0)'] / median_step_s['async (k=1)']:.2f} "
           f"val_success_sync={sync:.3f} val_success_async={async_:.3f}")
 
 
