@@ -14,7 +14,11 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["roll", "roll.*", "envs", "envs.*"]),
     install_requires=requirements,
-    extras_require={"test": ["pytest>=8", "pytest-timeout>=2.3"]},
+    extras_require={
+        # DeepSpeed builds its C++ ops only when first used (we use none), so it installs in seconds.
+        "deepspeed": ["deepspeed>=0.19.8,<0.20"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "deepspeed>=0.19.8,<0.20"],
+    },
     # Built-in envs register through this entry point, exactly like a user's env package would.
     entry_points={"roll.envs": ["builtin = envs"]},
 )

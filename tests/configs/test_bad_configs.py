@@ -137,7 +137,7 @@ BAD_OVERRIDES = [
       "which is not a TextEnv subclass")),
     (["actor_train.strategy_args.strategy_name=fsdp"],
      ("actor_train.strategy_args.strategy_name: 'fsdp' is not a known strategy; "
-      "available for actor_train: torch")),
+      "available for actor_train: torch, deepspeed, fsdp2, megatron")),
     (["adv_estimator=ppo"],
      ("adv_estimator: input should be 'gae', 'grpo', 'reinforce', 'gigpo' or 'step_reinforce' "
       "(got 'ppo')")),

@@ -187,24 +187,33 @@ MALFORMED = [
         "async_generation_ratio: input should be greater than or equal to 0 (got -1)",
     ),
     (
-        ["actor_infer.strategy_args.strategy_name=vllm"],
-        "actor_infer.strategy_args.strategy_name: 'vllm' is not available yet; "
-        "available for actor_infer: hf",
+        ["actor_train.strategy_args.strategy_name=megatron_train"],
+        "actor_train.strategy_args.strategy_name: 'megatron' needs the megatron.core package and a CUDA GPU",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=deepspeed_train"],
-        "actor_train.strategy_args.strategy_name: 'deepspeed' is not available yet; "
-        "available for actor_train: torch",
+        ["actor_infer.strategy_args.strategy_name=sglang"],
+        "actor_infer.strategy_args.strategy_name: 'sglang' needs the sglang package and a CUDA GPU",
+    ),
+    (
+        ["+actor_train.strategy_args.strategy_config={reshard_after_forward: true}"],
+        "actor_train.strategy_args.strategy_config.reshard_after_forward: not an option of strategy "
+        "'torch' (options: none)",
+    ),
+    (
+        ["actor_train.strategy_args.strategy_name=fsdp2",
+         "+actor_train.strategy_args.strategy_config={reshard: true}"],
+        "actor_train.strategy_args.strategy_config.reshard: not an option of strategy 'fsdp2' "
+        "(options: reshard_after_forward)",
     ),
     (
         ["actor_train.strategy_args.strategy_name=hf"],
         "actor_train.strategy_args.strategy_name: 'hf' cannot run actor_train; "
-        "available for actor_train: torch",
+        "available for actor_train: torch, deepspeed, fsdp2, megatron",
     ),
     (
         ["actor_infer.strategy_args.strategy_name=foo"],
         "actor_infer.strategy_args.strategy_name: 'foo' is not a known strategy; "
-        "available for actor_infer: hf",
+        "available for actor_infer: hf, vllm, sglang",
     ),
     (["~val_env_manager"], "val_env_manager: required when eval_steps > 0"),
     (["val_batch_size=0"], "val_batch_size: must be > 0 when eval_steps > 0"),

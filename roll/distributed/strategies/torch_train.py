@@ -74,6 +74,7 @@ class TorchTrainStrategy:
         self.device = torch.device(device)
         self.dedupe_rows = dedupe_rows
         self.model = model.to(self.device)
+        self.train_module: nn.Module = self.model  # what loss_fn calls: an engine may wrap the model
         self.model.train()
         _disable_dropout(self.model)
         self.max_grad_norm = max_grad_norm
@@ -145,19 +146,15 @@ class TorchTrainStrategy:
         weights = _micro_weights(micros, weight_by)
         metrics: dict[str, float] = {}
         finite = True
-        for micro, weight in zip(micros, weights, strict=True):
-            loss, micro_metrics = loss_fn(self.model, micro.to(self.device))
+        for i, (micro, weight) in enumerate(zip(micros, weights, strict=True)):
+            loss, micro_metrics = loss_fn(self.train_module, micro.to(self.device))
             finite = finite and bool(torch.isfinite(loss))
             if finite:
-                (loss * weight).backward()
+                self._backward(loss * weight, last=i == len(micros) - 1)
             for key, value in micro_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + weight * float(value)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
-        skipped = not (finite and math.isfinite(grad_norm))
+        grad_norm, skipped = self._clip_and_step(finite)
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
-        if not skipped:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         prefix = self.metric_prefix
         return metrics | {
             f"{prefix}/grad_norm": grad_norm,
@@ -166,6 +163,20 @@ class TorchTrainStrategy:
             f"{prefix}/consecutive_skipped_steps": float(self.consecutive_skips),
             f"{prefix}/unique_row_ratio": distinct.ratio,
         }
+
+    # The two places an engine differs in a training step (DeepSpeed and FSDP2 override them).
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Accumulate `loss`'s gradient; `last`: the mini-batch's last micro-batch."""
+        loss.backward()
+
+    def _clip_and_step(self, finite: bool) -> tuple[float, bool]:
+        """Clip, then step unless the loss or the gradient norm is non-finite; (norm, skipped)."""
+        grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+        skipped = not (finite and math.isfinite(grad_norm))
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
 
     def current_lr(self) -> float:
         """Learning rate the next optimizer step will use."""
@@ -212,6 +223,11 @@ class TorchTrainStrategy:
         self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
 
 
+def _as_float(norm: torch.Tensor) -> float:
+    """A gradient norm as a float; FSDP2 returns a DTensor, whose value is its full tensor."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
 def _disable_dropout(model: nn.Module) -> None:
     """Set p = 0 on every dropout layer (see module docstring)."""
     for module in model.modules():
@@ -235,18 +251,20 @@ def _micro_weights(micros: list[TensorDict], weight_by: Literal["tokens", "rows"
     return [c / total for c in counts]
 
 
-def build_torch_strategy(
+def build_train_strategy(
     model: nn.Module,
     training_args: TrainingArgs,
     *,
+    strategy_name: str = "torch",
+    strategy_config: dict | None = None,
     total_steps: int,
     metric_prefix: str,
     device: str | torch.device = "cpu",
     dedupe_rows: bool = True,
 ) -> TorchTrainStrategy:
-    """Build from a `TrainingArgs` (roll.configs): the one place its fields are read."""
-    return TorchTrainStrategy(
-        model,
+    """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
+    one place its fields are read. Engines other than `torch` are imported only when chosen."""
+    kwargs = dict(
         learning_rate=training_args.learning_rate,
         weight_decay=training_args.weight_decay,
         adam_betas=(training_args.adam_beta1, training_args.adam_beta2),
@@ -260,3 +278,19 @@ def build_torch_strategy(
         device=device,
         dedupe_rows=dedupe_rows,
     )
+    options = dict(strategy_config or {})
+    if strategy_name == "torch":
+        return TorchTrainStrategy(model, **options, **kwargs)
+    if strategy_name == "deepspeed":
+        from roll.distributed.strategies.deepspeed_train import DeepSpeedTrainStrategy
+
+        return DeepSpeedTrainStrategy(model, ds_config=options, **kwargs)
+    if strategy_name == "fsdp2":
+        from roll.distributed.strategies.fsdp2_train import FSDP2TrainStrategy
+
+        return FSDP2TrainStrategy(model, **options, **kwargs)
+    if strategy_name == "megatron":
+        from roll.distributed.strategies.megatron_train import check_megatron_available
+
+        check_megatron_available(device)
+    raise ValueError(f"unknown training strategy {strategy_name!r}")

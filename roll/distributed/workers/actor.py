@@ -26,7 +26,7 @@ from roll.algorithms.off_policy import (
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import token_logprobs
-from roll.distributed.strategies.torch_train import build_torch_strategy
+from roll.distributed.strategies.torch_train import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
@@ -58,19 +58,23 @@ class ActorWorker:
         dtype: DType = "float32",
         device: str = "cpu",
         dedupe_rows: bool = True,
+        strategy_name: str = "torch",
+        strategy_config: dict | None = None,
     ) -> None:
         set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
         model = load_causal_lm(model_path, dtype=dtype)
-        self.strategy = build_torch_strategy(
+        self.strategy = build_train_strategy(
             model,
             training_args,
             total_steps=total_train_steps,
             metric_prefix="actor",
             device=device,
             dedupe_rows=dedupe_rows,
+            strategy_name=strategy_name,
+            strategy_config=strategy_config,
         )
         self.tokenizer = _load_tokenizer(model_path)
 

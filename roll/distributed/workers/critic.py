@@ -16,7 +16,7 @@ from torch import nn
 from roll.algorithms.losses import AggMode, value_loss
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import shifted_values
-from roll.distributed.strategies.torch_train import build_torch_strategy
+from roll.distributed.strategies.torch_train import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
@@ -44,14 +44,17 @@ class CriticWorker:
         num_threads: int | None = None,
         dtype: DType = "float32",
         device: str = "cpu",
+        strategy_name: str = "torch",
+        strategy_config: dict | None = None,
     ) -> None:
         set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
         model = load_value_model(model_path, dtype=dtype, seed=derive_seed(seed, "value_head"))
-        self.strategy = build_torch_strategy(
-            model, training_args, total_steps=total_train_steps, metric_prefix="critic", device=device
+        self.strategy = build_train_strategy(
+            model, training_args, total_steps=total_train_steps, metric_prefix="critic", device=device,
+            strategy_name=strategy_name, strategy_config=strategy_config,
         )
 
     def compute_values(self, batch: TensorDict) -> torch.Tensor:

@@ -1,0 +1,87 @@
+"""`fsdp2` training strategy: the `torch` strategy with the model sharded by PyTorch's FSDP2
+(`torch.distributed.fsdp.fully_shard`). Runs on CPU (gloo) and on GPUs (nccl).
+
+Each decoder layer (the classes an HF model lists in `_no_split_modules`) is its own FSDP unit,
+then the root: parameters become DTensors sharded over the ranks, gathered one layer at a time in
+forward and backward. AdamW steps the DTensors directly, so there is no separate master copy, and
+clipping and the gradient norm work on DTensors (the norm is read back as a full tensor).
+
+`strategy_config` options:
+- `reshard_after_forward` (default true): free each layer's gathered parameters after its forward
+  (ZeRO-3-like memory); false keeps them until backward (ZeRO-2-like, less communication).
+
+Weights leave the strategy as full, unsharded CPU tensors (`get_model_state_dict` with
+`full_state_dict`), so inference workers and HF checkpoints never see a shard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from roll.distributed.strategies.process_group import ensure_process_group
+from roll.distributed.strategies.torch_train import TorchTrainStrategy
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def shard_model(model: nn.Module, device: torch.device, reshard_after_forward: bool = True) -> int:
+    """`fully_shard` every decoder layer, then the root; returns the number of layer units."""
+    _, world_size = ensure_process_group(device)
+    mesh = init_device_mesh(device.type, (world_size,))
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return len(layers)
+
+
+class FSDP2TrainStrategy(TorchTrainStrategy):
+    """`TorchTrainStrategy` over an FSDP2-sharded model (see module docstring)."""
+
+    def __init__(self, model: nn.Module, *, reshard_after_forward: bool = True, device="cpu", **kwargs) -> None:
+        device = torch.device(device)
+        self.model_class = type(model)  # fully_shard swaps in a subclass; load checkpoints with this
+        self.num_fsdp_units = shard_model(model.to(device), device, reshard_after_forward)
+        # the optimizer is built after sharding, on the DTensor parameters
+        super().__init__(model, device=device, **kwargs)
+        self.rank = torch.distributed.get_rank()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return get_model_state_dict(self.model, options=_FULL)
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=True))
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """An HF model dir of the full weights + the full optimizer state + scheduler.pt (rank 0)."""
+        directory = Path(directory)
+        model_state = self.state_dict()
+        optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(directory, state_dict=model_state)
+            torch.save(optim_state, directory / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        saved = self.model_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
+        self.load_state_dict(saved.state_dict())
+        del saved
+        optim_state = torch.load(directory / "optimizer.pt", weights_only=True)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state,
+                                 options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))

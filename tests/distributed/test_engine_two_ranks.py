@@ -1,0 +1,81 @@
+"""DeepSpeed ZeRO-2/3 and FSDP2 with two data-parallel ranks (two processes, gloo on CPU): each rank
+trains on its half of a mini-batch, and the weights after two optimizer steps are those of one
+process training on the whole mini-batch with the plain torch strategy. This checks what a single
+process cannot: that gradients are averaged across ranks, that clipping uses the global norm, and
+that the sharded weights gather back whole."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from tensordict import TensorDict
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from roll.configs.worker import TrainingArgs
+from roll.distributed.strategies.process_group import free_port
+from roll.distributed.strategies.torch_train import build_train_strategy
+
+pytest.importorskip("deepspeed")
+VOCAB = 32
+ENGINES = {
+    "zero2": ("deepspeed", {"zero_optimization": {"stage": 2}}),
+    "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}}),
+    "fsdp2": ("fsdp2", {}),
+}
+ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=1, max_grad_norm=0.5)
+
+
+def _minibatch(seed: int) -> TensorDict:
+    """4 rows of 8 tokens, all counted: each rank's half holds the same number of tokens, so the
+    mean of the two ranks' token-mean losses is the whole mini-batch's token-mean loss."""
+    ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
+    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
+
+
+def _lm_loss(model, micro):
+    return model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
+                 labels=micro["input_ids"]).loss, {}
+
+
+def _train(model_dir: str, name: str, config: dict, args: TrainingArgs, rows: slice):
+    torch.manual_seed(0)
+    strategy = build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), args, strategy_name=name,
+                                    strategy_config=config, total_steps=2, metric_prefix="actor")
+    norms = [strategy.train_step(_minibatch(seed)[rows], _lm_loss)["actor/grad_norm"] for seed in (0, 1)]
+    return norms, strategy.state_dict()
+
+
+def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    results = {engine: _train(model_dir, name, config, ARGS, slice(2 * rank, 2 * rank + 2))
+               for engine, (name, config) in ENGINES.items()}
+    if rank == 0:
+        torch.save(results, os.path.join(out_dir, "results.pt"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+def test_two_ranks_train_like_one_process_on_the_whole_batch(model_dir, tmp_path):
+    mp.spawn(_rank, args=(model_dir, free_port(), str(tmp_path)), nprocs=2, join=True)
+    results = torch.load(tmp_path / "results.pt", weights_only=True)
+    one_process = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, max_grad_norm=0.5)
+    want_norms, want_weights = _train(model_dir, "torch", {}, one_process, slice(0, 4))
+    assert want_norms[0] > 0.5  # clipping is active, so the global norm matters
+    for engine, (norms, weights) in results.items():
+        assert norms == pytest.approx(want_norms, rel=1e-4), engine
+        for key, value in want_weights.items():
+            torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-4, msg=f"{engine} {key}")
