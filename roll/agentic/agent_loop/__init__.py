@@ -1,0 +1,13 @@
+"""Agent loops: tool-calling agents and user-written agents trained through the same pipeline as
+env managers. Importing the package registers the built-in agents ("single_turn", "tool_agent")."""
+
+from roll.agentic.agent_loop.base import AgentEpisode, AgentLoop, SingleTurnAgent, TokenLedger
+from roll.agentic.agent_loop.registry import get_agent_class, list_agents, load_agent_cfg, make_agent, register
+from roll.agentic.agent_loop.tool_agent import ToolAgent
+from roll.agentic.agent_loop.tools import Tool, ToolCall, ToolResult, parse_tool_calls, run_tool_calls
+
+__all__ = [
+    "AgentEpisode", "AgentLoop", "SingleTurnAgent", "TokenLedger", "ToolAgent", "Tool", "ToolCall",
+    "ToolResult", "get_agent_class", "list_agents", "load_agent_cfg", "make_agent", "parse_tool_calls",
+    "register", "run_tool_calls",
+]

@@ -1,0 +1,259 @@
+"""Agent loops: a Python coroutine plays one episode against the policy and hands back the same
+`Trajectory` an env manager would, so the batch builder and PPO/GRPO train it unchanged (the
+"agent loop" of verl and ChatLearn: the rollout logic is user code, the training pipeline is not).
+
+An agent is built with `(cfg, client, tokenizer)` and played with `await agent.run(**row)`, where
+`row` is one dataset row: `prompt` (or `messages`), the ids the scheduler gives it (`tag`,
+`traj_group_id`, `traj_id`, `env_seed`, `sample_seed`) and any other fields (an answer, a test
+case), which reach the reward fn untouched. The `client` is anything with
+`async generate(GenerateRequest) -> GenerateOutput`: an `InferenceGateway` in front of the
+inference workers, or a scripted model in tests.
+
+Token bookkeeping follows the env managers (DESIGN "Generation"): the first prompt is rendered
+by the chat template once; after that, the ids the engine generated are kept exactly and every
+message that comes back (a tool result, a user reply) is appended as the ids the template puts
+after an assistant turn, derived from a fixed probe conversation (`continuation_ids`). Past turns
+are never re-rendered, so templates that rewrite history (Qwen3 drops `<think>` blocks of earlier
+turns) cannot change the tokens PPO scores.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from roll.agentic.agent_loop.registry import register, to_cfg
+from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
+from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.utils.seeding import derive_seed
+
+RewardFn = Callable[[dict, str], float]
+_PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+_PROBE_ANSWER = "ROLL_PROBE_ANSWER"
+
+
+# ---- chat template helpers ----------------------------------------------------------------
+
+def render_text(tokenizer, messages: list[dict], add_generation_prompt: bool,
+                tools: list[dict] | None = None) -> str:
+    return tokenizer.apply_chat_template([dict(m) for m in messages], tools=tools or None,
+                                         tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """`text` (already templated: it holds its own special tokens) as ids, nothing added."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.encode(text, add_special_tokens=False).ids
+    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def continuation_ids(tokenizer, messages: list[dict], generated: GenerateOutput) -> list[int]:
+    """The ids that follow a generated assistant turn when `messages` (role "tool" or "user")
+    come next: what closes the turn, the messages, and the next generation prompt.
+
+    Derived from a probe conversation whose assistant turn has a marker as content: render the
+    probe followed by `messages`, cut the text right after the marker, tokenize what follows.
+    Comparing ids of the probe with and without `messages` (as `ChatFormatter` does for user
+    turns) is not enough here: templates like Qwen3's render the last assistant turn differently
+    from an earlier one, so the probe's own ids change once messages follow it. The cut needs the
+    tokenization to be additive at the end of an assistant turn (true when a special token such
+    as `<|im_end|>` starts the tail), which is checked. If the model already emitted the closing
+    token (finish "stop"), it is not appended twice.
+    """
+    probe = _PROBE + [{"role": "assistant", "content": _PROBE_ANSWER}]
+    text = render_text(tokenizer, probe + list(messages), add_generation_prompt=True)
+    cut = text.find(_PROBE_ANSWER)
+    if cut < 0:
+        raise ValueError("chat template drops the content of an assistant turn followed by "
+                         f"{messages[0]['role'] if messages else 'nothing'!r} messages")
+    cut += len(_PROBE_ANSWER)
+    tail = encode(tokenizer, text[cut:])
+    if encode(tokenizer, text[:cut]) + tail != encode(tokenizer, text):
+        raise ValueError("chat template: the text after an assistant turn does not tokenize "
+                         "apart from the turn; its ids cannot be appended to generated ids")
+    if generated.finish_reason == "stop" and generated.token_ids and tail[:1] == generated.token_ids[-1:]:
+        tail = tail[1:]  # the model closed the turn itself
+    return tail
+
+
+# ---- one episode's ids and records --------------------------------------------------------
+
+@dataclass(frozen=True)
+class AgentEpisode:
+    """Which episode a row is: its ids in the batch and the seed its sampling derives from."""
+
+    tag: str
+    traj_group_id: str
+    traj_id: str
+    env_seed: int
+    sample_seed: int
+
+
+class TokenLedger:
+    """The conversation as one token sequence, built by appending only: the prompt (mask 0),
+    generated ids with their log-probs (mask 1), context ids between turns (mask 0)."""
+
+    def __init__(self, prompt_ids: list[int]):
+        self.token_ids = list(prompt_ids)
+        self.response_mask = [0] * len(prompt_ids)
+        self.logprobs = [0.0] * len(prompt_ids)
+        self.turn_ends: list[int] = []
+        self.step_rewards: list[float] = []
+        self.versions: list[int] = []
+
+    def add_turn(self, out: GenerateOutput) -> None:
+        """A generated turn; its step reward starts at 0 and agents add to it."""
+        if len(out.logprobs) != len(out.token_ids):
+            raise ValueError(f"{out.request_id}: {len(out.token_ids)} ids but {len(out.logprobs)} logprobs")
+        self._extend(out.token_ids, 1, out.logprobs)
+        self.turn_ends.append(len(self.token_ids) - 1)
+        self.step_rewards.append(0.0)
+        self.versions.append(out.policy_version)
+
+    def add_context(self, ids: list[int]) -> None:
+        self._extend(ids, 0, [0.0] * len(ids))
+
+    def _extend(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
+        self.token_ids = self.token_ids + list(ids)  # a new list: a request may still hold the old
+        self.response_mask += [mask] * len(ids)
+        self.logprobs += [float(x) for x in logprobs]
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_ends)
+
+
+def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
+    """A reward fn from a callable or its import path "package.module:function"."""
+    if spec is None:
+        raise ValueError("no reward_fn: name one in the agent config or the row "
+                         "(a callable reward(row, response_text) -> float, or 'package.module:function')")
+    if isinstance(spec, str):
+        module_name, _, attr = spec.partition(":")
+        spec = getattr(importlib.import_module(module_name), attr)
+    if not callable(spec):
+        raise TypeError(f"reward_fn {spec!r} is not callable")
+    return spec
+
+
+# ---- the agent base class -----------------------------------------------------------------
+
+class AgentLoop:
+    """Base of every agent. Subclasses implement `rollout(episode, row)`; `run(**row)` is the
+    entry point the pipeline calls. `defaults` lists every config key the agent reads, with its
+    default: a key not listed is a typo and rejected at construction."""
+
+    agent_name: ClassVar[str] = "agent"
+    defaults: ClassVar[dict[str, Any]] = {
+        "reward_fn": None,  # callable reward(row, response_text) -> float, or "module:function"
+        "success_reward": 1.0,  # an episode is a success when the answer's reward reaches this
+        "system_prompt": None,  # system message for rows that give a `prompt`
+        "max_tokens_per_turn": 256,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "do_sample": True,
+    }
+
+    def __init__(self, cfg: Mapping[str, Any] | DictConfig | None, client: Any, tokenizer: Any):
+        given = to_cfg(cfg)
+        unknown = sorted(set(given) - set(self.defaults))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {', '.join(map(repr, unknown))} for agent "
+                             f"{self.agent_name!r}; accepted: {', '.join(sorted(self.defaults))}")
+        self.cfg = to_cfg({**self.defaults, **given})
+        if is_ray_actor(client):  # a bare inference worker handle: route through a gateway of one
+            client = InferenceGateway([client])
+        self.client = client
+        self.tokenizer = tokenizer
+        self._generate = client.generate if hasattr(client, "generate") else client
+
+    async def run(self, /, **row: Any) -> Trajectory:
+        """Play the episode of one dataset row; the engine may then drop its cached KV (when the
+        client is a gateway: `release`)."""
+        episode = self.episode(row)
+        try:
+            return await self.rollout(episode, row)
+        finally:
+            release = getattr(self.client, "release", None)
+            if callable(release):
+                release(episode.traj_id)
+
+    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+        raise NotImplementedError
+
+    # -- helpers for subclasses --
+    def episode(self, row: Mapping[str, Any]) -> AgentEpisode:
+        """The row's ids; without a `traj_id` a fresh one (then pass `sample_seed` to reproduce)."""
+        traj_id = str(row.get("traj_id") or f"{self.agent_name}-{uuid.uuid4().hex[:12]}")
+        return AgentEpisode(
+            tag=str(row.get("tag", self.agent_name)), traj_group_id=str(row.get("traj_group_id", traj_id)),
+            traj_id=traj_id, env_seed=int(row.get("env_seed", 0)),
+            sample_seed=int(row.get("sample_seed", derive_seed(traj_id))))
+
+    def initial_messages(self, row: Mapping[str, Any]) -> list[dict]:
+        if row.get("messages"):
+            return [dict(m) for m in row["messages"]]
+        if row.get("prompt") is None:
+            raise ValueError(f"row for agent {self.agent_name!r} has neither 'prompt' nor 'messages'")
+        messages = [{"role": "user", "content": str(row["prompt"])}]
+        if self.cfg.system_prompt:
+            messages.insert(0, {"role": "system", "content": str(self.cfg.system_prompt)})
+        return messages
+
+    async def generate(self, episode: AgentEpisode, turn: int, prompt_ids: list[int],
+                       max_new_tokens: int) -> GenerateOutput:
+        """Turn `turn`'s generation: request `traj_id/turn`, session `traj_id` (the engine keeps
+        the conversation's KV between turns), seed derived from the episode and the turn."""
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(self.cfg.temperature),
+                                top_p=float(self.cfg.top_p), top_k=int(self.cfg.top_k),
+                                do_sample=bool(self.cfg.do_sample))
+        request = GenerateRequest(f"{episode.traj_id}/{turn}", list(prompt_ids), params,
+                                  derive_seed(episode.sample_seed, turn), session_id=episode.traj_id)
+        return await self._generate(request)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def reward(self, row: Mapping[str, Any], response_text: str) -> float:
+        """The row's reward fn (else the config's) on the answer; it may be sync or async."""
+        value = resolve_reward_fn(row.get("reward_fn") or self.cfg.reward_fn)(dict(row), response_text)
+        if inspect.isawaitable(value):
+            value = await value
+        return float(value)
+
+    def trajectory(self, episode: AgentEpisode, ledger: TokenLedger, *, success: bool, stop_reason: str,
+                   num_valid_actions: int, metrics: Mapping[str, float] | None = None) -> Trajectory:
+        return Trajectory(
+            tag=episode.tag, traj_group_id=episode.traj_group_id, traj_id=episode.traj_id,
+            env_seed=episode.env_seed, step_rewards=list(ledger.step_rewards), success=success,
+            stop_reason=stop_reason, policy_version=max(ledger.versions, default=0),
+            num_actions=ledger.num_turns, num_valid_actions=num_valid_actions,
+            token_ids=ledger.token_ids, response_mask=ledger.response_mask,
+            infer_logprobs=ledger.logprobs, turn_end_positions=list(ledger.turn_ends),
+            metrics={k: float(v) for k, v in (metrics or {}).items()},
+            policy_versions=list(ledger.versions))
+
+
+@register("single_turn")
+class SingleTurnAgent(AgentLoop):
+    """One prompt, one answer, one reward: the RLVR case (GSM8K-style), as an agent loop so that
+    single- and multi-turn tasks share the rollout path."""
+
+    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+        prompt = encode(self.tokenizer, render_text(self.tokenizer, self.initial_messages(row), True))
+        ledger = TokenLedger(prompt)
+        out = await self.generate(episode, 0, prompt, int(self.cfg.max_tokens_per_turn))
+        ledger.add_turn(out)
+        reward = await self.reward(row, self.decode(out.token_ids))
+        ledger.step_rewards[-1] += reward
+        stop_reason = "terminated" if out.finish_reason == "stop" else "truncated"
+        return self.trajectory(episode, ledger, success=reward >= self.cfg.success_reward,
+                               stop_reason=stop_reason, num_valid_actions=1)
