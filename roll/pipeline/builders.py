@@ -68,7 +68,8 @@ def build_workers(cfg) -> dict:
             infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
             max_batch_size=int(infer_cfg.strategy_args.strategy_config.get("max_batch_size", 256)),
             max_cached_tokens=int(infer_cfg.strategy_args.strategy_config.get(
-                "max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS))),
+                "max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
+            **_strategy(infer_cfg)),
         "actor": ray.remote(ActorWorker).options(**_ACTOR_OPTIONS).remote(
             cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype,
@@ -126,6 +127,9 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
 
 def _env_spec(cfg, tag: str) -> EnvSpec:
     env = cfg.custom_envs[tag]
-    return EnvSpec(tag=tag, env_type=env.env_type, env_config=dict(env.env_config),
+    env_config = dict(env.env_config)
+    if env.env_type == "agent" and env_config.get("dataset"):  # as the driver sees it: an env
+        env_config["dataset"] = os.path.abspath(env_config["dataset"])  # worker may run elsewhere
+    return EnvSpec(tag=tag, env_type=env.env_type, env_config=env_config,
                    max_steps=env.max_steps, max_tokens_per_step=env.max_tokens_per_step,
                    response_prefix=env.response_prefix, instruction=env.instruction)
