@@ -9,11 +9,16 @@ Requests with a `session_id` reuse the KV of their conversation's earlier turns 
 `strategies/kv_cache.py`); `max_cached_tokens` bounds that cache and 0 turns it off. The stats
 count prompt ids served from it (`prefix_tokens_reused`) and those fed to the model
 (`prefill_tokens`).
+
+`strategy_name` picks the engine: `hf` (the default, built here from the loaded model), `vllm` or
+`sglang`, each imported only when chosen and given `strategy_config` as its options. vLLM and
+SGLang cache prefixes themselves (by token ids, not sessions), so `max_cached_tokens` is `hf`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,14 +34,18 @@ class InferenceWorker:
     """Ray actor (async): owns one inference engine and the policy version it serves."""
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
-                 num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
+                 num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+                 strategy_name: str = "hf", strategy_config: dict | None = None):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
-        model = load_causal_lm(model_path, dtype=dtype)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-        self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos,
-                                      max_cached_tokens=max_cached_tokens)
+        if strategy_name == "hf":
+            model = load_causal_lm(model_path, dtype=dtype)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+            self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos,
+                                          max_cached_tokens=max_cached_tokens)
+        else:
+            self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
         self._wake: asyncio.Event | None = None
@@ -71,7 +80,10 @@ class InferenceWorker:
         return self.engine.release(session_id)
 
     def get_stats(self) -> dict[str, int]:
-        return dict(self.stats, **self.engine.stats, kv_cached_tokens=self.engine.kv_cache.num_tokens,
+        """Worker counters, the engine's own `stats`, the KV tokens roll caches for sessions (0 for
+        engines that cache prefixes themselves) and the policy version served."""
+        kv_cache = getattr(self.engine, "kv_cache", None)
+        return dict(self.stats, **self.engine.stats, kv_cached_tokens=kv_cache.num_tokens if kv_cache else 0,
                     policy_version=self.engine.policy_version)
 
     def _ensure_loop(self) -> None:
@@ -103,3 +115,25 @@ class InferenceWorker:
                     self.stats["generated_tokens"] += len(out.token_ids)
                     if not fut.done():
                         fut.set_result(out)
+
+
+EXTERNAL_ENGINES = {
+    "vllm": ("roll.distributed.strategies.vllm_infer", "VLLMInferStrategy"),
+    "sglang": ("roll.distributed.strategies.sglang_infer", "SGLangInferStrategy"),
+}
+"""Engines built from a model dir, imported only when chosen (their packages are optional)."""
+WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens")
+"""`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
+
+
+def build_external_engine(name: str, model_path: str, dtype: str, eos_token_ids: list[int],
+                          strategy_config: dict):
+    """The `vllm` or `sglang` engine, given the rest of `strategy_config` as keyword options."""
+    if name not in EXTERNAL_ENGINES:
+        choices = ", ".join(["hf", *EXTERNAL_ENGINES])
+        raise ValueError(f"unknown inference strategy {name!r}; choose one of {choices}")
+    module_name, class_name = EXTERNAL_ENGINES[name]
+    engine_cls = getattr(importlib.import_module(module_name), class_name)
+    options = {k: v for k, v in strategy_config.items() if k not in WORKER_OPTIONS}
+    options.setdefault("dtype", dtype)
+    return engine_cls(model_path, eos_token_ids, **options)

