@@ -23,10 +23,12 @@ class CustomEnvConfig(ConfigModel):
 
     env_type: str
     """A gymnasium id ("roll/FrozenLake-v0"), a short alias ("frozen_lake") or
-    "package.module:ClassName" of a `roll.agentic.env.TextEnv` subclass."""
+    "package.module:ClassName" of a `roll.agentic.env.TextEnv` subclass; or "agent": the rows of
+    `env_config.dataset` played by the agent loops they name (`roll.agentic.agent_loop.dataset`)."""
     env_config: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the env class's constructor, checked against its signature when the
-    config is validated (plus `fault_injection`, which every env takes)."""
+    config is validated (plus `fault_injection`, which every env takes). For env_type "agent":
+    `dataset` (a .jsonl/.parquet file) and optional default `agent_name` / `agent_cfg_path`."""
     max_steps: int = Field(10, ge=1)
     """Most actions in one trajectory; the episode is cut (stop reason "max_steps") after it.
     Not to be confused with the top-level `max_steps` (training steps)."""

@@ -61,6 +61,15 @@ class PipelineConfig(ConfigModel):
     """`metrics.jsonl` and `checkpoints/step_N/` go here."""
     render_save_dir: str | None = None
     """Text frames of validation episodes go here; None saves none."""
+    trace_rollouts: bool = False
+    """Write every trajectory of a step (decoded text per turn, tool calls, token counts, rewards,
+    timing, policy versions) to `output_dir/traces/step_N.jsonl` (`val_step_N.jsonl` for
+    validations); see `roll.tracking.traces`."""
+    trace_samples_to_tensorboard: int = Field(0, ge=0)
+    """With `trace_rollouts`: also show this many trajectories of each step as TensorBoard text."""
+    trace_to_mlflow: bool = False
+    """With `trace_rollouts`: also log each step's trace file as an mlflow artifact (when mlflow
+    is installed; `MLFLOW_TRACKING_URI` says where). Without mlflow a warning, nothing else."""
     max_steps: int = Field(ge=1)
     """Training steps (rollout + update) of the run. Not `custom_envs.<Tag>.max_steps`, which
     counts actions in one trajectory."""
@@ -202,8 +211,17 @@ class PipelineConfig(ConfigModel):
                         f"{name}.tags", f"{tag!r} is not in custom_envs {sorted(self.custom_envs)}"
                     )
         _check_env_types(self.custom_envs)
+        self._check_agent_tags()
         self._fill_model_paths()
         return self
+
+    def _check_agent_tags(self) -> None:
+        """Agent loops give one sample per trajectory: their tags need a "traj" manager."""
+        for name, manager in self.env_managers.items():
+            agent_tags = [t for t in manager.tags if self.custom_envs[t].env_type == "agent"]
+            if agent_tags and manager.env_manager_type != "traj":
+                raise InvalidField(f"{name}.env_manager_type", f'tags {agent_tags} have env_type "agent", '
+                                   'which needs "traj" (agent loops give one sample per trajectory)')
 
     def _check_batches(self) -> None:
         group_size = self.train_env_manager.group_size
@@ -309,6 +327,13 @@ def _check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
     from roll.agentic.env.registry import resolve_env_class
 
     for tag, env in custom_envs.items():
+        if env.env_type == "agent":
+            for key in ("instruction", "response_prefix"):  # agents format their own prompts
+                if key in env.model_fields_set:
+                    raise InvalidField(f"custom_envs.{tag}.{key}", "not used by env_type 'agent' "
+                                       "(set system_prompt in the agent config)")
+            _check_agent_dataset(f"custom_envs.{tag}.env_config", env.env_config)
+            continue
         try:
             resolve_env_class(env.env_type)
         except (ValueError, ImportError) as err:
@@ -328,4 +353,15 @@ def _check_env_config_key(where: str, env_type: str, key: str, value: object) ->
     except TypeError as err:  # the constructor has no such argument
         raise InvalidField(f"{where}.{key}", str(err)) from None
     except InvalidField as err:  # a bad field of the fault_injection block
+        raise InvalidField(f"{where}.{err.key}", err.reason) from None
+
+
+def _check_agent_dataset(where: str, env_config: dict) -> None:
+    """`env_type: agent`: the dataset file, each row's agent and each agent config, checked now
+    (`roll.agentic.agent_loop.dataset`); the error names the env_config key at fault."""
+    from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config
+
+    try:
+        check_agent_env_config(env_config)
+    except AgentDatasetError as err:
         raise InvalidField(f"{where}.{err.key}", err.reason) from None

@@ -63,6 +63,9 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "frozen_lake": ("frozen_lake", {}),
     "sokoban": ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10}),
     "webshop": ("webshop", {}),
+    # the math agent example's dataset rows, its tool prompt and the tool-call markup
+    "math": ("agent", {"dataset": str(Path(__file__).resolve().parents[2] / "examples" / "math_agent" / "data"
+                                      / "train_agent.jsonl")}),
 }
 
 
@@ -172,6 +175,16 @@ def env_corpus(env_type: str, env_config: Mapping[str, Any], num_seeds: int = 20
     return collect_env_text(make_env(env_type, dict(env_config)), num_seeds)
 
 
+def corpus_and_tokens(env_type: str, env_config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The corpus and the extra whole tokens for `env_type`: an agent dataset (env_type "agent")
+    brings its rows' text and its tools' markup (`agent_corpus`), an env only its text."""
+    if env_type == "agent":
+        from roll.agentic.agent_loop.dataset import agent_corpus
+
+        return agent_corpus(env_config)
+    return env_corpus(env_type, env_config), []
+
+
 def _model_config(tokenizer: PreTrainedTokenizerFast, arch: str, **sizes: Any) -> Any:
     """A Llama/Qwen2 config sized by `sizes`, with the tokenizer's vocabulary and special ids."""
     if arch not in ARCH_CONFIGS:
@@ -223,6 +236,7 @@ def build_tiny_model(
     output_dir: str | os.PathLike[str],
     *,
     corpus: Iterable[str] = (),
+    extra_tokens: Sequence[str] = (),
     arch: Literal["llama", "qwen2"] = "llama",
     hidden_size: int = 128,
     num_hidden_layers: int = 2,
@@ -247,7 +261,7 @@ def build_tiny_model(
             f"{final} exists, is not empty and has no config.json; "
             "choose another output_dir or pass overwrite=True"
         )
-    tokenizer = build_tiny_tokenizer(corpus)
+    tokenizer = build_tiny_tokenizer(corpus, extra_tokens)
     tokenizer.model_max_length = max_position_embeddings
     config = _model_config(
         tokenizer,
@@ -309,12 +323,13 @@ def main(argv: Sequence[str] | None = None) -> str:
     args = _parse_args(argv)
     env_type, env_config = PRESETS[args.preset] if args.preset else (args.env_type, args.env_config)
     try:
-        corpus = env_corpus(env_type, env_config) if env_type else []
-    except (ValueError, TypeError) as err:  # unknown env_type or env_config keys: one line
+        corpus, extra_tokens = corpus_and_tokens(env_type, env_config) if env_type else ([], [])
+    except (ValueError, TypeError, OSError) as err:  # unknown env_type or env_config keys: one line
         sys.exit(f"python -m roll.models.tiny: {err}")
     path = build_tiny_model(
         args.output_dir,
         corpus=corpus,
+        extra_tokens=extra_tokens,
         arch=args.arch,
         hidden_size=args.hidden_size,
         num_hidden_layers=args.num_hidden_layers,

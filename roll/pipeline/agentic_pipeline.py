@@ -40,6 +40,7 @@ from roll.pipeline.scoring import (
 from roll.tracking.frames import save_episode_frames
 from roll.tracking.progress import ProgressBar
 from roll.tracking.tracker import Tracker
+from roll.tracking.traces import RolloutTracer
 from roll.utils.seeding import seed_everything
 
 logger = logging.getLogger("roll")
@@ -67,6 +68,8 @@ class AgenticPipeline:
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
         self.tracker = Tracker(cfg.output_dir, cfg.logging_dir, resume_step=self.start_step if self.start_step else -1)
+        self.tracer = RolloutTracer(cfg.output_dir, self.tokenizer, self.tracker, cfg.trace_samples_to_tensorboard,
+                                    mlflow=cfg.trace_to_mlflow) if cfg.trace_rollouts else None
 
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
@@ -98,6 +101,8 @@ class AgenticPipeline:
             metrics = {**self.rollout_metrics(trajs, dropped, step), **filter_metrics, **score_metrics,
                        **train_metrics, **{f"time/{k}_s": v for k, v in timings.items()},
                        "time/step_s": sum(timings.values())}
+            if self.tracer is not None:  # what the policy did: every trajectory, decoded
+                self.tracer.write(step, trajs)
             if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 metrics.update(self.validate(step))
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
@@ -179,9 +184,11 @@ class AgenticPipeline:
         trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
         for cause in dropped:
             logger.warning("validation at step %d: dropped a trajectory: %s", step, cause)
+        if self.tracer is not None:
+            self.tracer.write(step, trajs, prefix="val")
         if keep_frames:  # text, PNG frames and a GIF per episode (text only for envs without images)
             directory = Path(cfg.render_save_dir) / f"step_{step}"
-            for tr in trajs:
+            for tr in (t for t in trajs if cfg.custom_envs[t.tag].env_type != "agent"):  # agents have no frames
                 save_episode_frames(directory, tr, resolve_env_class(cfg.custom_envs[tr.tag].env_type))
         return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
 

@@ -103,7 +103,7 @@ def test_malformed_calls_are_penalised_reported_and_never_raise(tokenizer):
     assert contains(seen[1], encode(tokenizer, "<|im_start|>tool\nError: unknown tool 'nope'; available: calculator"))
     assert contains(seen[1], encode(tokenizer, "<|im_start|>tool\n7<|im_end|>"))  # the valid call ran too
     assert contains(seen[2], encode(tokenizer, "<|im_start|>tool\nError:"))  # ToolNode's error template
-    assert contains(seen[2], encode(tokenizer, "not arithmetic: 'the'"))
+    assert contains(seen[2], encode(tokenizer, "unsupported element Name"))
     # every request still extends the previous one: the ledger was never re-rendered
     for prev, nxt in zip(model.requests, model.requests[1:]):
         assert nxt.prompt_ids[:len(prev.prompt_ids)] == prev.prompt_ids
@@ -160,9 +160,11 @@ def test_history_divergence_gets_a_fresh_ledger_and_is_counted(tokenizer):
 
 
 def test_calculator_is_arithmetic_only():
-    assert [calculator(e) for e in ["1 + 2 * 3", "(2 + 3) * 4", "7 / 2", "-2 ** 2", "9 // 2 % 3", "2 ** 0.5"]] == \
-        ["7", "20", "3.5", "-4", "1", "1.414213562"]
-    for bad in ["__import__('os')", "x + 1", "(1).real", "2 ** 100", "9 ** 9 ** 9", "1 / 0", "[1]", "1 +"]:
+    # exact arithmetic (roll.agentic.agent_loop.calculator): 7 / 2 is the fraction 7/2
+    assert [calculator(e) for e in ["1 + 2 * 3", "(2 + 3) * 4", "7 / 2", "-2 ** 2", "9 // 2 % 3"]] == \
+        ["7", "20", "7/2", "-4", "1"]
+    for bad in ["__import__('os')", "x + 1", "(1).real", "2 ** 100", "9 ** 9 ** 9", "1 / 0", "[1]", "1 +",
+                "2 ** 0.5"]:
         with pytest.raises(ValueError):
             calculator(bad)
 

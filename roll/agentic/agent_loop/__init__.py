@@ -1,8 +1,6 @@
 """Agent loops: tool-calling agents and user-written agents trained through the same pipeline as
 env managers. Importing the package registers the built-in agents ("single_turn", "tool_agent", and
-"math_graph" when LangGraph is installed: `pip install -e ".[agents]"`)."""
-
-import importlib.util
+"math_graph", imported on first use: it needs LangGraph, `pip install -e ".[agents]"`)."""
 
 from roll.agentic.agent_loop.base import AgentEpisode, AgentLoop, SingleTurnAgent, TokenLedger
 from roll.agentic.agent_loop.registry import get_agent_class, list_agents, load_agent_cfg, make_agent, register
@@ -14,6 +12,3 @@ __all__ = [
     "ToolResult", "get_agent_class", "list_agents", "load_agent_cfg", "make_agent", "parse_tool_calls",
     "register", "run_tool_calls",
 ]
-
-if importlib.util.find_spec("langgraph") is not None:
-    import roll.agentic.agent_loop.math_graph  # noqa: F401  (registers "math_graph")

@@ -13,9 +13,7 @@ when the last `\\boxed{...}` (else the last number) of the answer equals the row
 
 from __future__ import annotations
 
-import ast
 import math
-import operator
 import re
 from typing import Any
 
@@ -28,57 +26,21 @@ from roll.agentic.agent_loop.graph import (
     route_after_agent,
     route_after_invalid,
 )
+from roll.agentic.agent_loop.calculator import evaluate, format_number
 from roll.agentic.agent_loop.registry import register
 
-MAX_EXPRESSION_CHARS = 200
-MAX_EXPONENT = 64
-MAX_INT_BITS = 4096  # bigger integer results are refused: a policy could ask for 9**9**9
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def _arithmetic(node: ast.AST) -> int | float:
-    """The value of an arithmetic expression node; ValueError for anything that is not one."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_arithmetic(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _arithmetic(node.left), _arithmetic(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ValueError(f"exponent {right} is larger than {MAX_EXPONENT}")
-        value = _BINARY[type(node.op)](left, right)
-        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-            raise ValueError("result too large")
-        if isinstance(value, complex):
-            raise ValueError("complex result")
-        return value
-    raise ValueError(f"not arithmetic: {ast.unparse(node)!r}")
-
-
 def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression.
+    """Evaluate an arithmetic expression exactly.
 
     Args:
         expression: numbers with + - * / // % ** and parentheses, e.g. "(2 + 3) * 4".
     """
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"not an expression: {e.msg}") from None
-    try:
-        value = _arithmetic(tree.body)
-    except (ZeroDivisionError, OverflowError) as e:
-        raise ValueError(str(e)) from None
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("result is not finite")
-        return str(int(value)) if value.is_integer() else f"{value:.10g}"
-    return str(value)
+    # roll.agentic.agent_loop.calculator does the arithmetic (ast only, bounded); its errors are
+    # raised here, so that ToolNode(handle_tool_errors=True) shows them to the model.
+    return format_number(evaluate(expression))
 
 
 def boxed_answer_reward(row: dict[str, Any], text: str) -> float:

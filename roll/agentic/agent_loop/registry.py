@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from roll.agentic.agent_loop.base import AgentLoop
 
 _AGENTS: dict[str, type] = {}
+_LAZY: dict[str, tuple[str, str]] = {
+    "math_graph": ("roll.agentic.agent_loop.math_graph:MathGraphAgent", 'LangGraph: pip install -e ".[agents]"'),
+}
+"""Built-in agents imported on first use: LangGraph takes seconds to import, and every env worker
+imports this package."""
 T = TypeVar("T", bound=type)
 
 
@@ -42,8 +47,8 @@ def register(name: str) -> Callable[[T], T]:
 
 
 def list_agents() -> list[str]:
-    """Names of every registered agent, sorted."""
-    return sorted(_AGENTS)
+    """Names of every registered agent (and built-in agents not imported yet), sorted."""
+    return sorted(set(_AGENTS) | set(_LAZY))
 
 
 def get_agent_class(name: str) -> type[AgentLoop]:
@@ -51,6 +56,12 @@ def get_agent_class(name: str) -> type[AgentLoop]:
     is a one-line error that lists the known names."""
     if ":" in name:
         return _import_class(name)
+    if name not in _AGENTS and name in _LAZY:
+        path, needs = _LAZY[name]
+        try:
+            return _import_class(path)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"agent {name!r} needs {needs} (no module {e.name!r})") from None
     if name not in _AGENTS:
         raise ValueError(f"unknown agent {name!r}; known: {', '.join(list_agents()) or 'none'} "
                          "(or give package.module:ClassName)")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import ray
 import torch
 
+from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
+from roll.agentic.agent_loop.manager import AgentManager, AgentPool
 from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
@@ -53,9 +56,12 @@ class EnvWorker:
         self._client = _BatchingClient(self.inference)
         self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
         self._manager_type, self._history_length = manager_type, history_length
+        self._agent_pool = AgentPool(self.tokenizer, self._generate, sampling, sequence_length, generate_timeout_s)
         self.groups = [[self._make_manager(spec) for _ in range(group_size + redundancy)] for spec in slots]
 
-    def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager:
+    def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager | AgentManager:
+        if spec.env_type == AGENT_ENV_TYPE:  # dataset rows played by agent loops (traj-wise samples)
+            return AgentManager(spec, self._agent_pool)
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
         args = (spec, self.tokenizer, self._generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
         if self._manager_type == "step":
@@ -70,6 +76,7 @@ class EnvWorker:
         every one has ended). Trajectories come in member order; members still running then are
         cancelled, and they and the failed ones get a fresh env for the next group."""
         managers = self.groups[slot]
+        started = time.monotonic()
         tasks = {asyncio.ensure_future(m.run_episode(group.episode(i))): i for i, m in enumerate(managers)}
         finished: dict[int, object] = {}  # member -> its Trajectory, or the exception that ended it
         pending, completed = set(tasks), 0
@@ -77,6 +84,8 @@ class EnvWorker:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 finished[tasks[task]] = task.exception() or task.result()
+                if task.exception() is None:
+                    task.result().rollout_s = time.monotonic() - started
                 completed += task.exception() is None
         for task in pending:
             task.cancel()

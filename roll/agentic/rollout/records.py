@@ -107,6 +107,7 @@ class Trajectory:
     frames: list[str] = field(default_factory=list)
     frame_captions: list[str] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
+    rollout_s: float = 0.0  # seconds from the start of the group's episodes to this one's end
 
     @property
     def oldest_policy_version(self) -> int | None:

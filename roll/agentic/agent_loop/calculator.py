@@ -1,0 +1,74 @@
+"""A calculator tool for math agents: arithmetic on numbers, evaluated by walking the `ast` of
+the expression (no eval/exec: only numbers, + - * / // % **, unary signs and parentheses pass).
+
+Results are exact where they can be (integers and `Fraction`s: "1/3 + 1/6" is "1/2"), so that the
+policy reads the same answer a `\\boxed{}` solution holds. Exponents and result sizes are bounded:
+"9**9**9" would otherwise keep a tool thread busy for hours.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from fractions import Fraction
+
+MAX_EXPRESSION_CHARS = 200
+MAX_EXPONENT = 64
+MAX_DIGITS = 100
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+# A word-level tokenizer (the tiny model's) decodes "12.5 ** 2" as "1 2 . 5 * * 2". Joined back,
+# only what would otherwise be a syntax error: two numbers or operators are never just adjacent.
+_RESPACE = [(re.compile(r"(?<=\d)\s+(?=[\d.])|(?<=\.)\s+(?=\d)"), ""),
+            (re.compile(r"\*\s+\*"), "**"), (re.compile(r"/\s+/"), "//")]
+
+
+def _value(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return Fraction(str(node.value))  # via str: 0.1 is 1/10, not the nearest binary fraction
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_value(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Pow) and (right.denominator != 1 or abs(right) > MAX_EXPONENT):
+            raise ValueError(f"exponents must be integers of at most {MAX_EXPONENT}")
+        result = _BINARY[type(node.op)](left, right)
+        if len(str(abs(result.numerator))) > MAX_DIGITS:
+            raise ValueError(f"result has more than {MAX_DIGITS} digits")
+        return result
+    raise ValueError(f"unsupported element {type(node).__name__!s} (numbers, + - * / // % ** and parentheses only)")
+
+
+def evaluate(expression: str) -> Fraction:
+    """The exact value of an arithmetic expression; ValueError (one line) for anything else."""
+    text = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
+    for spaced, joined in _RESPACE:
+        text = spaced.sub(joined, text)
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"not an arithmetic expression: {expression!r}") from None
+    try:
+        return _value(tree.body)
+    except ZeroDivisionError:
+        raise ValueError("division by zero") from None
+
+
+def format_number(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly, e.g. "(3 + 4) * 12 / 7".
+
+    Args:
+        expression: numbers with + - * / // % ** and parentheses.
+    """
+    try:
+        return format_number(evaluate(expression))
+    except ValueError as e:
+        return f"Error: {e}"
