@@ -1,6 +1,8 @@
 """The math agent example trains the tiny model for two steps through the CLI, as its run_*.sh
 does (smaller batches): dataset rows played by the tool agent with a calculator, math-verify
-rewards, GRPO, rollout traces. And a bad dataset path fails at config load, before Ray starts."""
+rewards, GRPO, rollout traces; validation plays the same questions with the LangGraph agent
+(`math_graph`: agent node <-> ToolNode), so both kinds of agent loop run through the real pipeline.
+And a bad dataset path fails at config load, before Ray starts."""
 
 import json
 import subprocess
@@ -34,7 +36,8 @@ def model(tmp_path_factory):
 @pytest.mark.ray
 def test_math_agent_trains_through_the_cli(model, tmp_path):
     out = tmp_path / "run"
-    proc = cli(f"pretrain={model}", f"output_dir={out}", *SMALL)
+    proc = cli(f"pretrain={model}", f"output_dir={out}", *SMALL,
+               "custom_envs.MathVal.env_config.dataset=examples/math_agent/data/val_graph_agent.jsonl")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -43,6 +46,7 @@ def test_math_agent_trains_through_the_cli(model, tmp_path):
         for key in ("train/env/tool_calls", "train/env/malformed_tool_calls", "losses/policy_loss", "train/success"):
             assert key in r, key
     assert "val/env/tool_calls" in rows[0] and "val/success" in rows[2]
+    assert "val/env/retemplated_turns" in rows[0]  # a metric only the LangGraph agent reports
     traces = [json.loads(line) for line in (out / "traces" / "step_2.jsonl").read_text().splitlines()]
     assert len(traces) == 8 and len({t["env_seed"] for t in traces}) == 2  # 2 questions x 4 answers
     assert all(t["turns"][0]["role"] == "context" and "calculator" in t["turns"][0]["text"] for t in traces)
