@@ -163,3 +163,13 @@ def test_loaded_weights_are_the_ones_trained_next(model_dir, engine):
     want_weights = plain.state_dict()
     for key, value in loaded.state_dict().items():
         torch.testing.assert_close(value, want_weights[key], **WEIGHT_TOL, msg=key)
+
+
+def test_deepspeed_skips_building_its_shm_collective(model_dir):
+    """DeepSpeed's first start builds a C++ shared-memory op with ninja (~80 s cold, cached per
+    machine, so it would only show on a fresh CI box); gloo does the collectives instead."""
+    import sys
+
+    _strategy(model_dir, "deepspeed-zero1")
+    backend = sys.modules["deepspeed.comm.comm"].cdb
+    assert backend is not None and backend.shm_comm_op is None, "the shm op was built"

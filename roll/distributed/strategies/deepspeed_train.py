@@ -30,6 +30,7 @@ Two details of the CPU path:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,9 @@ def _import_deepspeed():
 
 
 def _skip_shm_build(deepspeed) -> None:
-    import deepspeed.comm.torch as ds_torch_comm
-
-    ds_torch_comm.build_shm_op = lambda: None
+    # By module name: `import deepspeed.comm.torch as m` binds the attribute `torch` of
+    # deepspeed.comm, which is PyTorch itself (deepspeed.comm does `import torch`).
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 def deepspeed_config(ds_config: dict[str, Any], *, micro_batch_size: int, max_grad_norm: float) -> dict[str, Any]:

@@ -28,4 +28,10 @@ def ensure_process_group(device: torch.device) -> tuple[int, int]:
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                               MASTER_PORT=str(free_port()))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # A group started by someone else (vLLM in the same process starts one) leaves these unset;
+    # DeepSpeed reads LOCAL_RANK from the environment.
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world_size))
+    return rank, world_size
