@@ -139,13 +139,16 @@ def main() -> None:
     if args.smollm2:
         models["smollm2"] = str(Path(args.smollm2))
     result = []
+    # Training first: DeepSpeed keeps handles to the first process group it saw, and an in-process
+    # vLLM engine tears the group down when it goes (in a run they live in separate workers).
+    for label, model_dir in models.items():
+        train = print_table(f"{label}: one training step, {args.train_rows} rows x {args.train_len} tokens",
+                            "s/step", train_rows(model_dir, args), "torch", higher_is_better=False)
+        result += [f"{label}_{k}_vs_torch={v:.3f}" for k, v in train.items() if k != "torch"]
     for label, model_dir in models.items():
         rollout = print_table(f"{label}: rollout, {args.prompts} prompts x {args.max_new_tokens} new tokens",
                               "tokens/s", rollout_rows(model_dir, args), "hf", higher_is_better=True)
-        train = print_table(f"{label}: one training step, {args.train_rows} rows x {args.train_len} tokens",
-                            "s/step", train_rows(model_dir, args), "torch", higher_is_better=False)
         result += [f"{label}_{k}_vs_hf={v:.3f}" for k, v in rollout.items() if k != "hf"]
-        result += [f"{label}_{k}_vs_torch={v:.3f}" for k, v in train.items() if k != "torch"]
     print("\nRESULT " + " ".join(result))
 
 

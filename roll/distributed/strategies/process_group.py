@@ -24,9 +24,11 @@ def free_port() -> int:
 def ensure_process_group(device: torch.device) -> tuple[int, int]:
     """Initialise the default process group once per process; returns (rank, world_size)."""
     if not dist.is_initialized():
-        if "WORLD_SIZE" not in os.environ:
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(free_port()))
+        # each one only if missing: a launcher sets them all, a library may have left some behind
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        if "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = str(free_port())
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     # A group started by someone else (vLLM in the same process starts one) leaves these unset;
