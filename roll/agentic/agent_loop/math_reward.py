@@ -1,7 +1,8 @@
 """Reward for math answers, checked by `math-verify` (HF's verifier for MATH-style answers: LaTeX,
 fractions, sets, intervals, equivalent forms) rather than by string match.
 
-Install with `pip install "roll[math]"` (or `pip install "math-verify[antlr4_13_2]"`).
+Install with `pip install "roll[math]"` (or `pip install math-verify`; its LaTeX parser runs on
+the antlr4 4.9 runtime that hydra-core already pins).
 
 math-verify bounds parsing and verification with SIGALRM, which only works in a process's main
 thread; agents run in an env worker's event loop, often elsewhere, so the bounds are used only on
