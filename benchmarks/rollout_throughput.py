@@ -119,9 +119,9 @@ def build_inference(cfg, engine_threads: int) -> dict:
     if engine_threads == 0:
         return build_workers(cfg)
     infer = cfg.actor_infer
-    return {"inference": ray.remote(InferenceWorker).options(num_cpus=0).remote(
+    return {"inference": [ray.remote(InferenceWorker).options(num_cpus=0).remote(
         infer.model_args.model_name_or_path, dtype=infer.model_args.dtype, num_threads=engine_threads,
-        max_batch_size=int(infer.strategy_args.strategy_config["max_batch_size"]))}
+        max_batch_size=int(infer.strategy_args.strategy_config["max_batch_size"]))]}
 
 
 def engine_counts(inference) -> tuple[int, int]:
@@ -319,7 +319,7 @@ def main() -> None:
         try:
             tokenizer = load_tokenizer(model)
             workers = build_inference(slow, args.engine_threads)
-            inference = workers["inference"]
+            inference = workers["inference"][0]
             schedulers = {"async": build_rollout(slow, slow.train_env_manager, inference, tokenizer, "train"),
                           "bound": build_rollout(fast, fast.train_env_manager, inference, tokenizer, "train")}
             runs = measure(args, schedulers, SyncRollout(slow, tokenizer, inference, args.concurrent_envs), inference)

@@ -29,7 +29,7 @@ from roll.pipeline.batch import (
     staleness_metrics,
     summarize_trajectories,
 )
-from roll.pipeline.builders import build_rollout, build_workers, inference_name, init_ray
+from roll.pipeline.builders import build_rollout, build_workers, inference_names, init_ray
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.scoring import (
     normalize_step_episode_scores,
@@ -55,7 +55,7 @@ class AgenticPipeline:
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.workers = build_workers(cfg)
-        infer = inference_name()  # env workers find the inference worker by name (they may restart)
+        infer = inference_names(cfg)  # env workers find the inference workers by name (they may restart)
         self.train_rollout = build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train")
         self.val_rollout = None
         if cfg.eval_steps > 0:
@@ -176,7 +176,7 @@ class AgenticPipeline:
 
     def sync_weights(self, version: int) -> None:
         weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
-        ray.get(self.workers["inference"].update_weights.remote(weights, version), timeout=RAY_TIMEOUT_S)
+        ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=RAY_TIMEOUT_S)
 
     def validate(self, step: int) -> dict[str, float]:
         cfg = self.cfg

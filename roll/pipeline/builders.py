@@ -51,25 +51,28 @@ def _check_cpu_only(cfg) -> None:
                 raise RuntimeError(f"{role}.device_mapping: {worker.device_mapping} needs CUDA; use null for CPU")
 
 
-def inference_name() -> str:
-    """The inference worker's actor name in this driver's Ray job. Env workers get the name, not
-    the handle: a handle among an actor's constructor arguments lives in Ray's object store, which
-    a restart of that actor depends on (Ray warns about it); a name is looked up afresh."""
-    return f"roll-inference-{ray.get_runtime_context().get_job_id()}"
+def inference_names(cfg) -> list[str]:
+    """The inference workers' actor names in this driver's Ray job, one per replica
+    (`actor_infer.strategy_args.strategy_config.num_replicas`, default 1). Env workers get the
+    names, not the handles: a handle among an actor's constructor arguments lives in Ray's object
+    store, which a restart of that actor depends on (Ray warns about it); a name is looked up afresh."""
+    replicas = int(cfg.actor_infer.strategy_args.strategy_config.get("num_replicas", 1))
+    job = ray.get_runtime_context().get_job_id()
+    return [f"roll-inference-{job}-{i}" for i in range(replicas)]
 
 
 def build_workers(cfg) -> dict:
-    """Inference, actor and (when needed) reference and critic actors, keyed by role."""
+    """Inference replicas (a list), actor and (when needed) reference and critic actors, by role."""
     _check_cpu_only(cfg)
     total = cfg.max_steps
     infer_cfg = cfg.actor_infer
+    options = infer_cfg.strategy_args.strategy_config
     workers = {
-        "inference": ray.remote(InferenceWorker).options(**_ACTOR_OPTIONS, name=inference_name()).remote(
+        "inference": [ray.remote(InferenceWorker).options(**_ACTOR_OPTIONS, name=name).remote(
             infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
-            max_batch_size=int(infer_cfg.strategy_args.strategy_config.get("max_batch_size", 256)),
-            max_cached_tokens=int(infer_cfg.strategy_args.strategy_config.get(
-                "max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
-            **_strategy(infer_cfg)),
+            max_batch_size=int(options.get("max_batch_size", 256)),
+            max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
+            **_strategy(infer_cfg)) for name in inference_names(cfg)],
         "actor": ray.remote(ActorWorker).options(**_ACTOR_OPTIONS).remote(
             cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype,
@@ -105,7 +108,7 @@ def sampling_params(generating_args, tokenizer) -> SamplingParams:
 
 def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutScheduler:
     """Env workers for one env manager config (train or val) and the scheduler that drives them.
-    `inference`: the inference worker's name (`inference_name()`) or its handle."""
+    `inference`: the inference workers' names (`inference_names(cfg)`) or handles, or one of them."""
     slot_tags = [tag for tag, n in manager_cfg.groups_per_tag.items() for _ in range(n)]
     # max_env_num_per_worker counts envs; a worker holds whole groups (0 = everything in one worker)
     envs_per_group = manager_cfg.group_size + manager_cfg.group_size_redundancy

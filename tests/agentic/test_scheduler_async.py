@@ -321,3 +321,40 @@ def test_redundant_envs_complete_a_group_without_waiting_for_a_hung_member(tmp_p
     ids = [t.traj_id for t in second.trajectories]
     assert len(ids) == 2 and ids == sorted(ids) and set(ids) <= {"train-1-1-0", "train-1-1-1", "train-1-1-2"}
     assert second.redundant == 1 and second.dropped == []
+
+
+class RecordingInference:
+    """Stands in for one inference replica's handle: answers "Left" after a short wait (so
+    episodes overlap), records which turns it served and which sessions it was told to drop."""
+
+    def __init__(self, left_id: int):
+        self.left_id, self.served, self.released = left_id, [], []
+        self.generate_many, self.release_session = _Method(self._generate_many), _Method(self.released.append)
+
+    async def _generate_many(self, requests):
+        await asyncio.sleep(0.01)
+        self.served += [r.request_id for r in requests]
+        return [GenerateOutput(r.request_id, [self.left_id], [-0.1], "length", policy_version=0) for r in requests]
+
+
+def test_episodes_spread_over_inference_replicas_and_each_stays_on_one(tmp_path):
+    """`num_replicas: 2`: the env worker's gateway sends each new episode to the less loaded
+    replica and every later turn of it to the same one (where its KV is), then releases it there."""
+    path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
+    spec = EnvSpec(tag="FL", env_type="frozen_lake", env_config={}, max_steps=3, max_tokens_per_step=1,
+                   response_prefix="<answer>")
+    scheduler = RolloutScheduler([], [Slot(0, 0, "FL")], seed=7, mode="train")
+    left = load_tokenizer(path).convert_tokens_to_ids("Left")
+    replicas = [RecordingInference(left), RecordingInference(left)]
+
+    async def play():
+        worker = EnvWorker([spec], 4, path, replicas, SamplingParams(), 4096)
+        return await worker.run_group(0, scheduler.group_spec(1, 0, False))
+
+    result = asyncio.run(play())
+    assert len(result.trajectories) == 4 and result.dropped == []
+    episodes = [{rid.rpartition("/")[0] for rid in r.served} for r in replicas]
+    assert len(episodes[0]) == len(episodes[1]) == 2 and not episodes[0] & episodes[1]  # 2 + 2, disjoint
+    for r, mine in zip(replicas, episodes):
+        assert sorted(r.released) == sorted(mine)  # each episode's KV dropped where it lived
+    assert sum(len(r.served) for r in replicas) == sum(t.num_actions for t in result.trajectories)

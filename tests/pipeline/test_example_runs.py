@@ -1,7 +1,8 @@
 """The Sokoban and WebShop examples train the tiny model for a few steps through the CLI, exactly
 as their run_*.sh scripts do (smaller batches), and save their validation episodes. Each also
 trains with a sharded engine, as a user picks one from the command line: Sokoban with DeepSpeed
-ZeRO-3, WebShop with FSDP2 (both on CPU, gloo); the FrozenLake runs elsewhere use `torch`."""
+ZeRO-3, WebShop with FSDP2 (both on CPU, gloo) and two inference replicas; the FrozenLake runs
+elsewhere use `torch` and one replica."""
 
 import json
 import subprocess
@@ -25,7 +26,8 @@ SMALL = [
 ENGINE = {
     "deepspeed": ["actor_train.strategy_args.strategy_name=deepspeed_train",
                   "+actor_train.strategy_args.strategy_config={zero_optimization: {stage: 3}}"],
-    "fsdp2": ["actor_train.strategy_args.strategy_name=fsdp2"],
+    # and two inference replicas behind the env workers' gateway, each synced after every step
+    "fsdp2": ["actor_train.strategy_args.strategy_name=fsdp2", "+actor_infer.strategy_args.strategy_config.num_replicas=2"],
 }
 
 

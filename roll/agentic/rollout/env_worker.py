@@ -15,6 +15,7 @@ from roll.agentic.agent_loop.manager import AgentManager, AgentPool
 from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.rollout.gateway import InferenceGateway
 from roll.agentic.rollout.records import GroupResult, SamplingParams
 from roll.models.loading import load_tokenizer
 from roll.utils.seeding import derive_seed
@@ -41,7 +42,8 @@ class GroupSpec:
 class EnvWorker:
     """Ray actor (async). Slot k holds `group_size + redundancy` managers of env spec `slots[k]`;
     a group is complete when `group_size` of them have finished an episode. `inference` is the
-    inference worker's handle or its actor name (which a restarted env worker looks up again)."""
+    inference worker's handle or actor name (which a restarted env worker looks up again), or a
+    list of them, one per replica."""
 
     def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
                  sampling: SamplingParams, sequence_length: int, *, manager_type: str = "traj",
@@ -52,8 +54,11 @@ class EnvWorker:
         n_envs = max(1, len(slots) * (group_size + redundancy))
         asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
         self.tokenizer = load_tokenizer(tokenizer_path)
-        self.inference = ray.get_actor(inference) if isinstance(inference, str) else inference
-        self._client = _BatchingClient(self.inference)
+        replicas = inference if isinstance(inference, (list, tuple)) else [inference]
+        self.inference = [ray.get_actor(r) if isinstance(r, str) else r for r in replicas]
+        # One batching client per inference replica, behind a gateway: a new episode goes to the
+        # least-loaded replica and all its turns to that one (its KV is there).
+        self._gateway = InferenceGateway([_BatchingClient(r) for r in self.inference])
         self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
         self._manager_type, self._history_length = manager_type, history_length
         self._agent_pool = AgentPool(self.tokenizer, self._generate, sampling, sequence_length, generate_timeout_s)
@@ -69,7 +74,7 @@ class EnvWorker:
         return TrajEnvManager(*args)
 
     async def _generate(self, request):
-        return await self._client.submit(request)
+        return await self._gateway.generate(request)
 
     async def run_group(self, slot: int, group: GroupSpec) -> GroupResult:
         """Play one episode per manager of the slot; return once `group_size` have finished (or
@@ -92,7 +97,7 @@ class EnvWorker:
         await asyncio.gather(*pending, return_exceptions=True)
         for i, m in enumerate(managers):  # the engine may drop these conversations' KV now
             if m.reuse_kv_across_turns:
-                self.inference.release_session.remote(group.episode(i).traj_id)
+                self._gateway.release(group.episode(i).traj_id)
         trajectories, dropped = [], []
         for i in range(len(managers)):
             res = finished.get(i)
@@ -120,7 +125,10 @@ class _BatchingClient:
         self._pending: list = []
         self._flush_handle = None
 
-    async def submit(self, request):
+    def release_session(self, session_id: str) -> None:
+        self.inference.release_session.remote(session_id)
+
+    async def generate(self, request):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.append((request, future))

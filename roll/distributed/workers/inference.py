@@ -122,7 +122,7 @@ EXTERNAL_ENGINES = {
     "sglang": ("roll.distributed.strategies.sglang_infer", "SGLangInferStrategy"),
 }
 """Engines built from a model dir, imported only when chosen (their packages are optional)."""
-WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens")
+WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas")
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
