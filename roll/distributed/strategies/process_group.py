@@ -1,7 +1,7 @@
 """The torch.distributed process group that DeepSpeed and FSDP2 need, even for one process.
 
 A worker started by Ray is not started by `torchrun`, so nothing has set RANK / WORLD_SIZE /
-MASTER_ADDR / MASTER_PORT. `ensure_process_group` fills in a one-process group on a free loopback
+MASTER_ADDR / MASTER_PORT. `ensure_process_group` starts a one-process group on a free loopback
 port when they are absent, and joins the group they describe when a launcher did set them (the
 two-process test starts its ranks that way). gloo on CPU, nccl on CUDA.
 """
@@ -22,18 +22,22 @@ def free_port() -> int:
 
 
 def ensure_process_group(device: torch.device) -> tuple[int, int]:
-    """Initialise the default process group once per process; returns (rank, world_size)."""
+    """Initialise the default process group once per process; returns (rank, world_size).
+
+    With a launcher's variables (MASTER_ADDR and MASTER_PORT set) the group is theirs. Without,
+    a one-process group on a free loopback port, given to `init_process_group` directly rather
+    than through the environment: the environment is inherited by every process this one starts
+    (a test's CLI run, Ray workers), and a child that found MASTER_PORT there would try to serve
+    a group on a port this process already holds.
+    """
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        # each one only if missing: a launcher sets them all, a library may have left some behind
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(key, value)
-        if "MASTER_PORT" not in os.environ:
-            os.environ["MASTER_PORT"] = str(free_port())
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    # A group started by someone else (vLLM in the same process starts one) leaves these unset;
-    # DeepSpeed reads LOCAL_RANK from the environment.
-    os.environ.setdefault("RANK", str(rank))
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    rank = dist.get_rank()
+    # DeepSpeed reads LOCAL_RANK from the environment, also when someone else started the group
+    # (vLLM in the same process does); harmless to inherit: it names this host's first device.
     os.environ.setdefault("LOCAL_RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(world_size))
-    return rank, world_size
+    return rank, dist.get_world_size()
