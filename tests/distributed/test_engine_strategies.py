@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.torch_train import build_train_strategy
@@ -15,7 +15,7 @@ from roll.distributed.workers.actor import ActorWorker
 
 pytest.importorskip("deepspeed")
 torch.set_num_threads(1)
-VOCAB = 32
+VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
 # micro-batches of 2, two per optimizer step (gradient accumulation), clipping active
 # Weights are compared to 1e-4: Adam's early steps move a weight by about lr * g / |g|, so a
 # gradient entry near 0 whose float round-off differs between engines moves by up to ~1e-5 more
@@ -30,16 +30,6 @@ ENGINES = {
     "deepspeed-zero3": ("deepspeed", {"zero_optimization": {"stage": 3}}),
     "fsdp2": ("fsdp2", {}),
 }
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return str(path)
 
 
 def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:

@@ -12,14 +12,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import free_port
 from roll.distributed.strategies.torch_train import build_train_strategy
 
 pytest.importorskip("deepspeed")
-VOCAB = 32
+VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
 ENGINES = {
     "zero2": ("deepspeed", {"zero_optimization": {"stage": 2}}),
     "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}}),
@@ -57,16 +57,6 @@ def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
                for engine, (name, config) in ENGINES.items()}
     if rank == 0:
         torch.save(results, os.path.join(out_dir, "results.pt"))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return str(path)
 
 
 def test_two_ranks_train_like_one_process_on_the_whole_batch(model_dir, tmp_path):
