@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable
+from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
 
 INSTALL_HINT = "install it on a CUDA machine with `pip install \"sglang[all]\"` (no CPU build exists)"
 
@@ -106,19 +106,12 @@ class SGLangInferStrategy:
 
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """All requests in one `Engine.generate` call (SGLang batches them continuously)."""
-        outputs: list[GenerateOutput | None] = [None] * len(requests)
-        live = [i for i, r in enumerate(requests) if r.params.max_new_tokens > 0]
-        for i, r in enumerate(requests):
-            if r.params.max_new_tokens <= 0:
-                outputs[i] = GenerateOutput(r.request_id, [], [], "length", self.policy_version)
-        if live:
-            results = self._call(self.engine.generate,
-                                 input_ids=[requests[i].prompt_ids for i in live],
-                                 sampling_params=[self._sampling_params(requests[i]) for i in live],
-                                 return_logprob=True)
-            for i, result in zip(live, results):
-                outputs[i] = self._to_output(requests[i], result)
-        return outputs
+        return generate_live(requests, self._generate, self.policy_version)
+
+    def _generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        results = self._call(self.engine.generate, input_ids=[r.prompt_ids for r in requests],
+                             sampling_params=[self._sampling_params(r) for r in requests], return_logprob=True)
+        return [self._to_output(r, result) for r, result in zip(requests, results, strict=True)]
 
     def _sampling_params(self, request: GenerateRequest) -> dict[str, Any]:
         p = request.params

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
-from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable
+from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
 
 log = logging.getLogger(__name__)
 
@@ -145,18 +145,13 @@ class VLLMInferStrategy:
 
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """All requests in one `LLM.generate` call (vLLM batches them continuously)."""
-        outputs: list[GenerateOutput | None] = [None] * len(requests)
-        live = [i for i, r in enumerate(requests) if r.params.max_new_tokens > 0]
-        for i, r in enumerate(requests):
-            if r.params.max_new_tokens <= 0:  # vLLM refuses max_tokens=0; hf answers "length"
-                outputs[i] = GenerateOutput(r.request_id, [], [], "length", self.policy_version)
-        if live:
-            prompts = [self._tokens_prompt(prompt_token_ids=requests[i].prompt_ids) for i in live]
-            params = [self._sampling_params(requests[i]) for i in live]
-            results = self._call(self.llm.generate, prompts, params, use_tqdm=False)
-            for i, result in zip(live, results):
-                outputs[i] = self._to_output(requests[i], result)
-        return outputs
+        return generate_live(requests, self._generate, self.policy_version)
+
+    def _generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        prompts = [self._tokens_prompt(prompt_token_ids=r.prompt_ids) for r in requests]
+        params = [self._sampling_params(r) for r in requests]
+        results = self._call(self.llm.generate, prompts, params, use_tqdm=False)
+        return [self._to_output(r, result) for r, result in zip(requests, results, strict=True)]
 
     def _sampling_params(self, request: GenerateRequest):
         p: SamplingParams = request.params
