@@ -11,12 +11,13 @@ with `allow_objects`, so a test or a notebook may put a Python callable (a rewar
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
+
+from roll.utils.imports import ObjectNotFound, import_object
 
 if TYPE_CHECKING:
     from roll.agentic.agent_loop.base import AgentLoop
@@ -69,16 +70,10 @@ def get_agent_class(name: str) -> type[AgentLoop]:
 
 
 def _import_class(path: str) -> type:
-    module_name, _, attr = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name != module_name and not module_name.startswith(f"{e.name}."):
-            raise  # the module exists; one of its own imports is missing
-        raise ValueError(f"unknown agent {path!r} (no module {module_name!r})") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"unknown agent {path!r} (module {module_name!r} has no {attr!r})")
-    return getattr(module, attr)
+        return import_object(path)
+    except ObjectNotFound as e:
+        raise ValueError(f"unknown agent {path!r} ({e})") from None
 
 
 def to_cfg(cfg: Mapping[str, Any] | DictConfig | None) -> DictConfig:

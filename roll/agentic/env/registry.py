@@ -10,7 +10,6 @@ envs declare a Python entry point in group `roll.envs` (roll's own setup.py has
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
@@ -23,6 +22,7 @@ from gymnasium.envs.registration import load_env_creator
 from roll.agentic.env.base import TextEnv
 from roll.agentic.env.faults import FaultInjectingEnv, FaultInjection
 from roll.configs.base import InvalidField
+from roll.utils.imports import ObjectNotFound, import_object
 
 ENTRY_POINT_GROUP = "roll.envs"
 _ENTRY_POINTS: dict[str, str] = {}  # env id -> "module:Class", in registration order
@@ -77,16 +77,10 @@ def _unknown(env_type: str, why: str = "") -> ValueError:
 
 
 def _import_class(env_type: str) -> Any:
-    module_name, _, attr = env_type.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name != module_name and not module_name.startswith(f"{e.name}."):
-            raise  # the module exists but one of its own imports is missing
-        raise _unknown(env_type, f" (no module {module_name!r})") from e
-    if not hasattr(module, attr):
-        raise _unknown(env_type, f" (module {module_name!r} has no {attr!r})")
-    return getattr(module, attr)
+        return import_object(env_type)
+    except ObjectNotFound as e:
+        raise _unknown(env_type, f" ({e})") from None
 
 
 def resolve_env_class(env_type: str) -> type[TextEnv]:
