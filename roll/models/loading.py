@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -81,23 +80,3 @@ def load_value_model(
         return AutoModelForTokenClassification.from_pretrained(
             path, config=config, dtype=torch_dtype(dtype), local_files_only=True
         )
-
-
-def chat_template_ids(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: Sequence[Mapping[str, str]],
-    add_generation_prompt: bool,
-) -> list[int]:
-    """Token ids of `messages` rendered by the tokenizer's chat template, as one flat list.
-
-    Renders the text, then encodes it with the Rust tokenizer directly when there is one (what
-    `apply_chat_template(tokenize=True)` does, minus a Python wrapper that costs more than the
-    encoding itself; env managers call this for every step).
-    """
-    text = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return backend.encode(text, add_special_tokens=False).ids
-    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]

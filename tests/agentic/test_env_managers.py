@@ -11,7 +11,7 @@ from envs.frozen_lake.maps import MOVES, find_cell
 from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.rollout.records import GenerateOutput, SamplingParams
-from roll.models.loading import chat_template_ids
+from roll.models.chat_template import chat_template_ids
 from roll.models.tiny import build_tiny_tokenizer
 
 SEED = 123
@@ -97,6 +97,46 @@ def test_scripted_episode_token_ids_masks_and_rewards(tokenizer):
     # every prompt the engine saw is exactly the trajectory prefix before that turn's answer
     for k, prompt in enumerate(engine.prompts):
         assert prompt == traj.token_ids[: generated[k]]
+
+
+# Qwen3's rule for assistant turns, in short: a turn after the last user message is rendered with a
+# `<think>` block (empty if it had none), earlier turns without one. The history is therefore not
+# append-only: the last turn changes once a user message follows it.
+QWEN3_LIKE_TEMPLATE = (
+    "{% set ns = namespace(last_query=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and loop.index0 > ns.last_query %}"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n{{ m['content'] }}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_rewrites_the_last_assistant_turn_keeps_the_generated_ids():
+    """With a Qwen3-like template, every turn appends exactly `<|im_end|>`, the observation as a user
+    turn and the generation prompt: no `<think>` block is spliced in after a generated answer."""
+    tok = build_tiny_tokenizer(corpus=[FrozenLakeEnv.instruction], extra_tokens=["<think>", "</think>"])
+    tok.chat_template = QWEN3_LIKE_TEMPLATE
+    env = FrozenLakeEnv(max_path_length=8)
+    first_obs, info = env.reset(seed=SEED)
+    words = solve(env._desc)
+    engine = ScriptedEngine(tok, words)
+    traj = asyncio.run(make_manager(tok, engine).run_episode(EpisodeSpec("g", "g-0", env_seed=SEED, sample_seed=1)))
+
+    text = f"<|im_start|>system\n{info['env_instruction']}<|im_end|>\n<|im_start|>user\n{first_obs}<|im_end|>\n"
+    replay = FrozenLakeEnv(max_path_length=8)
+    replay.reset(seed=SEED)
+    for k, word in enumerate(words):
+        text += "<|im_start|>assistant\n<answer>" + word
+        obs, *_ = replay.step("<answer>" + word)
+        if k + 1 < len(words):
+            text += f"<|im_end|>\n<|im_start|>user\n{obs}<|im_end|>\n"
+    assert traj.token_ids == tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    assert tok.convert_tokens_to_ids("<think>") not in traj.token_ids
+    assert traj.success
+    for k, prompt in enumerate(engine.prompts):
+        assert prompt == traj.token_ids[: [i for i, m in enumerate(traj.response_mask) if m][k]]
 
 
 def test_episode_stops_after_max_steps_without_trailing_observation(tokenizer):

@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import envs  # noqa: F401  registers the built-ins (the entry point may not be installed)
+from roll.models.chat_template import chat_template_ids
 from roll.models.loading import (
-    chat_template_ids,
     load_causal_lm,
     load_tokenizer,
     load_value_model,

@@ -12,7 +12,7 @@ inference workers, or a scripted model in tests.
 Token bookkeeping follows the env managers (DESIGN "Generation"): the first prompt is rendered
 by the chat template once; after that, the ids the engine generated are kept exactly and every
 message that comes back (a tool result, a user reply) is appended as the ids the template puts
-after an assistant turn, derived from a fixed probe conversation (`continuation_ids`). Past turns
+after an assistant turn, derived from a fixed probe conversation (`continuation_ids`, roll.models.chat_template). Past turns
 are never re-rendered, so templates that rewrite history (Qwen3 drops `<think>` blocks of earlier
 turns) cannot change the tokens PPO scores.
 """
@@ -31,53 +31,20 @@ from omegaconf import DictConfig
 from roll.agentic.agent_loop.registry import register, to_cfg
 from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
 from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.models.chat_template import continuation_ids as template_continuation_ids
+from roll.models.chat_template import encode, render_text
 from roll.utils.seeding import derive_seed
 
 RewardFn = Callable[[dict, str], float]
-_PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-_PROBE_ANSWER = "ROLL_PROBE_ANSWER"
 
 
 # ---- chat template helpers ----------------------------------------------------------------
 
-def render_text(tokenizer, messages: list[dict], add_generation_prompt: bool,
-                tools: list[dict] | None = None) -> str:
-    return tokenizer.apply_chat_template([dict(m) for m in messages], tools=tools or None,
-                                         tokenize=False, add_generation_prompt=add_generation_prompt)
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    """`text` (already templated: it holds its own special tokens) as ids, nothing added."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return backend.encode(text, add_special_tokens=False).ids
-    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
-
-
 def continuation_ids(tokenizer, messages: list[dict], generated: GenerateOutput) -> list[int]:
-    """The ids that follow a generated assistant turn when `messages` (role "tool" or "user")
-    come next: what closes the turn, the messages, and the next generation prompt.
-
-    Derived from a probe conversation whose assistant turn has a marker as content: render the
-    probe followed by `messages`, cut the text right after the marker, tokenize what follows.
-    Comparing ids of the probe with and without `messages` (as `ChatFormatter` does for user
-    turns) is not enough here: templates like Qwen3's render the last assistant turn differently
-    from an earlier one, so the probe's own ids change once messages follow it. The cut needs the
-    tokenization to be additive at the end of an assistant turn (true when a special token such
-    as `<|im_end|>` starts the tail), which is checked. If the model already emitted the closing
-    token (finish "stop"), it is not appended twice.
-    """
-    probe = _PROBE + [{"role": "assistant", "content": _PROBE_ANSWER}]
-    text = render_text(tokenizer, probe + list(messages), add_generation_prompt=True)
-    cut = text.find(_PROBE_ANSWER)
-    if cut < 0:
-        raise ValueError("chat template drops the content of an assistant turn followed by "
-                         f"{messages[0]['role'] if messages else 'nothing'!r} messages")
-    cut += len(_PROBE_ANSWER)
-    tail = encode(tokenizer, text[cut:])
-    if encode(tokenizer, text[:cut]) + tail != encode(tokenizer, text):
-        raise ValueError("chat template: the text after an assistant turn does not tokenize "
-                         "apart from the turn; its ids cannot be appended to generated ids")
+    """The ids to append after `generated` when `messages` (role "tool" or "user") come next
+    (`roll.models.chat_template.continuation_ids`); if the model already emitted the closing token
+    (finish "stop"), it is not appended twice."""
+    tail = template_continuation_ids(tokenizer, messages)
     if generated.finish_reason == "stop" and generated.token_ids and tail[:1] == generated.token_ids[-1:]:
         tail = tail[1:]  # the model closed the turn itself
     return tail
