@@ -337,9 +337,11 @@ class RecordingInference:
         return [GenerateOutput(r.request_id, [self.left_id], [-0.1], "length", policy_version=0) for r in requests]
 
 
-def test_episodes_spread_over_inference_replicas_and_each_stays_on_one(tmp_path):
+@pytest.mark.parametrize("manager_type", ["traj", "step"])
+def test_episodes_spread_over_inference_replicas_and_each_stays_on_one(tmp_path, manager_type):
     """`num_replicas: 2`: the env worker's gateway sends each new episode to the less loaded
-    replica and every later turn of it to the same one (where its KV is), then releases it there."""
+    replica and every later turn of it to the same one (where its KV is), then releases it there,
+    step-wise episodes too: no episode stays pinned once its group is done."""
     path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
     spec = EnvSpec(tag="FL", env_type="frozen_lake", env_config={}, max_steps=3, max_tokens_per_step=1,
                    response_prefix="<answer>")
@@ -348,10 +350,12 @@ def test_episodes_spread_over_inference_replicas_and_each_stays_on_one(tmp_path)
     replicas = [RecordingInference(left), RecordingInference(left)]
 
     async def play():
-        worker = EnvWorker([spec], 4, path, replicas, SamplingParams(), 4096)
-        return await worker.run_group(0, scheduler.group_spec(1, 0, False))
+        worker = EnvWorker([spec], 4, path, replicas, SamplingParams(), 4096, manager_type=manager_type)
+        result = await worker.run_group(0, scheduler.group_spec(1, 0, False))
+        return result, worker._gateway.get_stats()["sticky_sessions"]
 
-    result = asyncio.run(play())
+    result, pinned = asyncio.run(play())
+    assert pinned == 0
     assert len(result.trajectories) == 4 and result.dropped == []
     episodes = [{rid.rpartition("/")[0] for rid in r.served} for r in replicas]
     assert len(episodes[0]) == len(episodes[1]) == 2 and not episodes[0] & episodes[1]  # 2 + 2, disjoint

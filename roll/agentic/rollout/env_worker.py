@@ -95,9 +95,8 @@ class EnvWorker:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        for i, m in enumerate(managers):  # the engine may drop these conversations' KV now
-            if m.reuse_kv_across_turns:
-                self._gateway.release(group.episode(i).traj_id)
+        for i in range(len(managers)):  # unpin every episode; the engine may drop their KV now
+            self._gateway.release(group.episode(i).traj_id)
         trajectories, dropped = [], []
         for i in range(len(managers)):
             res = finished.get(i)
