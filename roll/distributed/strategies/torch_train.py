@@ -290,7 +290,7 @@ def build_train_strategy(
 
         return FSDP2TrainStrategy(model, **options, **kwargs)
     if strategy_name == "megatron":
-        from roll.distributed.strategies.megatron_train import check_megatron_available
+        from roll.distributed.strategies.megatron_train import MegatronTrainStrategy
 
-        check_megatron_available(device)
+        return MegatronTrainStrategy(model, **options, **kwargs)
     raise ValueError(f"unknown training strategy {strategy_name!r}")

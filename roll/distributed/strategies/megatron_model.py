@@ -1,0 +1,241 @@
+"""A megatron-core `GPTModel` built from an HF Llama/Qwen2 config, called like an HF causal LM.
+
+Imports megatron-core at module level: import it only after `check_megatron_available`.
+
+The model is megatron-core's own: `GPTModel` with the local layer spec (`get_gpt_layer_local_spec`,
+no Transformer Engine), tensor- and sequence-parallel linear layers, RMSNorm, SwiGLU and RoPE
+from `TransformerConfig`. Three pieces are ours, because the stock ones call `torch.cuda`
+unconditionally in forward (measured with 0.16.1):
+- core attention, through the layer spec (`core_attention`, megatron's `CoreAttention` protocol):
+  `SdpaAttention` runs torch's `scaled_dot_product_attention`. The local `DotProductAttention` takes its score
+  buffer from a CUDA memory pool and forks the CUDA RNG tracker even without dropout. On a GPU,
+  SDPA dispatches to its flash / memory-efficient kernels, so the code tested on CPU is the code a
+  GPU runs (Transformer Engine's attention is not used: it is not a dependency).
+- rotary embedding: `RotaryEmbedding.get_emb` moves its frequencies to the current CUDA device on
+  the first forward. `BufferRotaryEmbedding`, a subclass put in place of the one `GPTModel` builds,
+  keeps them in a (non-persistent) buffer, so they follow `model.to(device)` on CPU and GPU alike.
+- with tensor parallelism, the gather of the vocabulary-parallel logits (`GatherVocabSlices`).
+
+`MegatronCausalLM` is the adapter the roles' loss functions call HF-style:
+`model(input_ids=, attention_mask=, labels=)` -> an output with `.logits` (B, T, V) and `.loss`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutput
+
+from roll.distributed.strategies.megatron_convert import DecoderArch
+
+with warnings.catch_warnings():  # "Apex / Transformer Engine not installed": we use neither
+    warnings.simplefilter("ignore", UserWarning)
+    from megatron.core import parallel_state
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+IGNORE_INDEX = -100  # label of tokens left out of the loss, as in HF
+
+
+def init_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> None:
+    """Megatron's process groups over the default torch.distributed group, once per process.
+
+    The default group must exist (roll.distributed.strategies.process_group). A second call with
+    other sizes is an error: megatron keeps its groups in module globals, one layout per process.
+    """
+    if parallel_state.model_parallel_is_initialized():
+        have = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size())
+        if have != (tensor_parallel, pipeline_parallel):
+            raise RuntimeError(f"megatron is already initialised with (tp, pp) = {have} in this process")
+        return
+    parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel, create_gloo_process_groups=False)
+
+
+def transformer_config(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
+                       sequence_parallel: bool = False) -> TransformerConfig:
+    """The `TransformerConfig` of an HF Llama/Qwen2 model: pre-norm RMSNorm, SwiGLU MLP without
+    biases, grouped-query attention with q/k/v biases only for Qwen2, no dropout (PPO compares
+    forwards of the same weights, see roll.distributed.strategies.torch_train).
+
+    Parameters are created on CPU and left uninitialised (the HF weights are loaded next), and
+    every fused kernel is off: they need CUDA or Apex and change no result."""
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel,
+        sequence_parallel=sequence_parallel,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        cuda_graph_scope=[],  # what its default "full" means, without the deprecation warning
+    )
+
+
+class SdpaAttention(MegatronModule):
+    """Megatron core attention by `torch.nn.functional.scaled_dot_product_attention` (see module
+    docstring). Grouped-query attention maps query head h to KV head h // (heads / groups), as
+    Megatron's interleaved qkv and HF's `repeat_kv` both do."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type, attention_type: str,
+                 cp_comm_type: str | None = None, softmax_scale: float | None = None, pg_collection=None) -> None:
+        super().__init__(config=config)
+        if config.attention_dropout or config.context_parallel_size > 1:
+            raise ValueError("SdpaAttention supports neither attention dropout nor context parallelism")
+        self.softmax_scale = softmax_scale  # None: 1 / sqrt(head_dim)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None) -> torch.Tensor:
+        """query (Sq, B, heads, d), key and value (Sk, B, groups, d) -> (Sq, B, heads * d).
+
+        `attention_mask`: None for plain causal attention, else (B, 1, Sq, Sk) bool with True
+        where attention is blocked (Megatron's convention), as `blocked_attention` builds it."""
+        if attention_bias is not None or packed_seq_params is not None:
+            raise ValueError("SdpaAttention takes neither an attention bias nor packed sequences")
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        allowed = None if attention_mask is None else ~attention_mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=attention_mask is None,
+                                             scale=self.softmax_scale, enable_gqa=True)
+        return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
+
+
+class BufferRotaryEmbedding(RotaryEmbedding):
+    """Megatron's `RotaryEmbedding` with its inverse frequencies in a non-persistent buffer, so
+    they move with the model and `get_emb` never calls `torch.cuda` (see module docstring)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        inv_freq = self.inv_freq
+        del self.inv_freq
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        """(S, 1, 1, head_dim) angles in rotate-half order ([freqs, freqs]), HF's RoPE layout."""
+        if self.rotary_interleaved:
+            raise ValueError("BufferRotaryEmbedding computes the non-interleaved (rotate-half) layout only")
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+
+
+def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
+                    sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None) -> GPTModel:
+    """A `GPTModel` with `arch`'s shape on CPU, uninitialised (load weights next). Its vocabulary is
+    `arch.vocab_size` rounded up to a multiple of `tensor_parallel` (Megatron's vocab padding).
+    With tensor parallelism its logits are each rank's vocabulary slice (`MegatronCausalLM`
+    gathers them: megatron's own gather allocates on CUDA). `pg_collection`: the model's process
+    groups, by default those of `init_model_parallel`."""
+    config = transformer_config(arch, dtype, tensor_parallel, sequence_parallel)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    gpt = GPTModel(config, spec, vocab_size=padded_vocab_size(arch, tensor_parallel),
+                   max_sequence_length=arch.max_positions,
+                   share_embeddings_and_output_weights=arch.tied_embeddings,
+                   position_embedding_type="rope", rotary_base=arch.rope_theta, pg_collection=pg_collection)
+    gpt.rotary_pos_emb = BufferRotaryEmbedding(
+        kv_channels=config.kv_channels, rotary_percent=1.0, rotary_interleaved=config.rotary_interleaved,
+        rotary_base=arch.rope_theta, use_cpu_initialization=True, cp_group=gpt.pg_collection.cp)
+    return gpt
+
+
+def padded_vocab_size(arch: DecoderArch, tensor_parallel: int) -> int:
+    """The vocabulary rounded up to a multiple of the tensor-parallel size."""
+    return -(-arch.vocab_size // tensor_parallel) * tensor_parallel
+
+
+def load_megatron_state(gpt: GPTModel, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` (tensors only, from roll.distributed.strategies.megatron_convert) into `gpt`'s
+    parameters in place, strictly: every parameter set, no name left over. Megatron's
+    `_extra_state` entries (empty for non-FP8 layers) are taken from the model itself."""
+    extra = {k: v for k, v in gpt.state_dict().items() if k.endswith("_extra_state")}
+    gpt.load_state_dict({**extra, **state}, strict=True)
+
+
+def blocked_attention(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """HF's (B, T) 1/0 padding mask -> Megatron's (B, 1, T, T) bool mask, True where blocked.
+
+    None (plain causal attention) when there is no padding. Otherwise query t sees key s <= t when
+    s is a real token, so real tokens see exactly what they see in HF's model, wherever the padding
+    is. Every query also sees itself: a padding query before any real token would otherwise see
+    nothing and softmax would give NaN, which survives the masking of its output (NaN * 0).
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    length = attention_mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
+    allowed = causal & attention_mask.bool()[:, None, None, :]
+    allowed |= torch.eye(length, dtype=torch.bool, device=attention_mask.device)
+    return ~allowed
+
+
+class GatherVocabSlices(torch.autograd.Function):
+    """Tensor-parallel ranks' vocabulary slices of the logits (..., V / n) -> whole (..., V).
+
+    Megatron's own gather allocates on CUDA. The backward keeps this rank's slice of the gradient
+    (not a sum over ranks): every rank of the group computes the same loss from the same gathered
+    logits, so each slice's gradient is counted once, as in Megatron's gather."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.rank, ctx.size = dist.get_rank(group), dist.get_world_size(group)
+        slices = [torch.empty_like(local) for _ in range(ctx.size)]
+        dist.all_gather(slices, local.contiguous(), group=group)
+        return torch.cat(slices, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None
+
+
+class MegatronCausalLM(nn.Module):
+    """A `GPTModel` behind HF's causal-LM call: positions 0..T-1 on every row (HF's default when
+    no `position_ids` are given), padding blocked with `blocked_attention`, logits trimmed to the
+    HF vocabulary, and HF's shifted cross-entropy when `labels` are given."""
+
+    def __init__(self, gpt: GPTModel, vocab_size: int) -> None:
+        super().__init__()
+        self.gpt = gpt
+        self.vocab_size = vocab_size
+        self.tp_group = gpt.pg_collection.tp
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> CausalLMOutput:
+        batch, length = input_ids.shape
+        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+        logits = self.gpt(input_ids=input_ids, position_ids=positions, attention_mask=blocked_attention(attention_mask))
+        if dist.get_world_size(self.tp_group) > 1:
+            logits = GatherVocabSlices.apply(logits, self.tp_group)
+        logits = logits[..., : self.vocab_size]
+        loss = None
+        if labels is not None:  # position t predicts token t + 1; mean over counted tokens
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                   ignore_index=IGNORE_INDEX)
+        return CausalLMOutput(loss=loss, logits=logits)

@@ -1,0 +1,357 @@
+"""The `megatron` strategy on CPU, one process: the HF <-> Megatron weight conversion (by hand, round
+trips, a real `GPTModel`'s keys and shapes, tensor-parallel shards), the adapter's logits against
+the HF model's, and PPO steps, checkpoints and weight loading against the plain torch strategy.
+Two ranks (tensor and data parallel) are in test_megatron_two_ranks.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from transformers import AutoModelForCausalLM, LlamaForTokenClassification, Qwen2Config, Qwen2ForCausalLM
+
+from roll.configs.worker import TrainingArgs
+from roll.distributed.strategies.megatron_convert import (
+    DecoderArch,
+    arch_from_hf,
+    fuse_qkv,
+    hf_to_megatron,
+    megatron_to_hf,
+    merge_tensor_parallel,
+    split_qkv,
+    split_tensor_parallel,
+)
+from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.workers.actor import ActorWorker
+
+pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
+from roll.distributed.strategies import megatron_model  # noqa: E402  (imports megatron-core)
+
+torch.set_num_threads(1)
+VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
+ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                    max_grad_norm=0.5)
+WEIGHT_TOL = dict(rtol=1e-4, atol=1e-4)  # as in test_engine_strategies.py, which says why
+
+
+def tiny_arch(**overrides) -> DecoderArch:
+    sizes = dict(num_layers=1, hidden_size=4, ffn_hidden_size=4, num_heads=4, num_query_groups=2, head_dim=2,
+                 vocab_size=8, qkv_bias=False, tied_embeddings=False, rope_theta=1e4, norm_eps=1e-6,
+                 max_positions=16)
+    return DecoderArch(**(sizes | overrides))
+
+
+def rows(*values: int) -> torch.Tensor:
+    """A (n, 1) tensor whose row i holds values[i]: a weight whose rows can be followed by name."""
+    return torch.tensor(values, dtype=torch.float32)[:, None]
+
+
+# ---- conversion, by hand -------------------------------------------------------------------
+def test_qkv_interleave_by_hand():
+    """4 query heads, 2 KV heads, head_dim 2: rows 2h, 2h+1 are head h. Group g holds query heads
+    2g and 2g+1, then k_g, then v_g."""
+    arch = tiny_arch()
+    q, k, v = rows(*range(8)), rows(10, 11, 12, 13), rows(20, 21, 22, 23)
+    fused = fuse_qkv(q, k, v, arch)
+    want = [0, 1, 2, 3, 10, 11, 20, 21,  # group 0: q heads 0-1, k head 0, v head 0
+            4, 5, 6, 7, 12, 13, 22, 23]  # group 1: q heads 2-3, k head 1, v head 1
+    assert fused[:, 0].tolist() == want
+    assert all(torch.equal(a, b) for a, b in zip(split_qkv(fused, arch), (q, k, v), strict=True))
+    bias = fuse_qkv(q[:, 0], k[:, 0], v[:, 0], arch)  # 1-D tensors (Qwen2's biases) alike
+    assert bias.tolist() == want
+
+
+def test_tensor_parallel_split_by_hand():
+    """TP 2: rank r holds query group r of linear_qkv, [gate_r; up_r] of linear_fc1, half the
+    vocabulary rows, half of the input columns of row-parallel layers, and every norm whole."""
+    arch = tiny_arch()
+    qkv = fuse_qkv(rows(*range(8)), rows(10, 11, 12, 13), rows(20, 21, 22, 23), arch)
+    state = {"decoder.layers.0.self_attention.linear_qkv.weight": qkv,
+             "decoder.layers.0.mlp.linear_fc1.weight": rows(0, 1, 2, 3, 10, 11, 12, 13),  # gate 0-3, up 10-13
+             "decoder.layers.0.mlp.linear_fc2.weight": torch.arange(8.0).reshape(2, 4),
+             "embedding.word_embeddings.weight": rows(*range(8)),
+             "decoder.final_layernorm.weight": torch.ones(4)}
+    shards = split_tensor_parallel(state, arch, 2)
+    assert shards[1]["decoder.layers.0.self_attention.linear_qkv.weight"][:, 0].tolist() == [4, 5, 6, 7, 12, 13, 22, 23]
+    assert shards[0]["decoder.layers.0.mlp.linear_fc1.weight"][:, 0].tolist() == [0, 1, 10, 11]
+    assert shards[1]["decoder.layers.0.mlp.linear_fc1.weight"][:, 0].tolist() == [2, 3, 12, 13]
+    assert shards[1]["decoder.layers.0.mlp.linear_fc2.weight"].tolist() == [[2, 3], [6, 7]]
+    assert shards[1]["embedding.word_embeddings.weight"][:, 0].tolist() == [4, 5, 6, 7]
+    assert torch.equal(shards[1]["decoder.final_layernorm.weight"], torch.ones(4))
+    merged = merge_tensor_parallel(shards)
+    assert all(torch.equal(merged[k], v) for k, v in state.items())
+    with pytest.raises(ValueError, match="tensor parallel size 4 does not divide num_query_groups = 2"):
+        split_tensor_parallel(state, arch, 4)
+
+
+def test_unsupported_hf_configs_fail_in_one_line():
+    config = Qwen2Config(hidden_size=8, num_attention_heads=2, num_hidden_layers=1, use_sliding_window=True)
+    with pytest.raises(ValueError, match="unsupported sliding-window attention"):
+        arch_from_hf(config)
+    config = Qwen2Config(hidden_size=8, num_attention_heads=2, num_hidden_layers=1, hidden_act="gelu")
+    with pytest.raises(ValueError, match="unsupported hidden_act"):
+        arch_from_hf(config)
+
+
+# ---- conversion against real models --------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen2() -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 with q/k/v biases, tied embeddings, 4 query / 2 KV heads and a vocabulary
+    (31) that tensor parallelism must pad; every weight, bias and norm is random, so a tensor
+    in the wrong place shows in the logits."""
+    torch.manual_seed(1)
+    config = Qwen2Config(vocab_size=31, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def llama(model_dir) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def hf_model(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def megatron_groups():
+    """The one-process default group and megatron's groups over it (shared with the strategy)."""
+    from roll.distributed.strategies.process_group import ensure_process_group
+
+    ensure_process_group(torch.device("cpu"))
+    megatron_model.init_model_parallel()
+
+
+def megatron_lm(hf):
+    arch = arch_from_hf(hf.config)
+    gpt = megatron_model.build_gpt_model(arch, torch.float32)
+    megatron_model.load_megatron_state(gpt, hf_to_megatron(hf.state_dict(), arch))
+    return megatron_model.MegatronCausalLM(gpt, arch.vocab_size).eval()
+
+
+def test_round_trip_is_bit_exact(hf_model):
+    arch = arch_from_hf(hf_model.config)
+    want = hf_model.state_dict()
+    back = megatron_to_hf(hf_to_megatron(want, arch, padded_vocab_size=arch.vocab_size + 1), arch)
+    assert back.keys() == want.keys()
+    for key, value in want.items():
+        assert torch.equal(back[key], value), key
+
+
+def test_converted_weights_fit_a_real_gpt_model(hf_model, megatron_groups):
+    arch = arch_from_hf(hf_model.config)
+    gpt = megatron_model.build_gpt_model(arch, torch.float32)
+    want = {k: v.shape for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+    converted = hf_to_megatron(hf_model.state_dict(), arch)
+    assert {k: v.shape for k, v in converted.items()} == want
+    megatron_model.load_megatron_state(gpt, converted)  # strict
+
+
+class _StandInGroup:
+    """What building a tensor-parallel layer asks of its group: this rank and the group size."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+def test_tensor_parallel_shards_fit_each_rank_of_a_tp2_model(hf_model, megatron_groups):
+    """Split for TP 2 and merged back: exact; each shard has the shapes of that rank's TP-2
+    `GPTModel` (built in this process: construction only asks the group for rank and size)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    arch = arch_from_hf(hf_model.config)
+    full = hf_to_megatron(hf_model.state_dict(), arch, megatron_model.padded_vocab_size(arch, 2))
+    shards = split_tensor_parallel(full, arch, 2)
+    merged = merge_tensor_parallel(shards)
+    assert merged.keys() == full.keys() and all(torch.equal(merged[k], v) for k, v in full.items())
+    for rank, shard in enumerate(shards):
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+        groups.tp = _StandInGroup(rank, 2)
+        gpt = megatron_model.build_gpt_model(arch, torch.float32, tensor_parallel=2, pg_collection=groups)
+        want = {k: v.shape for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+        assert {k: v.shape for k, v in shard.items()} == want
+
+
+# ---- the adapter's forward -----------------------------------------------------------------
+def padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of 9 tokens: no padding, right padding, left padding."""
+    ids = torch.randint(0, vocab, (3, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    mask[2, :3] = 0
+    return ids, mask
+
+
+def test_logits_equal_the_hf_models(hf_model, megatron_groups):
+    ids, mask = padded_batch(hf_model.config.vocab_size)
+    model = megatron_lm(hf_model)
+    with torch.no_grad():
+        want = hf_model(input_ids=ids, attention_mask=mask).logits
+        got = model(input_ids=ids, attention_mask=mask).logits
+        unpadded = model(input_ids=ids).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-5)
+    assert torch.isfinite(got).all()  # padding positions too: they are masked, not NaN
+    torch.testing.assert_close(unpadded[0], want[0], rtol=0, atol=1e-5)
+
+
+def test_a_wrong_qkv_layout_changes_the_logits(llama, megatron_groups):
+    """The logits test can fail: q, k and v stacked whole instead of per group give other logits."""
+    arch = arch_from_hf(llama.config)
+    state = hf_to_megatron(llama.state_dict(), arch)
+    for layer in range(arch.num_layers):
+        attn = f"model.layers.{layer}.self_attn."
+        stacked = torch.cat([llama.state_dict()[f"{attn}{p}_proj.weight"] for p in "qkv"])
+        state[f"decoder.layers.{layer}.self_attention.linear_qkv.weight"] = stacked
+    gpt = megatron_model.build_gpt_model(arch, torch.float32)
+    megatron_model.load_megatron_state(gpt, state)
+    ids, _ = padded_batch(VOCAB)
+    with torch.no_grad():
+        diff = megatron_model.MegatronCausalLM(gpt, VOCAB)(input_ids=ids).logits - llama(input_ids=ids).logits
+    assert diff.abs().max() > 1e-3
+
+
+def test_labels_give_the_hf_loss(llama, megatron_groups):
+    ids, _ = padded_batch(VOCAB)
+    labels = ids.clone()
+    labels[:, :4] = -100
+    with torch.no_grad():
+        want = llama(input_ids=ids, labels=labels).loss
+        got = megatron_lm(llama)(input_ids=ids, labels=labels).loss
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+# ---- the strategy against the torch strategy ---------------------------------------------
+def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
+    """Rows with 3-token prompts and 3..6-token responses (right-padded); old log-probs from the
+    actor itself."""
+    generator = torch.Generator().manual_seed(n)
+    positions = torch.arange(10)
+    lengths = torch.tensor([6 + i % 4 for i in range(n)])[:, None]
+    attention_mask = (positions < lengths).long()
+    batch = TensorDict({
+        "input_ids": torch.randint(1, VOCAB, (n, 10), generator=generator) * attention_mask,
+        "attention_mask": attention_mask,
+        "response_mask": ((positions >= 3) & (positions < lengths)).float(),
+    }, batch_size=[n])
+    batch["old_logprobs"] = actor.compute_logprobs(batch, 1.0)
+    batch["advantages"] = torch.randn(n, 1, generator=generator) * batch["response_mask"]
+    return batch
+
+
+def train_two_steps(model_dir: str, name: str) -> tuple[list[dict], dict]:
+    actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name=name)
+    return [actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
+                        loss_agg_mode="token-mean", step=step) for step in range(2)], actor.get_weights()
+
+
+def test_ppo_steps_match_the_torch_strategy(model_dir, megatron_groups):
+    """Two PPO steps (2 epochs x 2 mini-batches x 2 micro-batches each, clipped): the same losses,
+    gradient norms and final (HF-named) weights as the torch strategy."""
+    want_metrics, want_weights = train_two_steps(model_dir, "torch")
+    got_metrics, got_weights = train_two_steps(model_dir, "megatron")
+    for want, got in zip(want_metrics, got_metrics, strict=True):
+        for key in ("losses/policy_loss", "losses/entropy", "losses/approx_kl", "actor/grad_norm", "actor/lr"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+        assert got["actor/skipped_steps"] == 0
+    assert want_metrics[1]["losses/approx_kl"] != 0  # the weights did move
+    assert list(got_weights) == list(want_weights)
+    for key, value in want_weights.items():
+        torch.testing.assert_close(got_weights[key], value, **WEIGHT_TOL, msg=key)
+
+
+def _strategy(model_dir: str, name: str = "megatron", **config):
+    return build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), ARGS, strategy_name=name,
+                                strategy_config=config, total_steps=4, metric_prefix="actor")
+
+
+def _lm_loss(scale: float):
+    def loss_fn(model, micro):
+        out = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"], labels=micro["input_ids"])
+        return out.loss * scale, {}
+    return loss_fn
+
+
+def _minibatch(seed: int) -> TensorDict:
+    ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
+    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
+
+
+def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, megatron_groups):
+    trained = _strategy(model_dir)
+    trained.train_step(_minibatch(0), _lm_loss(1.0))
+    trained.step_lr_scheduler()
+    trained.save_checkpoint(tmp_path)
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
+    for key, value in trained.state_dict().items():
+        assert torch.equal(saved[key], value), key
+
+    resumed = _strategy(model_dir)
+    resumed.load_checkpoint(tmp_path)
+    # the second step needs Adam's moments from the first: equal only if they were restored
+    want, got = trained.train_step(_minibatch(1), _lm_loss(1.0)), resumed.train_step(_minibatch(1), _lm_loss(1.0))
+    assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-6)
+    want_weights = trained.state_dict()
+    for key, value in resumed.state_dict().items():
+        torch.testing.assert_close(value, want_weights[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_loaded_weights_are_the_ones_trained_next(model_dir, megatron_groups):
+    """HF weights from another strategy load in, and the next step is the torch strategy's."""
+    source = _strategy(model_dir, "torch")
+    source.train_step(_minibatch(0), _lm_loss(1.0))
+    plain, loaded = _strategy(model_dir, "torch"), _strategy(model_dir)
+    plain.load_state_dict(source.state_dict())
+    loaded.load_state_dict(source.state_dict())
+    want, got = plain.train_step(_minibatch(1), _lm_loss(1.0)), loaded.train_step(_minibatch(1), _lm_loss(1.0))
+    assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
+    want_weights = plain.state_dict()
+    for key, value in loaded.state_dict().items():
+        torch.testing.assert_close(value, want_weights[key], **WEIGHT_TOL, msg=key)
+
+
+def test_non_finite_loss_skips_the_update(model_dir, megatron_groups):
+    strategy = _strategy(model_dir)
+    before = strategy.state_dict()
+    metrics = strategy.train_step(_minibatch(0), _lm_loss(float("nan")))
+    assert metrics["actor/skipped_steps"] == 1
+    for key, value in strategy.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+# ---- what the strategy refuses, in one line ------------------------------------------------
+def test_model_parallel_sizes_above_one_stop_at_start(model_dir, megatron_groups):
+    with pytest.raises(ValueError, match='strategy "megatron" trains with tensor_model_parallel_size = '):
+        _strategy(model_dir, tensor_model_parallel_size=2)
+    _strategy(model_dir, tensor_model_parallel_size=1, sequence_parallel=False)  # the defaults run
+
+
+def test_a_value_model_is_refused(model_dir, megatron_groups):
+    value_model = LlamaForTokenClassification.from_pretrained(model_dir, num_labels=1)
+    with pytest.raises(ValueError, match="LlamaForTokenClassification .* needs torch, deepspeed or fsdp2"):
+        build_train_strategy(value_model, ARGS, strategy_name="megatron", total_steps=1, metric_prefix="critic")
+
+
+def test_a_missing_megatron_core_names_the_install_line(monkeypatch):
+    import importlib.util
+
+    from roll.configs.worker import _missing_requirement
+    from roll.distributed.strategies.megatron_train import check_megatron_available
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    with pytest.raises(ImportError, match=r'needs megatron-core: pip install "megatron-core>=0.16,<0.17"'):
+        check_megatron_available()
+    assert _missing_requirement("megatron") == 'needs megatron-core: pip install "megatron-core>=0.16,<0.17"'
