@@ -40,11 +40,15 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     from ray.exceptions import RayActorError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
+    from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.guards import TrainingDiverged
 
     try:
         AgenticPipeline(config).run()
+    except PlacementError as err:  # a device_mapping this machine cannot hold: a config error here
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
     except (TrainingDiverged, RolloutFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ from roll.configs.worker import (
     check_model_dir,
     check_strategy_for_role,
 )
+from roll.distributed.placement import PlacementError, check_device_layout
 
 
 class RewardNormalization(ConfigModel):
@@ -204,6 +205,7 @@ class PipelineConfig(ConfigModel):
             check_strategy_for_role(role, worker)
         self._check_batches()
         self._check_required_roles()
+        self._check_devices()
         for name, manager in self.env_managers.items():
             for tag in manager.tags:
                 if tag not in self.custom_envs:
@@ -263,6 +265,18 @@ class PipelineConfig(ConfigModel):
         if self.uses_kl and self.reference is None:
             raise InvalidField("reference", "required when init_kl_coef > 0 or target_kl is set")
 
+    def _check_devices(self) -> None:
+        """`device_mapping` of the roles the run builds, as far as it can be checked without a GPU
+        (the GPU count is checked when the pipeline places its workers)."""
+        roles = self.built_roles
+        try:
+            check_device_layout(
+                {role: worker.device_mapping for role, worker in roles.items()},
+                strategies={role: worker.strategy_args.strategy_name for role, worker in roles.items()},
+                inference_replicas=self.inference_replicas, async_generation_ratio=self.async_generation_ratio)
+        except PlacementError as err:
+            raise InvalidField(err.key, err.reason) from None
+
     def _fill_model_paths(self) -> None:
         """Give every role without an explicit model the run's one (the critic's: reward_pretrain,
         else pretrain). The one place where `model_name_or_path` gets its default."""
@@ -281,6 +295,26 @@ class PipelineConfig(ConfigModel):
             "reference": self.reference,
         }
         return {role: worker for role, worker in roles.items() if worker is not None}
+
+    @property
+    def built_roles(self) -> dict[str, WorkerConfig]:
+        """The roles the pipeline builds workers for: the actor and its engine always, the critic
+        for adv_estimator "gae", the reference when the loss has a KL term."""
+        roles = {"actor_train": self.actor_train, "actor_infer": self.actor_infer}
+        if self.adv_estimator == "gae":
+            roles["critic"] = self.critic
+        if self.uses_kl:
+            roles["reference"] = self.reference
+        return roles
+
+    @property
+    def inference_replicas(self) -> int:
+        """Processes serving actor_infer: `strategy_config.num_replicas` when set, else one per device
+        of its `device_mapping` (one on CPU)."""
+        options = self.actor_infer.strategy_args.strategy_config
+        if "num_replicas" in options:
+            return options["num_replicas"]
+        return len(self.actor_infer.device_mapping or [None])
 
     @property
     def env_managers(self) -> dict[str, EnvManagerConfig]:

@@ -15,6 +15,7 @@ from pydantic import Field, NonNegativeInt, field_validator
 
 from roll.agentic.rollout.records import SamplingParams
 from roll.configs.base import ConfigModel, InvalidField
+from roll.distributed.placement import parse_device_mapping
 
 INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 """Engines that can serve `actor_infer`."""
@@ -155,12 +156,24 @@ class WorkerConfig(ConfigModel):
     strategy_args: StrategyArgs
     """Engine of the role."""
     device_mapping: list[NonNegativeInt] | None = None
-    """CUDA device indices of the role; None runs it on CPU. A list needs CUDA, which the
-    pipeline checks when it places workers."""
+    """GPU indices (of the driver's node, as the driver sees them) that the role runs on; ROLL's
+    string `list(range(0, 8))` is accepted too. null runs the role on CPU; a run puts every role on
+    GPUs or every role on CPU. A training role takes one device; `actor_infer` one per replica
+    (`strategy_config.num_replicas`, by default one per listed device). Roles whose lists share a
+    device are colocated: they take turns on it, each offloaded to CPU while another works, which
+    needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
+    `roll.distributed.placement`; GPU counts are checked when the pipeline places its workers."""
+
+    @field_validator("device_mapping", mode="before")
+    @classmethod
+    def _roll_range_string(cls, value: Any) -> Any:
+        return parse_device_mapping(value)
 
     @field_validator("device_mapping")
     @classmethod
     def _distinct_devices(cls, devices: list[int] | None) -> list[int] | None:
+        if devices is not None and not devices:
+            raise ValueError("an empty list places the role nowhere; use null to run it on CPU")
         if devices is not None and len(set(devices)) != len(devices):
             raise ValueError(f"device indices must be distinct (got {devices})")
         return devices

@@ -6,6 +6,8 @@ actor, (5) push the new weights to the inference worker, (6) log, validate and c
 own counters. Synchronous by default: rollout of step t+1 starts after the weights of step t are
 in place. With `async_generation_ratio` k > 0 the groups of steps t+1..t+k start right after step
 t's rollout, on the weights of that moment, and generate while step t trains (`run_ahead`).
+Roles that share GPUs take turns on them: each phase first makes its roles resident
+(`self.residency.enter`, roll/pipeline/residency.py), which does nothing when no GPU is shared.
 """
 
 from __future__ import annotations
@@ -29,8 +31,15 @@ from roll.pipeline.batch import (
     staleness_metrics,
     summarize_trajectories,
 )
-from roll.pipeline.builders import build_rollout, build_workers, inference_names, init_ray
+from roll.pipeline.builders import (
+    build_rollout,
+    build_workers,
+    inference_names,
+    init_ray,
+    place_workers,
+)
 from roll.pipeline.guards import stop_if_diverged
+from roll.pipeline.residency import PhaseResidency
 from roll.pipeline.scoring import (
     normalize_step_episode_scores,
     normalize_traj_rewards,
@@ -51,10 +60,12 @@ class AgenticPipeline:
     def __init__(self, cfg):
         self.cfg = cfg
         seed_everything(cfg.seed)
+        # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here
+        self.residency = PhaseResidency(place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
         init_ray(cfg.ray_address)
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.workers = build_workers(cfg)
+        self.workers = build_workers(cfg, self.residency)
         infer = inference_names(cfg)  # env workers find the inference workers by name (they may restart)
         self.train_rollout = build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train")
         self.val_rollout = None
@@ -81,10 +92,7 @@ class AgenticPipeline:
             # 1. Rollout: complete groups of trajectories on the current weights (version step - 1),
             #    or at most async_generation_ratio versions older; then the next steps' groups start
             with _timer(timings, "rollout"):
-                trajs, dropped = self.train_rollout.collect(
-                    step, cfg.train_groups_per_step, policy_version=step - 1,
-                    max_staleness=cfg.async_generation_ratio)
-                self.run_ahead(step)
+                trajs, dropped = self.rollout(step)
             # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
             kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
             batch, meta = self.build_batch(kept, self.pad_id)
@@ -125,6 +133,16 @@ class AgenticPipeline:
                 "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
                 "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories)}
 
+    def rollout(self, step: int) -> tuple[list, list[str]]:
+        """The step's complete groups and the causes of dropped trajectories; then the groups of
+        the next steps start (`run_ahead`)."""
+        self.residency.enter("rollout")
+        trajs, dropped = self.train_rollout.collect(
+            step, self.cfg.train_groups_per_step, policy_version=step - 1,
+            max_staleness=self.cfg.async_generation_ratio)
+        self.run_ahead(step)
+        return trajs, dropped
+
     def run_ahead(self, step: int) -> None:
         """Async training: start the groups of steps step+1..step+k (k = async_generation_ratio,
         never past max_steps) now, so they generate on these weights while this step trains."""
@@ -133,6 +151,7 @@ class AgenticPipeline:
             self.train_rollout.dispatch(ahead, self.cfg.train_groups_per_step)
 
     def score(self, batch, meta) -> dict[str, float]:
+        self.residency.enter("score")
         refs = {"old_logprobs": self.workers["actor"].compute_logprobs.remote(batch, self.temperature)}
         if "reference" in self.workers:
             refs["ref_logprobs"] = self.workers["reference"].compute_logprobs.remote(batch, self.temperature)
@@ -163,6 +182,7 @@ class AgenticPipeline:
 
     def update(self, batch, step: int) -> dict[str, float]:
         cfg, metrics, tis = self.cfg, {}, self.cfg.off_policy_correction
+        self.residency.enter("train")
         if "critic" in self.workers:
             metrics.update(ray.get(self.workers["critic"].train.remote(
                 batch, ppo_epochs=cfg.ppo_epochs, value_clip=cfg.value_clip,
@@ -175,11 +195,16 @@ class AgenticPipeline:
         return metrics
 
     def sync_weights(self, version: int) -> None:
+        """The actor's weights into every engine. They are requested first (CPU copies; Ray runs an
+        actor's calls in order, so before an offload empties the module), then the phase may move
+        the actor off a shared GPU and wake the engine: weights must reach an awake engine."""
         weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
+        self.residency.enter("sync")
         ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=RAY_TIMEOUT_S)
 
     def validate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
+        self.residency.enter("validate")
         keep_frames = cfg.render_save_dir is not None
         trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
         for cause in dropped:
@@ -193,6 +218,7 @@ class AgenticPipeline:
         return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
 
     def save(self, step: int) -> None:
+        self.residency.enter("checkpoint")
         tmp = ckpt.begin(self.cfg.output_dir, step)
         refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
         if "critic" in self.workers:
@@ -209,6 +235,7 @@ class AgenticPipeline:
                                ckpt.checkpoint_root(cfg.output_dir))
             return 0
         state = ckpt.read_state(path)
+        self.residency.enter("checkpoint")
         refs = [self.workers["actor"].load_checkpoint.remote(str(path))]
         if "critic" in self.workers:
             refs.append(self.workers["critic"].load_checkpoint.remote(str(path / "critic")))

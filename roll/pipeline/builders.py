@@ -9,16 +9,19 @@ import logging
 import os
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
+from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
+from roll.pipeline.residency import PhaseResidency
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +32,8 @@ _ACTOR_OPTIONS = {"num_cpus": 0}
 # An env-worker process that dies (a segfaulting env, the OOM killer) is restarted by Ray, as often
 # as it takes; the groups it was playing are replaced (`RolloutScheduler`).
 _ENV_WORKER_OPTIONS = {**_ACTOR_OPTIONS, "max_restarts": -1}
+# What an external engine needs to be offloadable when actor_infer shares GPUs with training roles.
+_OFFLOADABLE_ENGINE_OPTIONS = {"vllm": {"enable_sleep_mode": True}, "sglang": {"enable_memory_saver": True}}
 
 
 def init_ray(address: str | None) -> None:
@@ -41,58 +46,82 @@ def init_ray(address: str | None) -> None:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
 
 
-def _check_cpu_only(cfg) -> None:
-    for role in ("actor_train", "actor_infer", "critic", "reference"):
-        worker = getattr(cfg, role)
-        if worker is not None and worker.device_mapping:
-            import torch
+def place_workers(cfg) -> DevicePlan:
+    """Where each worker process of the run goes on this machine (`roll.distributed.placement`);
+    `PlacementError` naming the key when the layout does not fit the GPUs the driver sees."""
+    roles = cfg.built_roles
+    mappings = {role: worker.device_mapping for role, worker in roles.items()}
+    visible = 0
+    if any(mappings.values()):  # a CPU run never touches CUDA
+        import torch
 
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"{role}.device_mapping: {worker.device_mapping} needs CUDA; use null for CPU")
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return plan_devices(mappings, strategies={role: w.strategy_args.strategy_name for role, w in roles.items()},
+                        inference_replicas=cfg.inference_replicas, visible_gpus=visible,
+                        driver_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def inference_names(cfg) -> list[str]:
     """The inference workers' actor names in this driver's Ray job, one per replica
-    (`actor_infer.strategy_args.strategy_config.num_replicas`, default 1). Env workers get the
+    (`cfg.inference_replicas`). Env workers get the
     names, not the handles: a handle among an actor's constructor arguments lives in Ray's object
     store, which a restart of that actor depends on (Ray warns about it); a name is looked up afresh."""
-    replicas = int(cfg.actor_infer.strategy_args.strategy_config.get("num_replicas", 1))
     job = ray.get_runtime_context().get_job_id()
-    return [f"roll-inference-{job}-{i}" for i in range(replicas)]
+    return [f"roll-inference-{job}-{i}" for i in range(cfg.inference_replicas)]
 
 
-def build_workers(cfg) -> dict:
-    """Inference replicas (a list), actor and (when needed) reference and critic actors, by role."""
-    _check_cpu_only(cfg)
-    total = cfg.max_steps
-    infer_cfg = cfg.actor_infer
-    options = infer_cfg.strategy_args.strategy_config
-    workers = {
-        "inference": [ray.remote(InferenceWorker).options(**_ACTOR_OPTIONS, name=name).remote(
-            infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
-            max_batch_size=int(options.get("max_batch_size", 256)),
-            max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
-            **_strategy(infer_cfg)) for name in inference_names(cfg)],
-        "actor": ray.remote(ActorWorker).options(**_ACTOR_OPTIONS).remote(
-            cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
-            total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype,
-            **_strategy(cfg.actor_train)),
-    }
-    if cfg.uses_kl:
-        workers["reference"] = ray.remote(ReferenceWorker).options(**_ACTOR_OPTIONS).remote(
+def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
+    """Actor and (when needed) reference and critic actors, then the inference replicas (a list),
+    by worker key, each process on its device (`residency.plan`; `place_workers` when no
+    `residency` is given). Training roles that share GPUs with the engine are offloaded before it
+    is built, so that vLLM and SGLang find free the memory they size their KV cache from."""
+    residency = residency or PhaseResidency(place_workers(cfg))
+    plan, total = residency.plan, cfg.max_steps
+    workers = {"actor": _remote(ActorWorker, plan.process("actor_train")).remote(
+        cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
+        total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype,
+        device=plan.process("actor_train").torch_device, **_strategy(cfg.actor_train))}
+    if "reference" in plan.processes:
+        workers["reference"] = _remote(ReferenceWorker, plan.process("reference")).remote(
             cfg.reference.model_args.model_name_or_path, dtype=cfg.reference.model_args.dtype,
-            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size)
-    if cfg.adv_estimator == "gae":
-        workers["critic"] = ray.remote(CriticWorker).options(**_ACTOR_OPTIONS).remote(
+            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size,
+            device=plan.process("reference").torch_device)
+    if "critic" in plan.processes:
+        workers["critic"] = _remote(CriticWorker, plan.process("critic")).remote(
             cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype,
-            **_strategy(cfg.critic))
+            device=plan.process("critic").torch_device, **_strategy(cfg.critic))
+    residency.attach_workers(workers)
+    residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
+    infer_cfg = cfg.actor_infer
+    options = infer_cfg.strategy_args.strategy_config
+    workers["inference"] = [_remote(InferenceWorker, placement, name=name).remote(
+        infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
+        max_batch_size=int(options.get("max_batch_size", 256)),
+        max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
+        device=placement.torch_device, **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")))
+        for placement, name in zip(plan.processes["actor_infer"], inference_names(cfg), strict=True)]
+    residency.attach("actor_infer", workers["inference"])
     return workers
 
 
-def _strategy(worker_cfg) -> dict:
-    return {"strategy_name": worker_cfg.strategy_args.strategy_name,
-            "strategy_config": dict(worker_cfg.strategy_args.strategy_config)}
+def _remote(cls, placement: ProcessPlacement, **options):
+    """`ray.remote(cls)` with the process's device options; a GPU process is pinned to the
+    driver's node, whose GPUs its `device_mapping` names."""
+    options = {**_ACTOR_OPTIONS, **placement.ray_options(), **options}
+    if placement.device is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(cls).options(**options)
+
+
+def _strategy(worker_cfg, offloadable: bool = False) -> dict:
+    """Engine name and options; `offloadable` adds what an external engine needs to be offloaded."""
+    name = worker_cfg.strategy_args.strategy_name
+    config = dict(worker_cfg.strategy_args.strategy_config)
+    if offloadable:
+        config.update(_OFFLOADABLE_ENGINE_OPTIONS.get(name, {}))
+    return {"strategy_name": name, "strategy_config": config}
 
 
 def sampling_params(generating_args, tokenizer) -> SamplingParams:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from roll.distributed.strategies.offload import move_optimizer_state_
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import TorchTrainStrategy, _as_float
 
@@ -155,3 +156,35 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
         self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True,
                                     load_lr_scheduler_states=False)
         self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+
+    def offload(self, to: str | torch.device = "cpu") -> None:
+        """ZeRO 1-3: DeepSpeed's own `offload_states` (to CPU only; it empties the module's
+        parameters until `reload`). Stage 0 has no ZeRO optimizer: the `torch` strategy's move.
+
+        ZeRO-3's `offload_states` moves the fp32 master partitions and Adam moments only for
+        DeepSpeed's FusedAdam (it asserts so); ours is torch's AdamW, so DeepSpeed moves the module
+        partitions, gradients and buckets, and we move the master partitions and moments. With
+        `offload_optimizer` configured (ZeRO-Offload) those already live on CPU and stay there.
+        """
+        if self.zero_stage == 0:
+            return super().offload(to)
+        if torch.device(to).type != "cpu":
+            raise ValueError(f"deepspeed offloads ZeRO states to CPU only (got {to!r})")
+        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+        include = None
+        if self.zero_stage == 3:
+            include = [OffloadStateTypeEnum.lp_params, OffloadStateTypeEnum.lp_grads,
+                       OffloadStateTypeEnum.contiguous_grad_buffer]
+            if not self.engine.zero_use_cpu_optimizer():
+                move_optimizer_state_(self.engine.optimizer.optimizer, to, with_params=True)
+        # pinned host memory makes the way back faster; there is nothing to pin for on CPU
+        self.engine.offload_states(include=include, device=OffloadDeviceEnum.cpu,
+                                   pin_memory=self.device.type == "cuda")
+
+    def reload(self) -> None:
+        if self.zero_stage == 0:
+            return super().reload()
+        if self.zero_stage == 3 and not self.engine.zero_use_cpu_optimizer():
+            move_optimizer_state_(self.engine.optimizer.optimizer, self.device, with_params=True)
+        self.engine.reload_states()

@@ -33,12 +33,14 @@ from roll.distributed.strategies.kv_cache import (
     left_padded_past,
     row_chunk,
 )
+from roll.distributed.strategies.offload import move_module_, release_cached_memory
 
 
 class HFInferStrategy:
     def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_ids: list[int],
                  max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
         self.model = model.eval()
+        self.device = next(model.parameters()).device  # where `reload` puts the model back
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.policy_version = 0
@@ -54,6 +56,18 @@ class HFInferStrategy:
     def release(self, session_id: str) -> bool:
         """Forget a finished conversation's KV; True if it was cached."""
         return self.kv_cache.release(session_id)
+
+    def offload(self, to: str | torch.device = "cpu") -> None:
+        """Free the device for a colocated role: drop every session's cached KV (device memory,
+        and stale after the weight update that follows anyway) and move the model to `to`. The
+        cache object with its bound, the policy version and the stats stay."""
+        self.kv_cache.clear()
+        move_module_(self.model, to)
+        release_cached_memory(self.device)
+
+    def reload(self) -> None:
+        """Move the model back to its device; sessions start caching afresh."""
+        move_module_(self.model, self.device)
 
     @torch.no_grad()
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:

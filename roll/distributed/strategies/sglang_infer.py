@@ -104,6 +104,18 @@ class SGLangInferStrategy:
         """No-op: SGLang's radix cache is keyed by token ids and evicts by itself."""
         return False
 
+    def offload(self) -> None:
+        """Free the GPU for a colocated role: flush the radix cache, then SGLang's
+        `release_memory_occupation` (weights and KV cache). Needs the engine built with
+        `enable_memory_saver=True`, which the pipeline adds to `strategy_config` when actor_infer
+        shares GPUs. Written against SGLang's API, never run (see the module docstring)."""
+        self._call(self.engine.flush_cache)
+        self._call(self.engine.release_memory_occupation)
+
+    def reload(self) -> None:
+        """Undo `offload`: `resume_memory_occupation` brings weights and KV memory back."""
+        self._call(self.engine.resume_memory_occupation)
+
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """All requests in one `Engine.generate` call (SGLang batches them continuously)."""
         return generate_live(requests, self._generate, self.policy_version)

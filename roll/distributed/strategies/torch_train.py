@@ -40,6 +40,11 @@ from roll.distributed.batch import (
     iter_distinct_micro_batches,
     token_logprobs,
 )
+from roll.distributed.strategies.offload import (
+    move_module_,
+    move_optimizer_state_,
+    release_cached_memory,
+)
 
 LossFn = Callable[[nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float | torch.Tensor]]]
 SchedulerType = Literal["constant", "linear", "cosine"]
@@ -185,6 +190,24 @@ class TorchTrainStrategy:
     def step_lr_scheduler(self) -> None:
         """Advance the LR schedule by one pipeline step (see module docstring)."""
         self.scheduler.step()
+
+    # ---- colocation: leave the device to another role, then come back ----------------------
+    def offload(self, to: str | torch.device = "cpu") -> None:
+        """Move weights, gradients and optimizer state to `to` (CPU by default) and free their
+        device memory for a colocated role; `reload` brings them back. Nothing is rebuilt: the
+        optimizer, its moments and step counts, and the LR schedule are the same objects after
+        the round trip. While offloaded call nothing but `reload` (under DeepSpeed ZeRO the
+        module's parameters are empty then), so take weights for the engines before."""
+        self._move_training_state(to)
+        release_cached_memory(self.device)
+
+    def reload(self) -> None:
+        """Bring what `offload` moved back to `self.device`."""
+        self._move_training_state(self.device)
+
+    def _move_training_state(self, device: str | torch.device) -> None:
+        move_module_(self.model, device)
+        move_optimizer_state_(self.optimizer, device)
 
     # ---- weights and checkpoints ------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

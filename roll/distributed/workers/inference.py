@@ -13,6 +13,11 @@ count prompt ids served from it (`prefix_tokens_reused`) and those fed to the mo
 `strategy_name` picks the engine: `hf` (the default, built here from the loaded model), `vllm` or
 `sglang`, each imported only when chosen and given `strategy_config` as its options. vLLM and
 SGLang cache prefixes themselves (by token ids, not sessions), so `max_cached_tokens` is `hf`'s.
+
+When the worker shares its GPU with a training role, the pipeline calls `offload` before that role
+works and `reload` after (`roll.pipeline.residency`). Both wait for the engine call in progress;
+requests that arrive while the engine is offloaded wait for `reload`, and new weights are refused
+until then (they must reach an awake engine).
 """
 
 from __future__ import annotations
@@ -35,12 +40,12 @@ class InferenceWorker:
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
                  num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
-                 strategy_name: str = "hf", strategy_config: dict | None = None):
+                 strategy_name: str = "hf", strategy_config: dict | None = None, device: str = "cpu"):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         if strategy_name == "hf":
-            model = load_causal_lm(model_path, dtype=dtype)
+            model = load_causal_lm(model_path, dtype=dtype).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
             self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos,
                                           max_cached_tokens=max_cached_tokens)
@@ -50,6 +55,7 @@ class InferenceWorker:
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
         self._wake: asyncio.Event | None = None
         self._engine_lock: asyncio.Lock | None = None
+        self._awake: asyncio.Event | None = None  # cleared while the engine is offloaded
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._loop_task: asyncio.Task | None = None
         self.stats = {"engine_calls": 0, "requests": 0, "generated_tokens": 0}
@@ -72,8 +78,24 @@ class InferenceWorker:
         Requests still queued are served on the new weights and stamped with `version`."""
         self._ensure_loop()
         async with self._engine_lock:
+            if not self._awake.is_set():
+                raise RuntimeError("update_weights: the engine is offloaded; reload it first")
             self.engine.load_weights(state_dict, version)
         return version
+
+    async def offload(self) -> None:
+        """Free the device for a colocated role, after the engine call in progress."""
+        self._ensure_loop()
+        async with self._engine_lock:
+            self._awake.clear()
+            self.engine.offload()
+
+    async def reload(self) -> None:
+        """Bring the engine back and serve the requests that waited."""
+        self._ensure_loop()
+        async with self._engine_lock:
+            self.engine.reload()
+            self._awake.set()
 
     def release_session(self, session_id: str) -> bool:
         """Drop a finished conversation's cached KV (safe while the engine runs); True if cached."""
@@ -90,6 +112,8 @@ class InferenceWorker:
         if self._loop_task is None:
             self._wake = asyncio.Event()
             self._engine_lock = asyncio.Lock()
+            self._awake = asyncio.Event()
+            self._awake.set()
             self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
 
     async def _batch_loop(self) -> None:
@@ -98,9 +122,12 @@ class InferenceWorker:
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
-                batch = self._pending[: self.max_batch_size]
-                self._pending = self._pending[self.max_batch_size:]
+                await self._awake.wait()  # an offloaded engine serves nothing until `reload`
                 async with self._engine_lock:
+                    if not self._awake.is_set():  # offloaded while this loop waited for the lock
+                        continue
+                    batch = self._pending[: self.max_batch_size]
+                    self._pending = self._pending[self.max_batch_size:]
                     try:
                         outputs = await loop.run_in_executor(
                             self._executor, self.engine.generate_batch, [r for r, _ in batch])

@@ -7,6 +7,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from roll.distributed.batch import forward_in_micro_batches, token_logprobs
+from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import set_num_threads
 from roll.models.loading import DType, load_causal_lm
 
@@ -40,3 +41,12 @@ class ReferenceWorker:
         return forward_in_micro_batches(
             self.model, batch, logprobs_forward, self.micro_batch_size, self.device
         )["logprobs"]
+
+    def offload(self, to: str | torch.device = "cpu") -> None:
+        """The frozen model to `to` (CPU by default) while a colocated role uses the device."""
+        move_module_(self.model, to)
+        release_cached_memory(self.device)
+
+    def reload(self) -> None:
+        """The model back onto its device."""
+        move_module_(self.model, self.device)

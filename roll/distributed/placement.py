@@ -1,0 +1,196 @@
+"""Where each worker process runs: ROLL's `device_mapping`, planned before any process starts.
+
+Semantics. A role's `device_mapping` lists GPU indices of the driver's node, numbered as the
+driver sees them (index i is the i-th entry of the driver's `CUDA_VISIBLE_DEVICES` when that is
+set, else GPU i); `null` runs the role on CPU. ROLL's string form `list(range(0, 8))` is accepted
+too. Each process of a role takes one device: `actor_infer` runs one process per replica
+(`strategy_config.num_replicas`, by default one per listed device), every training role
+(`actor_train`, `critic`, `reference`) runs one process, hence one device. Two roles whose lists
+share a device are colocated: they take turns on it, the pipeline offloading one while the other
+works (`roll.pipeline.residency`).
+
+How a process gets its device. Ray is asked for no GPU (`num_gpus=0`); the process is started with
+`CUDA_VISIBLE_DEVICES` set to its own device and uses `cuda:0`. Why not Ray's `num_gpus`: Ray
+chooses which GPU a request gets, so the indices the user wrote would not be the ones used, and
+fractional requests of colocated processes (1/2, 1/3 of a GPU) may not pack onto the GPUs the way
+the layout needs, leaving an actor pending forever. The price: Ray's GPU accounting does not see
+these processes, so the run assumes it owns the GPUs it names (as ROLL does), and every GPU process
+is pinned to the driver's node (`roll.pipeline.builders`). `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`
+keeps older Ray versions, which blanked the variable for `num_gpus=0` actors, from undoing it.
+
+Everything here is pure (no torch, no Ray), so the plans are tested on CPU against hand-written
+layouts (tests/distributed/test_placement.py). Config-time checks (`check_device_layout`) need no
+GPU and run when the config is validated; `plan_devices` also checks the layout against the GPUs
+this machine has, when the pipeline places its workers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+INFERENCE_ROLE = "actor_infer"
+TRAINING_ROLES = ("actor_train", "critic", "reference")
+ROLES = ("actor_train", INFERENCE_ROLE, "critic", "reference")
+NUM_REPLICAS_KEY = "actor_infer.strategy_args.strategy_config.num_replicas"
+NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+_ROLL_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*\)\s*$")
+
+
+class PlacementError(ValueError):
+    """A layout that cannot run; `str()` is one line, "KEY: why", naming the config key at fault."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+def parse_device_mapping(value: Any) -> Any:
+    """ROLL's string `list(range(a[, b[, step]]))` as a list of ints; anything else unchanged (a
+    YAML list or null, which the config model then validates). Parsed, never evaluated."""
+    if not isinstance(value, str):
+        return value
+    match = _ROLL_RANGE.match(value)
+    if match is None:
+        raise ValueError(f"expected a list of GPU indices, null, or 'list(range(a, b))' (got {value!r})")
+    return list(range(*(int(g) for g in match.groups() if g is not None)))
+
+
+@dataclass(frozen=True)
+class ProcessPlacement:
+    """One worker process: its role, its index among the role's processes, and its device."""
+
+    role: str
+    index: int
+    device: int | None
+    """GPU index as the driver sees it; None: CPU."""
+    cuda_visible_devices: str | None
+    """`CUDA_VISIBLE_DEVICES` of the process (the device's entry in the driver's); None: left alone."""
+
+    @property
+    def torch_device(self) -> str:
+        """What the process passes to torch: its one visible GPU, or the CPU."""
+        return "cpu" if self.device is None else "cuda:0"
+
+    def ray_options(self) -> dict[str, Any]:
+        """Options for `ray.remote(...).options()`: none on CPU; on a GPU no Ray GPU and the
+        process's own `CUDA_VISIBLE_DEVICES` (see the module docstring)."""
+        if self.device is None:
+            return {}
+        env = {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices, NOSET_CUDA_VISIBLE_DEVICES: "1"}
+        return {"num_gpus": 0, "runtime_env": {"env_vars": env}}
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """The processes of every role the run builds, by role."""
+
+    processes: dict[str, tuple[ProcessPlacement, ...]]
+
+    def devices(self, role: str) -> tuple[int, ...]:
+        """The GPUs of a role's processes, in process order; () for a CPU role."""
+        return tuple(p.device for p in self.processes.get(role, ()) if p.device is not None)
+
+    def process(self, role: str, index: int = 0) -> ProcessPlacement:
+        return self.processes[role][index]
+
+    @property
+    def colocation_groups(self) -> list[tuple[str, ...]]:
+        """Roles that share devices, directly or through another role (two or more per group),
+        in `ROLES` order. Empty when no two roles share a GPU, e.g. in every CPU run."""
+        groups: list[set[str]] = []
+        for role in (r for r in ROLES if self.devices(r)):
+            touching = [g for g in groups if any(set(self.devices(role)) & set(self.devices(o)) for o in g)]
+            merged = {role}.union(*touching)
+            groups = [g for g in groups if g not in touching] + [merged]
+        return [tuple(r for r in ROLES if r in g) for g in groups if len(g) > 1]
+
+    def is_colocated(self, role: str) -> bool:
+        """Whether some other role shares one of this role's devices."""
+        return any(role in group for group in self.colocation_groups)
+
+
+def check_device_layout(
+    mappings: Mapping[str, list[int] | None],
+    *,
+    strategies: Mapping[str, str],
+    inference_replicas: int,
+    async_generation_ratio: int = 0,
+) -> None:
+    """The checks that need no GPU, run when the config is validated; `PlacementError` naming the
+    key. `mappings`: `device_mapping` of each role the run builds (absent roles left out)."""
+    gpu_roles = [role for role in ROLES if mappings.get(role) is not None]
+    cpu_roles = [role for role in ROLES if role in mappings and mappings[role] is None]
+    if gpu_roles and cpu_roles:
+        raise PlacementError(f"{cpu_roles[0]}.device_mapping", f"null (CPU) while {gpu_roles[0]}.device_mapping "
+                             "lists GPUs; place every role on GPUs or every role on CPU (null)")
+    _check_processes(mappings, strategies, inference_replicas)
+    infer = set(mappings.get(INFERENCE_ROLE) or ())
+    for role in (r for r in TRAINING_ROLES if mappings.get(r)):
+        shared = sorted(infer & set(mappings[role]))
+        if async_generation_ratio > 0 and shared:
+            raise PlacementError(
+                "async_generation_ratio",
+                f"{async_generation_ratio} needs actor_infer on GPUs of its own, but it shares {shared} with "
+                f"{role}: rollout then runs while {role} works, so neither can be offloaded for the other; "
+                "use 0 or give actor_infer other devices")
+
+
+def _check_processes(mappings: Mapping[str, list[int] | None], strategies: Mapping[str, str],
+                     inference_replicas: int) -> None:
+    """One device per process: `num_replicas` devices for actor_infer, one for a training role."""
+    if isinstance(inference_replicas, bool) or not isinstance(inference_replicas, int) or inference_replicas < 1:
+        raise PlacementError(NUM_REPLICAS_KEY, f"must be an integer >= 1 (got {inference_replicas!r})")
+    infer = mappings.get(INFERENCE_ROLE)
+    if infer is not None and len(infer) != inference_replicas:
+        raise PlacementError(
+            NUM_REPLICAS_KEY,
+            f"{inference_replicas} replicas for actor_infer.device_mapping {infer}; each replica is one process "
+            f"on one device (tensor parallel is not built): set it to {len(infer)} or leave it out")
+    for role in (r for r in TRAINING_ROLES if mappings.get(r)):
+        devices = mappings[role]
+        if len(devices) > 1:
+            raise PlacementError(
+                f"{role}.device_mapping",
+                f"{len(devices)} devices {devices}, but a training role runs as one process on one device "
+                f"(strategy {strategies.get(role, 'torch')!r}; several ranks per role are not built yet): "
+                f"list one device, e.g. [{devices[0]}]")
+
+
+def plan_devices(
+    mappings: Mapping[str, list[int] | None],
+    *,
+    strategies: Mapping[str, str],
+    inference_replicas: int,
+    visible_gpus: int,
+    driver_visible_devices: str | None = None,
+) -> DevicePlan:
+    """Every process of every role in `mappings`, checked against this machine: `visible_gpus` is
+    the driver's GPU count, `driver_visible_devices` its `CUDA_VISIBLE_DEVICES` (None: unset)."""
+    _check_processes(mappings, strategies, inference_replicas)
+    entries = [e.strip() for e in driver_visible_devices.split(",") if e.strip()] if driver_visible_devices else None
+    processes = {}
+    for role in (r for r in ROLES if r in mappings):
+        devices = mappings[role]
+        if devices is None:
+            count = inference_replicas if role == INFERENCE_ROLE else 1
+            processes[role] = tuple(ProcessPlacement(role, i, None, None) for i in range(count))
+            continue
+        _check_visible(role, devices, visible_gpus)
+        processes[role] = tuple(
+            ProcessPlacement(role, i, d, entries[d] if entries and d < len(entries) else str(d))
+            for i, d in enumerate(devices))
+    return DevicePlan(processes)
+
+
+def _check_visible(role: str, devices: list[int], visible_gpus: int) -> None:
+    key = f"{role}.device_mapping"
+    if visible_gpus == 0:
+        raise PlacementError(key, f"{devices} needs CUDA GPUs, and none is visible here; use null to run on CPU")
+    missing = [d for d in devices if d >= visible_gpus]
+    if missing:
+        raise PlacementError(key, f"GPU {missing[0]} does not exist here: {visible_gpus} GPUs are visible "
+                                  f"(indices 0-{visible_gpus - 1})")
