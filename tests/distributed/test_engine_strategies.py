@@ -9,20 +9,12 @@ import torch
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.torch_train import build_train_strategy
-from roll.distributed.workers.actor import ActorWorker
+
+from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, train_two_steps
 
 pytest.importorskip("deepspeed")
 torch.set_num_threads(1)
-VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
-# micro-batches of 2, two per optimizer step (gradient accumulation), clipping active
-# Weights are compared to 1e-4: Adam's early steps move a weight by about lr * g / |g|, so a
-# gradient entry near 0 whose float round-off differs between engines moves by up to ~1e-5 more
-# (measured 7e-6 on one entry of 512); an engine bug moves weights by ~lr = 1e-2.
-WEIGHT_TOL = dict(rtol=1e-4, atol=1e-4)
-ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                    max_grad_norm=0.5)
 ENGINES = {
     "deepspeed-zero0": ("deepspeed", {"zero_optimization": {"stage": 0}}),
     "deepspeed-zero1": ("deepspeed", {"zero_optimization": {"stage": 1}}),
@@ -32,51 +24,16 @@ ENGINES = {
 }
 
 
-def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
-    """Rows with 3-token prompts and 3..6-token responses; old log-probs from the actor itself."""
-    generator = torch.Generator().manual_seed(n)
-    positions = torch.arange(10)
-    lengths = torch.tensor([6 + i % 4 for i in range(n)])[:, None]
-    attention_mask = (positions < lengths).long()
-    batch = TensorDict({
-        "input_ids": torch.randint(1, VOCAB, (n, 10), generator=generator) * attention_mask,
-        "attention_mask": attention_mask,
-        "response_mask": ((positions >= 3) & (positions < lengths)).float(),
-    }, batch_size=[n])
-    batch["old_logprobs"] = actor.compute_logprobs(batch, 1.0)
-    batch["advantages"] = torch.randn(n, 1, generator=generator) * batch["response_mask"]
-    return batch
-
-
-def train_two_steps(model_dir: str, name: str, config: dict) -> tuple[list[dict], dict]:
-    actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1,
-                        strategy_name=name, strategy_config=config)
-    metrics = []
-    for step in range(2):
-        metrics.append(actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=2, pg_clip=0.2,
-                                   entropy_loss_coef=0.01, loss_agg_mode="token-mean", step=step))
-    return metrics, actor.get_weights()
-
-
 @pytest.fixture(scope="module")
 def torch_run(model_dir):
-    return train_two_steps(model_dir, "torch", {})
+    return train_two_steps(model_dir, "torch")
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_ppo_steps_match_the_torch_strategy(model_dir, torch_run, engine):
     """Two PPO steps (2 epochs x 2 mini-batches x 2 micro-batches each, clipped): the same losses,
     gradient norms and final weights as the plain torch strategy."""
-    want_metrics, want_weights = torch_run
-    got_metrics, got_weights = train_two_steps(model_dir, *ENGINES[engine])
-    for want, got in zip(want_metrics, got_metrics, strict=True):
-        for key in ("losses/policy_loss", "losses/entropy", "losses/approx_kl", "actor/grad_norm", "actor/lr"):
-            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
-        assert got["actor/skipped_steps"] == 0
-    assert want_metrics[1]["losses/approx_kl"] != 0  # the weights did move
-    assert got_weights.keys() == want_weights.keys()
-    for key, value in want_weights.items():
-        torch.testing.assert_close(got_weights[key], value, **WEIGHT_TOL, msg=key)
+    assert_same_training(train_two_steps(model_dir, *ENGINES[engine]), torch_run)
 
 
 def _strategy(model_dir: str, engine: str):

@@ -1,0 +1,60 @@
+"""The PPO case every training engine is checked on against the plain `torch` strategy
+(test_engine_strategies.py, test_megatron.py): two steps of 2 epochs x 2 mini-batches x 2
+micro-batches on the `model_dir` fixture's tiny Llama, clipping active."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from roll.configs.worker import TrainingArgs
+from roll.distributed.workers.actor import ActorWorker
+
+VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
+ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                    max_grad_norm=0.5)
+# Weights are compared to 1e-4: Adam's early steps move a weight by about lr * g / |g|, so a
+# gradient entry near 0 whose float round-off differs between engines moves by up to ~1e-5 more
+# (measured 7e-6 on one entry of 512); an engine bug moves weights by ~lr = 1e-2.
+WEIGHT_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
+    """Rows with 3-token prompts and 3..6-token responses (right-padded); old log-probs from the
+    actor itself."""
+    generator = torch.Generator().manual_seed(n)
+    positions = torch.arange(10)
+    lengths = torch.tensor([6 + i % 4 for i in range(n)])[:, None]
+    attention_mask = (positions < lengths).long()
+    batch = TensorDict({
+        "input_ids": torch.randint(1, VOCAB, (n, 10), generator=generator) * attention_mask,
+        "attention_mask": attention_mask,
+        "response_mask": ((positions >= 3) & (positions < lengths)).float(),
+    }, batch_size=[n])
+    batch["old_logprobs"] = actor.compute_logprobs(batch, 1.0)
+    batch["advantages"] = torch.randn(n, 1, generator=generator) * batch["response_mask"]
+    return batch
+
+
+def train_two_steps(model_dir: str, name: str, config: dict | None = None) -> tuple[list[dict], dict]:
+    """The metrics of two PPO steps with engine `name` and its weights after them."""
+    actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1,
+                        strategy_name=name, strategy_config=config or {})
+    metrics = [actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
+                           loss_agg_mode="token-mean", step=step) for step in range(2)]
+    return metrics, actor.get_weights()
+
+
+def assert_same_training(got: tuple[list[dict], dict], want: tuple[list[dict], dict]) -> None:
+    """Same losses, gradient norms and learning rates at every step, and the same final weights
+    (same names, in the same order)."""
+    (got_metrics, got_weights), (want_metrics, want_weights) = got, want
+    for want_step, got_step in zip(want_metrics, got_metrics, strict=True):
+        for key in ("losses/policy_loss", "losses/entropy", "losses/approx_kl", "actor/grad_norm", "actor/lr"):
+            assert got_step[key] == pytest.approx(want_step[key], rel=1e-4, abs=1e-6), key
+        assert got_step["actor/skipped_steps"] == 0
+    assert want_metrics[1]["losses/approx_kl"] != 0  # the weights did move
+    assert list(got_weights) == list(want_weights)
+    for key, value in want_weights.items():
+        torch.testing.assert_close(got_weights[key], value, **WEIGHT_TOL, msg=key)
