@@ -273,7 +273,8 @@ class PipelineConfig(ConfigModel):
             check_device_layout(
                 {role: worker.device_mapping for role, worker in roles.items()},
                 strategies={role: worker.strategy_args.strategy_name for role, worker in roles.items()},
-                inference_replicas=self.inference_replicas, async_generation_ratio=self.async_generation_ratio)
+                inference_replicas=self.inference_replicas, async_generation_ratio=self.async_generation_ratio,
+                world_sizes={role: worker.world_size for role, worker in roles.items()})
         except PlacementError as err:
             raise InvalidField(err.key, err.reason) from None
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, field_validator
+from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
 from roll.agentic.rollout.records import SamplingParams
 from roll.configs.base import ConfigModel, InvalidField
@@ -88,7 +88,8 @@ class TrainingArgs(ConfigModel):
     @property
     def mini_batch_size(self) -> int:
         """Samples per optimiser step, the PPO mini-batch, as in ROLL:
-        `per_device_train_batch_size * gradient_accumulation_steps` (one data-parallel rank)."""
+        `per_device_train_batch_size * gradient_accumulation_steps` per data-parallel rank; a role
+        with `world_size` ranks steps on `world_size` times as many."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
 
@@ -163,6 +164,13 @@ class WorkerConfig(ConfigModel):
     device are colocated: they take turns on it, each offloaded to CPU while another works, which
     needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
     `roll.distributed.placement`; GPU counts are checked when the pipeline places its workers."""
+    world_size: int | None = Field(None, ge=1)
+    """Processes of a training role, its data-parallel ranks (ROLL's name): one per listed device
+    with a `device_mapping` list (left out it is the list's length; set, it must equal it), the
+    number of CPU processes with `device_mapping: null` (default 1). Ranks split every batch by
+    rows and train on shares of every mini-batch (`roll.pipeline.ranks`); `actor_train` and
+    `critic` need a strategy that averages gradients over ranks (`deepspeed`, `fsdp2`,
+    `megatron`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
 
     @field_validator("device_mapping", mode="before")
     @classmethod
@@ -177,6 +185,17 @@ class WorkerConfig(ConfigModel):
         if devices is not None and len(set(devices)) != len(devices):
             raise ValueError(f"device indices must be distinct (got {devices})")
         return devices
+
+    @model_validator(mode="after")
+    def _fill_world_size(self) -> WorkerConfig:
+        """The one place `world_size` gets its value: the device count, or 1 on CPU."""
+        if self.world_size is None:
+            self.world_size = len(self.device_mapping) if self.device_mapping else 1
+        elif self.device_mapping and self.world_size != len(self.device_mapping):
+            devices = len(self.device_mapping)
+            raise InvalidField("world_size", f"{self.world_size}, but device_mapping {self.device_mapping} lists "
+                               f"{devices} (one rank per device): set it to {devices} or leave it out")
+        return self
 
 
 def check_model_dir(path: str) -> str:

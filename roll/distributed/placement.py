@@ -4,10 +4,13 @@ Semantics. A role's `device_mapping` lists GPU indices of the driver's node, num
 driver sees them (index i is the i-th entry of the driver's `CUDA_VISIBLE_DEVICES` when that is
 set, else GPU i); `null` runs the role on CPU. ROLL's string form `list(range(0, 8))` is accepted
 too. Each process of a role takes one device: `actor_infer` runs one process per replica
-(`strategy_config.num_replicas`, by default one per listed device), every training role
-(`actor_train`, `critic`, `reference`) runs one process, hence one device. Two roles whose lists
-share a device are colocated: they take turns on it, the pipeline offloading one while the other
-works (`roll.pipeline.residency`).
+(`strategy_config.num_replicas`, by default one per listed device), a training role (`actor_train`,
+`critic`, `reference`) runs one data-parallel rank per listed device, `world_size` of them (on CPU,
+`world_size` processes; default 1). The ranks of a role form one torch.distributed group
+(`roll.pipeline.builders`); `actor_train` and `critic` with several ranks need an engine that
+averages gradients over them (`deepspeed`, `fsdp2`, `megatron`): the plain `torch` strategy does
+not, and is refused. Two roles whose lists share a device are colocated: they take turns on it, the
+pipeline offloading one while the other works (`roll.pipeline.residency`), every rank of a role.
 
 How a process gets its device. Ray is asked for no GPU (`num_gpus=0`); the process is started with
 `CUDA_VISIBLE_DEVICES` set to its own device and uses `cuda:0`. Why not Ray's `num_gpus`: Ray
@@ -35,6 +38,8 @@ INFERENCE_ROLE = "actor_infer"
 TRAINING_ROLES = ("actor_train", "critic", "reference")
 ROLES = ("actor_train", INFERENCE_ROLE, "critic", "reference")
 NUM_REPLICAS_KEY = "actor_infer.strategy_args.strategy_config.num_replicas"
+AVERAGING_STRATEGIES = ("deepspeed", "fsdp2", "megatron")
+"""Training engines that average gradients over data-parallel ranks."""
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 _ROLL_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*\)\s*$")
 
@@ -74,6 +79,14 @@ class ProcessPlacement:
     def torch_device(self) -> str:
         """What the process passes to torch: its one visible GPU, or the CPU."""
         return "cpu" if self.device is None else "cuda:0"
+
+    def rank_env(self, world_size: int, master_port: int) -> dict[str, str]:
+        """The torch.distributed variables of this process as rank `index` of its role's group,
+        served by rank 0 on the driver's node (`roll.pipeline.builders`); `ensure_process_group`
+        joins the group they describe. LOCAL_RANK names the process's device among those it sees:
+        0 on a GPU (it sees only its own), the rank on CPU."""
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), "RANK": str(self.index),
+                "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0" if self.device is not None else str(self.index)}
 
     def ray_options(self) -> dict[str, Any]:
         """Options for `ray.remote(...).options()`: none on CPU; on a GPU no Ray GPU and the
@@ -118,16 +131,18 @@ def check_device_layout(
     *,
     strategies: Mapping[str, str],
     inference_replicas: int,
+    world_sizes: Mapping[str, int] | None = None,
     async_generation_ratio: int = 0,
 ) -> None:
     """The checks that need no GPU, run when the config is validated; `PlacementError` naming the
-    key. `mappings`: `device_mapping` of each role the run builds (absent roles left out)."""
+    key. `mappings`: `device_mapping` of each role the run builds (absent roles left out);
+    `world_sizes`: each role's `world_size` (absent: 1)."""
     gpu_roles = [role for role in ROLES if mappings.get(role) is not None]
     cpu_roles = [role for role in ROLES if role in mappings and mappings[role] is None]
     if gpu_roles and cpu_roles:
         raise PlacementError(f"{cpu_roles[0]}.device_mapping", f"null (CPU) while {gpu_roles[0]}.device_mapping "
                              "lists GPUs; place every role on GPUs or every role on CPU (null)")
-    _check_processes(mappings, strategies, inference_replicas)
+    _check_processes(mappings, strategies, inference_replicas, world_sizes or {})
     infer = set(mappings.get(INFERENCE_ROLE) or ())
     for role in (r for r in TRAINING_ROLES if mappings.get(r)):
         shared = sorted(infer & set(mappings[role]))
@@ -140,8 +155,9 @@ def check_device_layout(
 
 
 def _check_processes(mappings: Mapping[str, list[int] | None], strategies: Mapping[str, str],
-                     inference_replicas: int) -> None:
-    """One device per process: `num_replicas` devices for actor_infer, one for a training role."""
+                     inference_replicas: int, world_sizes: Mapping[str, int]) -> None:
+    """One device per process: `num_replicas` devices for actor_infer, one per rank of a training
+    role; several ranks only with an engine that averages their gradients."""
     if isinstance(inference_replicas, bool) or not isinstance(inference_replicas, int) or inference_replicas < 1:
         raise PlacementError(NUM_REPLICAS_KEY, f"must be an integer >= 1 (got {inference_replicas!r})")
     infer = mappings.get(INFERENCE_ROLE)
@@ -150,14 +166,22 @@ def _check_processes(mappings: Mapping[str, list[int] | None], strategies: Mappi
             NUM_REPLICAS_KEY,
             f"{inference_replicas} replicas for actor_infer.device_mapping {infer}; each replica is one process "
             f"on one device (tensor parallel is not built): set it to {len(infer)} or leave it out")
-    for role in (r for r in TRAINING_ROLES if mappings.get(r)):
-        devices = mappings[role]
-        if len(devices) > 1:
+    if infer is None and world_sizes.get(INFERENCE_ROLE, 1) > 1:
+        raise PlacementError(f"{INFERENCE_ROLE}.world_size", f"{world_sizes[INFERENCE_ROLE]} on CPU; the engine's "
+                             f"processes are its replicas: set {NUM_REPLICAS_KEY} instead")
+    for role in (r for r in ("actor_train", "critic") if r in mappings):
+        strategy, ranks = strategies.get(role, "torch"), _ranks(role, mappings, world_sizes)
+        if ranks > 1 and strategy not in AVERAGING_STRATEGIES:
             raise PlacementError(
-                f"{role}.device_mapping",
-                f"{len(devices)} devices {devices}, but a training role runs as one process on one device "
-                f"(strategy {strategies.get(role, 'torch')!r}; several ranks per role are not built yet): "
-                f"list one device, e.g. [{devices[0]}]")
+                f"{role}.strategy_args.strategy_name",
+                f"{strategy!r} does not average gradients over the {ranks} ranks of {role} (world_size); "
+                f"use {', '.join(AVERAGING_STRATEGIES)}, or one rank")
+
+
+def _ranks(role: str, mappings: Mapping[str, list[int] | None], world_sizes: Mapping[str, int]) -> int:
+    """A training role's processes: one per listed device, else its `world_size` (1 if absent)."""
+    devices = mappings.get(role)
+    return len(devices) if devices else world_sizes.get(role, 1)
 
 
 def plan_devices(
@@ -167,16 +191,19 @@ def plan_devices(
     inference_replicas: int,
     visible_gpus: int,
     driver_visible_devices: str | None = None,
+    world_sizes: Mapping[str, int] | None = None,
 ) -> DevicePlan:
     """Every process of every role in `mappings`, checked against this machine: `visible_gpus` is
-    the driver's GPU count, `driver_visible_devices` its `CUDA_VISIBLE_DEVICES` (None: unset)."""
-    _check_processes(mappings, strategies, inference_replicas)
+    the driver's GPU count, `driver_visible_devices` its `CUDA_VISIBLE_DEVICES` (None: unset),
+    `world_sizes` the ranks of CPU training roles (absent: 1)."""
+    world_sizes = world_sizes or {}
+    _check_processes(mappings, strategies, inference_replicas, world_sizes)
     entries = [e.strip() for e in driver_visible_devices.split(",") if e.strip()] if driver_visible_devices else None
     processes = {}
     for role in (r for r in ROLES if r in mappings):
         devices = mappings[role]
         if devices is None:
-            count = inference_replicas if role == INFERENCE_ROLE else 1
+            count = inference_replicas if role == INFERENCE_ROLE else world_sizes.get(role, 1)
             processes[role] = tuple(ProcessPlacement(role, i, None, None) for i in range(count))
             continue
         _check_visible(role, devices, visible_gpus)

@@ -58,7 +58,8 @@ def place_workers(cfg) -> DevicePlan:
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return plan_devices(mappings, strategies={role: w.strategy_args.strategy_name for role, w in roles.items()},
                         inference_replicas=cfg.inference_replicas, visible_gpus=visible,
-                        driver_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+                        driver_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        world_sizes={role: w.world_size for role, w in roles.items()})
 
 
 def inference_names(cfg) -> list[str]:

@@ -52,9 +52,17 @@ def test_roll_range_string_and_one_replica_per_device(model_dir):
      "rollout then runs while actor_train works, so neither can be offloaded for the other; use 0 or give "
      "actor_infer other devices"),
     (["+actor_train.device_mapping='list(range(0,8))'", "+actor_infer.device_mapping='list(range(0,8))'"],
-     "actor_train.device_mapping: 8 devices [0, 1, 2, 3, 4, 5, 6, 7], but a training role runs as one "
-     "process on one device (strategy 'torch'; several ranks per role are not built yet): list one device, "
-     "e.g. [0]"),
+     "actor_train.strategy_args.strategy_name: 'torch' does not average gradients over the 8 ranks of "
+     "actor_train (world_size); use deepspeed, fsdp2, megatron, or one rank"),
+    (["+actor_train.world_size=2"],
+     "actor_train.strategy_args.strategy_name: 'torch' does not average gradients over the 2 ranks of "
+     "actor_train (world_size); use deepspeed, fsdp2, megatron, or one rank"),
+    ([*GPU_RUN, "+actor_train.world_size=2"],
+     "actor_train.world_size: 2, but device_mapping [0] lists 1 (one rank per device): set it to 1 or leave "
+     "it out"),
+    (["+actor_infer.world_size=2"],
+     "actor_infer.world_size: 2 on CPU; the engine's processes are its replicas: set "
+     "actor_infer.strategy_args.strategy_config.num_replicas instead"),
     ([*GPU_RUN, "+actor_infer.strategy_args.strategy_config.num_replicas=2"],
      "actor_infer.strategy_args.strategy_config.num_replicas: 2 replicas for actor_infer.device_mapping [0]; "
      "each replica is one process on one device (tensor parallel is not built): set it to 1 or leave it out"),
@@ -65,6 +73,16 @@ def test_roll_range_string_and_one_replica_per_device(model_dir):
 ])
 def test_bad_layouts_name_the_key(model_dir, overrides, expected):
     assert error_of(model_dir, *overrides) == expected
+
+
+def test_world_size_is_the_device_count_or_the_cpu_processes(model_dir):
+    sharded = "actor_train.strategy_args.strategy_name=fsdp2"
+    cfg = load(model_dir, sharded, "+actor_train.device_mapping='list(range(0,4))'",
+               "+actor_infer.device_mapping='list(range(0,4))'")
+    assert (cfg.actor_train.world_size, cfg.actor_infer.world_size, cfg.inference_replicas) == (4, 4, 4)
+    assert load(model_dir).actor_train.world_size == 1
+    assert load(model_dir, sharded, "+actor_train.world_size=3").actor_train.world_size == 3
+    assert error_of(model_dir, "+actor_train.world_size=0").startswith("actor_train.world_size: ")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")

@@ -79,15 +79,35 @@ def test_fully_colocated_on_8_gpus():
     assert all(p.is_colocated(role) for role in p.processes)
 
 
-def test_roll_8gpu_training_layout_says_what_is_supported():
+def test_roll_8gpu_training_layout_runs_a_rank_per_gpu():
+    """ROLL's 8-GPU layout: actor_train and reference as 8 data-parallel ranks, one per GPU, every
+    GPU shared with an engine replica."""
     layout = {role: list(range(8)) for role in ("actor_train", "actor_infer", "reference")}
-    with pytest.raises(PlacementError) as err:
-        plan(layout, replicas=8)
-    assert err.value.key == "actor_train.device_mapping"
-    assert str(err.value) == (
-        "actor_train.device_mapping: 8 devices [0, 1, 2, 3, 4, 5, 6, 7], but a training role runs as one "
-        "process on one device (strategy 'torch'; several ranks per role are not built yet): list one "
-        "device, e.g. [0]")
+    strategies = {**TORCH, "actor_train": "deepspeed"}
+    check_device_layout(layout, strategies=strategies, inference_replicas=8)
+    p = plan_devices(layout, strategies=strategies, inference_replicas=8, visible_gpus=8)
+    assert [(q.index, q.device, q.cuda_visible_devices) for q in p.processes["actor_train"]] == [
+        (i, i, str(i)) for i in range(8)]
+    assert p.devices("reference") == tuple(range(8))
+    assert p.colocation_groups == [("actor_train", "actor_infer", "reference")]
+
+
+def test_cpu_training_roles_run_world_size_processes():
+    strategies = {**TORCH, "actor_train": "fsdp2", "critic": "deepspeed"}
+    mappings = {"actor_train": None, "actor_infer": None, "critic": None, "reference": None}
+    sizes = {"actor_train": 2, "critic": 3, "reference": 2}
+    check_device_layout(mappings, strategies=strategies, inference_replicas=1, world_sizes=sizes)
+    p = plan_devices(mappings, strategies=strategies, inference_replicas=1, visible_gpus=0, world_sizes=sizes)
+    assert {role: len(procs) for role, procs in p.processes.items()} == {
+        "actor_train": 2, "actor_infer": 1, "critic": 3, "reference": 2}
+    assert [q.index for q in p.processes["critic"]] == [0, 1, 2] and p.colocation_groups == []
+
+
+def test_rank_env_names_the_group_and_the_device():
+    gpu, cpu = ProcessPlacement("actor_train", 1, 5, "5"), ProcessPlacement("critic", 1, None, None)
+    assert gpu.rank_env(2, 29500) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "1",
+                                      "WORLD_SIZE": "2", "LOCAL_RANK": "0"}  # it sees one GPU: its own
+    assert cpu.rank_env(3, 1234)["LOCAL_RANK"] == "1" and cpu.rank_env(3, 1234)["WORLD_SIZE"] == "3"
 
 
 def test_partial_overlap_groups_are_transitive():
@@ -106,10 +126,12 @@ def test_driver_visible_devices_map_indices_to_its_gpus():
     assert p.process("actor_train").device == 1  # the user's index, as the driver numbers it
 
 
-def error(mappings, *, replicas=1, gpus=8, ratio=0) -> PlacementError:
+def error(mappings, *, replicas=1, gpus=8, ratio=0, world_sizes=None) -> PlacementError:
     with pytest.raises(PlacementError) as info:
-        check_device_layout(mappings, strategies=TORCH, inference_replicas=replicas, async_generation_ratio=ratio)
-        plan_devices(mappings, strategies=TORCH, inference_replicas=replicas, visible_gpus=gpus)
+        check_device_layout(mappings, strategies=TORCH, inference_replicas=replicas, async_generation_ratio=ratio,
+                            world_sizes=world_sizes)
+        plan_devices(mappings, strategies=TORCH, inference_replicas=replicas, visible_gpus=gpus,
+                     world_sizes=world_sizes)
     return info.value
 
 
@@ -132,9 +154,16 @@ BAD_LAYOUTS = [
      "(tensor parallel is not built): set it to 4 or leave it out"),
     ({"actor_train": None, "actor_infer": None}, dict(replicas=0),
      "actor_infer.strategy_args.strategy_config.num_replicas", "must be an integer >= 1 (got 0)"),
-    ({"actor_train": [0], "actor_infer": [0], "critic": [2, 3]}, {}, "critic.device_mapping",
-     "2 devices [2, 3], but a training role runs as one process on one device (strategy 'torch'; several "
-     "ranks per role are not built yet): list one device, e.g. [2]"),
+    ({"actor_train": [0], "actor_infer": [0], "critic": [2, 3]}, {}, "critic.strategy_args.strategy_name",
+     "'torch' does not average gradients over the 2 ranks of critic (world_size); use deepspeed, fsdp2, "
+     "megatron, or one rank"),
+    ({"actor_train": None, "actor_infer": None}, dict(world_sizes={"actor_train": 4}),
+     "actor_train.strategy_args.strategy_name",
+     "'torch' does not average gradients over the 4 ranks of actor_train (world_size); use deepspeed, fsdp2, "
+     "megatron, or one rank"),
+    ({"actor_train": None, "actor_infer": None}, dict(world_sizes={"actor_infer": 2}), "actor_infer.world_size",
+     "2 on CPU; the engine's processes are its replicas: set "
+     "actor_infer.strategy_args.strategy_config.num_replicas instead"),
 ]
 
 
