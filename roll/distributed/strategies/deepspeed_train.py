@@ -89,7 +89,7 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
         deepspeed = _import_deepspeed()
         self._deepspeed = deepspeed
         _skip_shm_build(deepspeed)
-        ensure_process_group(self.device)
+        self.dp_rank, self.dp_size = ensure_process_group(self.device)  # DeepSpeed averages over them
         deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         config = deepspeed_config(ds_config or {}, micro_batch_size=self.micro_batch_size,
                                   max_grad_norm=self.max_grad_norm)

@@ -58,6 +58,8 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
         # the optimizer is built after sharding, on the DTensor parameters
         super().__init__(model, device=device, **kwargs)
         self.rank = torch.distributed.get_rank()
+        # FSDP2 reduce-scatters gradients as the mean over ranks
+        self.dp_rank, self.dp_size = self.rank, torch.distributed.get_world_size()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return get_model_state_dict(self.model, options=_FULL)

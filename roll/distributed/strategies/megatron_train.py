@@ -94,6 +94,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         if unconverted:  # a weight the conversion does not know would be lost silently
             raise ValueError(f'strategy "megatron" cannot convert {unconverted[0]} of {self.hf_class.__name__}')
         super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size), device=device, **kwargs)
+        self.dp_rank, self.dp_size = self.rank, dist.get_world_size(self.data_parallel_group)
 
     # ---- data parallel ------------------------------------------------------------------------
     def _clip_and_step(self, finite: bool) -> tuple[float, bool]:

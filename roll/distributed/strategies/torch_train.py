@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 from tensordict import TensorDict
 from torch import nn
 from transformers import get_scheduler
@@ -38,8 +39,11 @@ from roll.distributed.batch import (
     distinct_rows,
     forward_in_micro_batches,
     iter_distinct_micro_batches,
+    rows_to_compute,
     token_logprobs,
+    trim_padding,
 )
+from roll.distributed.ranks import micro_weights, without_responses
 from roll.distributed.strategies.offload import (
     move_module_,
     move_optimizer_state_,
@@ -86,6 +90,8 @@ class TorchTrainStrategy:
         self.micro_batch_size = micro_batch_size
         self.metric_prefix = metric_prefix
         self.consecutive_skips = 0  # optimizer steps in a row skipped for a non-finite loss/grad
+        # Data-parallel rank and ranks; engines that average gradients over ranks set them.
+        self.dp_rank, self.dp_size = 0, 1
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=learning_rate,
@@ -106,9 +112,22 @@ class TorchTrainStrategy:
     ) -> dict[str, torch.Tensor]:
         """`forward(model, micro)` over micro-batches under no_grad; (B, T) outputs on CPU."""
         micro_batch_size = micro_batch_size or self.micro_batch_size
-        return forward_in_micro_batches(
+        out = forward_in_micro_batches(
             self.model, batch, forward, micro_batch_size, self.device, dedupe=self.dedupe_rows
         )
+        if self.dp_size > 1:
+            self._match_forward_count(batch, forward, micro_batch_size)
+        return out
+
+    @torch.no_grad()
+    def _match_forward_count(self, batch: TensorDict, forward: MicroForward, micro_batch_size: int) -> None:
+        """Run stand-in forwards until this rank has made as many as the rank that made most:
+        sharded engines (ZeRO-3, FSDP2) gather weights in every forward, a collective each."""
+        distinct = len(rows_to_compute(batch["input_ids"], batch["attention_mask"], self.dedupe_rows).index)
+        made = math.ceil(distinct / micro_batch_size)
+        stand_in = trim_padding(batch[:1]).to(self.device)
+        for _ in range(self._max_over_ranks(made) - made):
+            forward(self.model, stand_in)
 
     def forward_logprobs(
         self,
@@ -129,7 +148,11 @@ class TorchTrainStrategy:
 
     # ---- training ----------------------------------------------------------------------------
     def train_step(
-        self, minibatch: TensorDict, loss_fn: LossFn, weight_by: Literal["tokens", "rows"] = "tokens"
+        self,
+        minibatch: TensorDict,
+        loss_fn: LossFn,
+        weight_by: Literal["tokens", "rows"] = "tokens",
+        total_weight: float | None = None,
     ) -> dict[str, float]:
         """One optimizer step on `minibatch`, accumulating gradients over micro-batches.
 
@@ -140,6 +163,12 @@ class TorchTrainStrategy:
         the whole minibatch, however it is split. `loss_fn`'s metrics are averaged with the same
         weights, so they too are minibatch values.
 
+        Data parallel: `minibatch` is this rank's share and `total_weight` the whole mini-batch's
+        count over all ranks (`roll.distributed.ranks`); shares are then weighted against it,
+        scaled by the ranks the engine averages over, ranks run equally many backward passes
+        (stand-ins weigh 0), skip together, and the loss metrics are summed over ranks: every rank
+        returns the whole mini-batch's metrics. `total_weight` None: the rank's own count.
+
         With `dedupe_rows`, a micro-batch holds at most `micro_batch_size` distinct rows and every
         row of the minibatch sharing them (`iter_distinct_micro_batches`; rows differing only in
         their last token share one), so `loss_fn` must run its model once per distinct row, as
@@ -148,26 +177,54 @@ class TorchTrainStrategy:
         distinct = distinct_rows(minibatch["input_ids"], minibatch["attention_mask"])
         grouping = distinct if self.dedupe_rows else all_rows(len(minibatch))
         micros = list(iter_distinct_micro_batches(minibatch, self.micro_batch_size, grouping))
-        weights = _micro_weights(micros, weight_by)
+        across_ranks = total_weight is not None and self.dp_size > 1
+        scale = self.dp_size if across_ranks else 1  # the engine averages the ranks' gradients
+        weights = micro_weights(micros, weight_by, total_weight, world_size=scale)
+        if self.dp_size > 1:
+            micros, weights = self._as_many_micros_as_every_rank(micros, weights)
         metrics: dict[str, float] = {}
         finite = True
         for i, (micro, weight) in enumerate(zip(micros, weights, strict=True)):
             loss, micro_metrics = loss_fn(self.train_module, micro.to(self.device))
             finite = finite and bool(torch.isfinite(loss))
-            if finite:
+            if finite or self.dp_size > 1:  # ranks keep their collectives matched and skip together
                 self._backward(loss * weight, last=i == len(micros) - 1)
             for key, value in micro_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + weight * float(value)
+                metrics[key] = metrics.get(key, 0.0) + weight / scale * float(value)
+        if self.dp_size > 1:
+            finite = bool(self._reduce_over_ranks([float(finite)], dist.ReduceOp.MIN)[0])
         grad_norm, skipped = self._clip_and_step(finite)
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
         prefix = self.metric_prefix
+        unique_ratio = distinct.ratio
+        if across_ranks:  # each rank holds its terms of the mini-batch means: add them up
+            *sums, unique_ratio = self._reduce_over_ranks([*metrics.values(), distinct.ratio / self.dp_size],
+                                                          dist.ReduceOp.SUM)
+            metrics = dict(zip(metrics, sums, strict=True))
         return metrics | {
             f"{prefix}/grad_norm": grad_norm,
             f"{prefix}/lr": self.current_lr(),
             f"{prefix}/skipped_steps": float(skipped),
             f"{prefix}/consecutive_skipped_steps": float(self.consecutive_skips),
-            f"{prefix}/unique_row_ratio": distinct.ratio,
+            f"{prefix}/unique_row_ratio": unique_ratio,
         }
+
+    def _as_many_micros_as_every_rank(self, micros: list[TensorDict], weights: list[float]):
+        """Pad with stand-ins (no response token, weight 0) to the most micro-batches any rank has:
+        sharded engines run collectives in every forward and backward, so the counts must match."""
+        stand_ins = self._max_over_ranks(len(micros)) - len(micros)
+        return micros + [without_responses(micros[0])] * stand_ins, weights + [0.0] * stand_ins
+
+    def _max_over_ranks(self, value: int) -> int:
+        return int(self._reduce_over_ranks([float(value)], dist.ReduceOp.MAX)[0])
+
+    def _reduce_over_ranks(self, values: list[float], op) -> list[float]:
+        """`values` reduced element-wise over the data-parallel ranks (all of the default group)."""
+        tensor = torch.tensor(values, dtype=torch.float64)
+        if self.device.type == "cuda":  # nccl reduces device tensors only
+            tensor = tensor.to(self.device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.cpu().tolist()
 
     # The two places an engine differs in a training step (DeepSpeed and FSDP2 override them).
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
@@ -256,22 +313,6 @@ def _disable_dropout(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
-
-
-def _micro_weights(micros: list[TensorDict], weight_by: Literal["tokens", "rows"]) -> list[float]:
-    """Each micro-batch's share of the minibatch (uniform when no token is masked in).
-
-    "rows" counts only rows with a masked token, as the sequence-mean modes of
-    roll.algorithms.losses.agg_loss leave empty rows out of the mean.
-    """
-    if weight_by == "tokens":
-        counts = [float(m["response_mask"].sum()) for m in micros]
-    else:
-        counts = [float((m["response_mask"].sum(dim=-1) > 0).sum()) for m in micros]
-    total = sum(counts)
-    if total == 0:
-        return [1.0 / len(micros)] * len(micros)
-    return [c / total for c in counts]
 
 
 def build_train_strategy(

@@ -31,6 +31,7 @@ from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
     shuffled_minibatches,
+    train_on_share,
 )
 from roll.models.loading import DType, load_causal_lm, load_tokenizer
 
@@ -102,8 +103,9 @@ class ActorWorker:
         `batch` needs input_ids, attention_mask, response_mask, old_logprobs, advantages (B, T),
         and infer_logprobs when `tis_level` ("token" / "sequence") turns the off-policy
         correction on (weights truncated at `tis_cap`).
-        Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps rows, in an
-        order drawn from derive_seed(seed, "minibatch", step, epoch). "actor/unique_row_ratio" is
+        Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps * ranks rows, in
+        an order drawn from derive_seed(seed, "minibatch", step, epoch); with several data-parallel
+        ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
         batch = batch.select(*TRAIN_KEYS, *(("infer_logprobs",) if tis_level else ()))
@@ -119,12 +121,11 @@ class ActorWorker:
             tis_cap=tis_cap,
         )
         weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
+        rows = self.mini_batch_rows * self.strategy.dp_size  # over all data-parallel ranks, as in ROLL
         per_step = [
-            self.strategy.train_step(minibatch, loss_fn, weight_by)
+            train_on_share(self.strategy, minibatch, loss_fn, weight_by)
             for epoch in range(ppo_epochs)
-            for minibatch in shuffled_minibatches(
-                batch, self.mini_batch_rows, self.seed, "minibatch", step, epoch
-            )
+            for minibatch in shuffled_minibatches(batch, rows, self.seed, "minibatch", step, epoch)
         ]
         self.strategy.step_lr_scheduler()
         return average_metrics(per_step, summed=("actor/skipped_steps",), last=("actor/consecutive_skipped_steps",))
@@ -135,8 +136,8 @@ class ActorWorker:
 
     def save_checkpoint(self, directory: str) -> None:
         """An HF model dir (plus tokenizer when the base model had one) + optimizer/scheduler."""
-        self.strategy.save_checkpoint(directory)
-        if self.tokenizer is not None:
+        self.strategy.save_checkpoint(directory)  # collective with several ranks; rank 0 writes
+        if self.tokenizer is not None and self.strategy.dp_rank == 0:
             self.tokenizer.save_pretrained(directory)
 
     def load_checkpoint(self, directory: str) -> None:

@@ -1,4 +1,5 @@
-"""Pieces shared by the training-side roles: thread setup, mini-batch order, metric averaging."""
+"""Pieces shared by the training-side roles: thread setup, mini-batch order, rank shares, metric
+averaging."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 import torch
 from tensordict import TensorDict
 
+from roll.distributed.ranks import WeightBy, rank_share
 from roll.utils.seeding import derive_seed
 
 
@@ -36,3 +38,13 @@ def average_metrics(per_step: list[dict[str, float]], summed: tuple[str, ...] = 
     keys in `last` the value after the last step (streaks)."""
     out = {key: sum(m[key] for m in per_step) / (1 if key in summed else len(per_step)) for key in per_step[0]}
     return out | {key: per_step[-1][key] for key in last if key in per_step[-1]}
+
+
+def train_on_share(strategy, minibatch: TensorDict, loss_fn, weight_by: WeightBy) -> dict[str, float]:
+    """One optimizer step on `minibatch` (a `TorchTrainStrategy`'s `train_step`): the whole of it
+    with one rank; with several, this rank's share weighted against the whole mini-batch
+    (`roll.distributed.ranks`), so that the ranks together take the one-process step."""
+    if strategy.dp_size == 1:
+        return strategy.train_step(minibatch, loss_fn, weight_by)
+    share, total = rank_share(minibatch, strategy.dp_rank, strategy.dp_size, weight_by)
+    return strategy.train_step(share, loss_fn, weight_by, total)

@@ -21,6 +21,7 @@ from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
     shuffled_minibatches,
+    train_on_share,
 )
 from roll.models.loading import DType, load_value_model
 from roll.utils.seeding import derive_seed
@@ -75,18 +76,17 @@ class CriticWorker:
 
         `batch` needs input_ids, attention_mask, response_mask, values (the old values from
         `compute_values`) and returns (B, T). Order from derive_seed(seed, "critic_minibatch",
-        step, epoch). "critic/unique_row_ratio" is the mean over mini-batches of their distinct
+        step, epoch); mini-batches and rank shares as in `ActorWorker.train`. "critic/unique_row_ratio" is the mean over mini-batches of their distinct
         rows / rows (the value model runs once per distinct row, roll.distributed.batch).
         """
         batch = batch.select(*TRAIN_KEYS)
         loss_fn = partial(_value_loss, value_clip=value_clip, loss_agg_mode=loss_agg_mode)
         weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
+        rows = self.mini_batch_rows * self.strategy.dp_size  # over all data-parallel ranks, as in ROLL
         per_step = [
-            self.strategy.train_step(minibatch, loss_fn, weight_by)
+            train_on_share(self.strategy, minibatch, loss_fn, weight_by)
             for epoch in range(ppo_epochs)
-            for minibatch in shuffled_minibatches(
-                batch, self.mini_batch_rows, self.seed, "critic_minibatch", step, epoch
-            )
+            for minibatch in shuffled_minibatches(batch, rows, self.seed, "critic_minibatch", step, epoch)
         ]
         self.strategy.step_lr_scheduler()
         return average_metrics(per_step, summed=("critic/skipped_steps",), last=("critic/consecutive_skipped_steps",))
