@@ -16,6 +16,8 @@ from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
+from roll.distributed.rank_group import RankGroup
+from roll.distributed.strategies.process_group import free_port
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
@@ -72,26 +74,24 @@ def inference_names(cfg) -> list[str]:
 
 
 def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
-    """Actor and (when needed) reference and critic actors, then the inference replicas (a list),
-    by worker key, each process on its device (`residency.plan`; `place_workers` when no
-    `residency` is given). Training roles that share GPUs with the engine are offloaded before it
+    """Actor and (when needed) reference and critic actors (a `RankGroup` for a role of several
+    ranks), then the inference replicas (a list), by worker key, each process on its device
+    (`residency.plan`; `place_workers` when no `residency` is given). Training roles that share GPUs with the engine are offloaded before it
     is built, so that vLLM and SGLang find free the memory they size their KV cache from."""
     residency = residency or PhaseResidency(place_workers(cfg))
     plan, total = residency.plan, cfg.max_steps
-    workers = {"actor": _remote(ActorWorker, plan.process("actor_train")).remote(
-        cfg.actor_train.model_args.model_name_or_path, cfg.actor_train.training_args,
-        total_train_steps=total, seed=cfg.seed, dtype=cfg.actor_train.model_args.dtype,
-        device=plan.process("actor_train").torch_device, **_strategy(cfg.actor_train))}
+    workers = {"actor": _start_role(ActorWorker, plan, "actor_train", cfg.actor_train.model_args.model_name_or_path,
+                                    cfg.actor_train.training_args, total_train_steps=total, seed=cfg.seed,
+                                    dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train))}
     if "reference" in plan.processes:
-        workers["reference"] = _remote(ReferenceWorker, plan.process("reference")).remote(
-            cfg.reference.model_args.model_name_or_path, dtype=cfg.reference.model_args.dtype,
-            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size,
-            device=plan.process("reference").torch_device)
+        workers["reference"] = _start_role(
+            ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
+            dtype=cfg.reference.model_args.dtype,
+            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size)
     if "critic" in plan.processes:
-        workers["critic"] = _remote(CriticWorker, plan.process("critic")).remote(
-            cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
-            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype,
-            device=plan.process("critic").torch_device, **_strategy(cfg.critic))
+        workers["critic"] = _start_role(
+            CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
+            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic))
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     infer_cfg = cfg.actor_infer
@@ -106,11 +106,27 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     return workers
 
 
-def _remote(cls, placement: ProcessPlacement, **options):
-    """`ray.remote(cls)` with the process's device options; a GPU process is pinned to the
-    driver's node, whose GPUs its `device_mapping` names."""
+def _start_role(cls, plan: DevicePlan, role: str, *args, **kwargs):
+    """The actor of a one-process role, exactly as before ranks existed; for several ranks one
+    actor per rank, forming one torch.distributed group, behind a `RankGroup`. The group is served
+    on a free port of the driver's node, which every rank is pinned to; CPU ranks share the cores."""
+    placements = plan.processes[role]
+    if len(placements) == 1:
+        return _remote(cls, placements[0]).remote(*args, device=placements[0].torch_device, **kwargs)
+    port, ranks = free_port(), len(placements)
+    threads = None if placements[0].device is not None else max(1, (os.cpu_count() or 1) // ranks)
+    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port)).remote(
+        *args, device=p.torch_device, num_threads=threads, **kwargs) for p in placements])
+
+
+def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None, **options):
+    """`ray.remote(cls)` with the process's device options and extra environment `env`; a GPU
+    process or a rank of a group is pinned to the driver's node (its GPUs, the group's port)."""
     options = {**_ACTOR_OPTIONS, **placement.ray_options(), **options}
-    if placement.device is not None:
+    if env:
+        runtime_env = options.setdefault("runtime_env", {})
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+    if placement.device is not None or env:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False)
     return ray.remote(cls).options(**options)

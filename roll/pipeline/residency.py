@@ -24,6 +24,7 @@ from typing import Any
 import ray
 
 from roll.distributed.placement import DevicePlan, ProcessPlacement
+from roll.distributed.rank_group import RankGroup
 
 PHASE_ROLES: dict[str, tuple[str, ...]] = {
     "rollout": ("actor_infer",),
@@ -62,8 +63,11 @@ class PhaseResidency:
         self._handles.update({(role, i): handle for i, handle in enumerate(handles)})
 
     def attach_workers(self, workers: dict[str, Any]) -> None:
-        """`attach` every role of the pipeline's worker dict (the inference entry is a list)."""
+        """`attach` every role of the pipeline's worker dict (the inference entry is a list, a role
+        of several ranks a `RankGroup`: each rank is offloaded and reloaded on its own)."""
         for key, handles in workers.items():
+            if isinstance(handles, RankGroup):
+                handles = handles.handles
             self.attach(WORKER_ROLES[key], handles if isinstance(handles, list) else [handles])
 
     def enter(self, phase: str) -> None:

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
 from roll.distributed.placement import plan_devices
+from roll.distributed.rank_group import RankGroup
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.residency import PHASE_ROLES, PhaseResidency
@@ -108,6 +109,23 @@ def test_no_shared_device_means_no_call_at_all(mappings):
     for phase in [*PHASE_ROLES, *PHASE_ROLES]:
         res.enter(phase)
     assert log == [] and res.offloaded == set()
+
+
+def test_every_rank_of_a_role_is_offloaded_and_reloaded():
+    """actor_train as two ranks (a RankGroup) on the engine's two GPUs: both leave for the rollout."""
+    log: list[str] = []
+    strategies = {**STRATEGIES, "actor_train": "fsdp2"}
+    plan = plan_devices({"actor_train": [0, 1], "actor_infer": [0, 1]}, strategies=strategies,
+                        inference_replicas=2, visible_gpus=2)
+    res = PhaseResidency(plan, get=lambda refs: refs)
+    res.attach_workers({"actor": RankGroup([FakeHandle(f"actor_train/{i}", log) for i in range(2)]),
+                        "inference": [FakeHandle(f"actor_infer/{i}", log) for i in range(2)]})
+    assert calls_per_phase(res, log, STEP[:4]) == [
+        ("rollout", ["actor_train/0.offload", "actor_train/1.offload"]),
+        ("score", ["actor_infer/0.offload", "actor_infer/1.offload", "actor_train/0.reload", "actor_train/1.reload"]),
+        ("train", []),
+        ("sync", ["actor_train/0.offload", "actor_train/1.offload", "actor_infer/0.reload", "actor_infer/1.reload"]),
+    ]
 
 
 # ---- the pipeline's phase methods, with this plan forced: actor and engine share GPU 0 ----------

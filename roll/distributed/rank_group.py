@@ -1,0 +1,73 @@
+"""`RankGroup`: the data-parallel ranks of one training role, called like one worker handle.
+
+The pipeline calls `group.compute_logprobs.remote(batch, t)` and `ray.get`s one object ref, as it
+does with a one-process role; the fan-out lives here, not in the loop:
+- `compute_logprobs`, `compute_values`: rank r gets slice r of the batch's rows, and one small
+  Ray task concatenates the outputs in rank order (`roll.distributed.ranks`).
+- `train`, `save_checkpoint`, `load_checkpoint`: every rank gets the same call (the batch is put in
+  the object store once); the ref is rank 0's result, ready when every rank has finished, so an
+  error on any rank surfaces. Ranks return equal training metrics (`TorchTrainStrategy.train_step`
+  sums their terms), and rank 0 writes the checkpoint files.
+- `get_weights`: every rank takes part (ZeRO-3 and FSDP2 gather the shards in a collective), and
+  the ref is rank 0's copy, so the weights go to the engines straight from rank 0.
+Offload and reload are per process (`roll.pipeline.residency` attaches `handles`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from tensordict import TensorDict
+
+from roll.distributed.ranks import merge_rows, rank_input, split_rows
+
+SPLIT_BY_ROWS = ("compute_logprobs", "compute_values")
+"""Methods whose first argument is a batch that the ranks split by rows."""
+ON_EVERY_RANK = ("train", "save_checkpoint", "load_checkpoint", "get_weights")
+"""Methods every rank runs with the same arguments (collectives inside the engines)."""
+
+
+@ray.remote(num_cpus=0)
+def _merge_rows(row_counts: list[int], *parts):
+    return merge_rows(list(parts), row_counts)
+
+
+@ray.remote(num_cpus=0)
+def _rank_zero(*results):
+    return results[0]
+
+
+class _Method:
+    """What `handle.method` is for a Ray actor: something with `.remote(...)`."""
+
+    def __init__(self, remote: Callable[..., Any]):
+        self.remote = remote
+
+
+class RankGroup:
+    """The actor handles of a role's ranks, rank 0 first (see the module docstring)."""
+
+    def __init__(self, handles: Sequence[Any]):
+        if len(handles) < 2:
+            raise ValueError("a RankGroup holds two or more ranks; use the one handle itself")
+        self.handles = list(handles)
+
+    def __getattr__(self, method: str) -> _Method:
+        if method in SPLIT_BY_ROWS:
+            return _Method(lambda batch, *args, **kwargs: self._split_by_rows(method, batch, *args, **kwargs))
+        if method in ON_EVERY_RANK:
+            return _Method(lambda *args, **kwargs: self._on_every_rank(method, *args, **kwargs))
+        raise AttributeError(f"RankGroup does not fan out {method!r}; call each of its handles")
+
+    def _split_by_rows(self, method: str, batch: TensorDict, *args, **kwargs):
+        slices = split_rows(batch.batch_size[0], len(self.handles))
+        refs = [getattr(handle, method).remote(rank_input(batch, rows), *args, **kwargs)
+                for handle, rows in zip(self.handles, slices, strict=True)]
+        return _merge_rows.remote([rows.stop - rows.start for rows in slices], *refs)
+
+    def _on_every_rank(self, method: str, *args, **kwargs):
+        args = tuple(ray.put(a) if isinstance(a, TensorDict) else a for a in args)  # one copy for all ranks
+        refs = [getattr(handle, method).remote(*args, **kwargs) for handle in self.handles]
+        return refs[0] if method == "get_weights" else _rank_zero.remote(*refs)
