@@ -2,7 +2,8 @@
 `builders._start_role`) and calls them (`RankGroup`): old log-probs split by rows and merged, then
 two PPO steps whose response-token counts differ between the ranks' shares, equal one process
 training the whole batch with the torch strategy (ppo_cases.py: same losses, gradient norms,
-weights); the checkpoint, a collective, is written whole by rank 0."""
+weights), also when the ranks' shares need unequal numbers of passes; the checkpoint, a
+collective, is written whole by rank 0."""
 
 from __future__ import annotations
 
@@ -18,21 +19,29 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
 from roll.pipeline.builders import _start_role
 
-from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, ppo_batch, train_two_steps
+from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, ppo_batch
 
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]  # ranks whose collectives mismatch would hang
 # Per rank: micro-batches of 1, 2 of them; over 2 ranks the mini-batch is ARGS's 4 rows.
 RANK_ARGS = TrainingArgs(learning_rate=ARGS.learning_rate, per_device_train_batch_size=1,
                          gradient_accumulation_steps=2, max_grad_norm=ARGS.max_grad_norm)
 
 
-class _Logprobs:
-    """`ppo_batch` asks its actor for old log-probs; here they come from the group."""
+class _GroupActor:
+    """The `ActorWorker` methods the test calls, run on the ranks through the group, as the
+    pipeline runs them."""
 
     def __init__(self, group: RankGroup):
         self.group = group
 
     def compute_logprobs(self, batch, temperature):
         return ray.get(self.group.compute_logprobs.remote(batch, temperature))
+
+    def train(self, batch, **kwargs):
+        return ray.get(self.group.train.remote(batch, **kwargs))
+
+    def get_weights(self):
+        return ray.get(self.group.get_weights.remote())
 
 
 @pytest.fixture(scope="module")
@@ -45,21 +54,26 @@ def fsdp2_ranks(model_dir):
     ray.shutdown()
 
 
+def _three_steps(actor) -> tuple[list[dict], dict]:
+    """ppo_cases' PPO step on 8 rows twice, then on 7: that step's second mini-batch (3 rows) gives
+    rank 0 two micro-batches and rank 1 one, so rank 1 must pad its passes to join FSDP2's
+    collectives; the 7-row log-probs split 4/3, unequal forwards too."""
+    metrics = [actor.train(ppo_batch(actor, n), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
+                           loss_agg_mode="token-mean", step=step) for step, n in enumerate((8, 8, 7))]
+    return metrics, actor.get_weights()
+
+
 def test_two_ranks_train_like_one_process(fsdp2_ranks, model_dir, tmp_path):
     group = fsdp2_ranks
     assert isinstance(group, RankGroup) and len(group.handles) == 2
     one_process = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1)
-    batch = ppo_batch(_Logprobs(group))
+    batch = ppo_batch(_GroupActor(group))
     torch.testing.assert_close(batch["old_logprobs"], one_process.compute_logprobs(batch, 1.0), **WEIGHT_TOL)
     first = next(shuffled_minibatches(batch, 4, 7, "minibatch", 0, 0))  # the first step's first mini-batch
     shares = [first["response_mask"][rows].sum().item() for rows in (slice(0, 2), slice(2, 4))]
     assert shares[0] != shares[1]  # the ranks' token counts differ, so the global count matters
-    metrics = [ray.get(group.train.remote(ppo_batch(_Logprobs(group)), temperature=1.0, ppo_epochs=2, pg_clip=0.2,
-                                          entropy_loss_coef=0.01, loss_agg_mode="token-mean", step=step))
-               for step in range(2)]
-    weights = ray.get(group.get_weights.remote())
-    assert_same_training((metrics, weights), train_two_steps(model_dir, "torch"))
-    ray.get(group.save_checkpoint.remote(str(tmp_path)))
-    saved = load_file(tmp_path / "model.safetensors")
-    for key, value in saved.items():
-        torch.testing.assert_close(value, weights[key], rtol=0, atol=0, msg=key)
+    got = _three_steps(_GroupActor(group))
+    assert_same_training(got, _three_steps(one_process))
+    ray.get(group.save_checkpoint.remote(str(tmp_path)))  # a collective; rank 0 writes the HF dir
+    for key, value in load_file(tmp_path / "model.safetensors").items():
+        torch.testing.assert_close(value, got[1][key], rtol=0, atol=0, msg=key)

@@ -112,22 +112,24 @@ class TorchTrainStrategy:
     ) -> dict[str, torch.Tensor]:
         """`forward(model, micro)` over micro-batches under no_grad; (B, T) outputs on CPU."""
         micro_batch_size = micro_batch_size or self.micro_batch_size
+        # sharded engines (ZeRO-3, FSDP2) gather weights in every forward, a collective each: a
+        # rank with fewer micro-batches than another adds stand-ins (agreed before any forward)
+        stand_ins = self._forward_stand_ins(batch, micro_batch_size) if self.dp_size > 1 else 0
         out = forward_in_micro_batches(
             self.model, batch, forward, micro_batch_size, self.device, dedupe=self.dedupe_rows
         )
-        if self.dp_size > 1:
-            self._match_forward_count(batch, forward, micro_batch_size)
+        if stand_ins:
+            stand_in = trim_padding(batch[:1]).to(self.device)
+            with torch.no_grad():
+                for _ in range(stand_ins):
+                    forward(self.model, stand_in)
         return out
 
-    @torch.no_grad()
-    def _match_forward_count(self, batch: TensorDict, forward: MicroForward, micro_batch_size: int) -> None:
-        """Run stand-in forwards until this rank has made as many as the rank that made most:
-        sharded engines (ZeRO-3, FSDP2) gather weights in every forward, a collective each."""
+    def _forward_stand_ins(self, batch: TensorDict, micro_batch_size: int) -> int:
+        """How many micro-batches fewer this rank's forward has than the rank with the most."""
         distinct = len(rows_to_compute(batch["input_ids"], batch["attention_mask"], self.dedupe_rows).index)
         made = math.ceil(distinct / micro_batch_size)
-        stand_in = trim_padding(batch[:1]).to(self.device)
-        for _ in range(self._max_over_ranks(made) - made):
-            forward(self.model, stand_in)
+        return self._max_over_ranks(made) - made
 
     def forward_logprobs(
         self,
