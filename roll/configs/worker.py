@@ -159,9 +159,9 @@ class WorkerConfig(ConfigModel):
     device_mapping: list[NonNegativeInt] | None = None
     """GPU indices (of the driver's node, as the driver sees them) that the role runs on; ROLL's
     string `list(range(0, 8))` is accepted too. null runs the role on CPU; a run puts every role on
-    GPUs or every role on CPU. A training role takes one device; `actor_infer` one per replica
-    (`strategy_config.num_replicas`, by default one per listed device). Roles whose lists share a
-    device are colocated: they take turns on it, each offloaded to CPU while another works, which
+    GPUs or every role on CPU. A training role runs one rank per device (`world_size`), `actor_infer`
+    one replica per device (`strategy_config.num_replicas`, by default one per listed device). Roles
+    whose lists share a device are colocated: they take turns on it, each offloaded to CPU while another works, which
     needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
     `roll.distributed.placement`; GPU counts are checked when the pipeline places its workers."""
     world_size: int | None = Field(None, ge=1)
