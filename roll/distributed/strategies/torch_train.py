@@ -17,6 +17,10 @@ Three choices differ from a plain HF Trainer and are deliberate:
 
 Forward passes run the model once per distinct row of the whole batch (no grad) or mini-batch
 (training), see roll.distributed.batch; `<prefix>/unique_row_ratio` reports distinct rows / rows.
+
+Data parallel: this strategy is one process and averages no gradients (`dp_size` 1), so a role
+with several ranks needs `deepspeed`, `fsdp2` or `megatron`, which set `dp_rank` / `dp_size`; the
+step that makes their ranks equal one process lives here (`train_step`, roll.distributed.ranks).
 """
 
 from __future__ import annotations
