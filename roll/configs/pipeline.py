@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
-from roll.configs.env import CustomEnvConfig, EnvManagerConfig
+from roll.configs.env import CustomEnvConfig, EnvManagerConfig, check_env_types
 from roll.configs.worker import (
     GeneratingArgs,
     WorkerConfig,
@@ -212,7 +212,7 @@ class PipelineConfig(ConfigModel):
                     raise InvalidField(
                         f"{name}.tags", f"{tag!r} is not in custom_envs {sorted(self.custom_envs)}"
                     )
-        _check_env_types(self.custom_envs)
+        check_env_types(self.custom_envs)
         self._check_agent_tags()
         self._fill_model_paths()
         return self
@@ -268,13 +268,8 @@ class PipelineConfig(ConfigModel):
     def _check_devices(self) -> None:
         """`device_mapping` of the roles the run builds, as far as it can be checked without a GPU
         (the GPU count is checked when the pipeline places its workers)."""
-        roles = self.built_roles
         try:
-            check_device_layout(
-                {role: worker.device_mapping for role, worker in roles.items()},
-                strategies={role: worker.strategy_args.strategy_name for role, worker in roles.items()},
-                inference_replicas=self.inference_replicas, async_generation_ratio=self.async_generation_ratio,
-                world_sizes={role: worker.world_size for role, worker in roles.items()})
+            check_device_layout(**self.device_layout, async_generation_ratio=self.async_generation_ratio)
         except PlacementError as err:
             raise InvalidField(err.key, err.reason) from None
 
@@ -307,6 +302,16 @@ class PipelineConfig(ConfigModel):
         if self.uses_kl:
             roles["reference"] = self.reference
         return roles
+
+    @property
+    def device_layout(self) -> dict:
+        """What `roll.distributed.placement` plans from, for the roles the pipeline builds: each
+        role's `device_mapping`, engine and `world_size`, and the inference replicas."""
+        roles = self.built_roles
+        return {"mappings": {role: worker.device_mapping for role, worker in roles.items()},
+                "strategies": {role: worker.strategy_args.strategy_name for role, worker in roles.items()},
+                "world_sizes": {role: worker.world_size for role, worker in roles.items()},
+                "inference_replicas": self.inference_replicas}
 
     @property
     def inference_replicas(self) -> int:
@@ -352,51 +357,3 @@ class PipelineConfig(ConfigModel):
             return base
         explicit = {key: getattr(override, key) for key in override.model_fields_set}
         return base.model_copy(update=explicit)
-
-
-def _check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
-    """Resolve every `env_type` and check its `env_config` keys now, so a typo fails before Ray
-    starts rather than when the first env worker builds its envs."""
-    # Imported here: the registry pulls in gymnasium and the env base classes, which a reader of
-    # the config models alone does not need.
-    from roll.agentic.env.registry import resolve_env_class
-
-    for tag, env in custom_envs.items():
-        if env.env_type == "agent":
-            for key in ("instruction", "response_prefix"):  # agents format their own prompts
-                if key in env.model_fields_set:
-                    raise InvalidField(f"custom_envs.{tag}.{key}", "not used by env_type 'agent' "
-                                       "(set system_prompt in the agent config)")
-            _check_agent_dataset(f"custom_envs.{tag}.env_config", env.env_config)
-            continue
-        try:
-            resolve_env_class(env.env_type)
-        except (ValueError, ImportError) as err:
-            raise InvalidField(f"custom_envs.{tag}.env_type", str(err)) from None
-        for key, value in env.env_config.items():
-            _check_env_config_key(f"custom_envs.{tag}.env_config", env.env_type, key, value)
-
-
-def _check_env_config_key(where: str, env_type: str, key: str, value: object) -> None:
-    """`InvalidField` naming `where.key` when the env's constructor has no argument `key`, or
-    naming the bad field of a `fault_injection` block. One key at a time, so that the error can
-    name the key at fault."""
-    from roll.agentic.env.registry import check_env_config
-
-    try:
-        check_env_config(env_type, {key: value})
-    except TypeError as err:  # the constructor has no such argument
-        raise InvalidField(f"{where}.{key}", str(err)) from None
-    except InvalidField as err:  # a bad field of the fault_injection block
-        raise InvalidField(f"{where}.{err.key}", err.reason) from None
-
-
-def _check_agent_dataset(where: str, env_config: dict) -> None:
-    """`env_type: agent`: the dataset file, each row's agent and each agent config, checked now
-    (`roll.agentic.agent_loop.dataset`); the error names the env_config key at fault."""
-    from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config
-
-    try:
-        check_agent_env_config(env_config)
-    except AgentDatasetError as err:
-        raise InvalidField(f"{where}.{err.key}", err.reason) from None

@@ -51,17 +51,13 @@ def init_ray(address: str | None) -> None:
 def place_workers(cfg) -> DevicePlan:
     """Where each worker process of the run goes on this machine (`roll.distributed.placement`);
     `PlacementError` naming the key when the layout does not fit the GPUs the driver sees."""
-    roles = cfg.built_roles
-    mappings = {role: worker.device_mapping for role, worker in roles.items()}
+    layout = cfg.device_layout
     visible = 0
-    if any(mappings.values()):  # a CPU run never touches CUDA
+    if any(layout["mappings"].values()):  # a CPU run never touches CUDA
         import torch
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return plan_devices(mappings, strategies={role: w.strategy_args.strategy_name for role, w in roles.items()},
-                        inference_replicas=cfg.inference_replicas, visible_gpus=visible,
-                        driver_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                        world_sizes={role: w.world_size for role, w in roles.items()})
+    return plan_devices(**layout, visible_gpus=visible, driver_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def inference_names(cfg) -> list[str]:
