@@ -188,15 +188,6 @@ BAD_STRUCTURES = [
 ]
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    """A stand-in model dir: the config only checks that config.json exists."""
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("")
-    return str(path)
-
-
 @pytest.fixture(autouse=True)
 def no_pipeline(monkeypatch):
     """Importing the pipeline module fails, so a config that got past validation would fail the

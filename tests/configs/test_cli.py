@@ -18,14 +18,6 @@ BAD_KEY_LINE = (
 )
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("")
-    return str(path)
-
-
 def run_script(cwd, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     return subprocess.run(

@@ -16,15 +16,6 @@ CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 CONFIG_NAME = "minimal_agentic"
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    """A stand-in model dir: the config only checks that config.json exists."""
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("")
-    return str(path)
-
-
 def load(model_dir, *overrides):
     return load_config(CONFIG_DIR, CONFIG_NAME, [f"pretrain={model_dir}", *overrides])
 

@@ -16,15 +16,6 @@ CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 GPU_RUN = ["+actor_train.device_mapping=[0]", "+actor_infer.device_mapping=[0]"]
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    """A stand-in model dir: the config only checks that config.json exists."""
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("")
-    return str(path)
-
-
 def load(model_dir, *overrides):
     return load_config(CONFIG_DIR, "minimal_agentic", [f"pretrain={model_dir}", *overrides])
 

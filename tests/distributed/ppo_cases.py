@@ -1,6 +1,7 @@
-"""The PPO case every training engine is checked on against the plain `torch` strategy
-(test_engine_strategies.py, test_megatron.py): two steps of 2 epochs x 2 mini-batches x 2
-micro-batches on the `model_dir` fixture's tiny Llama, clipping active."""
+"""The cases every training engine is checked on against the plain `torch` strategy
+(test_engine_strategies.py, test_megatron.py and their two-rank files): two PPO steps of 2 epochs x
+2 mini-batches x 2 micro-batches on the `model_dir` fixture's tiny Llama, clipping active; and plain
+language-model steps on a fixed mini-batch (`lm_minibatch`, `lm_loss`)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,20 @@ def assert_same_training(got: tuple[list[dict], dict], want: tuple[list[dict], d
     assert list(got_weights) == list(want_weights)
     for key, value in want_weights.items():
         torch.testing.assert_close(got_weights[key], value, **WEIGHT_TOL, msg=key)
+
+
+def lm_minibatch(seed: int) -> TensorDict:
+    """4 rows of 8 tokens, all counted: each half holds the same number of tokens, so the mean of
+    two ranks' token-mean losses is the whole mini-batch's token-mean loss."""
+    ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
+    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
+
+
+def lm_loss(scale: float = 1.0):
+    """A `loss_fn` for `train_step`: the model's language-model loss on its own ids, times `scale`
+    (NaN makes a non-finite loss)."""
+    def loss_fn(model, micro):
+        out = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"], labels=micro["input_ids"])
+        return out.loss * scale, {}
+    return loss_fn

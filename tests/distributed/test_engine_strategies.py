@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from roll.distributed.strategies.torch_train import build_train_strategy
 
-from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, train_two_steps
+from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 
 pytest.importorskip("deepspeed")
 torch.set_num_threads(1)
@@ -44,30 +43,17 @@ def _strategy(model_dir: str, engine: str):
                                 metric_prefix="actor")
 
 
-def _lm_loss(scale: float):
-    def loss_fn(model, micro):
-        out = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"], labels=micro["input_ids"])
-        return out.loss * scale, {}
-    return loss_fn
-
-
-def _minibatch(seed: int) -> TensorDict:
-    ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
-    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
-
-
 @pytest.mark.parametrize("engine", ["deepspeed-zero2", "deepspeed-zero3", "fsdp2"])
 def test_non_finite_loss_skips_the_update_and_leaves_no_stale_gradient(model_dir, engine):
     strategy, fresh = _strategy(model_dir, engine), _strategy(model_dir, engine)
     before = strategy.state_dict()
-    metrics = strategy.train_step(_minibatch(0), _lm_loss(float("nan")))
+    metrics = strategy.train_step(lm_minibatch(0), lm_loss(float("nan")))
     assert metrics["actor/skipped_steps"] == 1 and metrics["actor/consecutive_skipped_steps"] == 1
     for key, value in strategy.state_dict().items():
         assert torch.equal(value, before[key]), key
     # the next finite step is exactly a first step: nothing of the skipped one leaks into it
-    after_skip = strategy.train_step(_minibatch(1), _lm_loss(1.0))
-    first = fresh.train_step(_minibatch(1), _lm_loss(1.0))
+    after_skip = strategy.train_step(lm_minibatch(1), lm_loss())
+    first = fresh.train_step(lm_minibatch(1), lm_loss())
     assert after_skip["actor/grad_norm"] == pytest.approx(first["actor/grad_norm"], rel=1e-5)
     assert after_skip["actor/consecutive_skipped_steps"] == 0
     fresh_weights = fresh.state_dict()
@@ -78,7 +64,7 @@ def test_non_finite_loss_skips_the_update_and_leaves_no_stale_gradient(model_dir
 @pytest.mark.parametrize("engine", ["deepspeed-zero1", "deepspeed-zero3", "fsdp2"])
 def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, engine):
     trained = _strategy(model_dir, engine)
-    trained.train_step(_minibatch(0), _lm_loss(1.0))
+    trained.train_step(lm_minibatch(0), lm_loss())
     trained.step_lr_scheduler()
     trained.save_checkpoint(tmp_path)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
@@ -89,7 +75,7 @@ def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, 
     resumed = _strategy(model_dir, engine)
     resumed.load_checkpoint(tmp_path)
     # the second step needs Adam's moments from the first: equal only if they were restored
-    want, got = trained.train_step(_minibatch(1), _lm_loss(1.0)), resumed.train_step(_minibatch(1), _lm_loss(1.0))
+    want, got = trained.train_step(lm_minibatch(1), lm_loss()), resumed.train_step(lm_minibatch(1), lm_loss())
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
     want_weights = trained.state_dict()
     for key, value in resumed.state_dict().items():
@@ -100,12 +86,12 @@ def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, 
 def test_loaded_weights_are_the_ones_trained_next(model_dir, engine):
     """`load_state_dict` reaches the optimizer's own copy (ZeRO keeps fp32 master partitions)."""
     source = _strategy(model_dir, engine)
-    source.train_step(_minibatch(0), _lm_loss(1.0))
+    source.train_step(lm_minibatch(0), lm_loss())
     plain, loaded = _strategy(model_dir, "deepspeed-zero0"), _strategy(model_dir, engine)
     new_weights = source.state_dict()
     plain.load_state_dict(new_weights)
     loaded.load_state_dict(new_weights)
-    want, got = plain.train_step(_minibatch(1), _lm_loss(1.0)), loaded.train_step(_minibatch(1), _lm_loss(1.0))
+    want, got = plain.train_step(lm_minibatch(1), lm_loss()), loaded.train_step(lm_minibatch(1), lm_loss())
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
     want_weights = plain.state_dict()
     for key, value in loaded.state_dict().items():

@@ -11,15 +11,15 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import free_port
 from roll.distributed.strategies.torch_train import build_train_strategy
 
+from ppo_cases import lm_loss, lm_minibatch
+
 pytest.importorskip("deepspeed")
-VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
 ENGINES = {
     "zero2": ("deepspeed", {"zero_optimization": {"stage": 2}}),
     "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}}),
@@ -28,24 +28,11 @@ ENGINES = {
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=1, max_grad_norm=0.5)
 
 
-def _minibatch(seed: int) -> TensorDict:
-    """4 rows of 8 tokens, all counted: each rank's half holds the same number of tokens, so the
-    mean of the two ranks' token-mean losses is the whole mini-batch's token-mean loss."""
-    ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
-    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
-
-
-def _lm_loss(model, micro):
-    return model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
-                 labels=micro["input_ids"]).loss, {}
-
-
 def _train(model_dir: str, name: str, config: dict, args: TrainingArgs, rows: slice):
     torch.manual_seed(0)
     strategy = build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), args, strategy_name=name,
                                     strategy_config=config, total_steps=2, metric_prefix="actor")
-    norms = [strategy.train_step(_minibatch(seed)[rows], _lm_loss)["actor/grad_norm"] for seed in (0, 1)]
+    norms = [strategy.train_step(lm_minibatch(seed)[rows], lm_loss())["actor/grad_norm"] for seed in (0, 1)]
     return norms, strategy.state_dict()
 
 

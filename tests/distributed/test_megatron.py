@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
 from transformers import AutoModelForCausalLM, LlamaForTokenClassification, Qwen2Config, Qwen2ForCausalLM
 
 from roll.distributed.strategies.megatron_convert import (
@@ -22,7 +21,7 @@ from roll.distributed.strategies.megatron_convert import (
 )
 from roll.distributed.strategies.torch_train import build_train_strategy
 
-from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, train_two_steps
+from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 from roll.distributed.strategies import megatron_model  # noqa: E402  (imports megatron-core)
@@ -241,22 +240,9 @@ def _strategy(model_dir: str, name: str = "megatron", **config):
                                 strategy_config=config, total_steps=4, metric_prefix="actor")
 
 
-def _lm_loss(scale: float):
-    def loss_fn(model, micro):
-        out = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"], labels=micro["input_ids"])
-        return out.loss * scale, {}
-    return loss_fn
-
-
-def _minibatch(seed: int) -> TensorDict:
-    ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
-    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
-
-
 def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, megatron_groups):
     trained = _strategy(model_dir)
-    trained.train_step(_minibatch(0), _lm_loss(1.0))
+    trained.train_step(lm_minibatch(0), lm_loss())
     trained.step_lr_scheduler()
     trained.save_checkpoint(tmp_path)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
@@ -266,7 +252,7 @@ def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, 
     resumed = _strategy(model_dir)
     resumed.load_checkpoint(tmp_path)
     # the second step needs Adam's moments from the first: equal only if they were restored
-    want, got = trained.train_step(_minibatch(1), _lm_loss(1.0)), resumed.train_step(_minibatch(1), _lm_loss(1.0))
+    want, got = trained.train_step(lm_minibatch(1), lm_loss()), resumed.train_step(lm_minibatch(1), lm_loss())
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-6)
     want_weights = trained.state_dict()
     for key, value in resumed.state_dict().items():
@@ -276,11 +262,11 @@ def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, 
 def test_loaded_weights_are_the_ones_trained_next(model_dir, megatron_groups):
     """HF weights from another strategy load in, and the next step is the torch strategy's."""
     source = _strategy(model_dir, "torch")
-    source.train_step(_minibatch(0), _lm_loss(1.0))
+    source.train_step(lm_minibatch(0), lm_loss())
     plain, loaded = _strategy(model_dir, "torch"), _strategy(model_dir)
     plain.load_state_dict(source.state_dict())
     loaded.load_state_dict(source.state_dict())
-    want, got = plain.train_step(_minibatch(1), _lm_loss(1.0)), loaded.train_step(_minibatch(1), _lm_loss(1.0))
+    want, got = plain.train_step(lm_minibatch(1), lm_loss()), loaded.train_step(lm_minibatch(1), lm_loss())
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
     want_weights = plain.state_dict()
     for key, value in loaded.state_dict().items():
@@ -290,7 +276,7 @@ def test_loaded_weights_are_the_ones_trained_next(model_dir, megatron_groups):
 def test_non_finite_loss_skips_the_update(model_dir, megatron_groups):
     strategy = _strategy(model_dir)
     before = strategy.state_dict()
-    metrics = strategy.train_step(_minibatch(0), _lm_loss(float("nan")))
+    metrics = strategy.train_step(lm_minibatch(0), lm_loss(float("nan")))
     assert metrics["actor/skipped_steps"] == 1
     for key, value in strategy.state_dict().items():
         assert torch.equal(value, before[key]), key

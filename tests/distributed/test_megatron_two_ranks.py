@@ -14,7 +14,6 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from tensordict import TensorDict
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from roll.configs.worker import TrainingArgs
@@ -22,8 +21,9 @@ from roll.distributed.strategies.megatron_convert import arch_from_hf, hf_to_meg
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.torch_train import build_train_strategy
 
+from ppo_cases import lm_loss, lm_minibatch
+
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
-VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=1, max_grad_norm=0.5)
 
 
@@ -66,21 +66,10 @@ def _tensor_parallel_rank(rank: int) -> dict:
     return {"logits": logits.detach(), "grads": grads}
 
 
-def _minibatch(seed: int) -> TensorDict:
-    ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
-    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
-
-
-def _lm_loss(model, micro):
-    return model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
-                 labels=micro["input_ids"]).loss, {}
-
-
 def _train(model_dir: str, name: str, args: TrainingArgs, rows: slice):
     strategy = build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), args, strategy_name=name,
                                     total_steps=2, metric_prefix="actor")
-    norms = [strategy.train_step(_minibatch(seed)[rows], _lm_loss)["actor/grad_norm"] for seed in (0, 1)]
+    norms = [strategy.train_step(lm_minibatch(seed)[rows], lm_loss())["actor/grad_norm"] for seed in (0, 1)]
     return norms, strategy.state_dict()
 
 
