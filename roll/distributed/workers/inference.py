@@ -104,8 +104,7 @@ class InferenceWorker:
     def get_stats(self) -> dict[str, int]:
         """Worker counters, the engine's own `stats`, the KV tokens roll caches for sessions (0 for
         engines that cache prefixes themselves) and the policy version served."""
-        kv_cache = getattr(self.engine, "kv_cache", None)
-        return dict(self.stats, **self.engine.stats, kv_cached_tokens=kv_cache.num_tokens if kv_cache else 0,
+        return dict(self.stats, **self.engine.stats, kv_cached_tokens=self.engine.kv_cache.num_tokens,
                     policy_version=self.engine.policy_version)
 
     def _ensure_loop(self) -> None:
