@@ -171,6 +171,28 @@ class WorkerConfig(ConfigModel):
     rows and train on shares of every mini-batch (`roll.pipeline.ranks`); `actor_train` and
     `critic` need a strategy that averages gradients over ranks (`deepspeed`, `fsdp2`,
     `megatron`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
+    pg_variant: Literal["vanilla", "ppo", "tis", "topr", "cispo", "kimi15"] = "ppo"
+    """`actor_train` only: the policy-gradient loss (`roll.algorithms.pg_variants`): "ppo" the clipped
+    surrogate, "vanilla" REINFORCE, "tis" truncated IS, "topr" tapered off-policy REINFORCE,
+    "cispo" MiniMax-M1's clipped IS weight, "kimi15" Kimi k1.5's squared log-ratio penalty. ROLL's
+    PG worker (`worker_cls: ...agentic_actor_pg_worker.ActorWorker`) defaults to "vanilla"; its
+    default worker, and this default, is PPO."""
+    tis_lower_bound: float = 0.0
+    """`actor_train`, pg_variant "tis": lower truncation of the ratio pi / pi_old."""
+    tis_upper_bound: float = Field(1.0, gt=0)
+    """`actor_train`, pg_variant "tis": upper truncation of the ratio pi / pi_old."""
+    topr_positive_weight: float = Field(1.0, ge=0)
+    """`actor_train`, pg_variant "topr": weight of rows whose trajectory scored > 0."""
+    topr_negative_weight: float = Field(1.0, ge=0)
+    """`actor_train`, pg_variant "topr": weight of rows whose trajectory scored <= 0."""
+    cispo_epsilon_low: float = Field(0.1, ge=0, le=1)
+    """`actor_train`, pg_variant "cispo": the IS weight is clipped below at 1 - cispo_epsilon_low."""
+    cispo_epsilon_high: float = Field(0.1, ge=0)
+    """`actor_train`, pg_variant "cispo": the IS weight is clipped above at 1 + cispo_epsilon_high."""
+    cispo_use_unified_mask: bool = False
+    """`actor_train`, pg_variant "cispo": also drop tokens outside PPO's trust region (eq. 7)."""
+    kimi15_tau: float = Field(0.1, ge=0)
+    """`actor_train`, pg_variant "kimi15": weight tau of the penalty tau/2 * (log pi - log pi_old)^2."""
 
     @field_validator("device_mapping", mode="before")
     @classmethod
@@ -187,6 +209,13 @@ class WorkerConfig(ConfigModel):
         return devices
 
     @model_validator(mode="after")
+    def _tis_bounds_in_order(self) -> WorkerConfig:
+        if self.tis_lower_bound > self.tis_upper_bound:
+            raise InvalidField("tis_lower_bound", f"{self.tis_lower_bound} is above tis_upper_bound "
+                               f"{self.tis_upper_bound}")
+        return self
+
+    @model_validator(mode="after")
     def _fill_world_size(self) -> WorkerConfig:
         """The one place `world_size` gets its value: the device count, or 1 on CPU."""
         if self.world_size is None:
@@ -196,6 +225,12 @@ class WorkerConfig(ConfigModel):
             raise InvalidField("world_size", f"{self.world_size}, but device_mapping {self.device_mapping} lists "
                                f"{devices} (one rank per device): set it to {devices} or leave it out")
         return self
+
+
+PG_VARIANT_KEYS = ("pg_variant", "tis_lower_bound", "tis_upper_bound", "topr_positive_weight",
+                   "topr_negative_weight", "cispo_epsilon_low", "cispo_epsilon_high", "cispo_use_unified_mask",
+                   "kimi15_tau")
+"""The `actor_train` keys of the policy-gradient loss (ROLL keeps them on every worker config)."""
 
 
 def check_model_dir(path: str) -> str:
@@ -239,6 +274,9 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     if name == "megatron" and role == "critic":
         raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
                            "the critic's value model needs torch, deepspeed or fsdp2")
+    policy_keys = sorted(set(PG_VARIANT_KEYS) & worker.model_fields_set)
+    if role != "actor_train" and policy_keys:
+        raise InvalidField(f"{role}.{policy_keys[0]}", "only actor_train has a policy-gradient loss")
 
 
 def _missing_requirement(name: str) -> str | None:

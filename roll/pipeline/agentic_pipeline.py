@@ -32,6 +32,7 @@ from roll.pipeline.batch import (
     summarize_trajectories,
 )
 from roll.pipeline.builders import (
+    build_pg_options,
     build_rollout,
     build_workers,
     inference_names,
@@ -76,6 +77,7 @@ class AgenticPipeline:
         self.step_wise = cfg.train_env_manager.env_manager_type == "step"
         self.build_batch = build_step_batch if self.step_wise else build_traj_batch
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
+        self.pg_options = build_pg_options(cfg)
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
         self.tracker = Tracker(cfg.output_dir, cfg.logging_dir, resume_step=self.start_step if self.start_step else -1)
@@ -160,6 +162,8 @@ class AgenticPipeline:
         for key, ref in refs.items():
             batch[key] = ray.get(ref, timeout=RAY_TIMEOUT_S)
         cfg = self.cfg
+        if cfg.actor_train.pg_variant == "topr":  # TOPR splits rows by the raw episode score's sign
+            batch["episode_scores"] = (meta["episode_scores"] if self.step_wise else meta["scores"]).float().clone()
         if cfg.reward_normalization is not None and self.step_wise:
             normalize_step_episode_scores(meta, cfg.reward_normalization)
         elif cfg.reward_normalization is not None:
@@ -191,7 +195,8 @@ class AgenticPipeline:
             batch, temperature=self.temperature, ppo_epochs=cfg.ppo_epochs,
             pg_clip=cfg.pg_clip_low or cfg.pg_clip, pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
             entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step,
-            tis_level=tis.level if tis else None, tis_cap=tis.cap if tis else None), timeout=RAY_TIMEOUT_S))
+            tis_level=tis.level if tis else None, tis_cap=tis.cap if tis else None,
+            pg_variant=cfg.actor_train.pg_variant, pg_options=self.pg_options), timeout=RAY_TIMEOUT_S))
         return metrics
 
     def sync_weights(self, version: int) -> None:

@@ -15,6 +15,7 @@ from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
+from roll.algorithms.pg_variants import PGOptions
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.strategies.process_group import free_port
@@ -178,3 +179,15 @@ def _env_spec(cfg, tag: str) -> EnvSpec:
     return EnvSpec(tag=tag, env_type=env.env_type, env_config=env_config,
                    max_steps=env.max_steps, max_tokens_per_step=env.max_tokens_per_step,
                    response_prefix=env.response_prefix, instruction=env.instruction)
+
+
+def build_pg_options(cfg) -> PGOptions:
+    """The actor's policy-gradient loss parameters: `actor_train`'s pg_variant keys and the PPO
+    clip range (`pg_clip_low` / `pg_clip_high`, each `pg_clip` when unset)."""
+    actor = cfg.actor_train
+    return PGOptions(
+        clip_low=cfg.pg_clip_low or cfg.pg_clip, clip_high=cfg.pg_clip_high or cfg.pg_clip,
+        tis_lower_bound=actor.tis_lower_bound, tis_upper_bound=actor.tis_upper_bound,
+        topr_positive_weight=actor.topr_positive_weight, topr_negative_weight=actor.topr_negative_weight,
+        cispo_epsilon_low=actor.cispo_epsilon_low, cispo_epsilon_high=actor.cispo_epsilon_high,
+        cispo_use_unified_mask=actor.cispo_use_unified_mask, kimi15_tau=actor.kimi15_tau)

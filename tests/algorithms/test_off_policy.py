@@ -11,6 +11,7 @@ from torch.testing import assert_close
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.algorithms.losses import ppo_policy_loss
+from roll.algorithms.pg_variants import PGOptions
 from roll.algorithms.off_policy import tis_metrics, truncated_importance_weights
 from roll.distributed.workers.actor import _policy_loss
 
@@ -90,7 +91,7 @@ def test_actor_loss_applies_the_weights():
     micro = TensorDict({"input_ids": ids, "attention_mask": torch.ones(2, 6, dtype=torch.long),
                         "response_mask": mask, "old_logprobs": old, "advantages": torch.ones(2, 6),
                         "infer_logprobs": old - math.log(2)}, batch_size=[2])
-    kwargs = {"temperature": 1.0, "pg_clip": 0.2, "pg_clip_high": 0.2, "entropy_loss_coef": 0.0,
+    kwargs = {"temperature": 1.0, "pg_variant": "ppo", "pg_options": PGOptions(), "entropy_loss_coef": 0.0,
               "loss_agg_mode": "token-mean", "dedupe": False}
     plain, plain_metrics = _policy_loss(model, micro, tis_level=None, tis_cap=None, **kwargs)
     weighted, metrics = _policy_loss(model, micro, tis_level="token", tis_cap=4.0, **kwargs)

@@ -144,6 +144,11 @@ BAD_OVERRIDES = [
     (["loss_agg_mode=sum"],
      ("loss_agg_mode: input should be 'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum' "
       "(got 'sum')")),
+    (["+actor_train.pg_variant=grpo"],
+     ("actor_train.pg_variant: input should be 'vanilla', 'ppo', 'tis', 'topr', 'cispo' or 'kimi15' "
+      "(got 'grpo')")),
+    (["+actor_infer.pg_variant=topr"], "actor_infer.pg_variant: only actor_train has a policy-gradient loss"),
+    (["+actor_train.tis_lower_bound=2.0"], "actor_train.tis_lower_bound: 2.0 is above tis_upper_bound 1.0"),
     (["actor_train.training_args.lr_scheduler_type=exponential"],
      ("actor_train.training_args.lr_scheduler_type: input should be 'constant', 'linear' or 'cosine' "
       "(got 'exponential')")),

@@ -1,14 +1,15 @@
-"""Actor role: the policy being trained with the clipped PPO objective (+ entropy bonus).
+"""Actor role: the policy being trained with a policy-gradient loss (+ entropy bonus).
 
-Variant: PPO-clip (Schulman et al. 2017) with optional asymmetric clipping (`pg_clip_high`,
-DAPO's clip-higher) over per-token ratios; the entropy bonus is aggregated with the same
-`loss_agg_mode` as the policy loss. Optional off-policy correction: truncated importance weights
+The loss is `pg_variant`'s (`roll.algorithms.pg_variants`); the default is PPO-clip (Schulman et
+al. 2017) with optional asymmetric clipping (`pg_clip_high`, DAPO's clip-higher) over per-token
+ratios; the entropy bonus is aggregated with the same `loss_agg_mode` as the policy loss. Optional off-policy correction: truncated importance weights
 of the trainer's old log-probs over the engine's (`roll.algorithms.off_policy`) scale each token's
 policy-gradient term. No value loss here: the critic is its own role.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -17,12 +18,13 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from roll.algorithms.losses import AggMode, agg_loss, ppo_policy_loss
+from roll.algorithms.losses import AggMode, agg_loss
 from roll.algorithms.off_policy import (
     TISLevel,
     tis_metrics,
     truncated_importance_weights,
 )
+from roll.algorithms.pg_variants import PGOptions, policy_gradient_loss
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import token_logprobs
@@ -97,23 +99,30 @@ class ActorWorker:
         step: int,
         tis_level: TISLevel | None = None,
         tis_cap: float | None = None,
+        pg_variant: str = "ppo",
+        pg_options: PGOptions | None = None,
     ) -> dict[str, float]:
         """`ppo_epochs` shuffled passes of mini-batches over `batch`; metrics averaged over steps.
 
         `batch` needs input_ids, attention_mask, response_mask, old_logprobs, advantages (B, T),
         and infer_logprobs when `tis_level` ("token" / "sequence") turns the off-policy
-        correction on (weights truncated at `tis_cap`).
+        correction on (weights truncated at `tis_cap`), and episode_scores (B,) for pg_variant
+        "topr". `pg_options` holds the variant's parameters; its clip range is `pg_clip` /
+        `pg_clip_high` (None: PGOptions' defaults for the rest).
         Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps * ranks rows, in
         an order drawn from derive_seed(seed, "minibatch", step, epoch); with several data-parallel
         ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
-        batch = batch.select(*TRAIN_KEYS, *(("infer_logprobs",) if tis_level else ()))
+        extra = (("infer_logprobs",) if tis_level else ()) + (("episode_scores",) if pg_variant == "topr" else ())
+        batch = batch.select(*TRAIN_KEYS, *extra)
+        options = replace(pg_options or PGOptions(), clip_low=pg_clip,
+                          clip_high=pg_clip if pg_clip_high is None else pg_clip_high)
         loss_fn = partial(
             _policy_loss,
             temperature=temperature,
-            pg_clip=pg_clip,
-            pg_clip_high=pg_clip_high,
+            pg_variant=pg_variant,
+            pg_options=options,
             entropy_loss_coef=entropy_loss_coef,
             loss_agg_mode=loss_agg_mode,
             dedupe=self.strategy.dedupe_rows,
@@ -158,15 +167,15 @@ def _policy_loss(
     micro: TensorDict,
     *,
     temperature: float,
-    pg_clip: float,
-    pg_clip_high: float | None,
+    pg_variant: str,
+    pg_options: PGOptions,
     entropy_loss_coef: float,
     loss_agg_mode: AggMode,
     dedupe: bool,
     tis_level: TISLevel | None,
     tis_cap: float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss (importance-weighted if `tis_level`) minus the entropy bonus on one
+    """`pg_variant`'s loss (importance-weighted if `tis_level`) minus the entropy bonus on one
     micro-batch; metrics as floats."""
     logprobs, entropy = token_logprobs(
         model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
@@ -176,9 +185,10 @@ def _policy_loss(
     if tis_level is not None:
         weights = truncated_importance_weights(
             micro["old_logprobs"], micro["infer_logprobs"], mask, level=tis_level, cap=tis_cap)
-    pg_loss, metrics = ppo_policy_loss(
-        logprobs, micro["old_logprobs"], micro["advantages"], mask, pg_clip, pg_clip_high, loss_agg_mode,
-        weights=weights,
+    pg_loss, metrics = policy_gradient_loss(
+        pg_variant, logprobs, micro["old_logprobs"], micro["advantages"], mask, options=pg_options,
+        loss_agg_mode=loss_agg_mode, weights=weights,
+        episode_scores=micro["episode_scores"] if "episode_scores" in micro.keys() else None,
     )
     loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)
     metrics = {key: float(value) for key, value in metrics.items()}
