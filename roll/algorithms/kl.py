@@ -4,7 +4,13 @@ The penalty is folded into the per-token reward (Ziegler et al. 2019; Ouyang et 
 r_t <- r_t - beta * kl_t on generated tokens, before advantages are computed. Estimators of the
 per-token KL(pi || pi_ref) from samples of pi (Schulman, "Approximating KL divergence", 2020):
 "kl" (k1) = log pi - log pi_ref; "abs" = |k1|; "mse" (k2) = 0.5 * k1^2;
-"k3" = exp(-k1) + k1 - 1, unbiased and never negative. No clamping is applied.
+"k3" = exp(-k1) + k1 - 1, unbiased and never negative, unclamped; "low_var_kl" = k3 clamped to
+[-10, 10], verl's name for what ROLL's actor uses as its KL loss (ROLL's `compute_approx_kl`
+"k3" clamps there too).
+
+`kl_loss` is the other way to hold the policy near the reference: a term kl_loss_coef * KL added
+to the actor's loss (GRPO, Shao et al. 2024, eq. 3, with k3), whose gradient flows through log pi,
+instead of a penalty folded into the rewards.
 
 `AdaptiveKLController` is Ziegler et al. (2019) as implemented in TRL and verl. It differs from
 TRL in what `current_kl` means: `apply_kl_penalty` reports the mean KL per generated token
@@ -19,9 +25,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from roll.algorithms.losses import AggMode, agg_loss
 from roll.algorithms.utils import masked_mean
 
-KLKind = Literal["kl", "abs", "mse", "k3"]
+KLKind = Literal["kl", "abs", "mse", "k3", "low_var_kl"]
+KL_KINDS: tuple[str, ...] = ("kl", "abs", "mse", "k3", "low_var_kl")
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind) -> Tensor:
@@ -38,7 +46,21 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind) -> Tensor:
         return 0.5 * diff * diff
     if kind == "k3":
         return torch.exp(-diff) + diff - 1.0
-    raise ValueError(f"unknown kl penalty kind {kind!r}; choose kl, abs, mse or k3")
+    if kind == "low_var_kl":
+        return torch.clamp(torch.exp(-diff) + diff - 1.0, min=-10.0, max=10.0)
+    raise ValueError(f"unknown kl penalty kind {kind!r}; choose one of {', '.join(KL_KINDS)}")
+
+
+def kl_loss(
+    logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, kind: KLKind, loss_agg_mode: AggMode
+) -> tuple[Tensor, dict[str, float]]:
+    """KL(pi || pi_ref) estimated per generated token by `kind`, aggregated like the policy loss.
+
+    logprobs (B, T) carries gradients; ref_logprobs (B, T) is a constant. The caller adds
+    kl_loss_coef times the result to the actor loss. Metric: "losses/kl_loss", the aggregated KL.
+    """
+    loss = agg_loss(kl_penalty(logprobs, ref_logprobs.detach(), kind), response_mask, loss_agg_mode)
+    return loss, {"losses/kl_loss": loss.item()}
 
 
 @torch.no_grad()

@@ -133,6 +133,19 @@ class PipelineConfig(ConfigModel):
     it fixed at `init_kl_coef`."""
     kl_horizon: int = Field(10000, ge=1)
     """Horizon of the adaptive KL controller, in samples."""
+    kl_penalty: Literal["kl", "abs", "mse", "k3", "low_var_kl"] = "kl"
+    """Estimator of the reward-side KL penalty (`init_kl_coef`): "kl" (k1) log pi - log pi_ref,
+    "abs" |k1|, "mse" (k2) k1^2 / 2, "k3" exp(-k1) + k1 - 1, "low_var_kl" k3 clamped to [-10, 10]
+    (see `roll.algorithms.kl`). ROLL's "full" (the exact KL over the vocabulary) is not supported."""
+    use_kl_loss: bool = False
+    """Add kl_loss_coef * KL(pi || reference) to the actor's loss (GRPO-style, the gradient flows
+    through log pi); runs the `reference` role. Independent of the reward-side `init_kl_coef`, and
+    available for step-wise samples too."""
+    kl_loss_coef: float = Field(0.0, ge=0)
+    """Weight of the KL loss term when `use_kl_loss` is on (ROLL's default 0)."""
+    kl_loss_type: Literal["kl", "abs", "mse", "k3", "low_var_kl"] = "low_var_kl"
+    """Estimator of the KL loss term, as `kl_penalty` (verl's key). ROLL has no key for it and always
+    uses k3 clamped to [-10, 10], which is the default "low_var_kl"."""
     whiten_advantages: bool = False
     """Normalise advantages over the whole batch to zero mean and unit std."""
     norm_adv_by_std_in_grpo: bool = True
@@ -174,7 +187,8 @@ class PipelineConfig(ConfigModel):
     critic: WorkerConfig | None = None
     """Value model; required by adv_estimator "gae"."""
     reference: WorkerConfig | None = None
-    """Frozen policy for the KL penalty; required when `init_kl_coef > 0` or `target_kl` is set."""
+    """Frozen policy for the KL penalty and the KL loss; required when `init_kl_coef > 0`,
+    `target_kl` is set or `use_kl_loss` is on."""
     train_env_manager: EnvManagerConfig
     """Envs that produce training trajectories."""
     val_env_manager: EnvManagerConfig | None = None
@@ -251,7 +265,7 @@ class PipelineConfig(ConfigModel):
         if step_wise and self.adv_estimator in ("gae", "reinforce"):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs env_manager_type "traj"; '
                                'step-wise samples take "grpo", "gigpo" or "step_reinforce"')
-        if step_wise and self.uses_kl:
+        if step_wise and self.uses_kl_penalty:
             key, off = ("init_kl_coef", "use 0") if self.init_kl_coef > 0 else ("target_kl", "use null")
             raise InvalidField(key, f"the KL penalty is not available for step-wise samples yet; {off}")
         if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
@@ -263,7 +277,7 @@ class PipelineConfig(ConfigModel):
         if self.adv_estimator == "gae" and self.critic is None:
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:
-            raise InvalidField("reference", "required when init_kl_coef > 0 or target_kl is set")
+            raise InvalidField("reference", "required when init_kl_coef > 0, target_kl is set or use_kl_loss is on")
 
     def _check_devices(self) -> None:
         """`device_mapping` of the roles the run builds, as far as it can be checked without a GPU
@@ -344,9 +358,14 @@ class PipelineConfig(ConfigModel):
         return self.val_batch_size // self.val_env_manager.group_size
 
     @property
-    def uses_kl(self) -> bool:
-        """Whether the loss has a KL term, hence whether the reference model is run."""
+    def uses_kl_penalty(self) -> bool:
+        """Whether the rewards carry the KL penalty (`init_kl_coef` / `target_kl`)."""
         return self.init_kl_coef > 0 or self.target_kl is not None
+
+    @property
+    def uses_kl(self) -> bool:
+        """Whether the rewards or the loss have a KL term, hence whether the reference model is run."""
+        return self.uses_kl_penalty or self.use_kl_loss
 
     def generating_args_for(self, manager: EnvManagerConfig) -> GeneratingArgs:
         """Sampling settings of a manager's requests: `actor_infer.generating_args` with the keys

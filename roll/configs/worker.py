@@ -274,7 +274,8 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     if name == "megatron" and role == "critic":
         raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
                            "the critic's value model needs torch, deepspeed or fsdp2")
-    policy_keys = sorted(set(PG_VARIANT_KEYS) & worker.model_fields_set)
+    fields = WorkerConfig.model_fields
+    policy_keys = [key for key in PG_VARIANT_KEYS if getattr(worker, key) != fields[key].default]
     if role != "actor_train" and policy_keys:
         raise InvalidField(f"{role}.{policy_keys[0]}", "only actor_train has a policy-gradient loss")
 

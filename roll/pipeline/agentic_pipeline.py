@@ -176,7 +176,7 @@ class AgenticPipeline:
         else:
             metrics = score_batch(
                 batch, meta, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
-                kl_coef=self.kl_ctl.value, whiten_advantages=cfg.whiten_advantages,
+                kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None, kl_kind=cfg.kl_penalty, whiten_advantages=cfg.whiten_advantages,
                 norm_adv_by_std=cfg.norm_adv_by_std_in_grpo)
         if "critic/kl" in metrics:
             self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
@@ -196,7 +196,9 @@ class AgenticPipeline:
             pg_clip=cfg.pg_clip_low or cfg.pg_clip, pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
             entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step,
             tis_level=tis.level if tis else None, tis_cap=tis.cap if tis else None,
-            pg_variant=cfg.actor_train.pg_variant, pg_options=self.pg_options), timeout=RAY_TIMEOUT_S))
+            pg_variant=cfg.actor_train.pg_variant, pg_options=self.pg_options,
+            kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None, kl_loss_type=cfg.kl_loss_type),
+            timeout=RAY_TIMEOUT_S))
         return metrics
 
     def sync_weights(self, version: int) -> None:

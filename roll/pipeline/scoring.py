@@ -18,19 +18,20 @@ from roll.algorithms.utils import dense_codes, masked_mean, masked_whiten
 
 
 def score_batch(batch, meta: dict, *, adv_estimator: str, gamma: float, lambd: float,
-                kl_coef: float, whiten_advantages: bool, norm_adv_by_std: bool) -> dict[str, float]:
+                kl_coef: float | None, whiten_advantages: bool, norm_adv_by_std: bool,
+                kl_kind: str = "kl") -> dict[str, float]:
     """Fill batch["advantages"] and batch["returns"] (B, T); return scoring metrics.
 
-    With a reference model in the batch (`ref_logprobs`), the per-token KL penalty is subtracted
-    from the token rewards first (PPO-RLHF style), so every estimator sees the same rewards.
+    With a reference model in the batch (`ref_logprobs`), the per-token KL penalty (estimator
+    `kl_kind`, weight `kl_coef`; None: no penalty) is subtracted from the token rewards first (PPO-RLHF style), so every estimator sees the same rewards.
     For GRPO the trajectory score is the sum of its (penalised) token rewards.
     """
     mask = batch["response_mask"]
     token_rewards = batch["token_level_rewards"]
     metrics: dict[str, float] = {}
-    if "ref_logprobs" in batch.keys():
+    if kl_coef is not None and "ref_logprobs" in batch.keys():
         token_rewards, kl_metrics = apply_kl_penalty(
-            token_rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, kl_coef)
+            token_rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, kl_coef, kl_kind)
         metrics.update(kl_metrics)
     scores = token_rewards.sum(dim=-1)
     adv, returns = compute_advantages(

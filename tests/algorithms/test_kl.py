@@ -12,6 +12,7 @@ from roll.algorithms.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
+    kl_loss,
     kl_penalty,
     make_kl_controller,
 )
@@ -36,6 +37,7 @@ REF_LOGPROBS = t([[-1.5, -2.0, -1.0]])
         ("mse", [0.125, 0.0, 0.5]),  # 0.5 * diff^2
         # exp(ref - lp) - (ref - lp) - 1: ref - lp = -0.5, 0, 1
         ("k3", [math.exp(-0.5) + 0.5 - 1, 0.0, math.e - 2]),
+        ("low_var_kl", [math.exp(-0.5) + 0.5 - 1, 0.0, math.e - 2]),  # k3, far from the clamp
     ],
 )
 def test_kl_penalty_kinds(kind, expected):
@@ -98,3 +100,41 @@ def test_make_kl_controller_picks_adaptive_only_with_a_target():
     assert (adaptive.target_kl, adaptive.horizon) == (6.0, 500)
     with pytest.raises(ValueError, match="target_kl > 0"):
         make_kl_controller(0.1, 0.0)
+
+
+def test_low_var_kl_is_k3_clamped_at_10():
+    # log pi - log pi_ref = -12: k3 = exp(12) - 12 - 1 = 162741.79..., low_var_kl = 10.
+    logprobs, ref_logprobs = t([[-13.0]]), t([[-1.0]])
+    assert kl_penalty(logprobs, ref_logprobs, "k3").item() == pytest.approx(math.exp(12) - 13)
+    assert kl_penalty(logprobs, ref_logprobs, "low_var_kl").item() == 10.0
+
+
+# The KL loss: diff = log pi - log pi_ref = 0.5, 0, -1 on generated tokens, and -9 on a masked one
+# (it must not count); token-mean over the 3 generated tokens, gradient d loss / d log pi.
+KL_LOGPROBS = t([[-1.0, -2.0, -2.0, -9.0]])
+KL_REF = t([[-1.5, -2.0, -1.0, 0.0]])
+KL_MASK = t([[1, 1, 1, 0]])
+E_HALF = math.exp(-0.5)
+
+
+@pytest.mark.parametrize(
+    ("kind", "loss", "grad"),
+    [
+        # k1: (0.5 + 0 - 1) / 3; d/d lp = 1 / 3 per token
+        ("kl", -0.5 / 3, [1 / 3, 1 / 3, 1 / 3]),
+        # |k1|: 1.5 / 3; sign(diff) / 3 (torch's sign(0) = 0)
+        ("abs", 0.5, [1 / 3, 0.0, -1 / 3]),
+        # k2 = diff^2 / 2: (0.125 + 0 + 0.5) / 3; diff / 3
+        ("mse", 0.625 / 3, [0.5 / 3, 0.0, -1 / 3]),
+        # k3 = exp(-diff) + diff - 1: (e^-0.5 - 0.5 + 0 + e - 2) / 3; (1 - exp(-diff)) / 3
+        ("k3", (E_HALF - 0.5 + math.e - 2) / 3, [(1 - E_HALF) / 3, 0.0, (1 - math.e) / 3]),
+        ("low_var_kl", (E_HALF - 0.5 + math.e - 2) / 3, [(1 - E_HALF) / 3, 0.0, (1 - math.e) / 3]),
+    ],
+)
+def test_kl_loss_per_estimator(kind, loss, grad):
+    logprobs = KL_LOGPROBS.clone().requires_grad_(True)
+    value, metrics = kl_loss(logprobs, KL_REF, KL_MASK, kind, "token-mean")
+    assert value.item() == pytest.approx(loss)
+    assert metrics == {"losses/kl_loss": pytest.approx(loss)}
+    value.backward()
+    assert_close(logprobs.grad, t([[*grad, 0.0]]))

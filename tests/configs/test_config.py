@@ -171,8 +171,8 @@ MALFORMED = [
         "train_env_manager.tags: 'Nope' is not in custom_envs ['LargeFrozenLake', 'SimpleFrozenLake']",
     ),
     (["adv_estimator=gae"], 'critic: required by adv_estimator "gae"'),
-    (["init_kl_coef=0.1"], "reference: required when init_kl_coef > 0 or target_kl is set"),
-    (["target_kl=0.01"], "reference: required when init_kl_coef > 0 or target_kl is set"),
+    (["init_kl_coef=0.1"], "reference: required when init_kl_coef > 0, target_kl is set or use_kl_loss is on"),
+    (["target_kl=0.01"], "reference: required when init_kl_coef > 0, target_kl is set or use_kl_loss is on"),
     (
         ["async_generation_ratio=-1"],
         "async_generation_ratio: input should be greater than or equal to 0 (got -1)",

@@ -18,6 +18,7 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from roll.algorithms.kl import KLKind, kl_loss
 from roll.algorithms.losses import AggMode, agg_loss
 from roll.algorithms.off_policy import (
     TISLevel,
@@ -101,6 +102,8 @@ class ActorWorker:
         tis_cap: float | None = None,
         pg_variant: str = "ppo",
         pg_options: PGOptions | None = None,
+        kl_loss_coef: float | None = None,
+        kl_loss_type: KLKind = "low_var_kl",
     ) -> dict[str, float]:
         """`ppo_epochs` shuffled passes of mini-batches over `batch`; metrics averaged over steps.
 
@@ -108,13 +111,15 @@ class ActorWorker:
         and infer_logprobs when `tis_level` ("token" / "sequence") turns the off-policy
         correction on (weights truncated at `tis_cap`), and episode_scores (B,) for pg_variant
         "topr". `pg_options` holds the variant's parameters; its clip range is `pg_clip` /
-        `pg_clip_high` (None: PGOptions' defaults for the rest).
+        `pg_clip_high` (None: PGOptions' defaults for the rest). With `kl_loss_coef` set (the KL
+        loss is on) the batch needs ref_logprobs, and kl_loss_coef * KL(`kl_loss_type`) is added.
         Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps * ranks rows, in
         an order drawn from derive_seed(seed, "minibatch", step, epoch); with several data-parallel
         ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
-        extra = (("infer_logprobs",) if tis_level else ()) + (("episode_scores",) if pg_variant == "topr" else ())
+        extra = ((("infer_logprobs",) if tis_level else ()) + (("episode_scores",) if pg_variant == "topr" else ())
+                 + (("ref_logprobs",) if kl_loss_coef is not None else ()))
         batch = batch.select(*TRAIN_KEYS, *extra)
         options = replace(pg_options or PGOptions(), clip_low=pg_clip,
                           clip_high=pg_clip if pg_clip_high is None else pg_clip_high)
@@ -123,6 +128,8 @@ class ActorWorker:
             temperature=temperature,
             pg_variant=pg_variant,
             pg_options=options,
+            kl_loss_coef=kl_loss_coef,
+            kl_loss_type=kl_loss_type,
             entropy_loss_coef=entropy_loss_coef,
             loss_agg_mode=loss_agg_mode,
             dedupe=self.strategy.dedupe_rows,
@@ -174,9 +181,12 @@ def _policy_loss(
     dedupe: bool,
     tis_level: TISLevel | None,
     tis_cap: float | None,
+    kl_loss_coef: float | None = None,
+    kl_loss_type: KLKind = "low_var_kl",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """`pg_variant`'s loss (importance-weighted if `tis_level`) minus the entropy bonus on one
-    micro-batch; metrics as floats."""
+    """`pg_variant`'s loss (importance-weighted if `tis_level`), plus kl_loss_coef * KL to the
+    reference when `kl_loss_coef` is set, minus the entropy bonus, on one micro-batch; metrics as
+    floats."""
     logprobs, entropy = token_logprobs(
         model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
     )
@@ -191,6 +201,10 @@ def _policy_loss(
         episode_scores=micro["episode_scores"] if "episode_scores" in micro.keys() else None,
     )
     loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)
+    if kl_loss_coef is not None:
+        kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, kl_loss_type, loss_agg_mode)
+        loss = loss + kl_loss_coef * kl_term
+        metrics.update(kl_metrics)
     metrics = {key: float(value) for key, value in metrics.items()}
     if weights is not None:
         metrics.update(tis_metrics(weights, mask, tis_cap))
