@@ -13,6 +13,14 @@ response-level score of every sample before the advantage estimator sees it. Its
   the row's group ("group"), or nothing (None). Stds are unbiased (torch.std), eps = 1e-6.
 Batch statistics ignore the grouping; with grouping "batch" the two kinds agree. GRPO's outcome
 advantage is ("group", "group") grouped by traj_group_id; ("batch", "batch") is plain whitening.
+ROLL's older key `method` names pairs of them (`norm_types_for_method`): "identity" (None, None),
+"mean" (K, None), "mean_std" and "asym_clip" (K, K), K being "batch" for grouping "batch" and
+"group" otherwise. "asym_clip" then clamps the normalised score to [-1, 3] (ROLL's original
+implementation, `get_score_normalize_fn` before ROLL commit 29301e71; ROLL's current code derives
+the same statistics but has dropped the clamp, so there it equals "mean_std").
+
+`clip_symmetric` is ROLL's `reward_clip` / `advantage_clip`: clamp to [-limit, limit] and report the
+fraction of values that were outside.
 
 Where this differs from ROLL: statistics without spread. ROLL, whenever norm_std_type is set,
 returns 0 for every row of a group that has one member or whose chosen std is <= 1e-6, whatever
@@ -37,6 +45,31 @@ from roll.algorithms.advantages import group_index
 
 NormType = Literal["batch", "group"] | None
 NORM_TYPES: tuple[NormType, ...] = ("batch", "group", None)
+NormMethod = Literal["identity", "mean", "mean_std", "asym_clip"]
+ASYM_CLIP_RANGE = (-1.0, 3.0)
+"""Where "asym_clip" clamps normalised scores: a bad outcome weighs at most 1 std, a good one 3."""
+
+
+def norm_types_for_method(method: NormMethod, grouping: str) -> tuple[NormType, NormType]:
+    """(norm_mean_type, norm_std_type) that ROLL derives from `method` and `grouping`
+    (`_resolve_reward_norm_defaults`): batch statistics for grouping "batch", else the group's."""
+    kind: NormType = "batch" if grouping == "batch" else "group"
+    table: dict[str, tuple[NormType, NormType]] = {
+        "identity": (None, None), "mean": (kind, None), "mean_std": (kind, kind), "asym_clip": (kind, kind)}
+    if method not in table:
+        raise ValueError(f"unknown reward normalisation method {method!r}; choose one of {sorted(table)}")
+    return table[method]
+
+
+@torch.no_grad()
+def clip_symmetric(values: Tensor, limit: float, mask: Tensor | None = None) -> tuple[Tensor, float]:
+    """values clamped to [-limit, limit], and the fraction of them (of the masked ones when `mask`
+    is given, same shape) that were outside. Any shape."""
+    if limit <= 0:
+        raise ValueError(f"limit must be > 0, got {limit}")
+    outside = (values.abs() > limit).to(torch.float32)
+    fraction = outside.mean() if mask is None else (outside * mask).sum() / mask.sum().clamp_min(1)
+    return values.clamp(-limit, limit), float(fraction) if values.numel() else 0.0
 
 
 class _RowStats(NamedTuple):
@@ -75,6 +108,7 @@ def normalize_rewards(
     norm_mean_type: NormType,
     norm_std_type: NormType,
     eps: float = 1e-6,
+    clip_range: tuple[float, float] | None = None,
 ) -> Tensor:
     """Normalised scores (B,): (s - mean) / (std + eps), each part chosen as in ROLL.
 
@@ -82,6 +116,7 @@ def normalize_rewards(
     group_keys (B,): hashables or a tensor; equal keys form a group, in any row order.
     norm_mean_type, norm_std_type: "batch", "group" or None (see the module docstring).
     A divisor over rows without spread is 1, and centring over such rows gives exactly 0.
+    clip_range (low, high): clamp the result ("asym_clip" passes ASYM_CLIP_RANGE); None: no clamp.
     """
     for name, value in (("norm_mean_type", norm_mean_type), ("norm_std_type", norm_std_type)):
         if value not in NORM_TYPES:
@@ -100,4 +135,6 @@ def normalize_rewards(
         normalized = torch.where(centre.has_spread, scores - centre.mean, torch.zeros_like(scores))
     if norm_std_type is not None:
         normalized = normalized / stats[norm_std_type].divisor
+    if clip_range is not None:
+        normalized = normalized.clamp(*clip_range)
     return normalized

@@ -42,6 +42,7 @@ from roll.pipeline.builders import (
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.residency import PhaseResidency
 from roll.pipeline.scoring import (
+    clip_rewards,
     normalize_step_episode_scores,
     normalize_traj_rewards,
     score_batch,
@@ -162,27 +163,39 @@ class AgenticPipeline:
         for key, ref in refs.items():
             batch[key] = ray.get(ref, timeout=RAY_TIMEOUT_S)
         cfg = self.cfg
+        reward_metrics = self.shape_rewards(batch, meta)
+        if self.step_wise:
+            metrics = score_step_batch(
+                batch, meta, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
+                episode_weight=cfg.episode_reward_weight, step_weight=cfg.step_reward_weight,
+                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo, whiten_advantages=cfg.whiten_advantages,
+                advantage_clip=cfg.advantage_clip)
+        else:
+            metrics = score_batch(
+                batch, meta, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
+                kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None, kl_kind=cfg.kl_penalty,
+                whiten_advantages=cfg.whiten_advantages, norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
+                advantage_clip=cfg.advantage_clip)
+        metrics.update(reward_metrics)
+        if "critic/kl" in metrics:
+            self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
+        diff = (batch["infer_logprobs"] - batch["old_logprobs"]).abs()
+        metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch["response_mask"]))
+        return metrics
+
+    def shape_rewards(self, batch, meta) -> dict[str, float]:
+        """Before the estimator: keep the raw episode scores for TOPR, then `reward_normalization`
+        and `reward_clip`, in place."""
+        cfg = self.cfg
         if cfg.actor_train.pg_variant == "topr":  # TOPR splits rows by the raw episode score's sign
             batch["episode_scores"] = (meta["episode_scores"] if self.step_wise else meta["scores"]).float().clone()
         if cfg.reward_normalization is not None and self.step_wise:
             normalize_step_episode_scores(meta, cfg.reward_normalization)
         elif cfg.reward_normalization is not None:
             normalize_traj_rewards(batch, meta, cfg.reward_normalization)
-        if self.step_wise:
-            metrics = score_step_batch(
-                batch, meta, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
-                episode_weight=cfg.episode_reward_weight, step_weight=cfg.step_reward_weight,
-                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo, whiten_advantages=cfg.whiten_advantages)
-        else:
-            metrics = score_batch(
-                batch, meta, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
-                kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None, kl_kind=cfg.kl_penalty, whiten_advantages=cfg.whiten_advantages,
-                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo)
-        if "critic/kl" in metrics:
-            self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
-        diff = (batch["infer_logprobs"] - batch["old_logprobs"]).abs()
-        metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch["response_mask"]))
-        return metrics
+        if cfg.reward_clip is None:
+            return {}
+        return clip_rewards(batch, meta, cfg.reward_clip, self.step_wise)
 
     def update(self, batch, step: int) -> dict[str, float]:
         cfg, metrics, tis = self.cfg, {}, self.cfg.off_policy_correction

@@ -9,7 +9,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from roll.algorithms.reward_norm import normalize_rewards
+from roll.algorithms.reward_norm import (
+    ASYM_CLIP_RANGE,
+    clip_symmetric,
+    norm_types_for_method,
+    normalize_rewards,
+)
 
 F64 = torch.float64
 EPS = 1e-6
@@ -127,3 +132,42 @@ def test_bad_arguments_are_refused():
         normalize_rewards(SCORES, KEYS[:5], norm_mean_type="group", norm_std_type=None)
     with pytest.raises(ValueError, match="must be 1-D"):
         normalize_rewards(SCORES[None], KEYS, norm_mean_type="group", norm_std_type=None)
+
+
+@pytest.mark.parametrize(
+    ("method", "batch_types", "group_types"),
+    [
+        ("identity", (None, None), (None, None)),
+        ("mean", ("batch", None), ("group", None)),
+        ("mean_std", ("batch", "batch"), ("group", "group")),
+        ("asym_clip", ("batch", "batch"), ("group", "group")),
+    ],
+)
+def test_method_names_pairs_of_norm_types_as_roll(method, batch_types, group_types):
+    assert norm_types_for_method(method, "batch") == batch_types
+    for grouping in ("traj_group_id", "tags"):
+        assert norm_types_for_method(method, grouping) == group_types
+
+
+def test_asym_clip_clamps_normalised_scores_to_minus_1_and_3():
+    # Group a: eleven 0s and one 12: mean 1, deviations -1 (x11) and 11, squares 11 + 121 = 132,
+    # unbiased var 132 / 11 = 12, std sqrt(12) = 3.4641: the 12 becomes 11 / 3.4641 = 3.1754 -> 3,
+    # the 0s -1 / 3.4641 = -0.288675. Group b mirrors it: the -12 becomes -3.1754 -> -1, 0s +0.288675.
+    scores = t([0.0] * 11 + [12.0] + [0.0] * 11 + [-12.0])
+    keys = ["a"] * 12 + ["b"] * 12
+    divisor = math.sqrt(12) + EPS
+    kwargs = {"norm_mean_type": "group", "norm_std_type": "group"}
+    plain = normalize_rewards(scores, keys, **kwargs)
+    assert plain[11].item() == pytest.approx(11 / divisor) and plain[11].item() > 3
+    clipped = normalize_rewards(scores, keys, **kwargs, clip_range=ASYM_CLIP_RANGE)
+    expected = t([-1 / divisor] * 11 + [3.0] + [1 / divisor] * 11 + [-1.0])
+    assert_close(clipped, expected)
+
+
+def test_clip_symmetric_reports_the_fraction_outside():
+    # limit 2: -3 -> -2 and 5 -> 2 are outside (2 itself is not): 2 of 5; with the 5 masked, 1 of 4.
+    values = t([-3.0, -1.0, 0.0, 2.0, 5.0])
+    clipped, fraction = clip_symmetric(values, 2.0)
+    assert clipped.tolist() == [-2.0, -1.0, 0.0, 2.0, 2.0] and fraction == pytest.approx(2 / 5)
+    _, fraction = clip_symmetric(values, 2.0, mask=t([1, 1, 1, 1, 0]))
+    assert fraction == pytest.approx(1 / 4)

@@ -60,3 +60,17 @@ def test_pg_variant_keys_sit_on_actor_train(model_dir):
 def test_kl_full_is_refused_by_name(model_dir):
     with pytest.raises(ConfigError, match="^kl_penalty: input should be"):
         load(model_dir, "kl_penalty=full")
+
+
+def test_roll_reward_normalization_block_and_clips(model_dir):
+    cfg = load(model_dir, "+reward_normalization={grouping: tags, method: asym_clip}", "reward_clip=20",
+               "advantage_clip=0.2")
+    norm = cfg.reward_normalization
+    assert (norm.group_key, norm.norm_mean_type, norm.norm_std_type, norm.clip_range) == (
+        "tag", "group", "group", (-1.0, 3.0))
+    assert (cfg.reward_clip, cfg.advantage_clip) == (20.0, 0.2)
+    assert (load(model_dir).reward_clip, load(model_dir).advantage_clip) == (None, None)
+    with pytest.raises(ConfigError, match="^reward_normalization.method: input should be"):
+        load(model_dir, "+reward_normalization={method: rank}")
+    with pytest.raises(ConfigError, match="^advantage_clip: input should be greater than 0"):
+        load(model_dir, "advantage_clip=0")

@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from roll.configs.pipeline import RewardNormalization
-from roll.pipeline.scoring import normalize_step_episode_scores, normalize_traj_rewards
+from roll.pipeline.scoring import clip_rewards, normalize_step_episode_scores, normalize_traj_rewards, score_batch
 
 
 def _traj_batch(rewards, mask):
@@ -50,3 +50,50 @@ def test_grouping_by_tag():
             "episode_scores": torch.tensor([1.0, 3.0, 7.0])}
     normalize_step_episode_scores(meta, RewardNormalization(grouping="tag"))
     assert meta["episode_scores"].tolist() == [-1.0, 1.0, 0.0]
+
+
+def test_roll_method_and_tags_grouping():
+    # ROLL's {grouping: tags, method: mean_std}: group mean and std per tag. Tag A: 1, 3 -> mean 2,
+    # unbiased std sqrt(2): -1 / sqrt(2), +1 / sqrt(2); tag B alone: no spread -> 0.
+    norm = RewardNormalization(grouping="tags", method="mean_std")
+    assert (norm.norm_mean_type, norm.norm_std_type, norm.clip_range) == ("group", "group", None)
+    meta = {"traj_id": ["t1", "t2", "t3"], "traj_group_id": ["g1", "g2", "g3"], "tag": ["A", "A", "B"],
+            "episode_scores": torch.tensor([1.0, 3.0, 7.0])}
+    normalize_step_episode_scores(meta, norm)
+    assert meta["episode_scores"].tolist() == pytest.approx([-2 ** -0.5, 2 ** -0.5, 0.0], abs=1e-5)
+
+
+def test_explicit_norm_types_win_over_method():
+    norm = RewardNormalization(grouping="batch", method="mean_std", norm_std_type=None)
+    assert (norm.norm_mean_type, norm.norm_std_type) == ("batch", None)
+    assert RewardNormalization(method="asym_clip").clip_range == (-1.0, 3.0)
+
+
+def test_reward_clip_on_traj_rows_counts_rows():
+    # limit 1: row 0's 2.0 -> 1.0 (clamped), row 1's -0.5 stays, row 2's -3.0 sits on a masked
+    # (observation) token: clamped too, but the row does not count. 1 row of 3.
+    batch = _traj_batch([[0, 2.0], [-0.5, 0], [-3.0, 0.5]], [[1, 1], [1, 1], [0, 1]])
+    metrics = clip_rewards(batch, {}, 1.0, step_wise=False)
+    assert batch["token_level_rewards"].tolist() == [[0, 1.0], [-0.5, 0], [-1.0, 0.5]]
+    assert metrics == {"critic/reward_clip_frac": pytest.approx(1 / 3)}
+
+
+def test_reward_clip_on_step_rows_clamps_episode_scores_and_step_rewards():
+    # limit 2: episode scores 3 -> 2, -1 stays; step rewards 0.5 stays, -4 -> -2. Rows 0 and 1 clamp.
+    meta = {"episode_scores": torch.tensor([3.0, 3.0, -1.0]), "step_rewards": torch.tensor([0.5, -4.0, 0.5])}
+    metrics = clip_rewards(None, meta, 2.0, step_wise=True)
+    assert meta["episode_scores"].tolist() == [2.0, 2.0, -1.0]
+    assert meta["step_rewards"].tolist() == [0.5, -2.0, 0.5]
+    assert metrics == {"critic/reward_clip_frac": pytest.approx(2 / 3)}
+
+
+def test_advantage_clip_after_the_estimator():
+    # reinforce, gamma 1: returns-to-go of row 0's rewards (0, 3) are 3, 3; row 1's (0, -0.5): -0.5,
+    # -0.5. advantage_clip 1: 3 -> 1 on both of row 0's tokens: 2 of 4 generated tokens.
+    batch = _traj_batch([[0.0, 3.0], [0.0, -0.5]], [[1, 1], [1, 1]])
+    meta = {"traj_group_id": ["a", "b"]}
+    metrics = score_batch(batch, meta, adv_estimator="reinforce", gamma=1.0, lambd=1.0, kl_coef=None,
+                          whiten_advantages=False, norm_adv_by_std=True, advantage_clip=1.0)
+    assert batch["advantages"].tolist() == [[1.0, 1.0], [-0.5, -0.5]]
+    assert batch["returns"].tolist() == [[3.0, 3.0], [-0.5, -0.5]]
+    assert metrics["critic/advantage_clip_frac"] == pytest.approx(0.5)
