@@ -17,6 +17,7 @@ from roll.distributed.placement import plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.builders import build_pg_options
 from roll.pipeline.residency import PHASE_ROLES, PhaseResidency
 
 STRATEGIES = {"actor_train": "torch", "critic": "torch", "reference": "torch", "actor_infer": "hf"}
@@ -148,6 +149,7 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     p.train_rollout.collect = lambda *args, **kwargs: log.append("rollout.collect") or ([], [])
     p.tracer, p.step_wise, p.temperature = None, False, 1.0
     p.kl_ctl = make_kl_controller(0.0, None, 100)
+    p.pg_options = build_pg_options(p.cfg)
     monkeypatch.setattr(agentic_pipeline.ray, "get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(agentic_pipeline, "score_batch", lambda *args, **kwargs: {})
     monkeypatch.setattr(agentic_pipeline, "summarize_trajectories", lambda *args: {})

@@ -1,0 +1,129 @@
+"""One actor update through the pipeline's own scoring and update code (`AgenticPipeline.score`,
+`.update`) with every pg_variant and the KL loss: real actor and reference workers on a tiny
+random Llama, called in-process (no Ray: the handles call the worker directly and `ray.get` is the
+identity). Checks the loss is finite, the variant's metrics arrive and the reference is used."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from tensordict import TensorDict
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from roll.algorithms.kl import make_kl_controller
+from roll.configs import load_config
+from roll.distributed.workers.actor import ActorWorker
+from roll.distributed.workers.reference import ReferenceWorker
+from roll.pipeline import agentic_pipeline
+from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.builders import build_pg_options
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+VOCAB = 24
+
+
+class LocalHandle:
+    """`handle.method.remote(...)` runs `worker.method(...)` here and returns its result."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def __getattr__(self, method: str):
+        function = getattr(self.worker, method)
+
+        class Method:
+            remote = staticmethod(function)
+
+        return Method()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny_llama_pg")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=32)).save_pretrained(path)
+    return str(path)
+
+
+def pipeline(model_dir: str, monkeypatch, step_wise: bool, *overrides: str) -> AgenticPipeline:
+    monkeypatch.setattr(agentic_pipeline.ray, "get", lambda refs, timeout=None: refs)
+    p = object.__new__(AgenticPipeline)
+    step = ["train_env_manager.env_manager_type=step", "adv_estimator=gigpo"] if step_wise else []
+    p.cfg = load_config(CONFIG_DIR, "minimal_agentic", [f"pretrain={model_dir}", *step, *overrides])
+    actor = ActorWorker(model_dir, p.cfg.actor_train.training_args, total_train_steps=2, seed=3, num_threads=1)
+    p.workers = {"actor": LocalHandle(actor)}
+    if "reference" in p.cfg.built_roles:
+        p.workers["reference"] = LocalHandle(ReferenceWorker(model_dir, micro_batch_size=4, num_threads=1))
+    p.residency = type("NoResidency", (), {"enter": staticmethod(lambda phase: None)})()
+    p.step_wise, p.temperature = step_wise, 1.0
+    p.kl_ctl = make_kl_controller(p.cfg.init_kl_coef, p.cfg.target_kl, p.cfg.kl_horizon)
+    p.pg_options = build_pg_options(p.cfg)
+    return p
+
+
+def batch_and_meta(step_wise: bool) -> tuple[TensorDict, dict]:
+    """4 rows of 8 tokens (3 prompt, 3..5 generated); one reward on the last generated token.
+    Traj-wise: 2 groups of 2 trajectories; step-wise: trajectories t0 (2 steps) and t1, t2."""
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([6, 7, 8, 7])[:, None]
+    positions = torch.arange(8)
+    attention = (positions < lengths).long()
+    response = ((positions >= 3) & (positions < lengths)).float()
+    scores = torch.tensor([1.0, 0.0, 1.0, -1.0])
+    rewards = torch.zeros(4, 8)
+    rewards[torch.arange(4), lengths.squeeze(1) - 1] = scores
+    batch = TensorDict({"input_ids": torch.randint(1, VOCAB, (4, 8), generator=generator) * attention,
+                        "attention_mask": attention, "response_mask": response, "token_level_rewards": rewards,
+                        "infer_logprobs": torch.full((4, 8), -3.0)}, batch_size=[4])
+    if not step_wise:
+        return batch, {"traj_group_id": ["g0", "g0", "g1", "g1"], "traj_id": ["t0", "t1", "t2", "t3"],
+                       "tag": ["A"] * 4, "scores": scores}
+    return batch, {"traj_group_id": ["g0", "g0", "g0", "g1"], "traj_id": ["t0", "t0", "t1", "t2"],
+                   "tag": ["A"] * 4, "step": [0, 1, 0, 0], "state_hash": ["s0", "s1", "s0", "s0"],
+                   "step_rewards": torch.tensor([0.0, 1.0, 0.0, -1.0]),
+                   "episode_scores": torch.tensor([1.0, 1.0, 0.0, -1.0])}
+
+
+VARIANT_METRIC = {"vanilla": "losses/ratio_mean", "ppo": "actor/ppo_ratio_clipfrac",
+                  "tis": "actor/tis_total_clipfrac", "topr": "actor/topr_positive_samples",
+                  "cispo": "actor/cispo_total_clipfrac", "kimi15": "actor/kimi15_kl_reg"}
+KL_LOSS = ["+reference.strategy_args.strategy_name=torch", "use_kl_loss=true", "kl_loss_coef=0.1"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANT_METRIC))
+def test_one_update_per_variant_with_the_kl_loss(variant, model_dir, monkeypatch):
+    p = pipeline(model_dir, monkeypatch, False, f"+actor_train.pg_variant={variant}", *KL_LOSS)
+    batch, meta = batch_and_meta(step_wise=False)
+    score_metrics = p.score(batch, meta)
+    assert "critic/kl" not in score_metrics  # no reward-side penalty: the KL is in the loss only
+    metrics = p.update(batch, step=1)
+    assert math.isfinite(metrics["losses/policy_loss"]) and metrics["actor/grad_norm"] > 0
+    assert VARIANT_METRIC[variant] in metrics
+    # the same weights scored and trained, so the policy equals the reference: KL 0 exactly-ish
+    assert metrics["losses/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_step_wise_rows_get_the_kl_loss_and_topr_scores(model_dir, monkeypatch):
+    p = pipeline(model_dir, monkeypatch, True, "+actor_train.pg_variant=topr", *KL_LOSS,
+                 "+reward_normalization={method: mean_std}", "advantage_clip=0.5", "reward_clip=5")
+    batch, meta = batch_and_meta(step_wise=True)
+    score_metrics = p.score(batch, meta)
+    assert batch["episode_scores"].tolist() == [1.0, 1.0, 0.0, -1.0]  # raw, before normalisation
+    assert float(batch["advantages"].abs().max()) <= 0.5
+    assert {"critic/advantage_clip_frac", "critic/reward_clip_frac"} <= set(score_metrics)
+    metrics = p.update(batch, step=1)
+    assert metrics["actor/topr_positive_samples"] == 2.0 and metrics["actor/topr_negative_samples"] == 2.0
+    assert "losses/kl_loss" in metrics and math.isfinite(metrics["losses/policy_loss"])
+
+
+def test_without_kl_loss_no_reference_and_no_kl_metric(model_dir, monkeypatch):
+    p = pipeline(model_dir, monkeypatch, False, "+actor_train.pg_variant=cispo")
+    batch, meta = batch_and_meta(step_wise=False)
+    p.score(batch, meta)
+    assert "reference" not in p.workers and "ref_logprobs" not in batch.keys()
+    assert "losses/kl_loss" not in p.update(batch, step=1)
