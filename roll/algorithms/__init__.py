@@ -2,8 +2,10 @@
 
 `advantages` (gae, grpo, reinforce and the `compute_advantages` registry), `gigpo` (step-wise
 estimators over one row per env step: gigpo, step_reinforce, step_grpo, and
-`broadcast_to_tokens`), `losses` (PPO actor and critic losses, log-probs, entropy), `kl`
-(reference-KL penalty and its controllers), `utils` (masked reductions).
+`broadcast_to_tokens`), `losses` (PPO actor and critic losses, log-probs, entropy),
+`pg_variants` (the `pg_variant` registry: vanilla, ppo, tis, topr, cispo, kimi15), `kl`
+(reference-KL penalty, KL loss and the penalty's controllers), `reward_norm` (reward
+normalisation and clipping), `utils` (masked reductions).
 """
 
 from roll.algorithms.advantages import (
@@ -24,6 +26,7 @@ from roll.algorithms.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
+    kl_loss,
     kl_penalty,
     make_kl_controller,
 )
@@ -35,10 +38,13 @@ from roll.algorithms.losses import (
     ppo_policy_loss,
     value_loss,
 )
+from roll.algorithms.pg_variants import PG_VARIANTS, PGOptions, policy_gradient_loss
 from roll.algorithms.utils import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "PG_VARIANTS",
+    "PGOptions",
     "AdaptiveKLController",
     "FixedKLController",
     "agg_loss",
@@ -54,6 +60,7 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "group_reward_std_stats",
+    "kl_loss",
     "kl_penalty",
     "logprobs_from_logits",
     "make_kl_controller",
@@ -61,6 +68,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "policy_gradient_loss",
     "ppo_policy_loss",
     "select_groups_by_reward_std",
     "value_loss",
