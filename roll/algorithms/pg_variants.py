@@ -115,8 +115,8 @@ def topr_token_loss(logprobs, ratio, advantages, mask, opts, episode_scores) -> 
     loss = torch.where(positive, opts.topr_positive_weight * -advantages * logprobs,
                        opts.topr_negative_weight * -truncated * advantages * logprobs)
     return loss, {
-        "actor/topr_positive_samples": float((episode_scores > 0).sum()),
-        "actor/topr_negative_samples": float((episode_scores <= 0).sum()),
+        "actor/topr_positive_ratio": float((episode_scores > 0).float().mean()),
+        "actor/topr_negative_ratio": float((episode_scores <= 0).float().mean()),
         "actor/topr_negative_total_clipfrac": _frac(~positive & (ratio > 1.0), mask),
     }
 

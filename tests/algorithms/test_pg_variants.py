@@ -81,8 +81,8 @@ def test_topr_keeps_positive_rows_plain_and_truncates_negative_ones():
     # Truncated tokens of negative rows: r 1.4 -> 1/5.
     _, loss, metrics = run("topr")
     assert loss.item() == pytest.approx(0.54)
-    assert metrics["actor/topr_positive_samples"] == 1.0
-    assert metrics["actor/topr_negative_samples"] == 1.0
+    assert metrics["actor/topr_positive_ratio"] == 0.5  # 1 row of 2
+    assert metrics["actor/topr_negative_ratio"] == 0.5
     assert metrics["actor/topr_negative_total_clipfrac"] == pytest.approx(1 / 5)
     _, loss, _ = run("topr", PGOptions(topr_positive_weight=0.5, topr_negative_weight=2.0))
     assert loss.item() == pytest.approx(-0.72)

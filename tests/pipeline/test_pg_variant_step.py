@@ -90,7 +90,7 @@ def batch_and_meta(step_wise: bool) -> tuple[TensorDict, dict]:
 
 
 VARIANT_METRIC = {"vanilla": "losses/ratio_mean", "ppo": "actor/ppo_ratio_clipfrac",
-                  "tis": "actor/tis_total_clipfrac", "topr": "actor/topr_positive_samples",
+                  "tis": "actor/tis_total_clipfrac", "topr": "actor/topr_positive_ratio",
                   "cispo": "actor/cispo_total_clipfrac", "kimi15": "actor/kimi15_kl_reg"}
 KL_LOSS = ["+reference.strategy_args.strategy_name=torch", "use_kl_loss=true", "kl_loss_coef=0.1"]
 
@@ -117,7 +117,7 @@ def test_step_wise_rows_get_the_kl_loss_and_topr_scores(model_dir, monkeypatch):
     assert float(batch["advantages"].abs().max()) <= 0.5
     assert {"critic/advantage_clip_frac", "critic/reward_clip_frac"} <= set(score_metrics)
     metrics = p.update(batch, step=1)
-    assert metrics["actor/topr_positive_samples"] == 2.0 and metrics["actor/topr_negative_samples"] == 2.0
+    assert metrics["actor/topr_positive_ratio"] == 0.5 and metrics["actor/topr_negative_ratio"] == 0.5  # 2 of 4
     assert "losses/kl_loss" in metrics and math.isfinite(metrics["losses/policy_loss"])
 
 
