@@ -23,7 +23,8 @@ def score_batch(batch, meta: dict, *, adv_estimator: str, gamma: float, lambd: f
     """Fill batch["advantages"] and batch["returns"] (B, T); return scoring metrics.
 
     With a reference model in the batch (`ref_logprobs`), the per-token KL penalty (estimator
-    `kl_kind`, weight `kl_coef`; None: no penalty) is subtracted from the token rewards first (PPO-RLHF style), so every estimator sees the same rewards.
+    `kl_kind`, weight `kl_coef`; None: no penalty) is subtracted from the token rewards first
+    (PPO-RLHF style), so every estimator sees the same rewards.
     For GRPO the trajectory score is the sum of its (penalised) token rewards. Advantages are
     whitened, then clamped to +-advantage_clip (None: not), as in ROLL.
     """

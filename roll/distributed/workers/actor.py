@@ -2,9 +2,11 @@
 
 The loss is `pg_variant`'s (`roll.algorithms.pg_variants`); the default is PPO-clip (Schulman et
 al. 2017) with optional asymmetric clipping (`pg_clip_high`, DAPO's clip-higher) over per-token
-ratios; the entropy bonus is aggregated with the same `loss_agg_mode` as the policy loss. Optional off-policy correction: truncated importance weights
-of the trainer's old log-probs over the engine's (`roll.algorithms.off_policy`) scale each token's
-policy-gradient term. No value loss here: the critic is its own role.
+ratios; the entropy bonus is aggregated with the same `loss_agg_mode` as the policy loss. With
+`use_kl_loss`, kl_loss_coef * KL(pi || reference) is added (`roll.algorithms.kl.kl_loss`).
+Optional off-policy correction: truncated importance weights of the trainer's old log-probs over
+the engine's (`roll.algorithms.off_policy`) scale each token's policy-gradient term. No value
+loss here: the critic is its own role.
 """
 
 from __future__ import annotations
