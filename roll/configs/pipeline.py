@@ -18,6 +18,7 @@ from roll.configs.worker import (
     GeneratingArgs,
     WorkerConfig,
     check_model_dir,
+    check_lora_target,
     check_strategy_for_role,
 )
 from roll.distributed.placement import PlacementError, check_device_layout
@@ -215,6 +216,8 @@ class PipelineConfig(ConfigModel):
         check_env_types(self.custom_envs)
         self._check_agent_tags()
         self._fill_model_paths()
+        for role, worker in self.workers.items():  # needs the model paths: after filling them
+            check_lora_target(role, worker)
         return self
 
     def _check_agent_tags(self) -> None:

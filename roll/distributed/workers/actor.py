@@ -45,7 +45,8 @@ class ActorWorker:
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
     `train()` call each), the unit the LR schedule advances in. Forward passes run the model once
     per distinct row (roll.distributed.batch); `dedupe_rows=False` runs every copy, with the same
-    results, to measure what that saves (benchmarks/train_dedupe.py).
+    results, to measure what that saves (benchmarks/train_dedupe.py). `features` are the strategy
+    features of `build_train_strategy` (lora, gradient_checkpointing, train_budget, infer_budget).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class ActorWorker:
         dedupe_rows: bool = True,
         strategy_name: str = "torch",
         strategy_config: dict | None = None,
+        features: dict | None = None,
     ) -> None:
         set_num_threads(num_threads)
         torch.manual_seed(seed)
@@ -76,6 +78,7 @@ class ActorWorker:
             dedupe_rows=dedupe_rows,
             strategy_name=strategy_name,
             strategy_config=strategy_config,
+            **(features or {}),
         )
         self.tokenizer = _load_tokenizer(model_path)
 
@@ -133,6 +136,10 @@ class ActorWorker:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
         return self.strategy.state_dict()
+
+    def param_counts(self) -> dict[str, float]:
+        """`model/trainable_params` and `model/total_params` of the trained model (LoRA: adapters)."""
+        return dict(self.strategy.param_counts)
 
     def save_checkpoint(self, directory: str) -> None:
         """An HF model dir (plus tokenizer when the base model had one) + optimizer/scheduler."""
