@@ -19,6 +19,7 @@ from roll.configs.worker import (
     WorkerConfig,
     check_model_dir,
     check_lora_target,
+    check_token_budgets,
     check_strategy_for_role,
 )
 from roll.distributed.placement import PlacementError, check_device_layout
@@ -218,6 +219,7 @@ class PipelineConfig(ConfigModel):
         self._fill_model_paths()
         for role, worker in self.workers.items():  # needs the model paths: after filling them
             check_lora_target(role, worker)
+            check_token_budgets(role, worker, self.sequence_length)
         return self
 
     def _check_agent_tags(self) -> None:

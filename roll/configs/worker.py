@@ -62,11 +62,14 @@ class ModelArgs(ConfigModel):
     `gradient_checkpointing_enable(use_reentrant=False)`; megatron's full-layer recompute).
     Activations are recomputed in backward instead of kept: less memory, one more forward. ROLL
     defaults to false (on); we default to true (off), so a config that does not say keeps our
-    earlier behaviour; ROLL's example configs say it explicitly. Losses and gradients are the same."""
+    earlier behaviour; ROLL's example configs say it explicitly. Losses and gradients are the same.
+    Only training roles (`actor_train`, `critic`) train, so only they are affected."""
     lora_rank: int | None = Field(None, ge=1)
     """LoRA rank r (peft). Set: only LoRA adapters on `lora_target` train (the base weights are
     frozen); weight sync, `state_dict` and checkpoints hand out the merged full weights. None:
-    every parameter trains. Not with the megatron strategy (refused at start-up)."""
+    every parameter trains. Applies to `actor_train` and `critic`; on `actor_infer` (ROLL serves the
+    adapter with vLLM's LoRA) it is accepted and changes nothing, since the engine is sent the
+    actor's merged weights; refused on `reference` and with the megatron strategy."""
     lora_alpha: int | None = Field(None, ge=1)
     """LoRA scale numerator: adapters add (alpha / r) * B A. None: 2 * `lora_rank`, as in ROLL."""
     lora_target: str | None = None
@@ -324,12 +327,28 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     missing = _missing_requirement(name)
     if missing:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
+    if role == "reference" and worker.model_args.lora_rank is not None:
+        raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
+                           "and critic (actor_infer serves actor_train's merged weights)")
     if name == "megatron" and worker.model_args.lora_rank is not None:
         raise InvalidField(f"{role}.model_args.lora_rank", "LoRA is not built for 'megatron' (peft wraps HF "
                            "modules, megatron trains a converted GPTModel); use torch, deepspeed or fsdp2")
     if name == "megatron" and role == "critic":
         raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
                            "the critic's value model needs torch, deepspeed or fsdp2")
+
+
+def check_token_budgets(role: str, worker: WorkerConfig, sequence_length: int) -> None:
+    """`InvalidField` naming `max_tokens_per_microbatch_*` when dynamic batching is on and the budget
+    cannot hold one sequence of `sequence_length` tokens rounded up to `sequence_length_round_*`."""
+    for phase in ("train", "infer"):
+        options = worker.dynamic_batching(phase)
+        if options is None:
+            continue
+        rounded = -(-sequence_length // options["round_to"]) * options["round_to"]
+        if options["max_tokens"] < rounded:
+            raise InvalidField(f"{role}.{options['key']}", f"{options['max_tokens']} is smaller than one sequence "
+                               f"(sequence_length {sequence_length}, rounded up to {rounded})")
 
 
 def check_lora_target(role: str, worker: WorkerConfig) -> None:

@@ -84,3 +84,26 @@ def test_lora_target_names():
     assert unmatched_target(names, "all-linear") is None
     assert unmatched_target(names, "q_proj, up_proj") is None
     assert "'qkv'" in unmatched_target(names, "q_proj,qkv")
+
+
+@pytest.mark.parametrize("name, config", [("fsdp2", {}), ("deepspeed", {"zero_optimization": {"stage": 3}})],
+                         ids=["fsdp2", "deepspeed-zero3"])
+def test_sharded_engines_train_the_same_adapters(model_dir, tmp_path, name, config):
+    """One process (gloo): the torch strategy's loss and merged weights; a merged HF checkpoint."""
+    pytest.importorskip("deepspeed")
+    torch.set_num_threads(1)
+    want = _actor(model_dir)
+    want_metrics, want_weights = _step(want), want.get_weights()
+    actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name=name,
+                        strategy_config=config, features={"lora": LORA})
+    assert actor.param_counts() == want.param_counts()
+    got = _step(actor)
+    assert got["losses/policy_loss"] == pytest.approx(want_metrics["losses/policy_loss"], rel=1e-6)
+    weights = actor.get_weights()
+    assert weights.keys() == want_weights.keys()
+    for key, value in want_weights.items():
+        torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6)
+    actor.save_checkpoint(str(tmp_path / "ckpt"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").state_dict()
+    for key, value in weights.items():
+        assert torch.equal(loaded[key], value), key

@@ -7,6 +7,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from roll.distributed.batch import forward_in_micro_batches, token_logprobs
+from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import set_num_threads
 from roll.models.loading import DType, load_causal_lm
@@ -24,10 +25,12 @@ class ReferenceWorker:
         num_threads: int | None = None,
         dtype: DType = "float32",
         device: str = "cpu",
+        budget: TokenBudget | None = None,
     ) -> None:
         set_num_threads(num_threads)
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
+        self.budget = budget  # dynamic batching (`use_dynamic_batching_in_infer`); None: micro_batch_size rows
         self.model = load_causal_lm(model_path, dtype=dtype).to(self.device).eval().requires_grad_(False)
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
@@ -39,7 +42,7 @@ class ReferenceWorker:
 
         batch = batch.select("input_ids", "attention_mask")
         return forward_in_micro_batches(
-            self.model, batch, logprobs_forward, self.micro_batch_size, self.device
+            self.model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
         )["logprobs"]
 
     def offload(self, to: str | torch.device = "cpu") -> None:
