@@ -79,17 +79,19 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     workers = {"actor": _start_role(ActorWorker, plan, "actor_train", cfg.actor_train.model_args.model_name_or_path,
                                     cfg.actor_train.training_args, total_train_steps=total, seed=cfg.seed,
                                     dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train),
+                                    attn_implementation=cfg.actor_train.model_args.attn_implementation,
                                     features=training_features(cfg.actor_train))}
     if "reference" in plan.processes:
         workers["reference"] = _start_role(
             ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
-            dtype=cfg.reference.model_args.dtype,
+            dtype=cfg.reference.model_args.dtype, attn_implementation=cfg.reference.model_args.attn_implementation,
             micro_batch_size=cfg.reference.training_args.per_device_train_batch_size,
             budget=training_features(cfg.reference)["infer_budget"])
     if "critic" in plan.processes:
         workers["critic"] = _start_role(
             CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic),
+            attn_implementation=cfg.critic.model_args.attn_implementation,
             features=training_features(cfg.critic))
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs

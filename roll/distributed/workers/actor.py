@@ -58,6 +58,7 @@ class ActorWorker:
         seed: int,
         num_threads: int | None = None,
         dtype: DType = "float32",
+        attn_implementation: str | None = None,
         device: str = "cpu",
         dedupe_rows: bool = True,
         strategy_name: str = "torch",
@@ -68,7 +69,7 @@ class ActorWorker:
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
-        model = load_causal_lm(model_path, dtype=dtype)
+        model = load_causal_lm(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device)
         self.strategy = build_train_strategy(
             model,
             training_args,

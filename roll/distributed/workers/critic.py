@@ -44,6 +44,7 @@ class CriticWorker:
         seed: int,
         num_threads: int | None = None,
         dtype: DType = "float32",
+        attn_implementation: str | None = None,
         device: str = "cpu",
         strategy_name: str = "torch",
         strategy_config: dict | None = None,
@@ -53,7 +54,8 @@ class CriticWorker:
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
-        model = load_value_model(model_path, dtype=dtype, seed=derive_seed(seed, "value_head"))
+        model = load_value_model(model_path, dtype=dtype, seed=derive_seed(seed, "value_head"),
+                                 attn_implementation=attn_implementation, device=device)
         self.strategy = build_train_strategy(
             model, training_args, total_steps=total_train_steps, metric_prefix="critic", device=device,
             strategy_name=strategy_name, strategy_config=strategy_config, **(features or {}),
