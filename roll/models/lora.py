@@ -111,7 +111,8 @@ def with_saved_adapter(state: dict[str, torch.Tensor], adapter: dict[str, torch.
     find its place: a mismatch (another model, another target) is a ValueError."""
     restored, used = dict(state), set()
     for key in state:
-        saved = key.replace(f".{ADAPTER}.", ".")
+        # peft drops the adapter name, and a modules_to_save copy is saved under its module's name
+        saved = key.replace(f".modules_to_save.{ADAPTER}.", ".").replace(f".{ADAPTER}.", ".")
         if saved in adapter:
             restored[key] = adapter[saved].to(state[key].dtype)
             used.add(saved)

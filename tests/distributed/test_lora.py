@@ -107,3 +107,32 @@ def test_sharded_engines_train_the_same_adapters(model_dir, tmp_path, name, conf
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").state_dict()
     for key, value in weights.items():
         assert torch.equal(loaded[key], value), key
+
+
+def test_critic_lora_trains_adapters_and_the_new_head(model_dir, tmp_path):
+    """The value head is new, so it trains in full (peft's modules_to_save); the checkpoint is a
+    merged `*ForTokenClassification` dir and resumes the adapters and the head."""
+    from transformers import AutoModelForTokenClassification
+
+    from roll.distributed.workers.critic import CriticWorker
+
+    def critic():
+        return CriticWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, features={"lora": LORA})
+
+    worker = critic()
+    trainable = {n for n, p in worker.strategy.model.named_parameters() if p.requires_grad}
+    assert any(".score." in n for n in trainable) and all("lora_" in n or ".score." in n for n in trainable)
+    batch = ppo_batch(_actor(model_dir, lora=None)).select("input_ids", "attention_mask", "response_mask")
+    batch["values"] = worker.compute_values(batch)
+    batch["returns"] = batch["values"] + batch["response_mask"]
+    worker.train(batch, ppo_epochs=1, value_clip=None, loss_agg_mode="token-mean", step=0)
+    worker.save_checkpoint(str(tmp_path / "critic"))
+    weights = worker.strategy.state_dict()
+    loaded = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic", num_labels=1).state_dict()
+    assert loaded.keys() == weights.keys()
+    for key, value in weights.items():
+        assert torch.equal(loaded[key], value), key
+    resumed = critic()
+    resumed.load_checkpoint(str(tmp_path / "critic"))
+    for key, value in weights.items():
+        assert torch.equal(resumed.strategy.state_dict()[key], value), key
