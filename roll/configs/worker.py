@@ -59,7 +59,7 @@ class ModelArgs(ConfigModel):
     one warning line. None (or ROLL's "auto") lets transformers choose."""
     disable_gradient_checkpointing: bool = True
     """ROLL's key: false turns gradient checkpointing ON for this role's training strategy (HF
-    `gradient_checkpointing_enable(use_reentrant=False)`; megatron's full-layer recompute).
+    `activation_checkpointing_enable`, non-reentrant; megatron: every layer recomputed).
     Activations are recomputed in backward instead of kept: less memory, one more forward. ROLL
     defaults to false (on); we default to true (off), so a config that does not say keeps our
     earlier behaviour; ROLL's example configs say it explicitly. Losses and gradients are the same.

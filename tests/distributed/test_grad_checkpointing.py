@@ -56,7 +56,7 @@ def test_same_loss_and_gradients_with_checkpointing(model_dir, engine):
     if engine == "megatron":
         assert all(isinstance(layer.forward, functools.partial) for layer in strategy.gpt.decoder.layers)
     else:
-        assert strategy.model.is_gradient_checkpointing
+        assert strategy.model.is_activation_checkpointing
     # 2 micro-batches: one forward each, and with checkpointing one recompute each in backward
     assert (want["attention_calls"], got["attention_calls"]) == (2, 4)
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)

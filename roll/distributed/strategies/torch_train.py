@@ -384,7 +384,8 @@ def build_train_strategy(
     if strategy_name == "megatron" and lora is not None:
         raise ValueError("model_args.lora_rank: LoRA is not built for the megatron strategy; use torch, deepspeed or fsdp2")
     if gradient_checkpointing and strategy_name != "megatron":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5's name for HF gradient checkpointing (`gradient_checkpointing_enable` is its alias)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None:
         model = apply_lora(model, **lora)
     kwargs = dict(
