@@ -21,6 +21,11 @@ Forward passes run the model once per distinct row of the whole batch (no grad) 
 Data parallel: this strategy is one process and averages no gradients (`dp_size` 1), so a role
 with several ranks needs `deepspeed`, `fsdp2` or `megatron`, which set `dp_rank` / `dp_size`; the
 step that makes their ranks equal one process lives here (`train_step`, roll.distributed.ranks).
+
+Features that `build_train_strategy` switches on for every engine: LoRA (roll.models.lora: only
+the adapters are in the optimizer; `state_dict` and checkpoints give the merged HF weights, the
+adapter is saved beside them), gradient checkpointing, and dynamic batching (`train_budget`,
+`infer_budget`: micro-batches by tokens, roll.distributed.dynamic_batching).
 """
 
 from __future__ import annotations
