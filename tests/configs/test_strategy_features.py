@@ -8,12 +8,12 @@ import importlib.util
 import pytest
 from transformers import LlamaConfig
 
+from roll.configs import load_config
 from roll.configs.worker import ModelArgs
 from roll.pipeline.builders import training_features
 
+# no_pipeline: the autouse fixture that fails a test which gets past validation into the pipeline
 from test_bad_configs import CONFIG_DIR, CONFIG_NAME, assert_one_line, no_pipeline, run_cli  # noqa: F401
-
-from roll.configs import load_config
 
 
 @pytest.fixture
