@@ -19,6 +19,8 @@ from roll.configs.worker import (
     GeneratingArgs,
     WorkerConfig,
     check_model_dir,
+    check_lora_target,
+    check_token_budgets,
     check_strategy_for_role,
 )
 from roll.distributed.placement import PlacementError, check_device_layout
@@ -265,6 +267,9 @@ class PipelineConfig(ConfigModel):
         check_env_types(self.custom_envs)
         self._check_agent_tags()
         self._fill_model_paths()
+        for role, worker in self.workers.items():  # needs the model paths: after filling them
+            check_lora_target(role, worker)
+            check_token_budgets(role, worker, self.sequence_length)
         return self
 
     def _check_agent_tags(self) -> None:

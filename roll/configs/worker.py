@@ -43,20 +43,75 @@ STRATEGY_ALIASES = {
 
 
 class ModelArgs(ConfigModel):
-    """Which weights a role loads, and in which precision."""
+    """Which weights a role loads, in which precision, and how it trains them (LoRA, recompute)."""
 
     model_name_or_path: str | None = None
     """Local HF model dir. None: the top-level `pretrain` (for `critic`: `reward_pretrain`, else
     `pretrain`), filled in by `PipelineConfig`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype. float32 is the safe choice on CPU; bfloat16 halves memory on GPU."""
+    """Parameter dtype the weights are loaded in (`roll.models.loading`, as ROLL does: weights, not
+    autocast). ROLL's spellings `fp32`, `bf16`, `fp16` are accepted. float32 is the safe choice on
+    CPU; bfloat16 halves memory on GPU. A dtype the device cannot train in (float16 on CPU) falls
+    back to float32 with one warning line. (ROLL's default is bf16; ours float32, for CPU runs.)"""
     attn_implementation: str | None = None
-    """Passed to `transformers` (e.g. "sdpa", "eager"); None lets transformers choose."""
+    """Attention kernel passed to `transformers`: "sdpa", "eager", "flash_attention_2"; ROLL's `fa2`
+    / `flash_attn` mean flash_attention_2 where the flash-attn package is installed, else sdpa with
+    one warning line. None (or ROLL's "auto") lets transformers choose."""
+    disable_gradient_checkpointing: bool = True
+    """ROLL's key: false turns gradient checkpointing ON for this role's training strategy (HF
+    `activation_checkpointing_enable`, non-reentrant; megatron: every layer recomputed).
+    Activations are recomputed in backward instead of kept: less memory, one more forward. ROLL
+    defaults to false (on); we default to true (off), so a config that does not say keeps our
+    earlier behaviour; ROLL's example configs say it explicitly. Losses and gradients are the same.
+    Only training roles (`actor_train`, `critic`) train, so only they are affected."""
+    lora_rank: int | None = Field(None, ge=1)
+    """LoRA rank r (peft). Set: only LoRA adapters on `lora_target` train (the base weights are
+    frozen); weight sync, `state_dict` and checkpoints hand out the merged full weights. None:
+    every parameter trains. Applies to `actor_train` and `critic`; on `actor_infer` (ROLL serves the
+    adapter with vLLM's LoRA) it is accepted and changes nothing, since the engine is sent the
+    actor's merged weights; refused on `reference` and with the megatron strategy."""
+    lora_alpha: int | None = Field(None, ge=1)
+    """LoRA scale numerator: adapters add (alpha / r) * B A. None: 2 * `lora_rank`, as in ROLL."""
+    lora_target: str | None = None
+    """Modules that get adapters: `all-linear` (ROLL also writes `all`: every linear layer but the
+    output head) or a comma list of module names, e.g. `q_proj,v_proj`. None with `lora_rank`
+    set: all-linear. A name that matches no module of the model is a config error."""
 
     @field_validator("model_name_or_path")
     @classmethod
     def _is_model_dir(cls, path: str | None) -> str | None:
         return path if path is None else check_model_dir(path)
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _roll_dtype(cls, value: Any) -> Any:
+        return ROLL_DTYPES.get(value, value)
+
+    @field_validator("attn_implementation", mode="before")
+    @classmethod
+    def _roll_attention(cls, value: Any) -> Any:
+        return None if value == "auto" else value
+
+    @model_validator(mode="after")
+    def _lora_keys_need_rank(self) -> ModelArgs:
+        if self.lora_rank is None:
+            stray = next((k for k in ("lora_alpha", "lora_target") if getattr(self, k) is not None), None)
+            if stray:
+                raise InvalidField(stray, "has no effect without lora_rank; set lora_rank or remove it")
+        return self
+
+    @property
+    def lora(self) -> dict | None:
+        """`lora_rank`, `lora_alpha`, `lora_target` as `roll.models.lora.apply_lora`'s arguments
+        (alpha and target filled in), or None when LoRA is off."""
+        if self.lora_rank is None:
+            return None
+        return {"rank": self.lora_rank, "alpha": self.lora_alpha or 2 * self.lora_rank,
+                "target": self.lora_target or "all-linear"}
+
+
+ROLL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""ROLL's dtype spellings, normalised to torch's names."""
 
 
 class TrainingArgs(ConfigModel):
@@ -194,6 +249,26 @@ class WorkerConfig(ConfigModel):
     kimi15_tau: float = Field(0.1, ge=0)
     """`actor_train`, pg_variant "kimi15": weight tau of the penalty tau/2 * (log pi - log pi_old)^2."""
 
+    use_dynamic_batching_in_train: bool = False
+    """ROLL's key: training micro-batches by token budget instead of `per_device_train_batch_size`
+    rows: rows are sorted by length and binned so that a micro-batch, padded to a multiple of
+    `sequence_length_round_in_train`, holds at most `max_tokens_per_microbatch_in_train` tokens
+    (`roll.distributed.dynamic_batching`). Losses and gradients equal those of fixed micro-batches:
+    each micro-batch is weighted by its share of the mini-batch's tokens."""
+    max_tokens_per_microbatch_in_train: int = Field(0, ge=0)
+    """Token budget (rows x padded length) of one training micro-batch; needed with dynamic
+    batching, and at least one (rounded) sequence of the batch. ROLL recommends
+    sequence_length x 2 x micro_batch_size."""
+    sequence_length_round_in_train: int = Field(4, ge=1)
+    """Each training micro-batch is padded to a multiple of this many tokens."""
+    use_dynamic_batching_in_infer: bool = False
+    """As `use_dynamic_batching_in_train`, for the forward passes without grad (old / reference
+    log-probs, values)."""
+    max_tokens_per_microbatch_in_infer: int | None = Field(None, ge=1)
+    """Token budget of one inference micro-batch; needed with dynamic batching in inference."""
+    sequence_length_round_in_infer: int = Field(4, ge=1)
+    """Each inference micro-batch is padded to a multiple of this many tokens."""
+
     @field_validator("device_mapping", mode="before")
     @classmethod
     def _roll_range_string(cls, value: Any) -> Any:
@@ -214,6 +289,22 @@ class WorkerConfig(ConfigModel):
             raise InvalidField("tis_lower_bound", f"{self.tis_lower_bound} is above tis_upper_bound "
                                f"{self.tis_upper_bound}")
         return self
+
+    @model_validator(mode="after")
+    def _dynamic_batching_budget(self) -> WorkerConfig:
+        if self.use_dynamic_batching_in_train and self.max_tokens_per_microbatch_in_train <= 0:
+            raise InvalidField("max_tokens_per_microbatch_in_train", "must be set (> 0) with use_dynamic_batching_in_train")
+        if self.use_dynamic_batching_in_infer and not self.max_tokens_per_microbatch_in_infer:
+            raise InvalidField("max_tokens_per_microbatch_in_infer", "must be set (> 0) with use_dynamic_batching_in_infer")
+        return self
+
+    def dynamic_batching(self, phase: Literal["train", "infer"]) -> dict | None:
+        """(max_tokens, round_to) of `phase`'s dynamic batching as `TokenBudget` arguments, or None."""
+        if not getattr(self, f"use_dynamic_batching_in_{phase}"):
+            return None
+        return {"max_tokens": getattr(self, f"max_tokens_per_microbatch_in_{phase}"),
+                "round_to": getattr(self, f"sequence_length_round_in_{phase}"),
+                "key": f"max_tokens_per_microbatch_in_{phase}"}
 
     @model_validator(mode="after")
     def _fill_world_size(self) -> WorkerConfig:
@@ -271,6 +362,12 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     missing = _missing_requirement(name)
     if missing:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
+    if role == "reference" and worker.model_args.lora_rank is not None:
+        raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
+                           "and critic (actor_infer serves actor_train's merged weights)")
+    if name == "megatron" and worker.model_args.lora_rank is not None:
+        raise InvalidField(f"{role}.model_args.lora_rank", "LoRA is not built for 'megatron' (peft wraps HF "
+                           "modules, megatron trains a converted GPTModel); use torch, deepspeed or fsdp2")
     if name == "megatron" and role == "critic":
         raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
                            "the critic's value model needs torch, deepspeed or fsdp2")
@@ -278,6 +375,32 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     policy_keys = [key for key in PG_VARIANT_KEYS if getattr(worker, key) != fields[key].default]
     if role != "actor_train" and policy_keys:
         raise InvalidField(f"{role}.{policy_keys[0]}", "only actor_train has a policy-gradient loss")
+
+
+def check_token_budgets(role: str, worker: WorkerConfig, sequence_length: int) -> None:
+    """`InvalidField` naming `max_tokens_per_microbatch_*` when dynamic batching is on and the budget
+    cannot hold one sequence of `sequence_length` tokens rounded up to `sequence_length_round_*`."""
+    for phase in ("train", "infer"):
+        options = worker.dynamic_batching(phase)
+        if options is None:
+            continue
+        rounded = -(-sequence_length // options["round_to"]) * options["round_to"]
+        if options["max_tokens"] < rounded:
+            raise InvalidField(f"{role}.{options['key']}", f"{options['max_tokens']} is smaller than one sequence "
+                               f"(sequence_length {sequence_length}, rounded up to {rounded})")
+
+
+def check_lora_target(role: str, worker: WorkerConfig) -> None:
+    """`InvalidField` naming `model_args.lora_target` when a listed module matches nothing in the
+    role's model (read on the meta device: no weights are loaded). Nothing to do without LoRA."""
+    lora = worker.model_args.lora
+    if lora is None or worker.model_args.model_name_or_path is None:
+        return
+    from roll.models.lora import unmatched_lora_target
+
+    missing = unmatched_lora_target(worker.model_args.model_name_or_path, lora["target"], value_model=role == "critic")
+    if missing:
+        raise InvalidField(f"{role}.model_args.lora_target", missing)
 
 
 def _missing_requirement(name: str) -> str | None:

@@ -33,6 +33,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from roll.algorithms.losses import entropy_from_logits
+from roll.distributed.dynamic_batching import TokenBudget, bin_by_tokens, pad_to_multiple, row_lengths
 
 MicroForward = Callable[[nn.Module, TensorDict], dict[str, torch.Tensor]]
 """`forward(model, micro) -> {name: (b, t)}`, one output row per row of `micro`. A micro-batch
@@ -118,7 +119,8 @@ def trim_padding(batch: TensorDict) -> TensorDict:
 
 
 def pad_right(x: torch.Tensor, length: int) -> torch.Tensor:
-    """Zero-pad (b, t) to (b, length) on the right: the inverse of `trim_padding`."""
+    """Zero-pad (b, t) to (b, length) on the right: the inverse of `trim_padding` (a longer x, padded
+    for dynamic batching, is cut to `length`)."""
     return F.pad(x, (0, length - x.shape[1]))
 
 
@@ -128,15 +130,32 @@ def iter_micro_batches(batch: TensorDict, micro_batch_size: int) -> Iterator[Ten
         yield trim_padding(batch[start : start + micro_batch_size])
 
 
-def distinct_micro_batch_rows(rows: DistinctRows, micro_batch_size: int) -> Iterator[torch.Tensor]:
+def distinct_micro_batch_rows(
+    rows: DistinctRows, micro_batch_size: int, attention_mask: torch.Tensor | None = None,
+    budget: TokenBudget | None = None,
+) -> Iterator[torch.Tensor]:
     """Row indices, in batch order, of each group of `micro_batch_size` distinct rows and every
-    row sharing them (see `iter_distinct_micro_batches`)."""
-    for start in range(0, len(rows.index), micro_batch_size):
-        yield ((rows.inverse >= start) & (rows.inverse < start + micro_batch_size)).nonzero()[:, 0]
+    row sharing them (see `iter_distinct_micro_batches`). With a token `budget` (dynamic batching)
+    the distinct rows are grouped by `bin_by_tokens` over their lengths in `attention_mask`
+    instead, and `micro_batch_size` is not used."""
+    if budget is None:
+        for start in range(0, len(rows.index), micro_batch_size):
+            yield ((rows.inverse >= start) & (rows.inverse < start + micro_batch_size)).nonzero()[:, 0]
+        return
+    lengths = row_lengths(attention_mask[rows.index])
+    for distinct in bin_by_tokens(lengths, budget):
+        yield torch.isin(rows.inverse, torch.tensor(distinct, device=rows.inverse.device)).nonzero()[:, 0]
+
+
+def micro_batch(batch: TensorDict, members: torch.Tensor, budget: TokenBudget | None = None) -> TensorDict:
+    """Rows `members` of `batch`, trimmed to their padding, then (dynamic batching) padded to a
+    multiple of the budget's `round_to`."""
+    micro = trim_padding(batch[members])
+    return micro if budget is None else pad_to_multiple(micro, budget.round_to)
 
 
 def iter_distinct_micro_batches(
-    batch: TensorDict, micro_batch_size: int, rows: DistinctRows
+    batch: TensorDict, micro_batch_size: int, rows: DistinctRows, budget: TokenBudget | None = None
 ) -> Iterator[TensorDict]:
     """Micro-batches of at most `micro_batch_size` distinct rows each, holding every row sharing them.
 
@@ -144,10 +163,11 @@ def iter_distinct_micro_batches(
     of them in the whole mini-batch, not only those that happen to share a micro-batch. The model
     still sees at most `micro_batch_size` rows per pass; the other rows cost only their (rows, T)
     loss tensors. Rows keep their batch order within a micro-batch; each is trimmed to its padding.
-    With `all_rows(B)` this is `iter_micro_batches`.
+    With `all_rows(B)` this is `iter_micro_batches`. With a token `budget`, micro-batches are
+    `roll.distributed.dynamic_batching` bins of the distinct rows instead.
     """
-    for members in distinct_micro_batch_rows(rows, micro_batch_size):
-        yield trim_padding(batch[members])
+    for members in distinct_micro_batch_rows(rows, micro_batch_size, batch["attention_mask"], budget):
+        yield micro_batch(batch, members, budget)
 
 
 def token_logprobs(
@@ -216,6 +236,7 @@ def forward_in_micro_batches(
     micro_batch_size: int,
     device: torch.device,
     dedupe: bool = True,
+    budget: TokenBudget | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run `forward(model, micro)` over micro-batches without grad; outputs (B, T) on CPU.
 
@@ -223,13 +244,14 @@ def forward_in_micro_batches(
     so a `forward` that deduplicates (see `MicroForward`) runs each distinct row of the batch once.
     Each micro-batch is trimmed to its longest row, so short rows do not pay for the longest one
     in the whole batch; outputs are zero-padded back to the batch's T and put back in batch order.
+    A token `budget` (dynamic batching) forms the micro-batches by tokens instead of rows.
     """
     total = batch["input_ids"].shape[1]
     rows = rows_to_compute(batch["input_ids"], batch["attention_mask"], dedupe)
     order: list[torch.Tensor] = []
     parts: dict[str, list[torch.Tensor]] = {}
-    for members in distinct_micro_batch_rows(rows, micro_batch_size):
+    for members in distinct_micro_batch_rows(rows, micro_batch_size, batch["attention_mask"], budget):
         order.append(members)
-        for key, value in forward(model, trim_padding(batch[members]).to(device)).items():
+        for key, value in forward(model, micro_batch(batch, members, budget).to(device)).items():
             parts.setdefault(key, []).append(pad_right(value.float().cpu(), total))
     return {key: torch.cat(values)[torch.cat(order).argsort()] for key, values in parts.items()}

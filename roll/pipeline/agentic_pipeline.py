@@ -88,6 +88,8 @@ class AgenticPipeline:
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
         progress = ProgressBar(cfg.max_steps, initial=self.start_step)
+        # model/trainable_params, model/total_params: once per run, with the first logged step
+        model_size = ray.get(self.workers["actor"].param_counts.remote(), timeout=RAY_TIMEOUT_S)
         if self.val_rollout is not None and self.start_step == 0:
             self.tracker.log(0, self.validate(0))  # where the untrained policy starts
         for step in range(self.start_step + 1, cfg.max_steps + 1):
@@ -117,7 +119,8 @@ class AgenticPipeline:
             if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 metrics.update(self.validate(step))
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
-                self.tracker.log(step, metrics)
+                self.tracker.log(step, {**model_size, **metrics})
+                model_size = {}
             stop_if_diverged(metrics, cfg.max_consecutive_skipped_steps, step)
             if cfg.save_steps > 0 and (step % cfg.save_steps == 0 or step == cfg.max_steps):
                 self.save(step)

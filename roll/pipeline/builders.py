@@ -79,16 +79,21 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     plan, total = residency.plan, cfg.max_steps
     workers = {"actor": _start_role(ActorWorker, plan, "actor_train", cfg.actor_train.model_args.model_name_or_path,
                                     cfg.actor_train.training_args, total_train_steps=total, seed=cfg.seed,
-                                    dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train))}
+                                    dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train),
+                                    attn_implementation=cfg.actor_train.model_args.attn_implementation,
+                                    features=training_features(cfg.actor_train))}
     if "reference" in plan.processes:
         workers["reference"] = _start_role(
             ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
-            dtype=cfg.reference.model_args.dtype,
-            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size)
+            dtype=cfg.reference.model_args.dtype, attn_implementation=cfg.reference.model_args.attn_implementation,
+            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size,
+            budget=training_features(cfg.reference)["infer_budget"])
     if "critic" in plan.processes:
         workers["critic"] = _start_role(
             CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
-            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic))
+            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic),
+            attn_implementation=cfg.critic.model_args.attn_implementation,
+            features=training_features(cfg.critic))
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     infer_cfg = cfg.actor_infer
@@ -127,6 +132,21 @@ def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None,
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False)
     return ray.remote(cls).options(**options)
+
+
+def training_features(worker_cfg) -> dict:
+    """The strategy features a role's config switches on (`build_train_strategy`'s arguments):
+    LoRA, gradient checkpointing (ROLL's `disable_gradient_checkpointing: false`), and the token
+    budgets of dynamic batching in training and inference."""
+    from roll.distributed.dynamic_batching import TokenBudget
+
+    def budget(phase: str):
+        options = worker_cfg.dynamic_batching(phase)
+        return None if options is None else TokenBudget(**options)
+
+    return {"lora": worker_cfg.model_args.lora,
+            "gradient_checkpointing": not worker_cfg.model_args.disable_gradient_checkpointing,
+            "train_budget": budget("train"), "infer_budget": budget("infer")}
 
 
 def _strategy(worker_cfg, offloadable: bool = False) -> dict:

@@ -126,9 +126,9 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
             return contextlib.nullcontext()
         return self._deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=modifier_rank)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def _full_state(self) -> dict[str, torch.Tensor]:
         with self._gathered():
-            return super().state_dict()
+            return super()._full_state()
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """New weights in the module and in the optimizer's fp32 master copy, which ZeRO 1-3 keep
@@ -139,15 +139,16 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
             from deepspeed.utils import safe_set_full_fp32_param
 
             for name, param in self.model.named_parameters():
-                safe_set_full_fp32_param(param, state_dict[name].to(torch.float32))
+                if param.requires_grad:  # frozen (LoRA base) weights have no master copy
+                    safe_set_full_fp32_param(param, state_dict[name].to(torch.float32))
 
     def save_checkpoint(self, directory: str | Path) -> None:
         """An HF model dir (full weights) + DeepSpeed's own files for the optimizer + scheduler.pt."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict()
+        state = self._full_state()
         if self.engine.global_rank == 0:
-            self.model.save_pretrained(directory, state_dict=state)
+            self._save_model_dir(directory, state)
             torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
         self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, save_latest=False)
 

@@ -61,7 +61,7 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
         # FSDP2 reduce-scatters gradients as the mean over ranks
         self.dp_rank, self.dp_size = self.rank, torch.distributed.get_world_size()
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def _full_state(self) -> dict[str, torch.Tensor]:
         return get_model_state_dict(self.model, options=_FULL)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -70,19 +70,17 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
     def save_checkpoint(self, directory: str | Path) -> None:
         """An HF model dir of the full weights + the full optimizer state + scheduler.pt (rank 0)."""
         directory = Path(directory)
-        model_state = self.state_dict()
+        model_state = self._full_state()
         optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
         if self.rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(directory, state_dict=model_state)
+            self._save_model_dir(directory, model_state)
             torch.save(optim_state, directory / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
 
     def load_checkpoint(self, directory: str | Path) -> None:
         directory = Path(directory)
-        saved = self.model_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
-        self.load_state_dict(saved.state_dict())
-        del saved
+        self.load_state_dict(self._saved_model_state(directory))
         optim_state = torch.load(directory / "optimizer.pt", weights_only=True)
         set_optimizer_state_dict(self.model, self.optimizer, optim_state,
                                  options=StateDictOptions(full_state_dict=True))

@@ -67,10 +67,12 @@ def check_parallel_sizes(tensor_model_parallel_size: int = 1, pipeline_model_par
 
 class MegatronTrainStrategy(TorchTrainStrategy):
     """`TorchTrainStrategy` over a megatron-core `GPTModel` converted from `model` (see module
-    docstring); `model` is an HF Llama/Qwen2 `*ForCausalLM` and is not kept."""
+    docstring); `model` is an HF Llama/Qwen2 `*ForCausalLM` and is not kept. `recompute`: full
+    activation recompute of every layer (gradient checkpointing)."""
 
     def __init__(self, model: nn.Module, *, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                 sequence_parallel: bool = False, device: str | torch.device = "cpu", **kwargs) -> None:
+                 sequence_parallel: bool = False, device: str | torch.device = "cpu", recompute: bool = False,
+                 **kwargs) -> None:
         check_megatron_available()
         check_parallel_sizes(tensor_model_parallel_size, pipeline_model_parallel_size, sequence_parallel)
         if not type(model).__name__.endswith("ForCausalLM"):
@@ -87,7 +89,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         self.rank, _ = ensure_process_group(device)
         megatron_model.init_model_parallel()
         self.data_parallel_group = megatron_model.parallel_state.get_data_parallel_group()  # all ranks
-        self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype)
+        self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype, recompute=recompute)
         megatron_model.load_megatron_state(self.gpt, hf_to_megatron(hf_state, self.arch))
         del hf_state
         unconverted = sorted(set(self.hf_names) - set(self._hf_weights()))

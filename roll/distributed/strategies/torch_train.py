@@ -21,6 +21,11 @@ Forward passes run the model once per distinct row of the whole batch (no grad) 
 Data parallel: this strategy is one process and averages no gradients (`dp_size` 1), so a role
 with several ranks needs `deepspeed`, `fsdp2` or `megatron`, which set `dp_rank` / `dp_size`; the
 step that makes their ranks equal one process lives here (`train_step`, roll.distributed.ranks).
+
+Features that `build_train_strategy` switches on for every engine: LoRA (roll.models.lora: only
+the adapters are in the optimizer; `state_dict` and checkpoints give the merged HF weights, the
+adapter is saved beside them), gradient checkpointing, and dynamic batching (`train_budget`,
+`infer_budget`: micro-batches by tokens, roll.distributed.dynamic_batching).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import (
     MicroForward,
     all_rows,
+    distinct_micro_batch_rows,
     distinct_rows,
     forward_in_micro_batches,
     iter_distinct_micro_batches,
@@ -47,17 +53,21 @@ from roll.distributed.batch import (
     token_logprobs,
     trim_padding,
 )
+from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.ranks import micro_weights, without_responses
 from roll.distributed.strategies.offload import (
     move_module_,
     move_optimizer_state_,
     release_cached_memory,
 )
+from roll.models.lora import apply_lora, lora_scaling, merge_lora_state, param_counts, with_saved_adapter
 
 LossFn = Callable[[nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float | torch.Tensor]]]
 SchedulerType = Literal["constant", "linear", "cosine"]
 # "constant" maps to HF's constant_with_warmup, which is plain constant when warmup_steps == 0.
 _HF_SCHEDULER = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+ADAPTER_DIR = "adapter"
+"""Subdirectory of a LoRA checkpoint with the peft adapter (the dir itself is the merged model)."""
 
 
 class TorchTrainStrategy:
@@ -83,21 +93,28 @@ class TorchTrainStrategy:
         metric_prefix: str,
         device: str | torch.device = "cpu",
         dedupe_rows: bool = True,
+        train_budget: TokenBudget | None = None,
+        infer_budget: TokenBudget | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.dedupe_rows = dedupe_rows
+        # the HF class checkpoints load with (FSDP2 sets it before fully_shard swaps in a subclass)
+        self.model_class = getattr(self, "model_class", type(model))
         self.model = model.to(self.device)
         self.train_module: nn.Module = self.model  # what loss_fn calls: an engine may wrap the model
         self.model.train()
         _disable_dropout(self.model)
         self.max_grad_norm = max_grad_norm
         self.micro_batch_size = micro_batch_size
+        self.train_budget, self.infer_budget = train_budget, infer_budget  # dynamic batching, None: off
+        self.lora_scaling = lora_scaling(self.model)  # None unless roll.models.lora.apply_lora wrapped it
+        self.param_counts = param_counts(self.model)  # before an engine partitions the parameters
         self.metric_prefix = metric_prefix
         self.consecutive_skips = 0  # optimizer steps in a row skipped for a non-finite loss/grad
         # Data-parallel rank and ranks; engines that average gradients over ranks set them.
         self.dp_rank, self.dp_size = 0, 1
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters only
             lr=learning_rate,
             betas=adam_betas,
             eps=adam_epsilon,
@@ -120,7 +137,8 @@ class TorchTrainStrategy:
         # rank with fewer micro-batches than another adds stand-ins (agreed before any forward)
         stand_ins = self._forward_stand_ins(batch, micro_batch_size) if self.dp_size > 1 else 0
         out = forward_in_micro_batches(
-            self.model, batch, forward, micro_batch_size, self.device, dedupe=self.dedupe_rows
+            self.model, batch, forward, micro_batch_size, self.device, dedupe=self.dedupe_rows,
+            budget=self.infer_budget,
         )
         if stand_ins:
             stand_in = trim_padding(batch[:1]).to(self.device)
@@ -131,8 +149,8 @@ class TorchTrainStrategy:
 
     def _forward_stand_ins(self, batch: TensorDict, micro_batch_size: int) -> int:
         """How many micro-batches fewer this rank's forward has than the rank with the most."""
-        distinct = len(rows_to_compute(batch["input_ids"], batch["attention_mask"], self.dedupe_rows).index)
-        made = math.ceil(distinct / micro_batch_size)
+        rows = rows_to_compute(batch["input_ids"], batch["attention_mask"], self.dedupe_rows)
+        made = len(list(distinct_micro_batch_rows(rows, micro_batch_size, batch["attention_mask"], self.infer_budget)))
         return self._max_over_ranks(made) - made
 
     def forward_logprobs(
@@ -178,11 +196,13 @@ class TorchTrainStrategy:
         With `dedupe_rows`, a micro-batch holds at most `micro_batch_size` distinct rows and every
         row of the minibatch sharing them (`iter_distinct_micro_batches`; rows differing only in
         their last token share one), so `loss_fn` must run its model once per distinct row, as
-        `token_logprobs` and `shifted_values` do.
+        `token_logprobs` and `shifted_values` do. With dynamic batching (`train_budget`) the
+        micro-batches are token-budget bins instead (roll.distributed.dynamic_batching); the
+        weights above make the step the same.
         """
         distinct = distinct_rows(minibatch["input_ids"], minibatch["attention_mask"])
         grouping = distinct if self.dedupe_rows else all_rows(len(minibatch))
-        micros = list(iter_distinct_micro_batches(minibatch, self.micro_batch_size, grouping))
+        micros = list(iter_distinct_micro_batches(minibatch, self.micro_batch_size, grouping, self.train_budget))
         across_ranks = total_weight is not None and self.dp_size > 1
         scale = self.dp_size if across_ranks else 1  # the engine averages the ranks' gradients
         weights = micro_weights(micros, weight_by, total_weight, world_size=scale)
@@ -274,35 +294,58 @@ class TorchTrainStrategy:
 
     # ---- weights and checkpoints ------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """A snapshot of the model weights: detached CPU copies (what inference workers load).
+        """A snapshot of the model weights under HF names: what inference workers load. With LoRA
+        the merged weights (`roll.models.lora.merge_lora_state`): engines see a plain HF model."""
+        return self._as_hf(self._full_state())
 
-        Copies, not views: on CPU a view would keep changing as training goes on.
-        """
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """The module's own state dict (peft names with LoRA) as detached CPU copies; engines that
+        shard the model gather it here. Copies, not views: on CPU a view would keep changing."""
         return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
 
+    def _as_hf(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return state if self.lora_scaling is None else merge_lora_state(state, self.lora_scaling)
+
+    def _save_model_dir(self, directory: Path, state: dict[str, torch.Tensor]) -> None:
+        """Write `state` (`_full_state`) as an HF model dir; with LoRA the merged model, and the
+        adapter beside it in `directory/adapter` (peft's format; what `load_checkpoint` restores)."""
+        if self.lora_scaling is None:
+            self.model.save_pretrained(directory, state_dict=state)
+            return
+        self.model.get_base_model().save_pretrained(directory, state_dict=merge_lora_state(state, self.lora_scaling))
+        self.model.save_pretrained(directory / ADAPTER_DIR, state_dict=state)
+
+    def _saved_model_state(self, directory: Path) -> dict[str, torch.Tensor]:
+        """The module state to restore from a checkpoint dir: the HF weights through
+        `from_pretrained` of the model's own class (sharded files, tied embeddings and HF key
+        conversions handled as HF saved them); with LoRA the base as it is and the saved adapter."""
+        if self.lora_scaling is not None:
+            from peft.utils import load_peft_weights
+
+            return with_saved_adapter(self._full_state(), load_peft_weights(str(directory / ADAPTER_DIR), device="cpu"))
+        saved = self.model_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
+        return saved.state_dict()
+
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Overwrite the model weights (optimizer state is left as it is)."""
+        """Overwrite the model weights (optimizer state is left as it is); keys as in the module's
+        own state dict (with LoRA: peft's names, adapters included, as `_full_state` gives)."""
         self.model.load_state_dict(state_dict)
 
     def save_checkpoint(self, directory: str | Path) -> None:
         """HF model dir (safetensors via save_pretrained) + optimizer.pt + scheduler.pt."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        self._save_model_dir(directory, self._full_state())
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore model weights, optimizer and scheduler written by `save_checkpoint`.
 
-        Weights go through `from_pretrained` of the model's own class, so sharded files, tied
-        embeddings and HF key conversions are handled the way HF saved them.
+        Weights as in `_saved_model_state`.
         """
         directory = Path(directory)
-        dtype = next(self.model.parameters()).dtype
-        saved = type(self.model).from_pretrained(directory, dtype=dtype)
-        self.model.load_state_dict(saved.state_dict())
-        del saved
+        self.load_state_dict(self._saved_model_state(directory))
         self.optimizer.load_state_dict(
             torch.load(directory / "optimizer.pt", weights_only=True, map_location=self.device)
         )
@@ -331,9 +374,25 @@ def build_train_strategy(
     metric_prefix: str,
     device: str | torch.device = "cpu",
     dedupe_rows: bool = True,
+    lora: dict | None = None,
+    gradient_checkpointing: bool = False,
+    train_budget: TokenBudget | None = None,
+    infer_budget: TokenBudget | None = None,
 ) -> TorchTrainStrategy:
     """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
-    one place its fields are read. Engines other than `torch` are imported only when chosen."""
+    one place its fields are read. Engines other than `torch` are imported only when chosen.
+
+    `lora` ({rank, alpha, target}, `ModelArgs.lora`) wraps the model in peft LoRA adapters first;
+    `gradient_checkpointing` recomputes activations in backward (HF's non-reentrant checkpointing,
+    megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching.
+    """
+    if strategy_name == "megatron" and lora is not None:
+        raise ValueError("model_args.lora_rank: LoRA is not built for the megatron strategy; use torch, deepspeed or fsdp2")
+    if gradient_checkpointing and strategy_name != "megatron":
+        # transformers 5's name for HF gradient checkpointing (`gradient_checkpointing_enable` is its alias)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:
+        model = apply_lora(model, **lora)
     kwargs = dict(
         learning_rate=training_args.learning_rate,
         weight_decay=training_args.weight_decay,
@@ -347,6 +406,8 @@ def build_train_strategy(
         metric_prefix=metric_prefix,
         device=device,
         dedupe_rows=dedupe_rows,
+        train_budget=train_budget,
+        infer_budget=infer_budget,
     )
     options = dict(strategy_config or {})
     if strategy_name == "torch":
@@ -362,5 +423,5 @@ def build_train_strategy(
     if strategy_name == "megatron":
         from roll.distributed.strategies.megatron_train import MegatronTrainStrategy
 
-        return MegatronTrainStrategy(model, **options, **kwargs)
+        return MegatronTrainStrategy(model, **options, recompute=gradient_checkpointing, **kwargs)
     raise ValueError(f"unknown training strategy {strategy_name!r}")

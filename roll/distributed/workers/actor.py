@@ -50,7 +50,8 @@ class ActorWorker:
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
     `train()` call each), the unit the LR schedule advances in. Forward passes run the model once
     per distinct row (roll.distributed.batch); `dedupe_rows=False` runs every copy, with the same
-    results, to measure what that saves (benchmarks/train_dedupe.py).
+    results, to measure what that saves (benchmarks/train_dedupe.py). `features` are the strategy
+    features of `build_train_strategy` (lora, gradient_checkpointing, train_budget, infer_budget).
     """
 
     def __init__(
@@ -62,16 +63,18 @@ class ActorWorker:
         seed: int,
         num_threads: int | None = None,
         dtype: DType = "float32",
+        attn_implementation: str | None = None,
         device: str = "cpu",
         dedupe_rows: bool = True,
         strategy_name: str = "torch",
         strategy_config: dict | None = None,
+        features: dict | None = None,
     ) -> None:
         set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
-        model = load_causal_lm(model_path, dtype=dtype)
+        model = load_causal_lm(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device)
         self.strategy = build_train_strategy(
             model,
             training_args,
@@ -81,6 +84,7 @@ class ActorWorker:
             dedupe_rows=dedupe_rows,
             strategy_name=strategy_name,
             strategy_config=strategy_config,
+            **(features or {}),
         )
         self.tokenizer = _load_tokenizer(model_path)
 
@@ -151,6 +155,10 @@ class ActorWorker:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
         return self.strategy.state_dict()
+
+    def param_counts(self) -> dict[str, float]:
+        """`model/trainable_params` and `model/total_params` of the trained model (LoRA: adapters)."""
+        return dict(self.strategy.param_counts)
 
     def save_checkpoint(self, directory: str) -> None:
         """An HF model dir (plus tokenizer when the base model had one) + optimizer/scheduler."""

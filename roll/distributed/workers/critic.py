@@ -44,18 +44,21 @@ class CriticWorker:
         seed: int,
         num_threads: int | None = None,
         dtype: DType = "float32",
+        attn_implementation: str | None = None,
         device: str = "cpu",
         strategy_name: str = "torch",
         strategy_config: dict | None = None,
+        features: dict | None = None,
     ) -> None:
         set_num_threads(num_threads)
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
-        model = load_value_model(model_path, dtype=dtype, seed=derive_seed(seed, "value_head"))
+        model = load_value_model(model_path, dtype=dtype, seed=derive_seed(seed, "value_head"),
+                                 attn_implementation=attn_implementation, device=device)
         self.strategy = build_train_strategy(
             model, training_args, total_steps=total_train_steps, metric_prefix="critic", device=device,
-            strategy_name=strategy_name, strategy_config=strategy_config,
+            strategy_name=strategy_name, strategy_config=strategy_config, **(features or {}),
         )
 
     def compute_values(self, batch: TensorDict) -> torch.Tensor:
@@ -90,6 +93,10 @@ class CriticWorker:
         ]
         self.strategy.step_lr_scheduler()
         return average_metrics(per_step, summed=("critic/skipped_steps",), last=("critic/consecutive_skipped_steps",))
+
+    def param_counts(self) -> dict[str, float]:
+        """`model/trainable_params` and `model/total_params` of the trained model (LoRA: adapters)."""
+        return dict(self.strategy.param_counts)
 
     def save_checkpoint(self, directory: str) -> None:
         """An HF value-model dir + optimizer/scheduler state."""

@@ -45,7 +45,7 @@ class InferenceWorker:
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         if strategy_name == "hf":
-            model = load_causal_lm(model_path, dtype=dtype).to(device)
+            model = load_causal_lm(model_path, dtype=dtype, device=device, training=False).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
             self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos,
                                           max_cached_tokens=max_cached_tokens)

@@ -7,6 +7,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from roll.distributed.batch import forward_in_micro_batches, token_logprobs
+from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import set_num_threads
 from roll.models.loading import DType, load_causal_lm
@@ -23,12 +24,16 @@ class ReferenceWorker:
         micro_batch_size: int,
         num_threads: int | None = None,
         dtype: DType = "float32",
+        attn_implementation: str | None = None,
         device: str = "cpu",
+        budget: TokenBudget | None = None,
     ) -> None:
         set_num_threads(num_threads)
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
-        self.model = load_causal_lm(model_path, dtype=dtype).to(self.device).eval().requires_grad_(False)
+        self.budget = budget  # dynamic batching (`use_dynamic_batching_in_infer`); None: micro_batch_size rows
+        self.model = load_causal_lm(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device,
+                                    training=False).to(self.device).eval().requires_grad_(False)
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
         """Log-probs (B, T) aligned as in roll.distributed.batch.token_logprobs, CPU float32."""
@@ -39,7 +44,7 @@ class ReferenceWorker:
 
         batch = batch.select("input_ids", "attention_mask")
         return forward_in_micro_batches(
-            self.model, batch, logprobs_forward, self.micro_batch_size, self.device
+            self.model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
         )["logprobs"]
 
     def offload(self, to: str | torch.device = "cpu") -> None:
