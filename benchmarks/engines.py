@@ -36,7 +36,7 @@ from tensordict import TensorDict
 from roll.agentic.rollout.records import GenerateRequest, SamplingParams
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.hf_infer import HFInferStrategy
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import main as build_tiny
 

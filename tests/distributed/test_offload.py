@@ -24,7 +24,7 @@ from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import token_logprobs
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.offload import move_module_, move_optimizer_state_
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
 

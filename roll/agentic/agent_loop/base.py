@@ -19,7 +19,6 @@ turns) cannot change the tokens PPO scores.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import uuid
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from omegaconf import DictConfig
 from roll.agentic.agent_loop.registry import register, to_cfg
 from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
 from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.core.imports import ObjectNotFound, import_object
 from roll.models.chat_template import continuation_ids as template_continuation_ids
 from roll.models.chat_template import encode, render_text
 from roll.utils.seeding import derive_seed
@@ -103,8 +103,10 @@ def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
         raise ValueError("no reward_fn: name one in the agent config or the row "
                          "(a callable reward(row, response_text) -> float, or 'package.module:function')")
     if isinstance(spec, str):
-        module_name, _, attr = spec.partition(":")
-        spec = getattr(importlib.import_module(module_name), attr)
+        try:
+            spec = import_object(spec)
+        except ObjectNotFound as e:
+            raise ValueError(f"reward_fn {spec!r} not found ({e})") from None
     if not callable(spec):
         raise TypeError(f"reward_fn {spec!r} is not callable")
     return spec

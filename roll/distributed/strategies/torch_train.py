@@ -36,7 +36,6 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import get_scheduler
 
-from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import (
     MicroForward,
     all_rows,
@@ -320,47 +319,3 @@ def _disable_dropout(model: nn.Module) -> None:
         if isinstance(module, nn.Dropout):
             module.p = 0.0
 
-
-def build_train_strategy(
-    model: nn.Module,
-    training_args: TrainingArgs,
-    *,
-    strategy_name: str = "torch",
-    strategy_config: dict | None = None,
-    total_steps: int,
-    metric_prefix: str,
-    device: str | torch.device = "cpu",
-    dedupe_rows: bool = True,
-) -> TorchTrainStrategy:
-    """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
-    one place its fields are read. Engines other than `torch` are imported only when chosen."""
-    kwargs = dict(
-        learning_rate=training_args.learning_rate,
-        weight_decay=training_args.weight_decay,
-        adam_betas=(training_args.adam_beta1, training_args.adam_beta2),
-        adam_epsilon=training_args.adam_epsilon,
-        lr_scheduler_type=training_args.lr_scheduler_type,
-        warmup_steps=training_args.warmup_steps,
-        total_steps=total_steps,
-        max_grad_norm=training_args.max_grad_norm,
-        micro_batch_size=training_args.per_device_train_batch_size,
-        metric_prefix=metric_prefix,
-        device=device,
-        dedupe_rows=dedupe_rows,
-    )
-    options = dict(strategy_config or {})
-    if strategy_name == "torch":
-        return TorchTrainStrategy(model, **options, **kwargs)
-    if strategy_name == "deepspeed":
-        from roll.distributed.strategies.deepspeed_train import DeepSpeedTrainStrategy
-
-        return DeepSpeedTrainStrategy(model, ds_config=options, **kwargs)
-    if strategy_name == "fsdp2":
-        from roll.distributed.strategies.fsdp2_train import FSDP2TrainStrategy
-
-        return FSDP2TrainStrategy(model, **options, **kwargs)
-    if strategy_name == "megatron":
-        from roll.distributed.strategies.megatron_train import MegatronTrainStrategy
-
-        return MegatronTrainStrategy(model, **options, **kwargs)
-    raise ValueError(f"unknown training strategy {strategy_name!r}")

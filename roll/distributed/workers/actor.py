@@ -26,7 +26,7 @@ from roll.algorithms.off_policy import (
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import token_logprobs
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,

@@ -16,7 +16,7 @@ from torch import nn
 from roll.algorithms.losses import AggMode, value_loss
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import shifted_values
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
