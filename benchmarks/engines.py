@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from roll.agentic.rollout.records import GenerateRequest, SamplingParams
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.registry import build_train_strategy

@@ -23,7 +23,7 @@ import torch
 import envs  # noqa: F401  (registers the built-in envs)
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model, env_corpus

@@ -56,7 +56,7 @@ import ray
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateRequest
+from roll.core.records import GenerateRequest
 from roll.configs.loader import load_config
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer

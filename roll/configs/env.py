@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.worker import GeneratingArgs
+from roll.core.enums import SampleMode
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 """`env_type` of a class given by import path: "package.module:ClassName"."""
@@ -85,7 +86,7 @@ class EnvManagerConfig(ConfigModel):
     when there is a single tag (it then gets every group)."""
     max_env_num_per_worker: int = Field(0, ge=0)
     """Most envs in one env-worker process; 0 puts all envs in one env worker."""
-    env_manager_type: Literal["traj", "step"] = "traj"
+    env_manager_type: SampleMode = SampleMode.TRAJ
     """"traj" (StarPO): one training sample per trajectory, the whole multi-turn conversation;
     "step" (GiGPO): one sample per env step, its prompt the instruction, the last
     `history_length` turns and the current observation. Validate with the type you train with."""

@@ -20,6 +20,7 @@ from roll.configs.worker import (
     check_model_dir,
     check_strategy_for_role,
 )
+from roll.core.enums import SampleMode
 from roll.distributed.placement import PlacementError, check_device_layout
 
 
@@ -221,7 +222,7 @@ class PipelineConfig(ConfigModel):
         """Agent loops give one sample per trajectory: their tags need a "traj" manager."""
         for name, manager in self.env_managers.items():
             agent_tags = [t for t in manager.tags if self.custom_envs[t].env_type == "agent"]
-            if agent_tags and manager.env_manager_type != "traj":
+            if agent_tags and manager.env_manager_type != SampleMode.TRAJ:
                 raise InvalidField(f"{name}.env_manager_type", f'tags {agent_tags} have env_type "agent", '
                                    'which needs "traj" (agent loops give one sample per trajectory)')
 
@@ -247,7 +248,7 @@ class PipelineConfig(ConfigModel):
                 )
 
     def _check_required_roles(self) -> None:
-        step_wise = self.train_env_manager.env_manager_type == "step"
+        step_wise = self.sample_mode == SampleMode.STEP
         if step_wise and self.adv_estimator in ("gae", "reinforce"):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs env_manager_type "traj"; '
                                'step-wise samples take "grpo", "gigpo" or "step_reinforce"')
@@ -342,6 +343,12 @@ class PipelineConfig(ConfigModel):
         if self.val_env_manager is None:
             return 0
         return self.val_batch_size // self.val_env_manager.group_size
+
+    @property
+    def sample_mode(self) -> SampleMode:
+        """How training episodes become samples (`train_env_manager.env_manager_type`): the one
+        place the pipeline and these checks read it."""
+        return SampleMode(self.train_env_manager.env_manager_type)
 
     @property
     def uses_kl(self) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
-from roll.agentic.rollout.records import SamplingParams
+from roll.core.records import SamplingParams
 from roll.configs.base import ConfigModel, InvalidField
 from roll.distributed.placement import parse_device_mapping
 

@@ -12,7 +12,7 @@ from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_c
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
 from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec, GenerateTimeout
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
-from roll.agentic.rollout.records import GenerateOutput, SamplingParams
+from roll.core.records import GenerateOutput, SamplingParams
 from roll.configs.base import ConfigError
 from roll.configs.loader import load_config
 from roll.models.tiny import build_tiny_model, build_tiny_tokenizer

@@ -21,7 +21,7 @@ from roll.agentic.env_manager.base import (
     MalformedEnvOutput,
 )
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.rollout.records import GenerateOutput, SamplingParams
+from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.tiny import build_tiny_tokenizer
 
 

@@ -23,7 +23,7 @@ from ray import cloudpickle
 from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
-from roll.agentic.rollout.records import (
+from roll.core.records import (
     GenerateOutput,
     GroupResult,
     SamplingParams,

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from roll.agentic.rollout.records import SamplingParams
+from roll.core.records import SamplingParams
 from roll.configs import ConfigError, GeneratingArgs, load_config, validate_config
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from roll.agentic.rollout.records import GenerateRequest, SamplingParams
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.algorithms.losses import agg_loss
 from roll.configs.worker import TrainingArgs
 from roll.distributed.batch import token_logprobs

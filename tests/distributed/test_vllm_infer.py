@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from roll.agentic.rollout.records import GenerateRequest, SamplingParams
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.batch import token_logprobs
 from roll.distributed.strategies.engine_api import EngineUnavailable
 from roll.distributed.strategies.hf_infer import HFInferStrategy

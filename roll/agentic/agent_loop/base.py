@@ -29,7 +29,8 @@ from omegaconf import DictConfig
 
 from roll.agentic.agent_loop.registry import register, to_cfg
 from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.core.enums import StopReason
 from roll.core.imports import ObjectNotFound, import_object
 from roll.models.chat_template import continuation_ids as template_continuation_ids
 from roll.models.chat_template import encode, render_text
@@ -198,7 +199,7 @@ class AgentLoop:
             value = await value
         return float(value)
 
-    def trajectory(self, episode: AgentEpisode, ledger: TokenLedger, *, success: bool, stop_reason: str,
+    def trajectory(self, episode: AgentEpisode, ledger: TokenLedger, *, success: bool, stop_reason: StopReason,
                    num_valid_actions: int, metrics: Mapping[str, float] | None = None) -> Trajectory:
         return Trajectory(
             tag=episode.tag, traj_group_id=episode.traj_group_id, traj_id=episode.traj_id,
@@ -223,6 +224,6 @@ class SingleTurnAgent(AgentLoop):
         ledger.add_turn(out)
         reward = await self.reward(row, self.decode(out.token_ids))
         ledger.step_rewards[-1] += reward
-        stop_reason = "terminated" if out.finish_reason == "stop" else "truncated"
+        stop_reason = StopReason.of_answer(out.finish_reason)
         return self.trajectory(episode, ledger, success=reward >= self.cfg.success_reward,
                                stop_reason=stop_reason, num_valid_actions=1)

@@ -31,7 +31,8 @@ from langgraph.graph import END, MessagesState
 
 from roll.agentic.agent_loop.base import AgentEpisode, AgentLoop, TokenLedger
 from roll.agentic.agent_loop.langchain_model import RollChatModel, message_text
-from roll.agentic.rollout.records import Trajectory
+from roll.core.enums import StopReason
+from roll.core.records import Trajectory
 
 _MESSAGE = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
 
@@ -110,10 +111,10 @@ class AgentGraph(AgentLoop):
         meta = final.response_metadata if final is not None else {}
         conv = llm.conversation(meta.get("conversation"))
         ledger = conv.ledger if conv is not None else TokenLedger([])
-        stop_reason = meta.get("stop_reason", "max_steps")
+        stop_reason = meta.get("stop_reason", StopReason.MAX_STEPS)
         if stop_reason == "tool_calls":  # the graph ended while the model was calling tools
-            stop_reason = "max_steps"
-        answer = message_text(final) if final is not None and stop_reason in ("terminated", "truncated") else ""
+            stop_reason = StopReason.MAX_STEPS
+        answer = message_text(final) if final is not None and stop_reason in (StopReason.TERMINATED, StopReason.TRUNCATED) else ""
         reward = await self.reward(row, answer) if ledger.num_turns else 0.0
         if ledger.num_turns:
             ledger.step_rewards[-1] += reward

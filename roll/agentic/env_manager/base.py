@@ -18,7 +18,8 @@ import numpy as np
 from roll.agentic.env.faults import EPISODE_KEY_OPTION, FaultInjectingEnv
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import (
+from roll.core.enums import StopReason
+from roll.core.records import (
     GenerateOutput,
     GenerateRequest,
     SamplingParams,
@@ -166,11 +167,11 @@ class BaseEnvManager:
         captions = [f"reset (seed {episode.env_seed})"] if episode.keep_frames else []
         rewards: list[float] = []
         versions: list[int] = []  # per turn: which weights generated it
-        num_valid, success, stop_reason, info = 0, False, "max_steps", {}
+        num_valid, success, stop_reason, info = 0, False, StopReason.MAX_STEPS, {}
         for turn in range(self.spec.max_steps):
             prompt_ids = builder.prompt()
             if prompt_ids is None:
-                stop_reason = "max_tokens"
+                stop_reason = StopReason.MAX_TOKENS
                 break
             out = await self.generate(f"{episode.traj_id}/{turn}", prompt_ids,
                                       derive_seed(episode.sample_seed, turn),
@@ -185,7 +186,7 @@ class BaseEnvManager:
                 frames.append(obs)
                 captions.append(f"{self.chat.response_text(out.token_ids)!r} -> reward {reward:g}")
             if terminated or truncated:
-                stop_reason = "terminated" if terminated else "truncated"
+                stop_reason = StopReason.TERMINATED if terminated else StopReason.TRUNCATED
                 break
             if turn + 1 < self.spec.max_steps:  # the observation is only needed for another turn
                 builder.add_observation(obs, out, float(reward))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateOutput
+from roll.core.records import GenerateOutput
 
 
 class TrajEnvManager(BaseEnvManager):

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
 
 log = logging.getLogger(__name__)

@@ -25,6 +25,7 @@ from roll.algorithms.off_policy import (
 )
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
+from roll.core.fields import Batch
 from roll.distributed.batch import token_logprobs
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
@@ -35,7 +36,7 @@ from roll.distributed.workers.common import (
 )
 from roll.models.loading import DType, load_causal_lm, load_tokenizer
 
-TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages")
+TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.OLD_LOGPROBS, Batch.ADVANTAGES)
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
@@ -108,7 +109,7 @@ class ActorWorker:
         ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
-        batch = batch.select(*TRAIN_KEYS, *(("infer_logprobs",) if tis_level else ()))
+        batch = batch.select(*TRAIN_KEYS, *((Batch.INFER_LOGPROBS,) if tis_level else ()))
         loss_fn = partial(
             _policy_loss,
             temperature=temperature,
@@ -171,13 +172,13 @@ def _policy_loss(
     logprobs, entropy = token_logprobs(
         model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
     )
-    mask = micro["response_mask"]
+    mask = micro[Batch.RESPONSE_MASK]
     weights = None
     if tis_level is not None:
         weights = truncated_importance_weights(
-            micro["old_logprobs"], micro["infer_logprobs"], mask, level=tis_level, cap=tis_cap)
+            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap)
     pg_loss, metrics = ppo_policy_loss(
-        logprobs, micro["old_logprobs"], micro["advantages"], mask, pg_clip, pg_clip_high, loss_agg_mode,
+        logprobs, micro[Batch.OLD_LOGPROBS], micro[Batch.ADVANTAGES], mask, pg_clip, pg_clip_high, loss_agg_mode,
         weights=weights,
     )
     loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)

@@ -15,6 +15,7 @@ from torch import nn
 
 from roll.algorithms.losses import AggMode, value_loss
 from roll.configs.worker import TrainingArgs
+from roll.core.fields import Batch
 from roll.distributed.batch import shifted_values
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
@@ -26,7 +27,7 @@ from roll.distributed.workers.common import (
 from roll.models.loading import DType, load_value_model
 from roll.utils.seeding import derive_seed
 
-TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
+TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.VALUES, Batch.RETURNS)
 
 
 class CriticWorker:
@@ -118,6 +119,6 @@ def _value_loss(
     """Clipped value loss on one micro-batch; metrics as floats."""
     values = shifted_values(model, micro["input_ids"], micro["attention_mask"])
     loss, metrics = value_loss(
-        values, micro["values"], micro["returns"], micro["response_mask"], value_clip, loss_agg_mode
+        values, micro[Batch.VALUES], micro[Batch.RETURNS], micro[Batch.RESPONSE_MASK], value_clip, loss_agg_mode
     )
     return loss, {key: float(value) for key, value in metrics.items()}
