@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
-from roll.configs.env import CustomEnvConfig, EnvManagerConfig, check_env_types
+from roll.configs.env import CustomEnvConfig, EnvManagerConfig
 from roll.configs.worker import (
     GeneratingArgs,
     WorkerConfig,
@@ -21,7 +21,6 @@ from roll.configs.worker import (
     check_strategy_for_role,
 )
 from roll.core.enums import SampleMode
-from roll.distributed.placement import PlacementError, check_device_layout
 
 
 class RewardNormalization(ConfigModel):
@@ -206,14 +205,12 @@ class PipelineConfig(ConfigModel):
             check_strategy_for_role(role, worker)
         self._check_batches()
         self._check_required_roles()
-        self._check_devices()
         for name, manager in self.env_managers.items():
             for tag in manager.tags:
                 if tag not in self.custom_envs:
                     raise InvalidField(
                         f"{name}.tags", f"{tag!r} is not in custom_envs {sorted(self.custom_envs)}"
                     )
-        check_env_types(self.custom_envs)
         self._check_agent_tags()
         self._fill_model_paths()
         return self
@@ -265,14 +262,6 @@ class PipelineConfig(ConfigModel):
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:
             raise InvalidField("reference", "required when init_kl_coef > 0 or target_kl is set")
-
-    def _check_devices(self) -> None:
-        """`device_mapping` of the roles the run builds, as far as it can be checked without a GPU
-        (the GPU count is checked when the pipeline places its workers)."""
-        try:
-            check_device_layout(**self.device_layout, async_generation_ratio=self.async_generation_ratio)
-        except PlacementError as err:
-            raise InvalidField(err.key, err.reason) from None
 
     def _fill_model_paths(self) -> None:
         """Give every role without an explicit model the run's one (the critic's: reward_pretrain,

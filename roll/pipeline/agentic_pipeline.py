@@ -41,6 +41,7 @@ from roll.pipeline.builders import (
     place_workers,
 )
 from roll.pipeline.guards import stop_if_diverged
+from roll.pipeline.prestart import check_before_start
 from roll.pipeline.residency import PhaseResidency
 from roll.pipeline.scoring import (
     final_values,
@@ -64,6 +65,7 @@ class AgenticPipeline:
     def __init__(self, cfg):
         self.cfg = cfg
         seed_everything(cfg.seed)
+        check_before_start(cfg)  # envs, datasets, device layout: a bad one stops here (ConfigError)
         # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here
         self.residency = PhaseResidency(place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
         init_ray(cfg.ray_address)

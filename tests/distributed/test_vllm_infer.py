@@ -190,7 +190,7 @@ def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from roll.models.tiny import main as build
+    from roll.pipeline.tiny_model import main as build
 
     model = build(["--preset", "frozen_lake", "--output_dir", str(tmp_path / "model")])
     out = tmp_path / "run"
