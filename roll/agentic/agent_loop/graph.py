@@ -29,8 +29,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, MessagesState
 
-from roll.agentic.agent_loop.base import AgentEpisode, AgentLoop, TokenLedger
+from roll.agentic.agent_loop.base import AgentLoop
 from roll.agentic.agent_loop.langchain_model import RollChatModel, message_text
+from roll.agentic.episode import EpisodeSpec, TokenLedger
 from roll.core.enums import StopReason
 from roll.core.records import Trajectory
 
@@ -82,7 +83,7 @@ class AgentGraph(AgentLoop):
         """A compiled StateGraph over `MessagesState` whose model node calls `self.llm`."""
         raise NotImplementedError
 
-    def make_llm(self, episode: AgentEpisode) -> RollChatModel:
+    def make_llm(self, episode: EpisodeSpec) -> RollChatModel:
         async def generate(turn: int, prompt_ids: list[int], max_new_tokens: int):
             return await self.generate(episode, turn, prompt_ids, max_new_tokens)
 
@@ -91,7 +92,7 @@ class AgentGraph(AgentLoop):
                              max_total_tokens=int(self.cfg.max_total_tokens),
                              format_penalty=float(self.cfg.format_penalty))
 
-    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+    async def rollout(self, episode: EpisodeSpec, row: dict[str, Any]) -> Trajectory:
         bound = copy.copy(self)  # self.llm belongs to this episode only
         bound.llm = self.make_llm(episode)
         graph = bound.build_graph()
@@ -104,7 +105,7 @@ class AgentGraph(AgentLoop):
             messages = []
         return await self.finish(episode, row, bound.llm, messages)
 
-    async def finish(self, episode: AgentEpisode, row: dict[str, Any], llm: RollChatModel,
+    async def finish(self, episode: EpisodeSpec, row: dict[str, Any], llm: RollChatModel,
                      messages: list[BaseMessage]) -> Trajectory:
         """The trajectory of the conversation that produced the final message, with its reward."""
         final = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)

@@ -41,9 +41,10 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, PrivateAttr
 
-from roll.agentic.agent_loop.base import TokenLedger, continuation_ids, encode, render_text
+from roll.agentic.agent_loop.base import continuation_ids, encode, render_text
 from roll.agentic.agent_loop.tool_agent import TOOLS_SYSTEM_PROMPT
 from roll.agentic.agent_loop.tools import parse_tool_calls
+from roll.agentic.episode import TokenLedger
 from roll.core.enums import StopReason
 from roll.core.records import GenerateOutput
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from roll.agentic.agent_loop.dataset import load_agent_dataset
 from roll.agentic.agent_loop.registry import get_agent_class, load_agent_cfg
-from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec, GenerateFn, GenerateTimeout
+from roll.agentic.env_manager.base import EnvSpec, GenerateFn, GenerateTimeout
+from roll.agentic.episode import EpisodeSpec
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
 
 

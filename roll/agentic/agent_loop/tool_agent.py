@@ -30,15 +30,14 @@ from collections import Counter
 from typing import Any
 
 from roll.agentic.agent_loop.base import (
-    AgentEpisode,
     AgentLoop,
-    TokenLedger,
     continuation_ids,
     encode,
     render_text,
 )
 from roll.agentic.agent_loop.registry import register
 from roll.agentic.agent_loop.tools import MALFORMED, ToolResult, parse_tool_calls, run_tool_calls, tool_map
+from roll.agentic.episode import EpisodeSpec, TokenLedger
 from roll.core.enums import StopReason
 from roll.core.records import Trajectory
 
@@ -89,7 +88,7 @@ class ToolAgent(AgentLoop):
             messages.append({"role": "tool", "name": r.name, "content": content})
         return messages
 
-    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+    async def rollout(self, episode: EpisodeSpec, row: dict[str, Any]) -> Trajectory:
         cfg = self.cfg
         ledger = TokenLedger(self.first_prompt_ids(self.initial_messages(row)))
         counts: Counter[str] = Counter()

@@ -18,6 +18,7 @@ import numpy as np
 from roll.agentic.env.faults import EPISODE_KEY_OPTION, FaultInjectingEnv
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
+from roll.agentic.episode import EpisodeSpec
 from roll.core.enums import StopReason
 from roll.core.records import (
     GenerateOutput,
@@ -41,17 +42,6 @@ class EnvSpec:
     max_tokens_per_step: int
     response_prefix: str = ""
     instruction: str | None = None  # None: the env's own; "": no system message
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """Which episode to play: the env seed (shared by a group) and the sampling seed (per member)."""
-
-    traj_group_id: str
-    traj_id: str
-    env_seed: int
-    sample_seed: int
-    keep_frames: bool = False
 
 
 class EnvStepTimeout(RuntimeError):

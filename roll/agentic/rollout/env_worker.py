@@ -12,9 +12,10 @@ import torch
 
 from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
-from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
+from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.episode import EpisodeSpec
 from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
 from roll.core.records import GroupResult, SamplingParams
