@@ -53,7 +53,8 @@ class PipelineConfig(ConfigModel):
     """Everything `AgenticPipeline` needs. Field names follow ROLL's agentic YAMLs."""
 
     exp_name: str = Field("roll", min_length=1)
-    """Name of the experiment, shown in logs."""
+    """Name of the experiment (ROLL's key). roll reads nothing from it; the example YAMLs use it
+    in paths, `output_dir: ./output/${exp_name}`."""
     seed: int = 42
     """Root of every random choice in the run (env seeds, sampling, init), via `derive_seed`."""
     logging_dir: str = "./output/logs"

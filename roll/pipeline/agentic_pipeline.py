@@ -26,7 +26,7 @@ from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
 from roll.models.loading import load_tokenizer
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.batch import (
+from roll.pipeline.samples import (
     build_step_batch,
     build_traj_batch,
     filter_groups,

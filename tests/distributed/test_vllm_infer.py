@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from roll.core.records import GenerateRequest, SamplingParams
-from roll.distributed.batch import token_logprobs
+from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.engine_api import EngineUnavailable
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker

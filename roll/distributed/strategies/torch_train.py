@@ -16,7 +16,7 @@ Three choices differ from a plain HF Trainer and are deliberate:
   they were) and is reported as `<prefix>/skipped_steps` = 1 instead of crashing the run.
 
 Forward passes run the model once per distinct row of the whole batch (no grad) or mini-batch
-(training), see roll.distributed.batch; `<prefix>/unique_row_ratio` reports distinct rows / rows.
+(training), see roll.distributed.micro_batches; `<prefix>/unique_row_ratio` reports distinct rows / rows.
 
 Data parallel: this strategy is one process and averages no gradients (`dp_size` 1), so a role
 with several ranks needs `deepspeed`, `fsdp2` or `megatron`, which set `dp_rank` / `dp_size`; the
@@ -36,7 +36,7 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import get_scheduler
 
-from roll.distributed.batch import (
+from roll.distributed.micro_batches import (
     MicroForward,
     all_rows,
     distinct_rows,

@@ -26,7 +26,7 @@ from roll.algorithms.off_policy import (
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
-from roll.distributed.batch import token_logprobs
+from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
@@ -45,7 +45,7 @@ class ActorWorker:
 
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
     `train()` call each), the unit the LR schedule advances in. Forward passes run the model once
-    per distinct row (roll.distributed.batch); `dedupe_rows=False` runs every copy, with the same
+    per distinct row (roll.distributed.micro_batches); `dedupe_rows=False` runs every copy, with the same
     results, to measure what that saves (benchmarks/train_dedupe.py).
     """
 

@@ -16,7 +16,7 @@ from torch import nn
 from roll.algorithms.losses import AggMode, value_loss
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
-from roll.distributed.batch import shifted_values
+from roll.distributed.micro_batches import shifted_values
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
@@ -78,7 +78,7 @@ class CriticWorker:
         `batch` needs input_ids, attention_mask, response_mask, values (the old values from
         `compute_values`) and returns (B, T). Order from derive_seed(seed, "critic_minibatch",
         step, epoch); mini-batches and rank shares as in `ActorWorker.train`. "critic/unique_row_ratio" is the mean over mini-batches of their distinct
-        rows / rows (the value model runs once per distinct row, roll.distributed.batch).
+        rows / rows (the value model runs once per distinct row, roll.distributed.micro_batches).
         """
         batch = batch.select(*TRAIN_KEYS)
         loss_fn = partial(_value_loss, value_clip=value_clip, loss_agg_mode=loss_agg_mode)

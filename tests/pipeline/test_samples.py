@@ -3,7 +3,7 @@
 import torch
 
 from roll.core.records import StepRecord, Trajectory
-from roll.pipeline.batch import build_step_batch, build_traj_batch, filter_groups
+from roll.pipeline.samples import build_step_batch, build_traj_batch, filter_groups
 
 
 def traj(group, member, rewards, **kw):
