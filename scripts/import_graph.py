@@ -120,6 +120,22 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+RANKS = {"core": 0, "configs": 1, "algorithms": 2, "models": 2, "agentic": 3, "distributed": 3,
+         "tracking": 4, "envs": 4, "pipeline": 5}
+"""Height of each floor: a floor imports only floors below it (docs/architecture.md)."""
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every import of a floor at the same height or above (other than its own)."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = floor_of(module), floor_of(target)
+            if a != b and RANKS[b] >= RANKS[a]:
+                found.append(f"{module} ({a}) -> {target} ({b})")
+    return found
+
+
 def floor_of(module: str) -> str:
     prefix = max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)
     return FLOORS[prefix]
