@@ -3,7 +3,7 @@
 Semantics. A role's `device_mapping` lists GPU indices of the driver's node, numbered as the
 driver sees them (index i is the i-th entry of the driver's `CUDA_VISIBLE_DEVICES` when that is
 set, else GPU i); `null` runs the role on CPU. ROLL's string form `list(range(0, 8))` is accepted
-too (parsed by the config, `roll.configs.worker.parse_device_mapping`). Each process of a role takes one device: `actor_infer` runs one process per replica
+too. Each process of a role takes one device: `actor_infer` runs one process per replica
 (`strategy_config.num_replicas`, by default one per listed device), a training role (`actor_train`,
 `critic`, `reference`) runs one data-parallel rank per listed device, `world_size` of them (on CPU,
 `world_size` processes; default 1). The ranks of a role form one torch.distributed group
@@ -23,8 +23,8 @@ keeps older Ray versions, which blanked the variable for `num_gpus=0` actors, fr
 
 Everything here is pure (no torch, no Ray), so the plans are tested on CPU against hand-written
 layouts (tests/distributed/test_placement.py). Config-time checks (`check_device_layout`) need no
-GPU and run before anything starts (`roll.pipeline.prestart`); `plan_devices` also checks the layout against the GPUs
-this machine has, when the pipeline places its workers.
+GPU and run before anything starts (`roll.pipeline.prestart`); `plan_devices` also checks the
+layout against the GPUs this machine has, when the pipeline places its workers.
 """
 
 from __future__ import annotations

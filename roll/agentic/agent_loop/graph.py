@@ -115,7 +115,8 @@ class AgentGraph(AgentLoop):
         stop_reason = meta.get("stop_reason", StopReason.MAX_STEPS)
         if stop_reason == "tool_calls":  # the graph ended while the model was calling tools
             stop_reason = StopReason.MAX_STEPS
-        answer = message_text(final) if final is not None and stop_reason in (StopReason.TERMINATED, StopReason.TRUNCATED) else ""
+        answered = final is not None and stop_reason in (StopReason.TERMINATED, StopReason.TRUNCATED)
+        answer = message_text(final) if answered else ""
         reward = await self.reward(row, answer) if ledger.num_turns else 0.0
         if ledger.num_turns:
             ledger.step_rewards[-1] += reward
