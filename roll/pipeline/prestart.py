@@ -9,7 +9,6 @@ runs it again when built directly. The GPU count is checked later, when the work
 
 from __future__ import annotations
 
-from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config
 from roll.agentic.env.registry import check_env_config, resolve_env_class
 from roll.configs.base import ConfigError, InvalidField
 from roll.configs.env import CustomEnvConfig
@@ -61,6 +60,9 @@ def _check_env_config_key(where: str, env_type: str, key: str, value: object) ->
 def _check_agent_dataset(where: str, env_config: dict) -> None:
     """`env_type: agent`: the dataset file, each row's agent and each agent config, checked now
     (`roll.agentic.agent_loop.dataset`); the error names the env_config key at fault."""
+    # imported only for an agent env: the agent stack pulls in torch and transformers (seconds)
+    from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config
+
     try:
         check_agent_env_config(env_config)
     except AgentDatasetError as err:

@@ -52,6 +52,15 @@ class GenerateTimeout(RuntimeError):
     """The inference worker did not answer one generate request within the manager's timeout."""
 
 
+async def generate_within(generate: GenerateFn, request: GenerateRequest, timeout_s: float | None) -> GenerateOutput:
+    """`generate(request)`, or `GenerateTimeout` after `timeout_s` seconds (None: unbounded); what
+    env managers and agent loops both send the engine."""
+    try:
+        return await asyncio.wait_for(generate(request), timeout_s)
+    except TimeoutError:
+        raise GenerateTimeout(f"generate timeout: no answer within {timeout_s}s") from None
+
+
 class MalformedEnvOutput(RuntimeError):
     """env.step returned something other than (str, finite number, bool, bool, dict)."""
 
@@ -120,10 +129,7 @@ class BaseEnvManager:
         """One turn's generation, bounded in time (None: unbounded). A request that times out may
         still be served by the engine; its answer is then discarded, and the episode is dropped."""
         request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id)
-        try:
-            return await asyncio.wait_for(self._generate(request), self.generate_timeout_s)
-        except TimeoutError:
-            raise GenerateTimeout(f"generate timeout: no answer within {self.generate_timeout_s}s") from None
+        return await generate_within(self._generate, request, self.generate_timeout_s)
 
     async def _env_call(self, name: str, *args, **kwargs):
         """env.<name> in a thread, so a slow env does not block the other managers; bounded in
