@@ -74,7 +74,7 @@ def main() -> None:
     load = os.getloadavg()
     results: dict[str, list[dict]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "roll.models.tiny", "--preset", "frozen_lake", "--output_dir",
+        subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", "frozen_lake", "--output_dir",
                         f"{tmp}/model"], cwd=REPO, check=True, capture_output=True)
         order = list(MODES)
         for repeat in range(args.repeats):

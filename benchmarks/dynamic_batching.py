@@ -27,9 +27,9 @@ from tensordict import TensorDict
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import token_logprobs
+from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.dynamic_batching import TokenBudget, bin_by_tokens, padding_fraction, round_up, row_lengths
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 
 
 def multi_turn_batch(args: argparse.Namespace, vocab: int) -> TensorDict:

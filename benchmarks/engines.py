@@ -33,12 +33,12 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from roll.agentic.rollout.records import GenerateRequest, SamplingParams
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.hf_infer import HFInferStrategy
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.models.loading import load_causal_lm, load_tokenizer
-from roll.models.tiny import main as build_tiny
+from roll.pipeline.tiny_model import main as build_tiny
 
 TRAIN_STRATEGIES = {
     "torch": ("torch", {}),

@@ -39,11 +39,12 @@ import torch
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
-from roll.models.tiny import build_tiny_model, env_corpus
+from roll.models.tiny import build_tiny_model
+from roll.pipeline.tiny_model import env_corpus
 from roll.pipeline.builders import init_ray
 
 MODES = ("engine", "generate_many", "generate")

@@ -38,7 +38,7 @@ ESTIMATORS = ("grpo", "gigpo")
 
 def build_model(preset: str, out: Path) -> Path:
     path = out / "models" / f"tiny-{preset}"
-    subprocess.run([sys.executable, "-m", "roll.models.tiny", "--preset", preset, "--output_dir", str(path)],
+    subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
                    cwd=REPO, check=True, capture_output=True)
     return path
 

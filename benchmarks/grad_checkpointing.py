@@ -37,7 +37,7 @@ def child(args: argparse.Namespace) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from roll.configs.worker import TrainingArgs
-    from roll.distributed.strategies.torch_train import build_train_strategy
+    from roll.distributed.strategies.registry import build_train_strategy
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -56,11 +56,12 @@ import ray
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateRequest
+from roll.core.records import GenerateRequest
 from roll.configs.loader import load_config
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
-from roll.models.tiny import build_tiny_model, env_corpus
+from roll.models.tiny import build_tiny_model
+from roll.pipeline.tiny_model import env_corpus
 from roll.pipeline.builders import (
     build_rollout,
     build_workers,

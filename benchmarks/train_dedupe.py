@@ -4,7 +4,7 @@ The batch is step-wise-like, as FrozenLake with one-token answers: `--rows` rows
 tokens, each a prompt drawn from `--prompts` (a small map has few states, and every rollout of a
 group revisits them) followed by a one-token answer drawn from `--answers` (early in training the
 policy answers almost anything), with its own advantage on that answer. Rows are distinct when
-they differ before their last token (roll.distributed.batch); the table shows that ratio next to
+they differ before their last token (roll.distributed.micro_batches); the table shows that ratio next to
 the one of the whole-row key it replaced, under which rows with other answers were distinct.
 
 Two workers with the same weights train on the batch in turn, one with `dedupe_rows=False`; each
@@ -26,7 +26,7 @@ import torch
 from tensordict import TensorDict
 
 from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import PADDING_KEY, distinct_rows
+from roll.distributed.micro_batches import PADDING_KEY, distinct_rows
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
 from roll.models.tiny import build_tiny_model

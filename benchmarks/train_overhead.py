@@ -43,7 +43,8 @@ from roll.configs.worker import TrainingArgs
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
 from roll.models.loading import load_causal_lm
-from roll.models.tiny import build_tiny_model, env_corpus
+from roll.models.tiny import build_tiny_model
+from roll.pipeline.tiny_model import env_corpus
 from roll.pipeline.builders import init_ray
 
 SEED = 0

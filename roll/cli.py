@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
         config = load_config(config_dir, args.config_name, args.overrides)
+        from roll.pipeline.prestart import check_before_start  # imports the envs: after the config loaded
+
+        check_before_start(config)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

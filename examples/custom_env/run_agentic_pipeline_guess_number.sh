@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 # and by the Ray workers (which inherit the environment): put the repository on PYTHONPATH.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 MODEL_DIR=./output/models/tiny-guess-number
-python -m roll.models.tiny --env_type examples.custom_env.guess_number:GuessNumberEnv \
+python -m roll.pipeline.tiny_model --env_type examples.custom_env.guess_number:GuessNumberEnv \
   --output_dir "$MODEL_DIR"
 python examples/start_agentic_pipeline.py --config_path custom_env --config_name agent_val_guess_number \
   pretrain="$MODEL_DIR" "$@"

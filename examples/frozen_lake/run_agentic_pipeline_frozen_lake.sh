@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_DIR=./output/models/tiny-frozen-lake
-python -m roll.models.tiny --preset frozen_lake --output_dir "$MODEL_DIR"
+python -m roll.pipeline.tiny_model --preset frozen_lake --output_dir "$MODEL_DIR"
 python examples/start_agentic_pipeline.py --config_path frozen_lake --config_name agent_val_frozen_lake \
   pretrain="$MODEL_DIR" "$@"
 python -m roll.tracking.plot ./output/frozen_lake_tiny  # writes ./output/frozen_lake_tiny/curves.png

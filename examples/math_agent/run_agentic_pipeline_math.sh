@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_DIR=./output/models/tiny-math
-python -m roll.models.tiny --preset math --output_dir "$MODEL_DIR"
+python -m roll.pipeline.tiny_model --preset math --output_dir "$MODEL_DIR"
 python examples/start_agentic_pipeline.py --config_path math_agent --config_name agent_val_math \
   pretrain="$MODEL_DIR" "$@"

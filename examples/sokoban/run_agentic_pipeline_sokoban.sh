@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_DIR=./output/models/tiny-sokoban
-python -m roll.models.tiny --preset sokoban --output_dir "$MODEL_DIR"
+python -m roll.pipeline.tiny_model --preset sokoban --output_dir "$MODEL_DIR"
 python examples/start_agentic_pipeline.py --config_path sokoban --config_name agent_val_sokoban \
   pretrain="$MODEL_DIR" "$@"
 python -m roll.tracking.plot ./output/sokoban_tiny  # writes ./output/sokoban_tiny/curves.png

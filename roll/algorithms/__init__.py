@@ -33,7 +33,6 @@ from roll.algorithms.kl import (
 from roll.algorithms.losses import (
     agg_loss,
     entropy_from_logits,
-    explained_variance,
     logprobs_from_logits,
     ppo_policy_loss,
     value_loss,
@@ -58,7 +57,6 @@ __all__ = [
     "compute_step_grpo_advantages",
     "compute_step_reinforce_advantages",
     "entropy_from_logits",
-    "explained_variance",
     "group_reward_std_stats",
     "kl_loss",
     "kl_penalty",

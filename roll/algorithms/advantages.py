@@ -9,9 +9,11 @@ Variants implemented, and where they differ from the papers:
 - `gae` — GAE (Schulman et al. 2016) at token level, as in RLHF PPO (Ouyang et al. 2022; verl).
   One "time step" is one generated token. Observation tokens are the environment's transition,
   not actions, so the recursion skips them: the successor of a generated token is the next
-  generated token of the same row, and after the row's last generated token the next value is 0
-  (the trajectory ended; truncated trajectories are not bootstrapped). This equals verl's
-  multi-turn GAE that carries `nextvalues` across observation tokens.
+  generated token of the same row. After the row's last generated token the next value is 0 if
+  the trajectory terminated, and the value of its last state if it was truncated (cut by max
+  actions, max tokens or the env's time limit: `bootstrap_values`), as CleanRL and SB3 do. This
+  equals verl's multi-turn GAE that carries `nextvalues` across observation tokens, plus the
+  truncation bootstrap that verl leaves out.
 - `grpo` — group-relative advantages (Shao et al. 2024, DeepSeekMath "outcome supervision"):
   (score - group mean) / (group std + eps) with the unbiased std, broadcast to every generated
   token. `norm_by_std=False` keeps only the mean baseline (Dr. GRPO, Liu et al. 2025). A group of
@@ -52,7 +54,8 @@ def _check_rewards_on_generated_tokens(token_rewards: Tensor, response_mask: Ten
 
 @torch.no_grad()
 def compute_gae(
-    token_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float, lambd: float
+    token_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float, lambd: float,
+    bootstrap_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Token-level GAE over the generated tokens of each row, skipping observation tokens.
 
@@ -60,10 +63,12 @@ def compute_gae(
         per-token KL penalty; must be 0 off `response_mask`.
     values (B, T): critic values; entries off the mask are ignored.
     response_mask (B, T): 1.0 on generated tokens.
+    bootstrap_values (B,): V_n, the value of the state after each row's last generated token:
+        the critic's value of a truncated row's last state, 0 for a terminated row. None: all 0.
     Returns advantages (B, T) and returns = advantages + values, both 0 off the mask.
 
     On the packed generated tokens g_0..g_{n-1} of a row:
-    delta_j = r_j + gamma * V_{j+1} - V_j (V_n = 0), A_j = delta_j + gamma * lambd * A_{j+1}.
+    delta_j = r_j + gamma * V_{j+1} - V_j (V_n = bootstrap), A_j = delta_j + gamma * lambd * A_{j+1}.
     """
     _check_rewards_on_generated_tokens(token_rewards, response_mask)
     rewards, valid, index = compress(token_rewards, response_mask)
@@ -71,6 +76,10 @@ def compute_gae(
     # compress zeroes slots past each row's last generated token, so V_n = 0 comes for free.
     next_values = torch.zeros_like(packed_values)
     next_values[:, :-1] = packed_values[:, 1:]
+    if bootstrap_values is not None:
+        lengths = valid.sum(dim=1).long()  # n per row; a row with no generated token has nothing to bootstrap
+        rows = torch.nonzero(lengths > 0).squeeze(1)
+        next_values[rows, lengths[rows] - 1] = bootstrap_values[rows].to(next_values.dtype)
     deltas = (rewards + gamma * next_values - packed_values) * valid
     advantages = reverse_discounted_cumsum(deltas, gamma * lambd)
     returns = (advantages + packed_values) * valid
@@ -148,6 +157,7 @@ class AdvantageInputs:
     scores: Tensor | None = None
     group_ids: GroupIds | None = None
     values: Tensor | None = None
+    bootstrap_values: Tensor | None = None
 
     def need(self, estimator: str, name: str):
         """The input `name`, or a ValueError that says which estimator wanted it."""
@@ -164,6 +174,7 @@ def _gae(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
         inputs.response_mask,
         inputs.gamma,
         inputs.lambd,
+        bootstrap_values=inputs.bootstrap_values,
     )
 
 
@@ -200,12 +211,13 @@ def compute_advantages(
     scores: Tensor | None = None,
     group_ids: GroupIds | None = None,
     values: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run the estimator registered as `name`; returns (advantages, returns), each (B, T).
 
     The pipeline passes everything it has; an estimator missing an input it needs raises
     ValueError naming both. gae needs token_rewards and values, grpo scores and group_ids,
-    reinforce token_rewards.
+    reinforce token_rewards; gae also reads bootstrap_values (see `compute_gae`) when given.
     """
     if name not in ADV_ESTIMATORS:
         raise ValueError(f"unknown adv_estimator {name!r}; choose one of {sorted(ADV_ESTIMATORS)}")
@@ -218,5 +230,6 @@ def compute_advantages(
         scores=scores,
         group_ids=group_ids,
         values=values,
+        bootstrap_values=bootstrap_values,
     )
     return ADV_ESTIMATORS[name](inputs)

@@ -17,13 +17,12 @@ Metrics are Python floats named as CleanRL names them ("losses/approx_kl", "loss
 
 from __future__ import annotations
 
-import math
 from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-from roll.algorithms.utils import masked_mean, masked_sum, masked_var
+from roll.algorithms.utils import masked_mean, masked_sum
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
@@ -144,17 +143,3 @@ def value_loss(
     }
     return loss, metrics
 
-
-@torch.no_grad()
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns) over masked tokens (CleanRL's diagnostic).
-
-    1 is a perfect critic, 0 no better than a constant, negative worse. NaN when the returns do
-    not vary or no token is masked (the ratio is undefined). values, returns, mask: (B, T).
-    """
-    if mask.sum() < 1:
-        return math.nan
-    var_returns = masked_var(returns, mask, unbiased=False)
-    if var_returns == 0:
-        return math.nan
-    return float(1.0 - masked_var(returns - values, mask, unbiased=False) / var_returns)

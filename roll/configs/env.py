@@ -3,8 +3,9 @@
 Two meanings of "steps" meet here: `CustomEnvConfig.max_steps` counts actions in one trajectory,
 while the top-level `max_steps` counts training steps.
 
-`check_env_types` resolves every env class and checks its `env_config` keys when the whole config
-is validated (roll.configs.pipeline), so a typo fails before Ray starts.
+Which env classes `env_type` names, and whether they take the `env_config` keys, is checked before
+the run starts, outside the config models (`roll.pipeline.prestart`): validation reads no files
+and imports no env.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.worker import GeneratingArgs
+from roll.core.enums import SampleMode
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 """`env_type` of a class given by import path: "package.module:ClassName"."""
@@ -85,7 +87,7 @@ class EnvManagerConfig(ConfigModel):
     when there is a single tag (it then gets every group)."""
     max_env_num_per_worker: int = Field(0, ge=0)
     """Most envs in one env-worker process; 0 puts all envs in one env worker."""
-    env_manager_type: Literal["traj", "step"] = "traj"
+    env_manager_type: SampleMode = SampleMode.TRAJ
     """"traj" (StarPO): one training sample per trajectory, the whole multi-turn conversation;
     "step" (GiGPO): one sample per env step, its prompt the instruction, the last
     `history_length` turns and the current observation. Validate with the type you train with."""
@@ -136,51 +138,3 @@ class EnvManagerConfig(ConfigModel):
     def num_envs(self) -> int:
         """Envs this manager runs concurrently."""
         return self.num_env_groups * (self.group_size + self.group_size_redundancy)
-
-
-def check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
-    """Resolve every `env_type` and check its `env_config` keys now, so a typo fails before Ray
-    starts rather than when the first env worker builds its envs."""
-    # Imported here: the registry pulls in gymnasium and the env base classes, which a reader of
-    # the config models alone does not need.
-    from roll.agentic.env.registry import resolve_env_class
-
-    for tag, env in custom_envs.items():
-        if env.env_type == "agent":
-            for key in ("instruction", "response_prefix"):  # agents format their own prompts
-                if key in env.model_fields_set:
-                    raise InvalidField(f"custom_envs.{tag}.{key}", "not used by env_type 'agent' "
-                                       "(set system_prompt in the agent config)")
-            _check_agent_dataset(f"custom_envs.{tag}.env_config", env.env_config)
-            continue
-        try:
-            resolve_env_class(env.env_type)
-        except (ValueError, ImportError) as err:
-            raise InvalidField(f"custom_envs.{tag}.env_type", str(err)) from None
-        for key, value in env.env_config.items():
-            _check_env_config_key(f"custom_envs.{tag}.env_config", env.env_type, key, value)
-
-
-def _check_env_config_key(where: str, env_type: str, key: str, value: object) -> None:
-    """`InvalidField` naming `where.key` when the env's constructor has no argument `key`, or
-    naming the bad field of a `fault_injection` block. One key at a time, so that the error can
-    name the key at fault."""
-    from roll.agentic.env.registry import check_env_config
-
-    try:
-        check_env_config(env_type, {key: value})
-    except TypeError as err:  # the constructor has no such argument
-        raise InvalidField(f"{where}.{key}", str(err)) from None
-    except InvalidField as err:  # a bad field of the fault_injection block
-        raise InvalidField(f"{where}.{err.key}", err.reason) from None
-
-
-def _check_agent_dataset(where: str, env_config: dict) -> None:
-    """`env_type: agent`: the dataset file, each row's agent and each agent config, checked now
-    (`roll.agentic.agent_loop.dataset`); the error names the env_config key at fault."""
-    from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config
-
-    try:
-        check_agent_env_config(env_config)
-    except AgentDatasetError as err:
-        raise InvalidField(f"{where}.{err.key}", err.reason) from None

@@ -12,18 +12,17 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from roll.algorithms.reward_norm import ASYM_CLIP_RANGE, norm_types_for_method
 from roll.configs.base import ConfigModel, InvalidField
-from roll.configs.env import CustomEnvConfig, EnvManagerConfig, check_env_types
+from roll.configs.env import CustomEnvConfig, EnvManagerConfig
+from roll.configs.reward_norm import ASYM_CLIP_RANGE, norm_types_for_method
 from roll.configs.worker import (
     GeneratingArgs,
     WorkerConfig,
     check_model_dir,
-    check_lora_target,
     check_token_budgets,
     check_strategy_for_role,
 )
-from roll.distributed.placement import PlacementError, check_device_layout
+from roll.core.enums import SampleMode
 
 
 class RewardNormalization(ConfigModel):
@@ -83,7 +82,8 @@ class PipelineConfig(ConfigModel):
     """Everything `AgenticPipeline` needs. Field names follow ROLL's agentic YAMLs."""
 
     exp_name: str = Field("roll", min_length=1)
-    """Name of the experiment, shown in logs."""
+    """Name of the experiment (ROLL's key). roll reads nothing from it; the example YAMLs use it
+    in paths, `output_dir: ./output/${exp_name}`."""
     seed: int = 42
     """Root of every random choice in the run (env seeds, sampling, init), via `derive_seed`."""
     logging_dir: str = "./output/logs"
@@ -257,18 +257,15 @@ class PipelineConfig(ConfigModel):
             check_strategy_for_role(role, worker)
         self._check_batches()
         self._check_required_roles()
-        self._check_devices()
         for name, manager in self.env_managers.items():
             for tag in manager.tags:
                 if tag not in self.custom_envs:
                     raise InvalidField(
                         f"{name}.tags", f"{tag!r} is not in custom_envs {sorted(self.custom_envs)}"
                     )
-        check_env_types(self.custom_envs)
         self._check_agent_tags()
         self._fill_model_paths()
         for role, worker in self.workers.items():  # needs the model paths: after filling them
-            check_lora_target(role, worker)
             check_token_budgets(role, worker, self.sequence_length)
         return self
 
@@ -276,7 +273,7 @@ class PipelineConfig(ConfigModel):
         """Agent loops give one sample per trajectory: their tags need a "traj" manager."""
         for name, manager in self.env_managers.items():
             agent_tags = [t for t in manager.tags if self.custom_envs[t].env_type == "agent"]
-            if agent_tags and manager.env_manager_type != "traj":
+            if agent_tags and manager.env_manager_type != SampleMode.TRAJ:
                 raise InvalidField(f"{name}.env_manager_type", f'tags {agent_tags} have env_type "agent", '
                                    'which needs "traj" (agent loops give one sample per trajectory)')
 
@@ -302,7 +299,7 @@ class PipelineConfig(ConfigModel):
                 )
 
     def _check_required_roles(self) -> None:
-        step_wise = self.train_env_manager.env_manager_type == "step"
+        step_wise = self.sample_mode == SampleMode.STEP
         if step_wise and self.adv_estimator in ("gae", "reinforce"):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs env_manager_type "traj"; '
                                'step-wise samples take "grpo", "gigpo" or "step_reinforce"')
@@ -319,14 +316,6 @@ class PipelineConfig(ConfigModel):
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:
             raise InvalidField("reference", "required when init_kl_coef > 0, target_kl is set or use_kl_loss is on")
-
-    def _check_devices(self) -> None:
-        """`device_mapping` of the roles the run builds, as far as it can be checked without a GPU
-        (the GPU count is checked when the pipeline places its workers)."""
-        try:
-            check_device_layout(**self.device_layout, async_generation_ratio=self.async_generation_ratio)
-        except PlacementError as err:
-            raise InvalidField(err.key, err.reason) from None
 
     def _fill_model_paths(self) -> None:
         """Give every role without an explicit model the run's one (the critic's: reward_pretrain,
@@ -397,6 +386,12 @@ class PipelineConfig(ConfigModel):
         if self.val_env_manager is None:
             return 0
         return self.val_batch_size // self.val_env_manager.group_size
+
+    @property
+    def sample_mode(self) -> SampleMode:
+        """How training episodes become samples (`train_env_manager.env_manager_type`): the one
+        place the pipeline and these checks read it."""
+        return SampleMode(self.train_env_manager.env_manager_type)
 
     @property
     def uses_kl_penalty(self) -> bool:

@@ -8,14 +8,14 @@ it, and which engine ("strategy") runs it. Which strategy names a role accepts i
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
-from roll.agentic.rollout.records import SamplingParams
 from roll.configs.base import ConfigModel, InvalidField
-from roll.distributed.placement import parse_device_mapping
+from roll.core.records import SamplingParams
 
 INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 """Engines that can serve `actor_infer`."""
@@ -32,6 +32,7 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "sglang": None,
 }
 """`strategy_config` keys each engine accepts (None: the engine's own config, checked by it)."""
+_ROLL_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*\)\s*$")
 STRATEGY_ALIASES = {
     "hf_infer": "hf",
     "torch_train": "torch",
@@ -218,7 +219,8 @@ class WorkerConfig(ConfigModel):
     one replica per device (`strategy_config.num_replicas`, by default one per listed device). Roles
     whose lists share a device are colocated: they take turns on it, each offloaded to CPU while another works, which
     needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
-    `roll.distributed.placement`; GPU counts are checked when the pipeline places its workers."""
+    `roll.distributed.placement`; the layout is checked before the run starts
+    (`roll.pipeline.prestart`), GPU counts when the pipeline places its workers."""
     world_size: int | None = Field(None, ge=1)
     """Processes of a training role, its data-parallel ranks (ROLL's name): one per listed device
     with a `device_mapping` list (left out it is the list's length; set, it must equal it), the
@@ -324,6 +326,17 @@ PG_VARIANT_KEYS = ("pg_variant", "tis_lower_bound", "tis_upper_bound", "topr_pos
 """The `actor_train` keys of the policy-gradient loss (ROLL keeps them on every worker config)."""
 
 
+def parse_device_mapping(value: Any) -> Any:
+    """ROLL's string `list(range(a[, b[, step]]))` as a list of ints; anything else unchanged (a
+    YAML list or null, which the config model then validates). Parsed, never evaluated."""
+    if not isinstance(value, str):
+        return value
+    match = _ROLL_RANGE.match(value)
+    if match is None:
+        raise ValueError(f"expected a list of GPU indices, null, or 'list(range(a, b))' (got {value!r})")
+    return list(range(*(int(g) for g in match.groups() if g is not None)))
+
+
 def check_model_dir(path: str) -> str:
     """`path` if it is a local HF model dir, else a ValueError that says how to make one.
 
@@ -332,7 +345,7 @@ def check_model_dir(path: str) -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(
             f"{path!r} is not a local model directory (no config.json); build the tiny model "
-            "with `python -m roll.models.tiny --output_dir DIR` and point to DIR"
+            "with `python -m roll.pipeline.tiny_model --output_dir DIR` and point to DIR"
         )
     return path
 
@@ -388,19 +401,6 @@ def check_token_budgets(role: str, worker: WorkerConfig, sequence_length: int) -
         if options["max_tokens"] < rounded:
             raise InvalidField(f"{role}.{options['key']}", f"{options['max_tokens']} is smaller than one sequence "
                                f"(sequence_length {sequence_length}, rounded up to {rounded})")
-
-
-def check_lora_target(role: str, worker: WorkerConfig) -> None:
-    """`InvalidField` naming `model_args.lora_target` when a listed module matches nothing in the
-    role's model (read on the meta device: no weights are loaded). Nothing to do without LoRA."""
-    lora = worker.model_args.lora
-    if lora is None or worker.model_args.model_name_or_path is None:
-        return
-    from roll.models.lora import unmatched_lora_target
-
-    missing = unmatched_lora_target(worker.model_args.model_name_or_path, lora["target"], value_model=role == "critic")
-    if missing:
-        raise InvalidField(f"{role}.model_args.lora_target", missing)
 
 
 def _missing_requirement(name: str) -> str | None:

@@ -23,13 +23,12 @@ keeps older Ray versions, which blanked the variable for `num_gpus=0` actors, fr
 
 Everything here is pure (no torch, no Ray), so the plans are tested on CPU against hand-written
 layouts (tests/distributed/test_placement.py). Config-time checks (`check_device_layout`) need no
-GPU and run when the config is validated; `plan_devices` also checks the layout against the GPUs
-this machine has, when the pipeline places its workers.
+GPU and run before anything starts (`roll.pipeline.prestart`); `plan_devices` also checks the
+layout against the GPUs this machine has, when the pipeline places its workers.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +40,6 @@ NUM_REPLICAS_KEY = "actor_infer.strategy_args.strategy_config.num_replicas"
 AVERAGING_STRATEGIES = ("deepspeed", "fsdp2", "megatron")
 """Training engines that average gradients over data-parallel ranks."""
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
-_ROLL_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*\)\s*$")
 
 
 class PlacementError(ValueError):
@@ -51,17 +49,6 @@ class PlacementError(ValueError):
         super().__init__(f"{key}: {reason}")
         self.key = key
         self.reason = reason
-
-
-def parse_device_mapping(value: Any) -> Any:
-    """ROLL's string `list(range(a[, b[, step]]))` as a list of ints; anything else unchanged (a
-    YAML list or null, which the config model then validates). Parsed, never evaluated."""
-    if not isinstance(value, str):
-        return value
-    match = _ROLL_RANGE.match(value)
-    if match is None:
-        raise ValueError(f"expected a list of GPU indices, null, or 'list(range(a, b))' (got {value!r})")
-    return list(range(*(int(g) for g in match.groups() if g is not None)))
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def model_dir(path: str | os.PathLike[str]) -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
             f"{path!r} is not a local model directory (no config.json); build the tiny model "
-            "with `python -m roll.models.tiny --output_dir DIR` or point to a downloaded HF model"
+            "with `python -m roll.pipeline.tiny_model --output_dir DIR` or point to a downloaded HF model"
         )
     return path
 

@@ -8,20 +8,22 @@ local dir, exactly as it loads a real model that a user names in `pretrain:`.
 The vocabulary is small on purpose (under 100 tokens for FrozenLake): every grid symbol and action
 word is one token, so a few hundred RL steps are enough for a random model to learn the task.
 
-    python -m roll.models.tiny --output_dir ./tiny_lm --preset frozen_lake
+The corpus comes in as plain texts and words (`build_tiny_model(corpus=..., extra_tokens=...)`);
+taking it from an env or an agent dataset, and the command line, are the job of a builder above
+both models and envs:
+
+    python -m roll.pipeline.tiny_model --output_dir ./tiny_lm --preset frozen_lake
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,8 +36,6 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
-
-from roll.agentic.env.registry import make_env
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 ARCH_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config}
-# Preset name -> (env_type, env_config) whose texts make up the tokenizer corpus.
-PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "frozen_lake": ("frozen_lake", {}),
-    "sokoban": ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10}),
-    "webshop": ("webshop", {}),
-    # the math agent example's dataset rows, its tool prompt and the tool-call markup
-    "math": ("agent", {"dataset": str(Path(__file__).resolve().parents[2] / "examples" / "math_agent" / "data"
-                                      / "train_agent.jsonl")}),
-}
 
 
 def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -144,45 +135,6 @@ def build_tiny_tokenizer(
         bos_token=None,
         chat_template=CHAT_TEMPLATE,
     )
-
-
-def collect_env_text(env: Any, num_seeds: int = 20) -> list[str]:
-    """The texts a tokenizer must cover for `env` (a `TextEnv`): its action words, and for seeds
-    0..num_seeds-1 the instruction, the first observation and the observations after playing each
-    action once in turn (until the episode ends), so feedback words are in the vocabulary too.
-
-    An env whose actions are open text (WebShop's `search[...]`) provides `tokenizer_corpus()`
-    instead, which is used as is."""
-    if callable(getattr(env, "tokenizer_corpus", None)):
-        texts = list(env.tokenizer_corpus())
-        env.close()
-        return texts
-    texts = list(env.actions)
-    for seed in range(num_seeds):
-        obs, info = env.reset(seed=seed)
-        texts += [info["env_instruction"], obs]
-        for action in env.actions:
-            obs, _, terminated, truncated, _ = env.step(f"{ANSWER_TAGS[0]}{action}{ANSWER_TAGS[1]}")
-            texts.append(obs)
-            if terminated or truncated:
-                break
-    env.close()
-    return texts
-
-
-def env_corpus(env_type: str, env_config: Mapping[str, Any], num_seeds: int = 20) -> list[str]:
-    """`collect_env_text` of a registered env (`env_type` as in `custom_envs.<Tag>.env_type`)."""
-    return collect_env_text(make_env(env_type, dict(env_config)), num_seeds)
-
-
-def corpus_and_tokens(env_type: str, env_config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """The corpus and the extra whole tokens for `env_type`: an agent dataset (env_type "agent")
-    brings its rows' text and its tools' markup (`agent_corpus`), an env only its text."""
-    if env_type == "agent":
-        from roll.agentic.agent_loop.dataset import agent_corpus
-
-        return agent_corpus(env_config)
-    return env_corpus(env_type, env_config), []
 
 
 def _model_config(tokenizer: PreTrainedTokenizerFast, arch: str, **sizes: Any) -> Any:
@@ -284,66 +236,6 @@ def build_tiny_model(
     return str(final)
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m roll.models.tiny", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--output_dir", required=True)
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--preset", choices=sorted(PRESETS), help="take the corpus from a built-in env"
-    )
-    source.add_argument(
-        "--env_type", help="take the corpus from this env (id, alias or module:Class)"
-    )
-    parser.add_argument(
-        "--env_config", type=json.loads, default={}, help="JSON kwargs for --env_type"
-    )
-    parser.add_argument("--arch", choices=sorted(ARCH_CONFIGS), default="llama")
-    for name, default in (
-        ("hidden_size", 128),
-        ("num_hidden_layers", 2),
-        ("num_attention_heads", 4),
-        ("intermediate_size", 512),
-        ("max_position_embeddings", 2048),
-        ("seed", 0),
-    ):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument(
-        "--tie_word_embeddings", action=argparse.BooleanOptionalAction, default=True
-    )
-    parser.add_argument("--overwrite", action="store_true")
-    args = parser.parse_args(argv)
-    if args.env_config and not args.env_type:
-        parser.error("--env_config needs --env_type")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> str:
-    args = _parse_args(argv)
-    env_type, env_config = PRESETS[args.preset] if args.preset else (args.env_type, args.env_config)
-    try:
-        corpus, extra_tokens = corpus_and_tokens(env_type, env_config) if env_type else ([], [])
-    except (ValueError, TypeError, OSError) as err:  # unknown env_type or env_config keys: one line
-        sys.exit(f"python -m roll.models.tiny: {err}")
-    path = build_tiny_model(
-        args.output_dir,
-        corpus=corpus,
-        extra_tokens=extra_tokens,
-        arch=args.arch,
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_hidden_layers,
-        num_attention_heads=args.num_attention_heads,
-        intermediate_size=args.intermediate_size,
-        max_position_embeddings=args.max_position_embeddings,
-        tie_word_embeddings=args.tie_word_embeddings,
-        seed=args.seed,
-        overwrite=args.overwrite,
-    )
-    print(path)
-    return path
-
-
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    main()
+    sys.exit("python -m roll.models.tiny moved: run python -m roll.pipeline.tiny_model (same arguments); "
+             "it takes the corpus from an env or an agent dataset")

@@ -22,9 +22,11 @@ import ray
 from roll.agentic.env.registry import resolve_env_class
 from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
+from roll.core.enums import SampleMode
+from roll.core.fields import Batch, RowInfo
 from roll.models.loading import load_tokenizer
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.batch import (
+from roll.pipeline.samples import (
     build_step_batch,
     build_traj_batch,
     filter_groups,
@@ -40,13 +42,16 @@ from roll.pipeline.builders import (
     place_workers,
 )
 from roll.pipeline.guards import stop_if_diverged
+from roll.pipeline.prestart import check_before_start
 from roll.pipeline.residency import PhaseResidency
 from roll.pipeline.scoring import (
     clip_rewards,
+    final_values,
     normalize_step_episode_scores,
     normalize_traj_rewards,
     score_batch,
     score_step_batch,
+    with_final_state,
 )
 from roll.tracking.frames import save_episode_frames
 from roll.tracking.progress import ProgressBar
@@ -62,6 +67,7 @@ class AgenticPipeline:
     def __init__(self, cfg):
         self.cfg = cfg
         seed_everything(cfg.seed)
+        check_before_start(cfg)  # envs, datasets, device layout: a bad one stops here (ConfigError)
         # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here
         self.residency = PhaseResidency(place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
         init_ray(cfg.ray_address)
@@ -75,7 +81,7 @@ class AgenticPipeline:
             self.val_rollout = build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val")
         gen = cfg.actor_infer.generating_args
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
-        self.step_wise = cfg.train_env_manager.env_manager_type == "step"
+        self.step_wise = cfg.sample_mode == SampleMode.STEP
         self.build_batch = build_step_batch if self.step_wise else build_traj_batch
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
@@ -100,10 +106,10 @@ class AgenticPipeline:
                 trajs, dropped = self.rollout(step)
             # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
             kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
-            batch, meta = self.build_batch(kept, self.pad_id)
+            batch, rows = self.build_batch(kept, self.pad_id)
             # 3. Score: old/ref log-probs, values, then advantages
             with _timer(timings, "score"):
-                score_metrics = self.score(batch, meta)
+                score_metrics = self.score(batch, rows)
             # 4. Update: critic, then actor
             with _timer(timings, "train"):
                 train_metrics = self.update(batch, step)
@@ -156,49 +162,54 @@ class AgenticPipeline:
         for ahead in range(step + 1, last + 1):
             self.train_rollout.dispatch(ahead, self.cfg.train_groups_per_step)
 
-    def score(self, batch, meta) -> dict[str, float]:
+    def score(self, batch, rows: RowInfo) -> dict[str, float]:
         self.residency.enter("score")
-        refs = {"old_logprobs": self.workers["actor"].compute_logprobs.remote(batch, self.temperature)}
+        refs = {Batch.OLD_LOGPROBS: self.workers["actor"].compute_logprobs.remote(batch, self.temperature)}
         if "reference" in self.workers:
-            refs["ref_logprobs"] = self.workers["reference"].compute_logprobs.remote(batch, self.temperature)
-        if "critic" in self.workers:
-            refs["values"] = self.workers["critic"].compute_values.remote(batch)
-        for key, ref in refs.items():
-            batch[key] = ray.get(ref, timeout=RAY_TIMEOUT_S)
+            refs[Batch.REF_LOGPROBS] = self.workers["reference"].compute_logprobs.remote(batch, self.temperature)
+        if "critic" in self.workers:  # one position more: the value of each row's last state
+            critic_input = with_final_state(batch)
+            refs[Batch.VALUES] = self.workers["critic"].compute_values.remote(critic_input)
+        results = {key: ray.get(ref, timeout=RAY_TIMEOUT_S) for key, ref in refs.items()}
+        if Batch.VALUES in results:  # GAE bootstraps truncated rows from the value of their last state
+            rows.final_values = final_values(results[Batch.VALUES], critic_input[Batch.ATTENTION_MASK])
+            results[Batch.VALUES] = results[Batch.VALUES][:, :-1]
+        for key, value in results.items():
+            batch[key] = value
         cfg = self.cfg
-        reward_metrics = self.shape_rewards(batch, meta)
+        reward_metrics = self.shape_rewards(batch, rows)
         if self.step_wise:
             metrics = score_step_batch(
-                batch, meta, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
+                batch, rows, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
                 episode_weight=cfg.episode_reward_weight, step_weight=cfg.step_reward_weight,
                 norm_adv_by_std=cfg.norm_adv_by_std_in_grpo, whiten_advantages=cfg.whiten_advantages,
                 advantage_clip=cfg.advantage_clip)
         else:
             metrics = score_batch(
-                batch, meta, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
+                batch, rows, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
                 kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None, kl_kind=cfg.kl_penalty,
                 whiten_advantages=cfg.whiten_advantages, norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
                 advantage_clip=cfg.advantage_clip)
         metrics.update(reward_metrics)
         if "critic/kl" in metrics:
             self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
-        diff = (batch["infer_logprobs"] - batch["old_logprobs"]).abs()
-        metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch["response_mask"]))
+        diff = (batch[Batch.INFER_LOGPROBS] - batch[Batch.OLD_LOGPROBS]).abs()
+        metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch[Batch.RESPONSE_MASK]))
         return metrics
 
-    def shape_rewards(self, batch, meta) -> dict[str, float]:
+    def shape_rewards(self, batch, rows: RowInfo) -> dict[str, float]:
         """Before the estimator: keep the raw episode scores for TOPR, then `reward_normalization`
         and `reward_clip`, in place."""
         cfg = self.cfg
         if cfg.actor_train.pg_variant == "topr":  # TOPR splits rows by the raw episode score's sign
-            batch["episode_scores"] = (meta["episode_scores"] if self.step_wise else meta["scores"]).float().clone()
+            batch["episode_scores"] = (rows.episode_scores if self.step_wise else rows.scores).float().clone()
         if cfg.reward_normalization is not None and self.step_wise:
-            normalize_step_episode_scores(meta, cfg.reward_normalization)
+            normalize_step_episode_scores(rows, cfg.reward_normalization)
         elif cfg.reward_normalization is not None:
-            normalize_traj_rewards(batch, meta, cfg.reward_normalization)
+            normalize_traj_rewards(batch, rows, cfg.reward_normalization)
         if cfg.reward_clip is None:
             return {}
-        return clip_rewards(batch, meta, cfg.reward_clip, self.step_wise)
+        return clip_rewards(batch, rows, cfg.reward_clip, self.step_wise)
 
     def update(self, batch, step: int) -> dict[str, float]:
         cfg, metrics, tis = self.cfg, {}, self.cfg.off_policy_correction

@@ -13,7 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
-from roll.agentic.rollout.records import SamplingParams
+from roll.core.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.algorithms.pg_variants import PGOptions
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices

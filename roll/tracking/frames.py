@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from roll.agentic.env.base import TextEnv
 from roll.agentic.env.grid_image import grid_font
-from roll.agentic.rollout.records import Trajectory
+from roll.core.records import Trajectory
 
 GIF_FPS = 2
 MIN_WIDTH_PX = 256  # a 4x4 grid is 128 px wide: too narrow for a readable caption

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from roll.agentic.agent_loop.tools import parse_tool_calls
-from roll.agentic.rollout.records import Trajectory
+from roll.core.records import Trajectory
 
 log = logging.getLogger(__name__)
 

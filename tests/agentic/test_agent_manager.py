@@ -10,11 +10,13 @@ import pytest
 
 from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config, load_agent_dataset
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
-from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec, GenerateTimeout
+from roll.agentic.env_manager.base import EnvSpec, GenerateTimeout
+from roll.agentic.episode import EpisodeSpec
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
-from roll.agentic.rollout.records import GenerateOutput, SamplingParams
+from roll.core.records import GenerateOutput, SamplingParams
 from roll.configs.base import ConfigError
 from roll.configs.loader import load_config
+from roll.pipeline.prestart import check_before_start
 from roll.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +105,8 @@ def test_bad_rows_and_agent_cfgs_fail_with_the_key(tmp_path, rows, cfg, key, say
 ])
 def test_config_load_names_the_agent_key(model_dir, override, key, says):
     with pytest.raises(ConfigError) as err:
-        load_config(str(REPO / "examples" / "math_agent"), "agent_val_math", [f"pretrain={model_dir}", override])
+        check_before_start(load_config(str(REPO / "examples" / "math_agent"), "agent_val_math",
+                                       [f"pretrain={model_dir}", override]))
     assert err.value.key == key and says in err.value.message
 
 

@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from roll.agentic.agent_loop import AgentLoop, SingleTurnAgent, ToolAgent, registry
 from roll.agentic.agent_loop.base import encode, render_text
-from roll.agentic.rollout.records import GenerateOutput
+from roll.core.records import GenerateOutput
 from roll.models.tiny import build_tiny_tokenizer
 
 

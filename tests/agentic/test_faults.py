@@ -17,11 +17,11 @@ from roll.agentic.env.registry import check_env_config, make_env
 from roll.agentic.env_manager.base import (
     EnvSpec,
     EnvStepTimeout,
-    EpisodeSpec,
     MalformedEnvOutput,
 )
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.rollout.records import GenerateOutput, SamplingParams
+from roll.agentic.episode import EpisodeSpec
+from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.tiny import build_tiny_tokenizer
 
 

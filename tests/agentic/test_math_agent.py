@@ -94,7 +94,8 @@ def test_shipped_sample_set_is_what_the_script_makes_and_is_solvable(tmp_path):
 
 
 def test_tiny_math_preset_covers_the_data_and_keeps_tool_tags_whole():
-    from roll.models.tiny import PRESETS, build_tiny_tokenizer, corpus_and_tokens
+    from roll.models.tiny import build_tiny_tokenizer
+    from roll.pipeline.tiny_model import PRESETS, corpus_and_tokens
 
     corpus, extra = corpus_and_tokens(*PRESETS["math"])
     tok = build_tiny_tokenizer(corpus, extra)

@@ -23,7 +23,7 @@ from ray import cloudpickle
 from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
-from roll.agentic.rollout.records import (
+from roll.core.records import (
     GenerateOutput,
     GroupResult,
     SamplingParams,
@@ -32,7 +32,7 @@ from roll.agentic.rollout.records import (
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.batch import staleness_metrics
+from roll.pipeline.samples import staleness_metrics
 
 pytestmark = pytest.mark.ray
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/

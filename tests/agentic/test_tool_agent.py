@@ -11,7 +11,7 @@ import pytest
 from roll.agentic.agent_loop import ToolAgent
 from roll.agentic.agent_loop.base import continuation_ids, encode, render_text
 from roll.agentic.agent_loop.tool_agent import TOOLS_SYSTEM_PROMPT
-from roll.agentic.rollout.records import GenerateOutput
+from roll.core.records import GenerateOutput
 from roll.models.tiny import build_tiny_tokenizer
 from roll.utils.seeding import derive_seed
 

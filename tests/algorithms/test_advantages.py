@@ -55,6 +55,37 @@ def test_gae_skips_observation_tokens_and_ends_with_zero_value():
     assert_close(returns, t([[1.125, 2.5, 0, 2.0, 0], [0, 1.25, 3.0, 0, 0]]))
 
 
+def test_gae_bootstraps_a_truncated_trajectory_and_not_a_terminated_one():
+    # Two rows with the same tokens, rewards and values; row 0 was truncated (cut by max actions or
+    # max tokens: the value of its last state is V_last = 6), row 1 terminated (V_last = 0).
+    # gamma = 0.5, lambd = 0.5, so gamma * lambd = 0.25. Generated positions 1, 2 (position 0 is
+    # the prompt, 3 an observation, 4 padding), V = 2, 4 and r = 0, 1.
+    # Row 0 (truncated, bootstrap 6):
+    #   pos 2 (last): delta = 1 + 0.5 * 6 - 4 = 0                A = 0
+    #   pos 1: delta = 0 + 0.5 * 4 - 2 = 0                       A = 0 + 0.25 * 0 = 0
+    #   returns = A + V: 2, 4
+    # Row 1 (terminated, bootstrap 0):
+    #   pos 2 (last): delta = 1 + 0.5 * 0 - 4 = -3               A = -3
+    #   pos 1: delta = 0 + 0.5 * 4 - 2 = 0                       A = 0 + 0.25 * -3 = -0.75
+    #   returns = A + V: 1.25, 1
+    mask = t([[0, 1, 1, 0, 0]] * 2)
+    rewards = t([[0, 0, 1, 0, 0]] * 2)
+    values = t([[9, 2, 4, 7, 0]] * 2)
+    last_state_values = t([6, 5])  # the critic's V of each row's last state
+    truncated = torch.tensor([True, False])
+    advantages, returns = compute_gae(rewards, values, mask, 0.5, 0.5,
+                                      bootstrap_values=last_state_values * truncated)
+    assert_close(advantages, t([[0, 0, 0, 0, 0], [0, -0.75, -3, 0, 0]]))
+    assert_close(returns, t([[0, 2, 4, 0, 0], [0, 1.25, 1, 0, 0]]))
+    # without a bootstrap both rows are treated as terminated (the old behaviour)
+    advantages, _ = compute_gae(rewards, values, mask, 0.5, 0.5)
+    assert_close(advantages[0], advantages[1])
+    # the registry passes it through
+    via_registry, _ = compute_advantages("gae", token_rewards=rewards, values=values, response_mask=mask,
+                                         gamma=0.5, lambd=0.5, bootstrap_values=last_state_values * truncated)
+    assert_close(via_registry, t([[0, 0, 0, 0, 0], [0, -0.75, -3, 0, 0]]))
+
+
 def test_gae_is_unchanged_by_inserting_observation_tokens():
     # Same row 0 with its observation token removed: the generated tokens see the same recursion.
     advantages, returns = compute_gae(t([[0, 1, 2]]), t([[1, 2, 4]]), t([[1, 1, 1]]), 0.5, 0.5)

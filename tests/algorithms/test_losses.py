@@ -11,7 +11,6 @@ from torch.testing import assert_close
 from roll.algorithms.losses import (
     agg_loss,
     entropy_from_logits,
-    explained_variance,
     logprobs_from_logits,
     ppo_policy_loss,
     value_loss,
@@ -128,15 +127,6 @@ def test_value_loss_unclipped():
     loss, metrics = value_loss(VALUES, OLD_VALUES, RETURNS, VALUE_MASK, clip=None)
     assert_close(loss, scalar(0.28875))
     assert metrics["losses/value_clipfrac"] == 0.0
-
-
-def test_explained_variance():
-    # Masked returns 1, 2, 3, 4 (var 1.25); residuals 0, 0, 0, -1 (var 0.1875) -> 1 - 0.15.
-    returns = t([[1, 2, 3, 4, 100]])
-    values = t([[1, 2, 3, 5, -100]])
-    mask = t([[1, 1, 1, 1, 0]])
-    assert explained_variance(values, returns, mask) == pytest.approx(0.85)
-    assert math.isnan(explained_variance(values, torch.ones_like(returns), mask))
 
 
 LN2, LN3 = math.log(2), math.log(3)

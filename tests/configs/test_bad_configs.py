@@ -162,7 +162,7 @@ BAD_OVERRIDES = [
       "(got '/no/such/checkpoint')")),
     (["pretrain=/no/such/model"],
      ("pretrain: '/no/such/model' is not a local model directory (no config.json); build the tiny "
-      "model with `python -m roll.models.tiny --output_dir DIR` and point to DIR")),
+      "model with `python -m roll.pipeline.tiny_model --output_dir DIR` and point to DIR")),
     # overrides hydra cannot apply
     (["=3"], "=3: bad override syntax: no key (expected KEY=VALUE)"),
     (["~rollout_filter_ratio"],

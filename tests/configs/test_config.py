@@ -9,8 +9,9 @@ import shutil
 
 import pytest
 
-from roll.agentic.rollout.records import SamplingParams
 from roll.configs import ConfigError, GeneratingArgs, load_config, validate_config
+from roll.core.records import SamplingParams
+from roll.pipeline.prestart import check_before_start
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 CONFIG_NAME = "minimal_agentic"
@@ -239,7 +240,7 @@ def test_model_dirs_must_hold_config_json(model_dir, tmp_path):
     empty.mkdir()
     why = (
         f"{str(empty)!r} is not a local model directory (no config.json); build the tiny model with "
-        "`python -m roll.models.tiny --output_dir DIR` and point to DIR"
+        "`python -m roll.pipeline.tiny_model --output_dir DIR` and point to DIR"
     )
     assert error_of(str(empty)) == f"pretrain: {why}"
     assert error_of(model_dir, f"+reward_pretrain={empty}") == f"reward_pretrain: {why}"
@@ -248,7 +249,10 @@ def test_model_dirs_must_hold_config_json(model_dir, tmp_path):
 
 
 def test_unknown_env_type_names_the_env(model_dir):
-    message = error_of(model_dir, "custom_envs.LargeFrozenLake.env_type=no_such_env")
+    cfg = load(model_dir, "custom_envs.LargeFrozenLake.env_type=no_such_env")  # validation imports no env
+    with pytest.raises(ConfigError) as info:
+        check_before_start(cfg)  # the check before the run starts does
+    message = str(info.value)
     assert message.startswith("custom_envs.LargeFrozenLake.env_type: unknown env_type 'no_such_env'")
 
 

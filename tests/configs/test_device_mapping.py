@@ -11,13 +11,17 @@ import torch
 
 from roll.cli import main
 from roll.configs import ConfigError, load_config
+from roll.pipeline.prestart import check_before_start
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 GPU_RUN = ["+actor_train.device_mapping=[0]", "+actor_infer.device_mapping=[0]"]
 
 
 def load(model_dir, *overrides):
-    return load_config(CONFIG_DIR, "minimal_agentic", [f"pretrain={model_dir}", *overrides])
+    """The config as the CLI takes it: validated, then checked before the run starts."""
+    cfg = load_config(CONFIG_DIR, "minimal_agentic", [f"pretrain={model_dir}", *overrides])
+    check_before_start(cfg)
+    return cfg
 
 
 def error_of(model_dir, *overrides) -> str:

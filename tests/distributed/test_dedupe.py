@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassificat
 
 from roll.algorithms.losses import ppo_policy_loss, value_loss
 from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import (
+from roll.distributed.micro_batches import (
     all_rows,
     distinct_rows,
     forward_in_micro_batches,

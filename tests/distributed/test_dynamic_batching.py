@@ -8,9 +8,9 @@ import torch
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from roll.distributed.batch import all_rows, iter_distinct_micro_batches
+from roll.distributed.micro_batches import all_rows, iter_distinct_micro_batches
 from roll.distributed.dynamic_batching import TokenBudget, bin_by_tokens, pad_to_multiple, padding_fraction, row_lengths
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from tests.distributed.ppo_cases import ARGS, VOCAB
 
 
@@ -53,7 +53,7 @@ def _batch(n: int = 10) -> TensorDict:
 
 def _loss(model, micro):
     """A token-mean policy-gradient-like loss: -mean(advantage * logprob) over response tokens."""
-    from roll.distributed.batch import token_logprobs
+    from roll.distributed.micro_batches import token_logprobs
 
     logprobs, _ = token_logprobs(model, micro["input_ids"], micro["attention_mask"], 1.0)
     mask = micro["response_mask"]

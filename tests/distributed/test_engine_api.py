@@ -3,7 +3,7 @@ reach the engine, in one call, and the answers come back in request order."""
 
 from __future__ import annotations
 
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.strategies.engine_api import generate_live
 
 

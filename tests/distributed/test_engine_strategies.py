@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 
 from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 

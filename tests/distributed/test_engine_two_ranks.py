@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import free_port
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 
 from ppo_cases import lm_loss, lm_minibatch
 

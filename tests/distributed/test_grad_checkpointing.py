@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from tests.distributed.ppo_cases import ARGS, lm_loss, lm_minibatch
 
 ENGINES = {"torch": ("torch", {}), "fsdp2": ("fsdp2", {}),

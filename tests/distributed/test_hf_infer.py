@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the built-in envs)
-from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
+from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.episode import EpisodeSpec
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.rollout.records import GenerateRequest, SamplingParams
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import (
     Prefix,

@@ -19,7 +19,7 @@ from roll.distributed.strategies.megatron_convert import (
     split_qkv,
     split_tensor_parallel,
 )
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 
 from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.megatron_convert import arch_from_hf, hf_to_megatron, split_tensor_parallel
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 
 from ppo_cases import lm_loss, lm_minibatch
 

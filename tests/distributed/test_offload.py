@@ -18,13 +18,13 @@ from tensordict import TensorDict
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from roll.agentic.rollout.records import GenerateRequest, SamplingParams
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.algorithms.losses import agg_loss
 from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import token_logprobs
+from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.offload import move_module_, move_optimizer_state_
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
 

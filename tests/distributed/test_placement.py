@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from roll.configs.worker import parse_device_mapping
 from roll.distributed.placement import (
     DevicePlan,
     PlacementError,
     ProcessPlacement,
     check_device_layout,
-    parse_device_mapping,
     plan_devices,
 )
 

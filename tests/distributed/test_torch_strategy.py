@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.algorithms.losses import agg_loss
-from roll.distributed.batch import token_logprobs
+from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.torch_train import TorchTrainStrategy
 
 torch.set_num_threads(1)

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from roll.agentic.rollout.records import GenerateRequest, SamplingParams
-from roll.distributed.batch import token_logprobs
+from roll.core.records import GenerateRequest, SamplingParams
+from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.engine_api import EngineUnavailable
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker
@@ -190,7 +190,7 @@ def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from roll.models.tiny import main as build
+    from roll.pipeline.tiny_model import main as build
 
     model = build(["--preset", "frozen_lake", "--output_dir", str(tmp_path / "model")])
     out = tmp_path / "run"

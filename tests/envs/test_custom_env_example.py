@@ -84,7 +84,7 @@ def test_scripted_agent_always_wins_within_four_guesses_random_does_not():
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from roll.models.tiny import main as build
+    from roll.pipeline.tiny_model import main as build
 
     out = tmp_path_factory.mktemp("m") / "tiny"
     return build(["--env_type", ENV_TYPE, "--output_dir", str(out)])

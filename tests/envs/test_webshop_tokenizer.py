@@ -1,7 +1,8 @@
 """WebShop's tokenizer corpus covers every word the env shows or the scripted agent writes."""
 
 from envs.webshop.env import WebShopEnv
-from roll.models.tiny import PRESETS, build_tiny_tokenizer, env_corpus
+from roll.models.tiny import build_tiny_tokenizer
+from roll.pipeline.tiny_model import PRESETS, env_corpus
 
 
 def test_corpus_covers_instructions_pages_and_actions():

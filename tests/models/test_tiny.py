@@ -14,7 +14,8 @@ from roll.models.loading import (
     load_tokenizer,
     load_value_model,
 )
-from roll.models.tiny import build_tiny_model, build_tiny_tokenizer, env_corpus, main
+from roll.models.tiny import build_tiny_model, build_tiny_tokenizer
+from roll.pipeline.tiny_model import env_corpus, main
 
 # Defaults: tied embeddings, so params = 128 * V + 2 layers * (attention 4 * 128 * 128 + MLP
 # 3 * 128 * 512 + two RMSNorms 2 * 128) + final norm 128 = 128 * V + 524928.

@@ -21,7 +21,7 @@ SMALL = [
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from roll.models.tiny import main as build
+    from roll.pipeline.tiny_model import main as build
 
     return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
 

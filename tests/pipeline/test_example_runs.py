@@ -36,7 +36,7 @@ ENGINE = {
     ("webshop", "train/env/purchased", "[Search]", "fsdp2"),  # WebShop's first page, as text
 ])
 def test_example_trains_through_the_cli(example, env_metric, frame_text, engine, tmp_path):
-    from roll.models.tiny import main as build
+    from roll.pipeline.tiny_model import main as build
 
     model = build(["--preset", example, "--output_dir", str(tmp_path / "model")])
     out = tmp_path / "run"

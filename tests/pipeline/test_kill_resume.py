@@ -53,7 +53,7 @@ sys.exit(main(sys.argv[1:], examples_dir=os.path.join(os.getcwd(), "examples")))
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from roll.models.tiny import main as build
+    from roll.pipeline.tiny_model import main as build
 
     return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
 

@@ -28,7 +28,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from roll.models.tiny import main as build
+    from roll.pipeline.tiny_model import main as build
 
     return build(["--preset", "math", "--output_dir", str(tmp_path_factory.mktemp("m") / "model")])
 

@@ -15,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
+from roll.core.fields import RowInfo
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.reference import ReferenceWorker
 from roll.pipeline import agentic_pipeline
@@ -66,7 +67,7 @@ def pipeline(model_dir: str, monkeypatch, step_wise: bool, *overrides: str) -> A
     return p
 
 
-def batch_and_meta(step_wise: bool) -> tuple[TensorDict, dict]:
+def batch_and_meta(step_wise: bool) -> tuple[TensorDict, RowInfo]:
     """4 rows of 8 tokens (3 prompt, 3..5 generated); one reward on the last generated token.
     Traj-wise: 2 groups of 2 trajectories; step-wise: trajectories t0 (2 steps) and t1, t2."""
     generator = torch.Generator().manual_seed(1)
@@ -81,12 +82,12 @@ def batch_and_meta(step_wise: bool) -> tuple[TensorDict, dict]:
                         "attention_mask": attention, "response_mask": response, "token_level_rewards": rewards,
                         "infer_logprobs": torch.full((4, 8), -3.0)}, batch_size=[4])
     if not step_wise:
-        return batch, {"traj_group_id": ["g0", "g0", "g1", "g1"], "traj_id": ["t0", "t1", "t2", "t3"],
-                       "tag": ["A"] * 4, "scores": scores}
-    return batch, {"traj_group_id": ["g0", "g0", "g0", "g1"], "traj_id": ["t0", "t0", "t1", "t2"],
-                   "tag": ["A"] * 4, "step": [0, 1, 0, 0], "state_hash": ["s0", "s1", "s0", "s0"],
-                   "step_rewards": torch.tensor([0.0, 1.0, 0.0, -1.0]),
-                   "episode_scores": torch.tensor([1.0, 1.0, 0.0, -1.0])}
+        return batch, RowInfo(traj_group_id=["g0", "g0", "g1", "g1"], traj_id=["t0", "t1", "t2", "t3"],
+                              tag=["A"] * 4, scores=scores)
+    return batch, RowInfo(traj_group_id=["g0", "g0", "g0", "g1"], traj_id=["t0", "t0", "t1", "t2"],
+                          tag=["A"] * 4, step=[0, 1, 0, 0], state_hash=["s0", "s1", "s0", "s0"],
+                          step_rewards=torch.tensor([0.0, 1.0, 0.0, -1.0]),
+                          episode_scores=torch.tensor([1.0, 1.0, 0.0, -1.0]))
 
 
 VARIANT_METRIC = {"vanilla": "losses/ratio_mean", "ppo": "actor/ppo_ratio_clipfrac",

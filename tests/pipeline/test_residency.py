@@ -160,7 +160,7 @@ def test_pipeline_phases_offload_and_reload_in_order(pipeline):
     p, log = pipeline
     batch = TensorDict({"infer_logprobs": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)}, batch_size=[2])
     p.rollout(step=1)
-    p.score(batch, meta=None)
+    p.score(batch, None)
     p.update(batch, step=1)
     p.sync_weights(version=1)
     p.validate(step=1)

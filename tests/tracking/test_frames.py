@@ -8,7 +8,7 @@ from PIL import Image, ImageSequence
 
 from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.env import TextEnv
-from roll.agentic.rollout.records import Trajectory
+from roll.core.records import Trajectory
 from roll.tracking.frames import file_stem, save_episode_frames
 
 # The 3x3 "OPEN" map of test_frozen_lake: Down, then Right reaches the goal.

@@ -8,7 +8,7 @@ import types
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from roll.agentic.rollout.records import StepRecord, Trajectory
+from roll.core.records import StepRecord, Trajectory
 from roll.models.tiny import build_tiny_tokenizer
 from roll.tracking import Tracker
 from roll.tracking.traces import RolloutTracer, as_markdown, trace_record

@@ -19,18 +19,19 @@ turns) cannot change the tokens PPO scores.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from roll.agentic.agent_loop.registry import register, to_cfg
+from roll.agentic.episode import EpisodeSpec, TokenLedger
 from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.core.enums import StopReason
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.core.imports import ObjectNotFound, import_object
 from roll.models.chat_template import continuation_ids as template_continuation_ids
 from roll.models.chat_template import encode, render_text
 from roll.utils.seeding import derive_seed
@@ -50,61 +51,16 @@ def continuation_ids(tokenizer, messages: list[dict], generated: GenerateOutput)
     return tail
 
 
-# ---- one episode's ids and records --------------------------------------------------------
-
-@dataclass(frozen=True)
-class AgentEpisode:
-    """Which episode a row is: its ids in the batch and the seed its sampling derives from."""
-
-    tag: str
-    traj_group_id: str
-    traj_id: str
-    env_seed: int
-    sample_seed: int
-
-
-class TokenLedger:
-    """The conversation as one token sequence, built by appending only: the prompt (mask 0),
-    generated ids with their log-probs (mask 1), context ids between turns (mask 0)."""
-
-    def __init__(self, prompt_ids: list[int]):
-        self.token_ids = list(prompt_ids)
-        self.response_mask = [0] * len(prompt_ids)
-        self.logprobs = [0.0] * len(prompt_ids)
-        self.turn_ends: list[int] = []
-        self.step_rewards: list[float] = []
-        self.versions: list[int] = []
-
-    def add_turn(self, out: GenerateOutput) -> None:
-        """A generated turn; its step reward starts at 0 and agents add to it."""
-        if len(out.logprobs) != len(out.token_ids):
-            raise ValueError(f"{out.request_id}: {len(out.token_ids)} ids but {len(out.logprobs)} logprobs")
-        self._extend(out.token_ids, 1, out.logprobs)
-        self.turn_ends.append(len(self.token_ids) - 1)
-        self.step_rewards.append(0.0)
-        self.versions.append(out.policy_version)
-
-    def add_context(self, ids: list[int]) -> None:
-        self._extend(ids, 0, [0.0] * len(ids))
-
-    def _extend(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
-        self.token_ids = self.token_ids + list(ids)  # a new list: a request may still hold the old
-        self.response_mask += [mask] * len(ids)
-        self.logprobs += [float(x) for x in logprobs]
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.turn_ends)
-
-
 def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
     """A reward fn from a callable or its import path "package.module:function"."""
     if spec is None:
         raise ValueError("no reward_fn: name one in the agent config or the row "
                          "(a callable reward(row, response_text) -> float, or 'package.module:function')")
     if isinstance(spec, str):
-        module_name, _, attr = spec.partition(":")
-        spec = getattr(importlib.import_module(module_name), attr)
+        try:
+            spec = import_object(spec)
+        except ObjectNotFound as e:
+            raise ValueError(f"reward_fn {spec!r} not found ({e})") from None
     if not callable(spec):
         raise TypeError(f"reward_fn {spec!r} is not callable")
     return spec
@@ -153,14 +109,14 @@ class AgentLoop:
             if callable(release):
                 release(episode.traj_id)
 
-    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+    async def rollout(self, episode: EpisodeSpec, row: dict[str, Any]) -> Trajectory:
         raise NotImplementedError
 
     # -- helpers for subclasses --
-    def episode(self, row: Mapping[str, Any]) -> AgentEpisode:
+    def episode(self, row: Mapping[str, Any]) -> EpisodeSpec:
         """The row's ids; without a `traj_id` a fresh one (then pass `sample_seed` to reproduce)."""
         traj_id = str(row.get("traj_id") or f"{self.agent_name}-{uuid.uuid4().hex[:12]}")
-        return AgentEpisode(
+        return EpisodeSpec(
             tag=str(row.get("tag", self.agent_name)), traj_group_id=str(row.get("traj_group_id", traj_id)),
             traj_id=traj_id, env_seed=int(row.get("env_seed", 0)),
             sample_seed=int(row.get("sample_seed", derive_seed(traj_id))))
@@ -175,7 +131,7 @@ class AgentLoop:
             messages.insert(0, {"role": "system", "content": str(self.cfg.system_prompt)})
         return messages
 
-    async def generate(self, episode: AgentEpisode, turn: int, prompt_ids: list[int],
+    async def generate(self, episode: EpisodeSpec, turn: int, prompt_ids: list[int],
                        max_new_tokens: int) -> GenerateOutput:
         """Turn `turn`'s generation: request `traj_id/turn`, session `traj_id` (the engine keeps
         the conversation's KV between turns), seed derived from the episode and the turn."""
@@ -196,17 +152,15 @@ class AgentLoop:
             value = await value
         return float(value)
 
-    def trajectory(self, episode: AgentEpisode, ledger: TokenLedger, *, success: bool, stop_reason: str,
+    def trajectory(self, episode: EpisodeSpec, ledger: TokenLedger, *, success: bool, stop_reason: StopReason,
                    num_valid_actions: int, metrics: Mapping[str, float] | None = None) -> Trajectory:
         return Trajectory(
             tag=episode.tag, traj_group_id=episode.traj_group_id, traj_id=episode.traj_id,
             env_seed=episode.env_seed, step_rewards=list(ledger.step_rewards), success=success,
             stop_reason=stop_reason, policy_version=max(ledger.versions, default=0),
             num_actions=ledger.num_turns, num_valid_actions=num_valid_actions,
-            token_ids=ledger.token_ids, response_mask=ledger.response_mask,
-            infer_logprobs=ledger.logprobs, turn_end_positions=list(ledger.turn_ends),
             metrics={k: float(v) for k, v in (metrics or {}).items()},
-            policy_versions=list(ledger.versions))
+            policy_versions=list(ledger.versions), **ledger.sample_fields())
 
 
 @register("single_turn")
@@ -214,13 +168,13 @@ class SingleTurnAgent(AgentLoop):
     """One prompt, one answer, one reward: the RLVR case (GSM8K-style), as an agent loop so that
     single- and multi-turn tasks share the rollout path."""
 
-    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+    async def rollout(self, episode: EpisodeSpec, row: dict[str, Any]) -> Trajectory:
         prompt = encode(self.tokenizer, render_text(self.tokenizer, self.initial_messages(row), True))
         ledger = TokenLedger(prompt)
         out = await self.generate(episode, 0, prompt, int(self.cfg.max_tokens_per_turn))
         ledger.add_turn(out)
         reward = await self.reward(row, self.decode(out.token_ids))
         ledger.step_rewards[-1] += reward
-        stop_reason = "terminated" if out.finish_reason == "stop" else "truncated"
+        stop_reason = StopReason.of_answer(out.finish_reason)
         return self.trajectory(episode, ledger, success=reward >= self.cfg.success_reward,
                                stop_reason=stop_reason, num_valid_actions=1)

@@ -29,9 +29,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, MessagesState
 
-from roll.agentic.agent_loop.base import AgentEpisode, AgentLoop, TokenLedger
+from roll.agentic.agent_loop.base import AgentLoop
 from roll.agentic.agent_loop.langchain_model import RollChatModel, message_text
-from roll.agentic.rollout.records import Trajectory
+from roll.agentic.episode import EpisodeSpec, TokenLedger
+from roll.core.enums import StopReason
+from roll.core.records import Trajectory
 
 _MESSAGE = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
 
@@ -81,7 +83,7 @@ class AgentGraph(AgentLoop):
         """A compiled StateGraph over `MessagesState` whose model node calls `self.llm`."""
         raise NotImplementedError
 
-    def make_llm(self, episode: AgentEpisode) -> RollChatModel:
+    def make_llm(self, episode: EpisodeSpec) -> RollChatModel:
         async def generate(turn: int, prompt_ids: list[int], max_new_tokens: int):
             return await self.generate(episode, turn, prompt_ids, max_new_tokens)
 
@@ -90,7 +92,7 @@ class AgentGraph(AgentLoop):
                              max_total_tokens=int(self.cfg.max_total_tokens),
                              format_penalty=float(self.cfg.format_penalty))
 
-    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+    async def rollout(self, episode: EpisodeSpec, row: dict[str, Any]) -> Trajectory:
         bound = copy.copy(self)  # self.llm belongs to this episode only
         bound.llm = self.make_llm(episode)
         graph = bound.build_graph()
@@ -103,17 +105,18 @@ class AgentGraph(AgentLoop):
             messages = []
         return await self.finish(episode, row, bound.llm, messages)
 
-    async def finish(self, episode: AgentEpisode, row: dict[str, Any], llm: RollChatModel,
+    async def finish(self, episode: EpisodeSpec, row: dict[str, Any], llm: RollChatModel,
                      messages: list[BaseMessage]) -> Trajectory:
         """The trajectory of the conversation that produced the final message, with its reward."""
         final = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
         meta = final.response_metadata if final is not None else {}
         conv = llm.conversation(meta.get("conversation"))
         ledger = conv.ledger if conv is not None else TokenLedger([])
-        stop_reason = meta.get("stop_reason", "max_steps")
+        stop_reason = meta.get("stop_reason", StopReason.MAX_STEPS)
         if stop_reason == "tool_calls":  # the graph ended while the model was calling tools
-            stop_reason = "max_steps"
-        answer = message_text(final) if final is not None and stop_reason in ("terminated", "truncated") else ""
+            stop_reason = StopReason.MAX_STEPS
+        answered = final is not None and stop_reason in (StopReason.TERMINATED, StopReason.TRUNCATED)
+        answer = message_text(final) if answered else ""
         reward = await self.reward(row, answer) if ledger.num_turns else 0.0
         if ledger.num_turns:
             ledger.step_rewards[-1] += reward

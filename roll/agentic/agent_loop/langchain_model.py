@@ -41,10 +41,12 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, PrivateAttr
 
-from roll.agentic.agent_loop.base import TokenLedger, continuation_ids, encode, render_text
+from roll.agentic.agent_loop.base import continuation_ids, encode, render_text
 from roll.agentic.agent_loop.tool_agent import TOOLS_SYSTEM_PROMPT
 from roll.agentic.agent_loop.tools import parse_tool_calls
-from roll.agentic.rollout.records import GenerateOutput
+from roll.agentic.episode import TokenLedger
+from roll.core.enums import StopReason
+from roll.core.records import GenerateOutput
 
 # (turn, prompt_ids, max_new_tokens) -> the engine's output; turn numbers the episode's requests
 GenerateFn = Callable[[int, list[int], int], Awaitable[GenerateOutput]]
@@ -200,9 +202,9 @@ class RollChatModel(BaseChatModel):
 
     def _limit(self, num_ids: int) -> str | None:
         if self._turns >= self.max_turns:
-            return "max_steps"
+            return StopReason.MAX_STEPS
         if num_ids >= self.max_total_tokens:
-            return "max_tokens"  # no room to generate
+            return StopReason.MAX_TOKENS  # no room to generate
         return None
 
     def _message(self, conv: Conversation, out: GenerateOutput, prompt_ids: list[int], turn: int,
@@ -228,7 +230,7 @@ class RollChatModel(BaseChatModel):
         if valid or invalid:
             stop_reason = "tool_calls"
         else:
-            stop_reason = "terminated" if out.finish_reason == "stop" else "truncated"
+            stop_reason = StopReason.of_answer(out.finish_reason)
         metadata = {"token_ids": list(out.token_ids), "logprobs": list(out.logprobs), "prompt_ids": prompt_ids,
                     "finish_reason": out.finish_reason, "policy_version": out.policy_version, "turn": turn,
                     "conversation": conv.index, "stop_reason": stop_reason}

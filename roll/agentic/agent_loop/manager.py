@@ -21,14 +21,14 @@ the env's limits become the agent's defaults: a key the agent config sets wins.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import Any
 
 from roll.agentic.agent_loop.dataset import load_agent_dataset
 from roll.agentic.agent_loop.registry import get_agent_class, load_agent_cfg
-from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec, GenerateFn, GenerateTimeout
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.agentic.env_manager.base import EnvSpec, GenerateFn, generate_within
+from roll.agentic.episode import EpisodeSpec
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
 
 
 class BoundedClient:
@@ -44,10 +44,7 @@ class BoundedClient:
         if self.stop_token_ids and not request.params.stop_token_ids:
             request = dataclasses.replace(
                 request, params=dataclasses.replace(request.params, stop_token_ids=list(self.stop_token_ids)))
-        try:
-            return await asyncio.wait_for(self._generate(request), self.timeout_s)
-        except TimeoutError:
-            raise GenerateTimeout(f"generate timeout: no answer within {self.timeout_s}s") from None
+        return await generate_within(self._generate, request, self.timeout_s)
 
 
 class AgentPool:

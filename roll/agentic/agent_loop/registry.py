@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from roll.utils.imports import ObjectNotFound, import_object
-
-if TYPE_CHECKING:
-    from roll.agentic.agent_loop.base import AgentLoop
+from roll.core.imports import ObjectNotFound, import_object
 
 _AGENTS: dict[str, type] = {}
 _LAZY: dict[str, tuple[str, str]] = {
@@ -52,7 +49,7 @@ def list_agents() -> list[str]:
     return sorted(set(_AGENTS) | set(_LAZY))
 
 
-def get_agent_class(name: str) -> type[AgentLoop]:
+def get_agent_class(name: str) -> type:
     """The class registered as `name`, or imported from `package.module:ClassName`; anything else
     is a one-line error that lists the known names."""
     if ":" in name:
@@ -96,9 +93,10 @@ def load_agent_cfg(path: str | os.PathLike[str]) -> DictConfig:
 
 
 def make_agent(name: str, cfg: Mapping[str, Any] | DictConfig | str | os.PathLike[str] | None,
-               client: Any, tokenizer: Any) -> AgentLoop:
-    """Build the agent `name` from a config mapping or the path of its YAML file (the edge where
-    config becomes an object)."""
+               client: Any, tokenizer: Any) -> Any:
+    """Build the agent `name` (an `AgentLoop`) from a config mapping or the path of its YAML file
+    (the edge where config becomes an object). The registry knows names and classes only: it
+    does not import `base.AgentLoop`, which imports it (`@register`)."""
     if isinstance(cfg, (str, os.PathLike)):
         cfg = load_agent_cfg(cfg)
     return get_agent_class(name)(cfg, client, tokenizer)

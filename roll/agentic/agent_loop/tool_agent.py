@@ -30,16 +30,16 @@ from collections import Counter
 from typing import Any
 
 from roll.agentic.agent_loop.base import (
-    AgentEpisode,
     AgentLoop,
-    TokenLedger,
     continuation_ids,
     encode,
     render_text,
 )
 from roll.agentic.agent_loop.registry import register
 from roll.agentic.agent_loop.tools import MALFORMED, ToolResult, parse_tool_calls, run_tool_calls, tool_map
-from roll.agentic.rollout.records import Trajectory
+from roll.agentic.episode import EpisodeSpec, TokenLedger
+from roll.core.enums import StopReason
+from roll.core.records import Trajectory
 
 TOOLS_SYSTEM_PROMPT = (
     "You may call tools. For each call write "
@@ -88,15 +88,15 @@ class ToolAgent(AgentLoop):
             messages.append({"role": "tool", "name": r.name, "content": content})
         return messages
 
-    async def rollout(self, episode: AgentEpisode, row: dict[str, Any]) -> Trajectory:
+    async def rollout(self, episode: EpisodeSpec, row: dict[str, Any]) -> Trajectory:
         cfg = self.cfg
         ledger = TokenLedger(self.first_prompt_ids(self.initial_messages(row)))
         counts: Counter[str] = Counter()
-        stop_reason, answer, num_valid = "max_steps", "", 0
+        stop_reason, answer, num_valid = StopReason.MAX_STEPS, "", 0
         for turn in range(cfg.max_turns):
             room = cfg.max_total_tokens - len(ledger.token_ids)
             if room <= 0:
-                stop_reason = "max_tokens"
+                stop_reason = StopReason.MAX_TOKENS
                 break
             out = await self.generate(episode, turn, ledger.token_ids, min(cfg.max_tokens_per_turn, room))
             ledger.add_turn(out)
@@ -104,7 +104,7 @@ class ToolAgent(AgentLoop):
             calls = parse_tool_calls(text)
             if not calls:  # the final answer
                 answer, num_valid = text, num_valid + 1
-                stop_reason = "terminated" if out.finish_reason == "stop" else "truncated"
+                stop_reason = StopReason.of_answer(out.finish_reason)
                 break
             results = await run_tool_calls(calls, self.tools, cfg.tool_timeout_s)
             counts.update(r.status for r in results)
@@ -116,7 +116,7 @@ class ToolAgent(AgentLoop):
                 break  # no turn left to read the results
             ids = continuation_ids(self.tokenizer, self.tool_messages(results), out)
             if len(ledger.token_ids) + len(ids) >= cfg.max_total_tokens:
-                stop_reason = "max_tokens"  # no room left to generate after the results
+                stop_reason = StopReason.MAX_TOKENS  # no room left to generate after the results
                 break
             ledger.add_context(ids)
         reward = await self.reward(row, answer) if ledger.num_turns else 0.0

@@ -19,7 +19,6 @@ arguments, a tool that raises or one that runs past its timeout each become a `T
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import re
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
+
+from roll.core.imports import ObjectNotFound, import_object
 
 # The statuses that are the policy's fault (a format error), as opposed to the tool's.
 MALFORMED = frozenset({"malformed", "unknown_tool", "bad_arguments"})
@@ -175,10 +176,9 @@ def as_tool(obj: Tool | Callable | str) -> Tool:
     if isinstance(obj, Tool):
         return obj
     if isinstance(obj, str):
-        module_name, _, attr = obj.partition(":")
         try:
-            obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
+            obj = import_object(obj)
+        except (ObjectNotFound, ImportError) as e:
             raise ValueError(f"tool {obj!r} not found ({e})") from None
     if not callable(obj):
         raise TypeError(f"a tool must be callable, got {obj!r}")

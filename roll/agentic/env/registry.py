@@ -22,7 +22,7 @@ from gymnasium.envs.registration import load_env_creator
 from roll.agentic.env.base import TextEnv
 from roll.agentic.env.faults import FaultInjectingEnv, FaultInjection
 from roll.configs.base import InvalidField
-from roll.utils.imports import ObjectNotFound, import_object
+from roll.core.imports import ObjectNotFound, import_object
 
 ENTRY_POINT_GROUP = "roll.envs"
 _ENTRY_POINTS: dict[str, str] = {}  # env id -> "module:Class", in registration order

@@ -18,7 +18,9 @@ import numpy as np
 from roll.agentic.env.faults import EPISODE_KEY_OPTION, FaultInjectingEnv
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import (
+from roll.agentic.episode import EpisodeSpec
+from roll.core.enums import StopReason
+from roll.core.records import (
     GenerateOutput,
     GenerateRequest,
     SamplingParams,
@@ -42,23 +44,21 @@ class EnvSpec:
     instruction: str | None = None  # None: the env's own; "": no system message
 
 
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """Which episode to play: the env seed (shared by a group) and the sampling seed (per member)."""
-
-    traj_group_id: str
-    traj_id: str
-    env_seed: int
-    sample_seed: int
-    keep_frames: bool = False
-
-
 class EnvStepTimeout(RuntimeError):
     """env.reset or env.step took longer than the manager's step timeout."""
 
 
 class GenerateTimeout(RuntimeError):
     """The inference worker did not answer one generate request within the manager's timeout."""
+
+
+async def generate_within(generate: GenerateFn, request: GenerateRequest, timeout_s: float | None) -> GenerateOutput:
+    """`generate(request)`, or `GenerateTimeout` after `timeout_s` seconds (None: unbounded); what
+    env managers and agent loops both send the engine."""
+    try:
+        return await asyncio.wait_for(generate(request), timeout_s)
+    except TimeoutError:
+        raise GenerateTimeout(f"generate timeout: no answer within {timeout_s}s") from None
 
 
 class MalformedEnvOutput(RuntimeError):
@@ -129,10 +129,7 @@ class BaseEnvManager:
         """One turn's generation, bounded in time (None: unbounded). A request that times out may
         still be served by the engine; its answer is then discarded, and the episode is dropped."""
         request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id)
-        try:
-            return await asyncio.wait_for(self._generate(request), self.generate_timeout_s)
-        except TimeoutError:
-            raise GenerateTimeout(f"generate timeout: no answer within {self.generate_timeout_s}s") from None
+        return await generate_within(self._generate, request, self.generate_timeout_s)
 
     async def _env_call(self, name: str, *args, **kwargs):
         """env.<name> in a thread, so a slow env does not block the other managers; bounded in
@@ -166,11 +163,11 @@ class BaseEnvManager:
         captions = [f"reset (seed {episode.env_seed})"] if episode.keep_frames else []
         rewards: list[float] = []
         versions: list[int] = []  # per turn: which weights generated it
-        num_valid, success, stop_reason, info = 0, False, "max_steps", {}
+        num_valid, success, stop_reason, info = 0, False, StopReason.MAX_STEPS, {}
         for turn in range(self.spec.max_steps):
             prompt_ids = builder.prompt()
             if prompt_ids is None:
-                stop_reason = "max_tokens"
+                stop_reason = StopReason.MAX_TOKENS
                 break
             out = await self.generate(f"{episode.traj_id}/{turn}", prompt_ids,
                                       derive_seed(episode.sample_seed, turn),
@@ -185,7 +182,7 @@ class BaseEnvManager:
                 frames.append(obs)
                 captions.append(f"{self.chat.response_text(out.token_ids)!r} -> reward {reward:g}")
             if terminated or truncated:
-                stop_reason = "terminated" if terminated else "truncated"
+                stop_reason = StopReason.TERMINATED if terminated else StopReason.TRUNCATED
                 break
             if turn + 1 < self.spec.max_steps:  # the observation is only needed for another turn
                 builder.add_observation(obs, out, float(reward))

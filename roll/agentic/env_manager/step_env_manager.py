@@ -13,7 +13,7 @@ import hashlib
 
 from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateOutput, StepRecord
+from roll.core.records import GenerateOutput, StepRecord
 
 
 def state_hash(observation: str) -> str:

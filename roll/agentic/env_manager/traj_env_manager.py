@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.rollout.records import GenerateOutput
+from roll.agentic.episode import TokenLedger
+from roll.core.records import GenerateOutput
 
 
 class TrajEnvManager(BaseEnvManager):
@@ -22,31 +23,22 @@ class TrajEnvManager(BaseEnvManager):
 
 
 class _ConversationBuilder(EpisodeBuilder):
+    """The episode as one growing conversation: a `TokenLedger` (shared with the agent loops)."""
+
     def __init__(self, chat: ChatFormatter, instruction: str | None, observation: str,
                  max_new_tokens: int, sequence_length: int):
         self.chat = chat
         self.budget = sequence_length - max_new_tokens
-        self.token_ids = chat.initial_prompt(instruction, observation)
-        self.response_mask = [0] * len(self.token_ids)
-        self.logprobs = [0.0] * len(self.token_ids)
-        self.turn_ends: list[int] = []
+        self.ledger = TokenLedger(chat.initial_prompt(instruction, observation))
 
     def prompt(self) -> list[int] | None:
-        return self.token_ids if len(self.token_ids) <= self.budget else None
+        return self.ledger.token_ids if len(self.ledger.token_ids) <= self.budget else None
 
     def add_response(self, out: GenerateOutput, reward: float) -> None:
-        self._extend(out.token_ids, 1, out.logprobs)
-        self.turn_ends.append(len(self.token_ids) - 1)
+        self.ledger.add_turn(out)
 
     def add_observation(self, observation: str, out: GenerateOutput, reward: float) -> None:
-        ids = self.chat.next_turn(observation, out.token_ids)
-        self._extend(ids, 0, [0.0] * len(ids))
-
-    def _extend(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
-        self.token_ids = self.token_ids + list(ids)  # a new list: the engine may still hold the old one
-        self.response_mask += [mask] * len(ids)
-        self.logprobs += list(logprobs)
+        self.ledger.add_context(self.chat.next_turn(observation, out.token_ids))
 
     def sample_fields(self) -> dict:
-        return {"token_ids": self.token_ids, "response_mask": self.response_mask,
-                "infer_logprobs": self.logprobs, "turn_end_positions": self.turn_ends}
+        return self.ledger.sample_fields()

@@ -12,11 +12,13 @@ import torch
 
 from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
-from roll.agentic.env_manager.base import EnvSpec, EpisodeSpec
+from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.episode import EpisodeSpec
 from roll.agentic.rollout.gateway import InferenceGateway
-from roll.agentic.rollout.records import GroupResult, SamplingParams
+from roll.core.enums import SampleMode
+from roll.core.records import GroupResult, SamplingParams
 from roll.models.loading import load_tokenizer
 from roll.utils.seeding import derive_seed
 
@@ -46,7 +48,7 @@ class EnvWorker:
     list of them, one per replica."""
 
     def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
-                 sampling: SamplingParams, sequence_length: int, *, manager_type: str = "traj",
+                 sampling: SamplingParams, sequence_length: int, *, manager_type: SampleMode | str = SampleMode.TRAJ,
                  history_length: int = 0, step_timeout_s: float | None = 60.0,
                  generate_timeout_s: float | None = 300.0, redundancy: int = 0):
         torch.set_num_threads(1)  # env workers only tokenize; leave the cores to the engine
@@ -60,7 +62,7 @@ class EnvWorker:
         # least-loaded replica and all its turns to that one (its KV is there).
         self._gateway = InferenceGateway([_BatchingClient(r) for r in self.inference])
         self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
-        self._manager_type, self._history_length = manager_type, history_length
+        self._manager_type, self._history_length = SampleMode(manager_type), history_length
         self._agent_pool = AgentPool(self.tokenizer, self._generate, sampling, sequence_length, generate_timeout_s)
         self.groups = [[self._make_manager(spec) for _ in range(group_size + redundancy)] for spec in slots]
 
@@ -69,7 +71,7 @@ class EnvWorker:
             return AgentManager(spec, self._agent_pool)
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
         args = (spec, self.tokenizer, self._generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
-        if self._manager_type == "step":
+        if self._manager_type == SampleMode.STEP:
             return StepEnvManager(*args, history_length=self._history_length)
         return TrajEnvManager(*args)
 

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
+from roll.core.records import GenerateOutput, GenerateRequest
 
 
 def is_ray_actor(worker: Any) -> bool:

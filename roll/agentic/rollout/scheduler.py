@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import ray
 
 from roll.agentic.rollout.env_worker import GroupSpec
-from roll.agentic.rollout.records import GroupResult, Trajectory
+from roll.core.records import GroupResult, Trajectory
 from roll.utils.seeding import derive_seed
 
 

@@ -1,5 +1,6 @@
 """Engines behind the worker roles, one module each.
 
+- `registry`: ROLL's strategy names -> engine classes, and `build_train_strategy` (the factory).
 - `torch_train`: `TorchTrainStrategy`, plain PyTorch training on CPU or one GPU (actor, critic).
 - `hf_infer`: transformers generation for the inference worker.
 - `vllm_infer`, `sglang_infer`: vLLM and SGLang behind the same interface (optional packages,

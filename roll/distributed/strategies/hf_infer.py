@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
+from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.kv_cache import (
     DEFAULT_MAX_CACHED_TOKENS,
     Prefix,

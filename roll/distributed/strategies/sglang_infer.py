@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
+from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
 
 INSTALL_HINT = "install it on a CUDA machine with `pip install \"sglang[all]\"` (no CPU build exists)"

@@ -16,7 +16,7 @@ Three choices differ from a plain HF Trainer and are deliberate:
   they were) and is reported as `<prefix>/skipped_steps` = 1 instead of crashing the run.
 
 Forward passes run the model once per distinct row of the whole batch (no grad) or mini-batch
-(training), see roll.distributed.batch; `<prefix>/unique_row_ratio` reports distinct rows / rows.
+(training), see roll.distributed.micro_batches; `<prefix>/unique_row_ratio` reports distinct rows / rows.
 
 Data parallel: this strategy is one process and averages no gradients (`dp_size` 1), so a role
 with several ranks needs `deepspeed`, `fsdp2` or `megatron`, which set `dp_rank` / `dp_size`; the
@@ -41,8 +41,7 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import get_scheduler
 
-from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import (
+from roll.distributed.micro_batches import (
     MicroForward,
     all_rows,
     distinct_micro_batch_rows,
@@ -60,7 +59,7 @@ from roll.distributed.strategies.offload import (
     move_optimizer_state_,
     release_cached_memory,
 )
-from roll.models.lora import apply_lora, lora_scaling, merge_lora_state, param_counts, with_saved_adapter
+from roll.models.lora import lora_scaling, merge_lora_state, param_counts, with_saved_adapter
 
 LossFn = Callable[[nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float | torch.Tensor]]]
 SchedulerType = Literal["constant", "linear", "cosine"]
@@ -362,66 +361,3 @@ def _disable_dropout(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
-
-
-def build_train_strategy(
-    model: nn.Module,
-    training_args: TrainingArgs,
-    *,
-    strategy_name: str = "torch",
-    strategy_config: dict | None = None,
-    total_steps: int,
-    metric_prefix: str,
-    device: str | torch.device = "cpu",
-    dedupe_rows: bool = True,
-    lora: dict | None = None,
-    gradient_checkpointing: bool = False,
-    train_budget: TokenBudget | None = None,
-    infer_budget: TokenBudget | None = None,
-) -> TorchTrainStrategy:
-    """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
-    one place its fields are read. Engines other than `torch` are imported only when chosen.
-
-    `lora` ({rank, alpha, target}, `ModelArgs.lora`) wraps the model in peft LoRA adapters first;
-    `gradient_checkpointing` recomputes activations in backward (HF's non-reentrant checkpointing,
-    megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching.
-    """
-    if strategy_name == "megatron" and lora is not None:
-        raise ValueError("model_args.lora_rank: LoRA is not built for the megatron strategy; use torch, deepspeed or fsdp2")
-    if gradient_checkpointing and strategy_name != "megatron":
-        # transformers 5's name for HF gradient checkpointing (`gradient_checkpointing_enable` is its alias)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if lora is not None:
-        model = apply_lora(model, **lora)
-    kwargs = dict(
-        learning_rate=training_args.learning_rate,
-        weight_decay=training_args.weight_decay,
-        adam_betas=(training_args.adam_beta1, training_args.adam_beta2),
-        adam_epsilon=training_args.adam_epsilon,
-        lr_scheduler_type=training_args.lr_scheduler_type,
-        warmup_steps=training_args.warmup_steps,
-        total_steps=total_steps,
-        max_grad_norm=training_args.max_grad_norm,
-        micro_batch_size=training_args.per_device_train_batch_size,
-        metric_prefix=metric_prefix,
-        device=device,
-        dedupe_rows=dedupe_rows,
-        train_budget=train_budget,
-        infer_budget=infer_budget,
-    )
-    options = dict(strategy_config or {})
-    if strategy_name == "torch":
-        return TorchTrainStrategy(model, **options, **kwargs)
-    if strategy_name == "deepspeed":
-        from roll.distributed.strategies.deepspeed_train import DeepSpeedTrainStrategy
-
-        return DeepSpeedTrainStrategy(model, ds_config=options, **kwargs)
-    if strategy_name == "fsdp2":
-        from roll.distributed.strategies.fsdp2_train import FSDP2TrainStrategy
-
-        return FSDP2TrainStrategy(model, **options, **kwargs)
-    if strategy_name == "megatron":
-        from roll.distributed.strategies.megatron_train import MegatronTrainStrategy
-
-        return MegatronTrainStrategy(model, **options, recompute=gradient_checkpointing, **kwargs)
-    raise ValueError(f"unknown training strategy {strategy_name!r}")

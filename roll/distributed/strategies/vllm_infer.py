@@ -14,7 +14,7 @@ over the full vocabulary, when top_k = 0 and top_p = 1 (the defaults, and what P
 needs); with truncation on it is the renormalised truncated distribution (the `hf` engine ignores
 truncation in its log-probs), and a one-time warning says so. Greedy rows (temperature 0) get
 `log_softmax(logits)`, as in `hf`. Measured on the tiny model in float32: within 2e-6 of
-`roll.distributed.batch.token_logprobs` (tests/distributed/test_vllm_infer.py).
+`roll.distributed.micro_batches.token_logprobs` (tests/distributed/test_vllm_infer.py).
 
 Weight sync without a disk round-trip: the engine runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `distributed_executor_backend="uni"`), so `load_weights`
@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
 
 log = logging.getLogger(__name__)

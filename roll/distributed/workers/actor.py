@@ -30,8 +30,9 @@ from roll.algorithms.off_policy import (
 from roll.algorithms.pg_variants import PGOptions, policy_gradient_loss
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import token_logprobs
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.core.fields import Batch
+from roll.distributed.micro_batches import token_logprobs
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
@@ -40,7 +41,7 @@ from roll.distributed.workers.common import (
 )
 from roll.models.loading import DType, load_causal_lm, load_tokenizer
 
-TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages")
+TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.OLD_LOGPROBS, Batch.ADVANTAGES)
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
@@ -49,7 +50,7 @@ class ActorWorker:
 
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
     `train()` call each), the unit the LR schedule advances in. Forward passes run the model once
-    per distinct row (roll.distributed.batch); `dedupe_rows=False` runs every copy, with the same
+    per distinct row (roll.distributed.micro_batches); `dedupe_rows=False` runs every copy, with the same
     results, to measure what that saves (benchmarks/train_dedupe.py). `features` are the strategy
     features of `build_train_strategy` (lora, gradient_checkpointing, train_budget, infer_budget).
     """
@@ -124,8 +125,8 @@ class ActorWorker:
         ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
-        extra = ((("infer_logprobs",) if tis_level else ()) + (("episode_scores",) if pg_variant == "topr" else ())
-                 + (("ref_logprobs",) if kl_loss_coef is not None else ()))
+        extra = (((Batch.INFER_LOGPROBS,) if tis_level else ()) + (("episode_scores",) if pg_variant == "topr" else ())
+                 + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ()))
         batch = batch.select(*TRAIN_KEYS, *extra)
         options = replace(pg_options or PGOptions(), clip_low=pg_clip,
                           clip_high=pg_clip if pg_clip_high is None else pg_clip_high)
@@ -200,19 +201,19 @@ def _policy_loss(
     logprobs, entropy = token_logprobs(
         model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
     )
-    mask = micro["response_mask"]
+    mask = micro[Batch.RESPONSE_MASK]
     weights = None
     if tis_level is not None:
         weights = truncated_importance_weights(
-            micro["old_logprobs"], micro["infer_logprobs"], mask, level=tis_level, cap=tis_cap)
+            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap)
     pg_loss, metrics = policy_gradient_loss(
-        pg_variant, logprobs, micro["old_logprobs"], micro["advantages"], mask, options=pg_options,
+        pg_variant, logprobs, micro[Batch.OLD_LOGPROBS], micro[Batch.ADVANTAGES], mask, options=pg_options,
         loss_agg_mode=loss_agg_mode, weights=weights,
         episode_scores=micro["episode_scores"] if "episode_scores" in micro.keys() else None,
     )
     loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)
     if kl_loss_coef is not None:
-        kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, kl_loss_type, loss_agg_mode)
+        kl_term, kl_metrics = kl_loss(logprobs, micro[Batch.REF_LOGPROBS], mask, kl_loss_type, loss_agg_mode)
         loss = loss + kl_loss_coef * kl_term
         metrics.update(kl_metrics)
     metrics = {key: float(value) for key, value in metrics.items()}

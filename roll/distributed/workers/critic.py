@@ -15,8 +15,9 @@ from torch import nn
 
 from roll.algorithms.losses import AggMode, value_loss
 from roll.configs.worker import TrainingArgs
-from roll.distributed.batch import shifted_values
-from roll.distributed.strategies.torch_train import build_train_strategy
+from roll.core.fields import Batch
+from roll.distributed.micro_batches import shifted_values
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
@@ -26,7 +27,7 @@ from roll.distributed.workers.common import (
 from roll.models.loading import DType, load_value_model
 from roll.utils.seeding import derive_seed
 
-TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
+TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.VALUES, Batch.RETURNS)
 
 
 class CriticWorker:
@@ -80,7 +81,7 @@ class CriticWorker:
         `batch` needs input_ids, attention_mask, response_mask, values (the old values from
         `compute_values`) and returns (B, T). Order from derive_seed(seed, "critic_minibatch",
         step, epoch); mini-batches and rank shares as in `ActorWorker.train`. "critic/unique_row_ratio" is the mean over mini-batches of their distinct
-        rows / rows (the value model runs once per distinct row, roll.distributed.batch).
+        rows / rows (the value model runs once per distinct row, roll.distributed.micro_batches).
         """
         batch = batch.select(*TRAIN_KEYS)
         loss_fn = partial(_value_loss, value_clip=value_clip, loss_agg_mode=loss_agg_mode)
@@ -125,6 +126,6 @@ def _value_loss(
     """Clipped value loss on one micro-batch; metrics as floats."""
     values = shifted_values(model, micro["input_ids"], micro["attention_mask"])
     loss, metrics = value_loss(
-        values, micro["values"], micro["returns"], micro["response_mask"], value_clip, loss_agg_mode
+        values, micro[Batch.VALUES], micro[Batch.RETURNS], micro[Batch.RESPONSE_MASK], value_clip, loss_agg_mode
     )
     return loss, {key: float(value) for key, value in metrics.items()}

@@ -23,15 +23,15 @@ until then (they must reach an awake engine).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from roll.agentic.rollout.records import GenerateOutput, GenerateRequest
+from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
+from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.models.loading import load_causal_lm, load_tokenizer
 
 
@@ -44,7 +44,7 @@ class InferenceWorker:
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        if strategy_name == "hf":
+        if canonical_name(strategy_name) == "hf_infer":
             model = load_causal_lm(model_path, dtype=dtype, device=device, training=False).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
             self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos,
@@ -143,23 +143,15 @@ class InferenceWorker:
                         fut.set_result(out)
 
 
-EXTERNAL_ENGINES = {
-    "vllm": ("roll.distributed.strategies.vllm_infer", "VLLMInferStrategy"),
-    "sglang": ("roll.distributed.strategies.sglang_infer", "SGLangInferStrategy"),
-}
-"""Engines built from a model dir, imported only when chosen (their packages are optional)."""
 WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas")
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
 def build_external_engine(name: str, model_path: str, dtype: str, eos_token_ids: list[int],
                           strategy_config: dict):
-    """The `vllm` or `sglang` engine, given the rest of `strategy_config` as keyword options."""
-    if name not in EXTERNAL_ENGINES:
-        choices = ", ".join(["hf", *EXTERNAL_ENGINES])
-        raise ValueError(f"unknown inference strategy {name!r}; choose one of {choices}")
-    module_name, class_name = EXTERNAL_ENGINES[name]
-    engine_cls = getattr(importlib.import_module(module_name), class_name)
+    """The `vllm` or `sglang` engine (imported only when chosen: their packages are optional),
+    given the rest of `strategy_config` as keyword options."""
+    engine_cls = strategy_class(name, kind="infer")
     options = {k: v for k, v in strategy_config.items() if k not in WORKER_OPTIONS}
     options.setdefault("dtype", dtype)
     return engine_cls(model_path, eos_token_ids, **options)

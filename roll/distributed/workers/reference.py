@@ -6,8 +6,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from roll.distributed.batch import forward_in_micro_batches, token_logprobs
 from roll.distributed.dynamic_batching import TokenBudget
+from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import set_num_threads
 from roll.models.loading import DType, load_causal_lm
@@ -15,7 +15,7 @@ from roll.models.loading import DType, load_causal_lm
 
 class ReferenceWorker:
     """Log-probs of a frozen model (eval mode, no grad, no optimizer), computed once per distinct
-    row of the batch (roll.distributed.batch.forward_in_micro_batches)."""
+    row of the batch (roll.distributed.micro_batches.forward_in_micro_batches)."""
 
     def __init__(
         self,
@@ -36,7 +36,7 @@ class ReferenceWorker:
                                     training=False).to(self.device).eval().requires_grad_(False)
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
-        """Log-probs (B, T) aligned as in roll.distributed.batch.token_logprobs, CPU float32."""
+        """Log-probs (B, T) aligned as in roll.distributed.micro_batches.token_logprobs, CPU float32."""
 
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
             logprobs, _ = token_logprobs(model, micro["input_ids"], micro["attention_mask"], temperature)

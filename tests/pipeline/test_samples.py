@@ -2,8 +2,8 @@
 
 import torch
 
-from roll.agentic.rollout.records import StepRecord, Trajectory
-from roll.pipeline.batch import build_step_batch, build_traj_batch, filter_groups
+from roll.core.records import StepRecord, Trajectory
+from roll.pipeline.samples import build_step_batch, build_traj_batch, filter_groups
 
 
 def traj(group, member, rewards, **kw):
@@ -22,7 +22,18 @@ def test_traj_batch_places_step_rewards_at_turn_ends():
     torch.testing.assert_close(batch["attention_mask"], torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
     torch.testing.assert_close(batch["response_mask"], torch.tensor([[0., 1, 0, 0, 1], [0, 0, 1, 0, 0]]))
     torch.testing.assert_close(batch["token_level_rewards"], torch.tensor([[0., .5, 0, 0, 1], [0, 0, -.1, 0, 0]]))
-    torch.testing.assert_close(meta["scores"], torch.tensor([1.5, -0.1]))
+    torch.testing.assert_close(meta.scores, torch.tensor([1.5, -0.1]))
+    assert meta.truncated.tolist() == [True, True]  # both were cut by max_steps
+
+
+def test_only_terminated_trajectories_are_not_truncated():
+    reasons = ["terminated", "truncated", "max_steps", "max_tokens"]
+    trajs = [traj("g", i, [1.0], token_ids=[1, 2], response_mask=[0, 1], infer_logprobs=[0, -0.1],
+                  turn_end_positions=[1]) for i in range(4)]
+    for tr, reason in zip(trajs, reasons):
+        tr.stop_reason = reason
+    _, rows = build_traj_batch(trajs, pad_token_id=0)
+    assert rows.truncated.tolist() == [False, True, True, True]
 
 
 def test_step_batch_has_one_row_per_step():
@@ -31,9 +42,9 @@ def test_step_batch_has_one_row_per_step():
     torch.testing.assert_close(batch["input_ids"], torch.tensor([[1, 2, 7, 0], [1, 3, 3, 8]]))
     torch.testing.assert_close(batch["response_mask"], torch.tensor([[0., 0, 1, 0], [0, 0, 0, 1]]))
     torch.testing.assert_close(batch["infer_logprobs"], torch.tensor([[0., 0, -0.5, 0], [0, 0, 0, -0.25]]))
-    assert meta["step"] == [0, 1] and meta["state_hash"] == ["h0", "h1"]
-    torch.testing.assert_close(meta["episode_scores"], torch.tensor([1.0, 1.0]))
-    torch.testing.assert_close(meta["step_rewards"], torch.tensor([0.0, 1.0]))
+    assert meta.step == [0, 1] and meta.state_hash == ["h0", "h1"]
+    torch.testing.assert_close(meta.episode_scores, torch.tensor([1.0, 1.0]))
+    torch.testing.assert_close(meta.step_rewards, torch.tensor([0.0, 1.0]))
 
 
 def test_filter_keeps_the_groups_with_most_reward_spread():

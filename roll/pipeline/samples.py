@@ -8,15 +8,17 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from roll.agentic.rollout.records import Trajectory
 from roll.algorithms.filters import group_reward_std_stats, select_groups_by_reward_std
+from roll.core.fields import Batch, RowInfo
+from roll.core.records import Trajectory
 
 
-def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, dict]:
+def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:
     """One row per trajectory. Tensors (B, T), aligned to token positions:
     input_ids, attention_mask, response_mask (1.0 on generated tokens), infer_logprobs,
     token_level_rewards (each step reward on the last generated token of its turn).
-    The second value holds per-row ids and scores: traj_group_id, traj_id, tag, scores (B,).
+    The second value holds per-row ids and scores: traj_group_id, traj_id, tag, truncated,
+    scores (B,).
     """
     b, t = len(trajs), max(len(tr.token_ids) for tr in trajs)
     input_ids = torch.full((b, t), pad_token_id, dtype=torch.long)
@@ -33,23 +35,24 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         for pos, r in zip(tr.turn_end_positions, tr.step_rewards):
             rewards[i, pos] += r
     batch = TensorDict(
-        {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-         "infer_logprobs": infer_logprobs, "token_level_rewards": rewards},
+        {Batch.INPUT_IDS: input_ids, Batch.ATTENTION_MASK: attention_mask, Batch.RESPONSE_MASK: response_mask,
+         Batch.INFER_LOGPROBS: infer_logprobs, Batch.TOKEN_LEVEL_REWARDS: rewards},
         batch_size=[b],
     )
-    meta = {
-        "traj_group_id": [tr.traj_group_id for tr in trajs],
-        "traj_id": [tr.traj_id for tr in trajs],
-        "tag": [tr.tag for tr in trajs],
-        "scores": torch.tensor([tr.episode_reward for tr in trajs]),
-    }
-    return batch, meta
+    rows = RowInfo(
+        traj_group_id=[tr.traj_group_id for tr in trajs],
+        traj_id=[tr.traj_id for tr in trajs],
+        tag=[tr.tag for tr in trajs],
+        truncated=torch.tensor([tr.truncated for tr in trajs], dtype=torch.bool),
+        scores=torch.tensor([tr.episode_reward for tr in trajs]),
+    )
+    return batch, rows
 
 
-def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, dict]:
+def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:
     """One row per env step (step-wise managers): prompt + response ids, right-padded.
     Tensors as in `build_traj_batch` (no token rewards: step-wise advantages are per row).
-    Per-row ids: traj_group_id, traj_id, tag, step, state_hash, step_rewards (S,),
+    Per-row ids: traj_group_id, traj_id, tag, truncated, step, state_hash, step_rewards (S,),
     episode_scores (S,) (the trajectory's total reward, repeated on each of its steps).
     """
     rows = [(tr, st) for tr in trajs for st in tr.steps]
@@ -66,20 +69,21 @@ def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         response_mask[i, p:n] = 1.0
         infer_logprobs[i, p:n] = torch.tensor(st.logprobs)
     batch = TensorDict(
-        {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-         "infer_logprobs": infer_logprobs},
+        {Batch.INPUT_IDS: input_ids, Batch.ATTENTION_MASK: attention_mask, Batch.RESPONSE_MASK: response_mask,
+         Batch.INFER_LOGPROBS: infer_logprobs},
         batch_size=[b],
     )
-    meta = {
-        "traj_group_id": [tr.traj_group_id for tr, _ in rows],
-        "traj_id": [tr.traj_id for tr, _ in rows],
-        "tag": [tr.tag for tr, _ in rows],
-        "step": [st.step for _, st in rows],
-        "state_hash": [st.state_hash for _, st in rows],
-        "step_rewards": torch.tensor([st.reward for _, st in rows]),
-        "episode_scores": torch.tensor([tr.episode_reward for tr, _ in rows]),
-    }
-    return batch, meta
+    info = RowInfo(
+        traj_group_id=[tr.traj_group_id for tr, _ in rows],
+        traj_id=[tr.traj_id for tr, _ in rows],
+        tag=[tr.tag for tr, _ in rows],
+        truncated=torch.tensor([tr.truncated for tr, _ in rows], dtype=torch.bool),
+        step=[st.step for _, st in rows],
+        state_hash=[st.state_hash for _, st in rows],
+        step_rewards=torch.tensor([st.reward for _, st in rows]),
+        episode_scores=torch.tensor([tr.episode_reward for tr, _ in rows]),
+    )
+    return batch, info
 
 
 def filter_groups(trajs: list[Trajectory], keep_ratio: float) -> tuple[list[Trajectory], dict[str, float]]:

@@ -1,4 +1,5 @@
-"""Typed records that cross process boundaries during rollout.
+"""Typed records that cross process boundaries during rollout (the ground floor: engines, env
+managers, agent loops, the pipeline and tracking all read them).
 
 Everything an env manager sends to the inference worker, gets back, and finally hands to the
 pipeline is one of these dataclasses. They hold plain Python lists so that Ray pickles them
@@ -8,6 +9,8 @@ cheaply and a reader can print one and understand it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from roll.core.enums import StopReason
 
 
 @dataclass
@@ -92,7 +95,7 @@ class Trajectory:
     env_seed: int
     step_rewards: list[float]
     success: bool
-    stop_reason: str  # "terminated" | "truncated" | "max_steps" | "max_tokens"
+    stop_reason: StopReason  # a plain string of the same value is accepted (StrEnum)
     policy_version: int
     num_actions: int
     num_valid_actions: int
@@ -114,6 +117,11 @@ class Trajectory:
         """The version of the oldest weights that generated a turn; None if no turn was generated
         (such an episode is no older than any policy)."""
         return min(self.policy_versions, default=None)
+
+    @property
+    def truncated(self) -> bool:
+        """Cut rather than ended (`StopReason.is_truncation`): GAE bootstraps from its last state."""
+        return StopReason(self.stop_reason).is_truncation
 
     @property
     def episode_reward(self) -> float:

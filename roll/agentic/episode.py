@@ -1,0 +1,68 @@
+"""One episode, as env managers and agent loops both play it: which episode (`EpisodeSpec`) and
+its conversation as one token sequence (`TokenLedger`).
+
+Trajectory-wise env managers (`env_manager.traj_env_manager`) and agent loops (`agent_loop`) keep
+the ids the engine produced and append the next observation or tool result after them, never
+re-templating past turns; this ledger is the one place that bookkeeping lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roll.core.records import GenerateOutput
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Which episode to play: the env seed (shared by a group) and the sampling seed (per member).
+    `tag` names the env or agent it belongs to when the player does not know it otherwise (an
+    agent loop run on its own); env managers take it from their `EnvSpec`."""
+
+    traj_group_id: str
+    traj_id: str
+    env_seed: int
+    sample_seed: int
+    keep_frames: bool = False
+    tag: str = ""
+
+
+class TokenLedger:
+    """The conversation as one token sequence, built by appending only: the prompt (mask 0),
+    generated ids with their log-probs (mask 1), context ids between turns (observations, tool
+    results; mask 0). `turn_ends[k]` is the index of turn k's last generated id, where its step
+    reward `step_rewards[k]` is credited; `versions[k]` the policy version that generated it."""
+
+    def __init__(self, prompt_ids: list[int]):
+        self.token_ids = list(prompt_ids)
+        self.response_mask = [0] * len(prompt_ids)
+        self.logprobs = [0.0] * len(prompt_ids)
+        self.turn_ends: list[int] = []
+        self.step_rewards: list[float] = []
+        self.versions: list[int] = []
+
+    def add_turn(self, out: GenerateOutput) -> None:
+        """A generated turn; its step reward starts at 0 and the player adds to it."""
+        if len(out.logprobs) != len(out.token_ids):
+            raise ValueError(f"{out.request_id}: {len(out.token_ids)} ids but {len(out.logprobs)} logprobs")
+        self._extend(out.token_ids, 1, out.logprobs)
+        self.turn_ends.append(len(self.token_ids) - 1)
+        self.step_rewards.append(0.0)
+        self.versions.append(out.policy_version)
+
+    def add_context(self, ids: list[int]) -> None:
+        self._extend(ids, 0, [0.0] * len(ids))
+
+    def _extend(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
+        self.token_ids = self.token_ids + list(ids)  # a new list: a request may still hold the old
+        self.response_mask += [mask] * len(ids)
+        self.logprobs += [float(x) for x in logprobs]
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_ends)
+
+    def sample_fields(self) -> dict:
+        """The `Trajectory` fields of a trajectory-wise sample."""
+        return {"token_ids": self.token_ids, "response_mask": self.response_mask,
+                "infer_logprobs": self.logprobs, "turn_end_positions": list(self.turn_ends)}

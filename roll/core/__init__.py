@@ -1,0 +1,7 @@
+"""The ground floor: what every floor of roll uses and that imports nothing of roll above it.
+
+- `records`: the typed records that cross process boundaries (generate requests and outputs,
+  trajectories, steps) and the enums they carry (`SampleMode`, `StopReason`).
+- `fields`: the names of the batch's tensor and non-tensor fields, one constant each.
+- `imports`: `import_object("package.module:Name")`, the one `module:attr` resolver.
+"""

@@ -1,0 +1,63 @@
+"""The names of the training batch's fields, and the typed per-row info that travels beside it.
+
+The batch is a `TensorDict` of (B, T) tensors aligned to token positions (the keys in `Batch`);
+what is one value per row and not a tensor the engines need (ids, tags, step numbers, scores) is a
+`RowInfo`. The pipeline writes both (`roll.pipeline.samples`), the scoring phase and the workers
+read them: by these names, so a reader finds every writer with one search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+
+
+class Batch:
+    """Keys of the batch's tensors, all (B, T) and aligned to token positions."""
+
+    INPUT_IDS: Final = "input_ids"
+    ATTENTION_MASK: Final = "attention_mask"
+    RESPONSE_MASK: Final = "response_mask"
+    """1.0 exactly on the tokens the policy generated."""
+    INFER_LOGPROBS: Final = "infer_logprobs"
+    """The inference engine's log-probs of the generated tokens (0.0 elsewhere)."""
+    TOKEN_LEVEL_REWARDS: Final = "token_level_rewards"
+    """Trajectory-wise rows: each step reward on the last generated token of its turn."""
+    OLD_LOGPROBS: Final = "old_logprobs"
+    """The trained actor's log-probs before the update (scoring phase)."""
+    REF_LOGPROBS: Final = "ref_logprobs"
+    """The reference model's log-probs (when the KL penalty is on)."""
+    VALUES: Final = "values"
+    """Critic values, values[:, t] = V(input_ids[:, :t]) (see `roll.distributed.workers.critic`)."""
+    ADVANTAGES: Final = "advantages"
+    RETURNS: Final = "returns"
+
+
+@dataclass
+class RowInfo:
+    """One entry per batch row: who it came from, and its scores. Step-wise rows (one per env step)
+    also carry `step`, `state_hash`, `step_rewards` and `episode_scores`."""
+
+    traj_group_id: list[str]
+    traj_id: list[str]
+    tag: list[str]
+    truncated: torch.Tensor | None = None
+    """(B,) bool: the row's trajectory was cut, not ended (`StopReason.is_truncation`)."""
+    scores: torch.Tensor | None = None
+    """Trajectory-wise (B,): the episode reward, raw (before any normalisation)."""
+    step: list[int] | None = None
+    state_hash: list[str] | None = None
+    step_rewards: torch.Tensor | None = None
+    """Step-wise (B,): the reward of the row's step."""
+    episode_scores: torch.Tensor | None = None
+    """Step-wise (B,): the trajectory's total reward, repeated on each of its steps."""
+    final_values: torch.Tensor | None = None
+    """(B,) critic value of the state after the row's last token (to bootstrap truncated rows)."""
+
+    def group_keys(self, grouping: str) -> list:
+        """Per row, the key of its group for `grouping` ("traj_group_id", "tag" or "batch")."""
+        if grouping == "batch":
+            return [0] * len(self.traj_id)
+        return list(getattr(self, grouping))

@@ -1,0 +1,84 @@
+"""Checks run before anything starts, outside the config models: they read files (an agent
+dataset), import envs, or plan processes, which config validation must not do (configs are data).
+
+`check_before_start(cfg)` raises `ConfigError` naming the key at fault, so the CLI reports it as
+a config error (one line, exit status 2) before Ray, torch or a model is touched; the pipeline
+runs it again when built directly. The GPU count is checked later, when the workers are placed
+(`roll.pipeline.builders.place_workers`).
+"""
+
+from __future__ import annotations
+
+from roll.agentic.env.registry import check_env_config, resolve_env_class
+from roll.configs.base import ConfigError, InvalidField
+from roll.configs.env import CustomEnvConfig
+from roll.configs.pipeline import PipelineConfig
+from roll.configs.worker import WorkerConfig
+from roll.distributed.placement import PlacementError, check_device_layout
+from roll.models.lora import unmatched_lora_target
+
+
+def check_before_start(cfg: PipelineConfig) -> None:
+    """Every env type and its `env_config` (agent datasets included), then the device layout of
+    the roles the run builds, as far as it can be checked without a GPU."""
+    try:
+        check_env_types(cfg.custom_envs)
+        for role, worker in cfg.workers.items():
+            check_lora_target(role, worker)
+        check_device_layout(**cfg.device_layout, async_generation_ratio=cfg.async_generation_ratio)
+    except (InvalidField, PlacementError) as err:
+        raise ConfigError(err.key, err.reason) from None
+
+
+def check_lora_target(role: str, worker: WorkerConfig) -> None:
+    """`InvalidField` naming `model_args.lora_target` when a listed module matches nothing in the
+    role's model (read on the meta device: no weights are loaded). Nothing to do without LoRA."""
+    lora = worker.model_args.lora
+    if lora is None or worker.model_args.model_name_or_path is None:
+        return
+    missing = unmatched_lora_target(worker.model_args.model_name_or_path, lora["target"], value_model=role == "critic")
+    if missing:
+        raise InvalidField(f"{role}.model_args.lora_target", missing)
+
+
+def check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
+    """Resolve every `env_type` and check its `env_config` keys now, so a typo fails before Ray
+    starts rather than when the first env worker builds its envs."""
+    for tag, env in custom_envs.items():
+        if env.env_type == "agent":
+            for key in ("instruction", "response_prefix"):  # agents format their own prompts
+                if key in env.model_fields_set:
+                    raise InvalidField(f"custom_envs.{tag}.{key}", "not used by env_type 'agent' "
+                                       "(set system_prompt in the agent config)")
+            _check_agent_dataset(f"custom_envs.{tag}.env_config", env.env_config)
+            continue
+        try:
+            resolve_env_class(env.env_type)
+        except (ValueError, ImportError) as err:
+            raise InvalidField(f"custom_envs.{tag}.env_type", str(err)) from None
+        for key, value in env.env_config.items():
+            _check_env_config_key(f"custom_envs.{tag}.env_config", env.env_type, key, value)
+
+
+def _check_env_config_key(where: str, env_type: str, key: str, value: object) -> None:
+    """`InvalidField` naming `where.key` when the env's constructor has no argument `key`, or
+    naming the bad field of a `fault_injection` block. One key at a time, so that the error can
+    name the key at fault."""
+    try:
+        check_env_config(env_type, {key: value})
+    except TypeError as err:  # the constructor has no such argument
+        raise InvalidField(f"{where}.{key}", str(err)) from None
+    except InvalidField as err:  # a bad field of the fault_injection block
+        raise InvalidField(f"{where}.{err.key}", err.reason) from None
+
+
+def _check_agent_dataset(where: str, env_config: dict) -> None:
+    """`env_type: agent`: the dataset file, each row's agent and each agent config, checked now
+    (`roll.agentic.agent_loop.dataset`); the error names the env_config key at fault."""
+    # imported only for an agent env: the agent stack pulls in torch and transformers (seconds)
+    from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config
+
+    try:
+        check_agent_env_config(env_config)
+    except AgentDatasetError as err:
+        raise InvalidField(f"{where}.{err.key}", err.reason) from None
