@@ -22,12 +22,14 @@ unconditionally in forward (measured with 0.16.1):
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput
 
 from roll.distributed.strategies.megatron_convert import DecoderArch
@@ -147,7 +149,8 @@ class BufferRotaryEmbedding(RotaryEmbedding):
 
 
 def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
-                    sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None) -> GPTModel:
+                    sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None,
+                    recompute_granularity: str | None = None) -> GPTModel:
     """A `GPTModel` with `arch`'s shape on CPU, uninitialised (load weights next). Its vocabulary is
     `arch.vocab_size` rounded up to a multiple of `tensor_parallel` (Megatron's vocab padding).
     With tensor parallelism its logits are each rank's vocabulary slice (`MegatronCausalLM`
@@ -163,7 +166,23 @@ def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int 
     gpt.rotary_pos_emb = BufferRotaryEmbedding(
         kv_channels=config.kv_channels, rotary_percent=1.0, rotary_interleaved=config.rotary_interleaved,
         rotary_base=arch.rope_theta, use_cpu_initialization=True, cp_group=gpt.pg_collection.cp)
+    recompute_(gpt, recompute_granularity)
     return gpt
+
+
+def recompute_(gpt: GPTModel, granularity: str | None) -> None:
+    """ROLL's `recompute_granularity`: "full" recomputes every decoder layer in the backward,
+    "selective" only core attention (its (B, heads, T, T) scores are the big activation); None
+    stores every activation. torch's non-reentrant `checkpoint` wraps the modules' forwards:
+    megatron's own recomputation (`TransformerConfig.recompute_granularity`) forks the CUDA RNG
+    tracker and stops on CPU ("Torch not compiled with CUDA enabled", measured with 0.16.1); with
+    no dropout there is no randomness to replay, so this recomputes exactly the same values."""
+    if granularity is None:
+        return
+    layers = list(gpt.decoder.layers)
+    modules = layers if granularity == "full" else [layer.self_attention.core_attention for layer in layers]
+    for module in modules:
+        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
 
 
 def padded_vocab_size(arch: DecoderArch, tensor_parallel: int) -> int:
