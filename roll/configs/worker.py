@@ -26,8 +26,9 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "torch": (),
     "fsdp2": ("reshard_after_forward",),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
-    # only 1 / false run (roll/distributed/strategies/megatron_train.py); ROLL's names
-    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel"),
+    # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py
+    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                 "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity"),
     "vllm": None,
     "sglang": None,
 }
@@ -38,6 +39,7 @@ STRATEGY_ALIASES = {
     "deepspeed_train": "deepspeed",
     "fsdp2_train": "fsdp2",
     "megatron_train": "megatron",
+    "megatron_infer": "megatron",  # ROLL's log-prob-only Megatron (the reference role): the same model
 }
 """ROLL's spellings, accepted so that ROLL YAMLs keep working, normalised to ours."""
 
@@ -239,6 +241,28 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     if name == "megatron" and role == "critic":
         raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
                            "the critic's value model needs torch, deepspeed or fsdp2")
+    if name == "megatron":
+        _check_megatron_layout(role, worker)
+
+
+def _check_megatron_layout(role: str, worker: WorkerConfig) -> None:
+    """ROLL's parallel keys of `megatron`: values that are not built and a `world_size` that the
+    model-parallel size does not divide stop here, naming the key. The reference role runs the HF
+    model for its log-probs whatever its engine (roll.distributed.workers.reference), so model
+    parallelism there would be silently ignored: refused instead."""
+    from roll.distributed.strategies.megatron_parallel import check_parallel_config
+
+    options = worker.strategy_args.strategy_config
+    try:
+        check_parallel_config(worker.world_size, **options)
+    except ValueError as error:
+        key, why = str(error).split(": ", 1)
+        raise InvalidField(f"{role}.strategy_args.{key}", why) from None
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        if role == "reference" and options.get(key, 1) > 1:
+            raise InvalidField(f"{role}.strategy_args.strategy_config.{key}",
+                               "the reference computes log-probs with the HF model on each rank; "
+                               "model parallelism is built for actor_train only")
 
 
 def _missing_requirement(name: str) -> str | None:
