@@ -34,7 +34,7 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
     split), `use_distributed_optimizer` (accepted: a data-parallel rank here holds the whole
     optimizer state, which gives the same steps; only memory differs), `recompute_granularity`
     "full" or "selective" or null (megatron's activation recomputation, `TransformerConfig`).
-    Not built: pipeline parallel (see megatron_train's docstring for why), expert parallel (no
+    Not built: pipeline parallel (megatron_train's docstring says why), expert parallel (no
     MoE model converts), context parallel, sequence parallel."""
     sizes = {"tensor_model_parallel_size": tensor_model_parallel_size,
              "pipeline_model_parallel_size": pipeline_model_parallel_size,
@@ -45,7 +45,8 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
             raise ValueError(f"strategy_config.{key}: must be an integer >= 1 (got {size!r})")
     refusals = {
         "pipeline_model_parallel_size": (pipeline_model_parallel_size > 1,
-                                         "pipeline parallel is not built (use tensor_model_parallel_size)"),
+                                         "pipeline parallel is not built (megatron-core 0.16's p2p needs CUDA; "
+                                         "see megatron_train); use tensor_model_parallel_size"),
         "expert_model_parallel_size": (expert_model_parallel_size > 1,
                                        "expert parallel needs a MoE model; only dense Llama/Qwen2 convert"),
         "context_parallel_size": (context_parallel_size > 1, "context parallel is not built"),

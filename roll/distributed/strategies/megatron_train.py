@@ -27,11 +27,16 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   CPU processes (tests/distributed/test_megatron_two_ranks.py): two PPO steps at TP 2 give the
   losses, gradient norms and merged weights of TP 1; HF -> shards -> HF is bit-exact.
 - Pipeline parallel is not built: `pipeline_model_parallel_size` > 1 stops at start-up with one
-  line. Running it needs megatron's schedules (`get_forward_backward_func`), which drive the loss
-  themselves (forward_step_func / loss_func per micro-batch, p2p of activations between stages);
-  the roles' loss functions call the model HF-style on de-duplicated rows
-  (roll.distributed.batch), so the strategy would have to split each loss function at the
-  logits. Not attempted in this session, so not known to fail on gloo either.
+  line. Why, on CPU: megatron-core 0.16.1's pipeline schedules (`get_forward_backward_func`) move
+  activations between stages with `P2PCommunicator` (pipeline_parallel/p2p_communication.py),
+  which allocates every received activation on `torch.cuda.current_device()` (its
+  `create_tensor_recv_prev` / `_next`, and the shape exchange) and calls `torch.cuda.synchronize()`
+  after batched p2p; on a CPU build of torch `torch.cuda.current_device()` raises "Torch not
+  compiled with CUDA enabled" (measured), so gloo never gets to send. Making it run would mean
+  replacing megatron's communicator, and the schedules also own the loss (forward_step_func /
+  loss_func per micro-batch) while the roles' loss functions call the model HF-style on
+  de-duplicated rows (roll.distributed.batch). Neither is done; on a GPU (nccl) the p2p path
+  is megatron's own, but the loss plumbing is the same missing piece.
 - `recompute_granularity` full / selective: torch's checkpoint around each layer / core attention
   (`megatron_model.recompute_`; megatron's own needs CUDA). `use_distributed_optimizer` is
   accepted and changes nothing but memory: every data-parallel rank keeps the whole optimizer.
