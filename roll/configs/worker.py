@@ -172,7 +172,9 @@ class WorkerConfig(ConfigModel):
     number of CPU processes with `device_mapping: null` (default 1). Ranks split every batch by
     rows and train on shares of every mini-batch (`roll.pipeline.ranks`); `actor_train` and
     `critic` need a strategy that averages gradients over ranks (`deepspeed`, `fsdp2`,
-    `megatron`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
+    `megatron`). With megatron's `tensor_model_parallel_size` tp, the processes are world_size / tp
+    data-parallel ranks of tp processes each, which see the same rows (`roll.distributed.ranks.
+    data_parallel_ranks`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
 
     @field_validator("device_mapping", mode="before")
     @classmethod
