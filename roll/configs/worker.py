@@ -26,8 +26,9 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "torch": (),
     "fsdp2": ("reshard_after_forward",),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
-    # only 1 / false run (roll/distributed/strategies/megatron_train.py); ROLL's names
-    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel"),
+    # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py
+    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                 "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity"),
     "vllm": None,
     "sglang": None,
 }
@@ -39,6 +40,7 @@ STRATEGY_ALIASES = {
     "deepspeed_train": "deepspeed",
     "fsdp2_train": "fsdp2",
     "megatron_train": "megatron",
+    "megatron_infer": "megatron",  # ROLL's log-prob-only Megatron (the reference role): the same model
 }
 """ROLL's spellings, accepted so that ROLL YAMLs keep working, normalised to ours."""
 
@@ -227,7 +229,9 @@ class WorkerConfig(ConfigModel):
     number of CPU processes with `device_mapping: null` (default 1). Ranks split every batch by
     rows and train on shares of every mini-batch (`roll.pipeline.ranks`); `actor_train` and
     `critic` need a strategy that averages gradients over ranks (`deepspeed`, `fsdp2`,
-    `megatron`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
+    `megatron`). With megatron's `tensor_model_parallel_size` tp, the processes are world_size / tp
+    data-parallel ranks of tp processes each, which see the same rows (`roll.distributed.ranks.
+    data_parallel_ranks`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
     pg_variant: Literal["vanilla", "ppo", "tis", "topr", "cispo", "kimi15"] = "ppo"
     """`actor_train` only: the policy-gradient loss (`roll.algorithms.pg_variants`): "ppo" the clipped
     surrogate, "vanilla" REINFORCE, "tis" truncated IS, "topr" tapered off-policy REINFORCE,

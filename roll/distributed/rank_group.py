@@ -2,8 +2,11 @@
 
 The pipeline calls `group.compute_logprobs.remote(batch, t)` and `ray.get`s one object ref, as it
 does with a one-process role; the fan-out lives here, not in the loop:
-- `compute_logprobs`, `compute_values`: rank r gets slice r of the batch's rows, and one small
-  Ray task concatenates the outputs in rank order (`roll.distributed.ranks`).
+- `compute_logprobs`, `compute_values`: data-parallel rank d gets slice d of the batch's rows, and
+  one small Ray task concatenates the outputs in rank order (`roll.distributed.ranks`). Without
+  model parallelism process r is data-parallel rank r; with megatron's tensor parallelism every
+  process of one data-parallel rank gets the same slice (`data_ranks`), and the output of the
+  first of them is kept (the task still waits for all, so an error on any surfaces).
 - `train`, `save_checkpoint`, `load_checkpoint`: every rank gets the same call (the batch is put in
   the object store once); the ref is rank 0's result, ready when every rank has finished, so an
   error on any rank surfaces. Ranks return equal training metrics (`TorchTrainStrategy.train_step`
@@ -30,8 +33,8 @@ ON_EVERY_RANK = ("train", "save_checkpoint", "load_checkpoint", "get_weights")
 
 
 @ray.remote(num_cpus=0)
-def _merge_rows(row_counts: list[int], *parts):
-    return merge_rows(list(parts), row_counts)
+def _merge_rows(row_counts: list[int], keep: list[int], *parts):
+    return merge_rows([parts[i] for i in keep], row_counts)
 
 
 @ray.remote(num_cpus=0)
@@ -49,10 +52,15 @@ class _Method:
 class RankGroup:
     """The actor handles of a role's ranks, rank 0 first (see the module docstring)."""
 
-    def __init__(self, handles: Sequence[Any]):
+    def __init__(self, handles: Sequence[Any], data_ranks: Sequence[int] | None = None):
+        """`data_ranks`: each handle's data-parallel rank (`roll.distributed.ranks.data_parallel_ranks`);
+        None: handle r is rank r."""
         if len(handles) < 2:
             raise ValueError("a RankGroup holds two or more ranks; use the one handle itself")
         self.handles = list(handles)
+        self.data_ranks = list(range(len(handles)) if data_ranks is None else data_ranks)
+        if len(self.data_ranks) != len(self.handles):
+            raise ValueError(f"{len(self.data_ranks)} data ranks for {len(self.handles)} handles")
 
     def __getattr__(self, method: str) -> _Method:
         if method in SPLIT_BY_ROWS:
@@ -62,10 +70,11 @@ class RankGroup:
         raise AttributeError(f"RankGroup does not fan out {method!r}; call each of its handles")
 
     def _split_by_rows(self, method: str, batch: TensorDict, *args, **kwargs):
-        slices = split_rows(batch.batch_size[0], len(self.handles))
-        refs = [getattr(handle, method).remote(rank_input(batch, rows), *args, **kwargs)
-                for handle, rows in zip(self.handles, slices, strict=True)]
-        return _merge_rows.remote([rows.stop - rows.start for rows in slices], *refs)
+        slices = split_rows(batch.batch_size[0], max(self.data_ranks) + 1)
+        refs = [getattr(handle, method).remote(rank_input(batch, slices[rank]), *args, **kwargs)
+                for handle, rank in zip(self.handles, self.data_ranks, strict=True)]
+        keep = [self.data_ranks.index(rank) for rank in range(len(slices))]  # first process of each
+        return _merge_rows.remote([rows.stop - rows.start for rows in slices], keep, *refs)
 
     def _on_every_rank(self, method: str, *args, **kwargs):
         args = tuple(ray.put(a) if isinstance(a, TensorDict) else a for a in args)  # one copy for all ranks

@@ -35,6 +35,15 @@ def split_rows(num_rows: int, world_size: int) -> list[slice]:
     return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+def data_parallel_ranks(world_size: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> list[int]:
+    """The data-parallel rank of each of a role's `world_size` processes, in process order, under
+    megatron-core's rank order "tp-cp-ep-dp-pp" (tensor-parallel ranks adjacent): process r is
+    data-parallel rank (r // tp) % (world_size // (tp * pp)). All processes of one data-parallel
+    rank must see the same rows. Without model parallelism, process r is data-parallel rank r."""
+    data_parallel = world_size // (tensor_parallel * pipeline_parallel)
+    return [(rank // tensor_parallel) % data_parallel for rank in range(world_size)]
+
+
 def merge_rows(parts: list[torch.Tensor], row_counts: list[int]) -> torch.Tensor:
     """The ranks' outputs, (rows_r, T) each, as one (B, T) in rank order; each part keeps only its
     first `row_counts[r]` rows (a rank without rows computed a stand-in row, `rank_input`)."""

@@ -18,6 +18,7 @@ from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.algorithms.pg_variants import PGOptions
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
+from roll.distributed.ranks import data_parallel_ranks
 from roll.distributed.strategies.process_group import free_port
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.workers.actor import ActorWorker
@@ -117,8 +118,14 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, **kwargs):
         return _remote(cls, placements[0]).remote(*args, device=placements[0].torch_device, **kwargs)
     port, ranks = free_port(), len(placements)
     threads = None if placements[0].device is not None else max(1, (os.cpu_count() or 1) // ranks)
+    model_parallel = {}  # megatron's tensor/pipeline ranks of one data-parallel rank see the same rows
+    if kwargs.get("strategy_name") == "megatron":
+        options = kwargs.get("strategy_config") or {}
+        model_parallel = {"tensor_parallel": int(options.get("tensor_model_parallel_size", 1)),
+                          "pipeline_parallel": int(options.get("pipeline_model_parallel_size", 1))}
     return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port)).remote(
-        *args, device=p.torch_device, num_threads=threads, **kwargs) for p in placements])
+        *args, device=p.torch_device, num_threads=threads, **kwargs) for p in placements],
+        data_ranks=data_parallel_ranks(ranks, **model_parallel))
 
 
 def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None, **options):

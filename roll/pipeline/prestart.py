@@ -15,6 +15,7 @@ from roll.configs.env import CustomEnvConfig
 from roll.configs.pipeline import PipelineConfig
 from roll.configs.worker import WorkerConfig
 from roll.distributed.placement import PlacementError, check_device_layout
+from roll.distributed.strategies.megatron_parallel import check_parallel_config
 from roll.models.lora import unmatched_lora_target
 
 
@@ -25,6 +26,8 @@ def check_before_start(cfg: PipelineConfig) -> None:
         check_env_types(cfg.custom_envs)
         for role, worker in cfg.workers.items():
             check_lora_target(role, worker)
+            if worker.strategy_args.strategy_name == "megatron":
+                check_megatron_layout(role, worker)
         check_device_layout(**cfg.device_layout, async_generation_ratio=cfg.async_generation_ratio)
     except (InvalidField, PlacementError) as err:
         raise ConfigError(err.key, err.reason) from None
@@ -39,6 +42,24 @@ def check_lora_target(role: str, worker: WorkerConfig) -> None:
     missing = unmatched_lora_target(worker.model_args.model_name_or_path, lora["target"], value_model=role == "critic")
     if missing:
         raise InvalidField(f"{role}.model_args.lora_target", missing)
+
+
+def check_megatron_layout(role: str, worker: WorkerConfig) -> None:
+    """ROLL's parallel keys of `megatron`: values that are not built and a `world_size` that the
+    model-parallel size does not divide stop here, naming the key. The reference role runs the HF
+    model for its log-probs whatever its engine (roll.distributed.workers.reference), so model
+    parallelism there would be silently ignored: refused instead."""
+    options = worker.strategy_args.strategy_config
+    try:
+        check_parallel_config(worker.world_size, **options)
+    except ValueError as error:
+        key, why = str(error).split(": ", 1)
+        raise InvalidField(f"{role}.strategy_args.{key}", why) from None
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        if role == "reference" and options.get(key, 1) > 1:
+            raise InvalidField(f"{role}.strategy_args.strategy_config.{key}",
+                               "the reference computes log-probs with the HF model on each rank; "
+                               "model parallelism is built for actor_train only")
 
 
 def check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:

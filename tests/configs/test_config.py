@@ -22,8 +22,9 @@ def load(model_dir, *overrides):
 
 
 def error_of(model_dir, *overrides) -> str:
+    """The one-line error of the config, from validation or from the checks run before start."""
     with pytest.raises(ConfigError) as info:
-        load(model_dir, *overrides)
+        check_before_start(load(model_dir, *overrides))
     return str(info.value)
 
 
@@ -182,7 +183,26 @@ MALFORMED = [
         ["actor_train.strategy_args.strategy_name=megatron_train",
          "+actor_train.strategy_args.strategy_config={tensor_parallel_size: 2}"],
         "actor_train.strategy_args.strategy_config.tensor_parallel_size: not an option of strategy 'megatron' "
-        "(options: tensor_model_parallel_size, pipeline_model_parallel_size, sequence_parallel)",
+        "(options: tensor_model_parallel_size, pipeline_model_parallel_size, expert_model_parallel_size, "
+        "context_parallel_size, sequence_parallel, use_distributed_optimizer, recompute_granularity)",
+    ),
+    (
+        ["actor_train.strategy_args.strategy_name=megatron_train", "+actor_train.world_size=3",
+         "+actor_train.strategy_args.strategy_config={tensor_model_parallel_size: 2}"],
+        "actor_train.strategy_args.strategy_config.tensor_model_parallel_size: world_size 3 is not divisible by "
+        "tensor_model_parallel_size * pipeline_model_parallel_size = 2",
+    ),
+    (
+        ["actor_train.strategy_args.strategy_name=megatron_train",
+         "+actor_train.strategy_args.strategy_config={expert_model_parallel_size: 2}"],
+        "actor_train.strategy_args.strategy_config.expert_model_parallel_size: expert parallel needs a MoE "
+        "model; only dense Llama/Qwen2 convert",
+    ),
+    (
+        ["init_kl_coef=0.1", "+reference={strategy_args: {strategy_name: megatron_infer, "
+         "strategy_config: {tensor_model_parallel_size: 2}}, world_size: 2}"],
+        "reference.strategy_args.strategy_config.tensor_model_parallel_size: the reference computes log-probs "
+        "with the HF model on each rank; model parallelism is built for actor_train only",
     ),
     (
         ["+critic.strategy_args.strategy_name=megatron", "adv_estimator=gae"],

@@ -283,10 +283,56 @@ def test_non_finite_loss_skips_the_update(model_dir, megatron_groups):
 
 
 # ---- what the strategy refuses, in one line ------------------------------------------------
-def test_model_parallel_sizes_above_one_stop_at_start(model_dir, megatron_groups):
-    with pytest.raises(ValueError, match='strategy "megatron" trains with tensor_model_parallel_size = '):
-        _strategy(model_dir, tensor_model_parallel_size=2)
-    _strategy(model_dir, tensor_model_parallel_size=1, sequence_parallel=False)  # the defaults run
+@pytest.mark.parametrize("config, message", [
+    ({"tensor_model_parallel_size": 2}, "tensor_model_parallel_size: world_size 1 is not divisible by "
+                                        "tensor_model_parallel_size \\* pipeline_model_parallel_size = 2"),
+    ({"pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size: pipeline parallel is not built"),
+    ({"expert_model_parallel_size": 2}, "expert_model_parallel_size: expert parallel needs a MoE model"),
+    ({"context_parallel_size": 2}, "context_parallel_size: context parallel is not built"),
+    ({"sequence_parallel": True}, "sequence_parallel: sequence parallel is not built"),
+    ({"recompute_granularity": "block"}, "recompute_granularity: 'block' is not one of full, selective, null"),
+    ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size: must be an integer >= 1"),
+])
+def test_parallel_layouts_not_built_stop_at_start_naming_the_key(model_dir, megatron_groups, config, message):
+    with pytest.raises(ValueError, match=f"^strategy_config.{message}"):
+        _strategy(model_dir, **config)
+
+
+def test_roll_example_keys_run(model_dir, megatron_groups):
+    """ROLL's WebShop example's values: all 1, the distributed optimizer (same steps: every data-
+    parallel rank holds the whole optimizer state here), full recomputation."""
+    _strategy(model_dir, tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
+              context_parallel_size=1, use_distributed_optimizer=True, recompute_granularity="full")
+
+
+@pytest.mark.parametrize("granularity", ["full", "selective"])
+def test_recomputation_reruns_attention_and_changes_no_gradient(model_dir, megatron_groups, monkeypatch, granularity):
+    """Attention runs twice per layer and training micro-batch (forward, then again in the
+    backward) with either granularity, once without; the gradient norm is the plain run's."""
+    plain, recomputing = _strategy(model_dir), _strategy(model_dir, recompute_granularity=granularity)
+    sdpa, calls = torch.nn.functional.scaled_dot_product_attention, []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs))
+    want = plain.train_step(lm_minibatch(0), lm_loss())["actor/grad_norm"]
+    micro_batches, layers = 2, 2  # ARGS: 4 rows, 2 per micro-batch; the tiny Llama's 2 layers
+    assert len(calls) == micro_batches * layers
+    got = recomputing.train_step(lm_minibatch(0), lm_loss())["actor/grad_norm"]
+    assert got == pytest.approx(want, rel=1e-6)
+    assert len(calls) == micro_batches * layers + 2 * micro_batches * layers
+
+
+def test_tensor_parallel_clip_of_one_rank_is_torchs(megatron_groups):
+    """With one rank the tensor-parallel clip is torch's clip_grad_norm_ (norm and clipped grads)."""
+    from roll.distributed.strategies.megatron_parallel import clip_grad_norm_tensor_parallel_
+
+    params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
+    copies = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
+    for p, c, g in zip(params, copies, ([3.0, 0.0, 0.0], [0.0, 4.0, 0.0]), strict=True):
+        p.grad, c.grad = torch.tensor(g), torch.tensor(g)
+    norm = clip_grad_norm_tensor_parallel_([(params[0], True), (params[1], False)], 1.0, None)
+    assert norm == pytest.approx(5.0) == float(torch.nn.utils.clip_grad_norm_(copies, 1.0))
+    for p, c in zip(params, copies, strict=True):
+        torch.testing.assert_close(p.grad, c.grad)
 
 
 def test_a_value_model_is_refused(model_dir, megatron_groups):

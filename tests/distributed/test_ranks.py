@@ -81,3 +81,36 @@ def test_a_rank_without_rows_gets_a_stand_in_that_weighs_nothing():
     share, total = rank_share(minibatch()[:1], 1, 2, "tokens")
     assert share["row"].tolist() == [0] and share["response_mask"].sum() == 0 and total == 4.0
     assert micro_weights([share], "tokens", total, world_size=2) == [0.0]
+
+
+# ---- model-parallel processes of one data-parallel rank ----------------------------------------
+def test_data_parallel_ranks_follow_megatrons_tp_first_order():
+    from roll.distributed.ranks import data_parallel_ranks
+
+    assert data_parallel_ranks(4) == [0, 1, 2, 3]
+    assert data_parallel_ranks(2, tensor_parallel=2) == [0, 0]
+    assert data_parallel_ranks(4, tensor_parallel=2) == [0, 0, 1, 1]
+    assert data_parallel_ranks(4, pipeline_parallel=2) == [0, 1, 0, 1]  # "tp-cp-ep-dp-pp": pp outermost
+    assert data_parallel_ranks(8, tensor_parallel=2, pipeline_parallel=2) == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_rank_group_gives_every_process_of_a_data_parallel_rank_the_same_rows(monkeypatch):
+    """TP 2 x DP 2: processes 0, 1 get rows 0-2, processes 2, 3 rows 3-4; the merge keeps the
+    output of processes 0 and 2 and waits on all four."""
+    from roll.distributed import rank_group
+
+    class Handle:
+        def __init__(self, rank):
+            self.compute_logprobs = rank_group._Method(lambda batch, t: batch["input_ids"] * 10 + rank)
+
+    class Merge:  # rank_group._merge_rows without Ray: the refs are the outputs themselves
+        @staticmethod
+        def remote(row_counts, keep, *parts):
+            assert len(parts) == 4
+            return rank_group.merge_rows([parts[i] for i in keep], row_counts)
+
+    monkeypatch.setattr(rank_group, "_merge_rows", Merge)
+    group = rank_group.RankGroup([Handle(r) for r in range(4)], data_ranks=[0, 0, 1, 1])
+    batch = TensorDict({"input_ids": torch.arange(5)[:, None]}, batch_size=[5])
+    merged = group.compute_logprobs.remote(batch, 1.0)
+    assert merged[:, 0].tolist() == [0, 10, 20, 32, 42]  # rows 0-2 from process 0, rows 3-4 from process 2

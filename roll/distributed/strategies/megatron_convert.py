@@ -183,6 +183,11 @@ def _split_dim(name: str) -> int | None:
     return None
 
 
+def is_tensor_parallel(name: str) -> bool:
+    """Whether `split_tensor_parallel` cuts the tensor `name` over the ranks (else it is replicated)."""
+    return name.endswith(GATED) or _split_dim(name) is not None
+
+
 def check_tensor_parallel(arch: DecoderArch, tp_size: int, vocab_size: int) -> None:
     """A one-line ValueError unless every split dimension divides by `tp_size`. Query groups must
     divide: a rank then holds whole groups of the interleaved qkv (Megatron's layout for fewer

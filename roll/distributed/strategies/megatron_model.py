@@ -23,13 +23,13 @@ unconditionally in forward (measured with 0.16.1):
 from __future__ import annotations
 
 import functools
-
 import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput
 
 from roll.distributed.strategies.megatron_convert import DecoderArch
@@ -150,7 +150,7 @@ class BufferRotaryEmbedding(RotaryEmbedding):
 
 def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
                     sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None,
-                    recompute: bool = False) -> GPTModel:
+                    recompute_granularity: str | None = None) -> GPTModel:
     """A `GPTModel` with `arch`'s shape on CPU, uninitialised (load weights next). Its vocabulary is
     `arch.vocab_size` rounded up to a multiple of `tensor_parallel` (Megatron's vocab padding).
     With tensor parallelism its logits are each rank's vocabulary slice (`MegatronCausalLM`
@@ -163,28 +163,26 @@ def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int 
                    max_sequence_length=arch.max_positions,
                    share_embeddings_and_output_weights=arch.tied_embeddings,
                    position_embedding_type="rope", rotary_base=arch.rope_theta, pg_collection=pg_collection)
-    if recompute:
-        recompute_layers(gpt)
     gpt.rotary_pos_emb = BufferRotaryEmbedding(
         kv_channels=config.kv_channels, rotary_percent=1.0, rotary_interleaved=config.rotary_interleaved,
         rotary_base=arch.rope_theta, use_cpu_initialization=True, cp_group=gpt.pg_collection.cp)
+    recompute_(gpt, recompute_granularity)
     return gpt
 
 
-def recompute_layers(gpt: GPTModel) -> None:
-    """Full activation recompute, one transformer layer at a time: each layer's forward runs under
-    torch's non-reentrant checkpoint when grad is on, so backward recomputes it from its input.
-    What megatron's `recompute_granularity="full"` does; that one goes through megatron's CUDA RNG
-    tracker (it saves and restores the CUDA RNG state) and fails on a CPU build of torch, while
-    this is the same on every device (no dropout here, so no RNG state to replay)."""
-    for layer in gpt.decoder.layers:
-        layer.forward = functools.partial(_checkpointed, layer.forward)
-
-
-def _checkpointed(forward, *args, **kwargs):
-    if not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+def recompute_(gpt: GPTModel, granularity: str | None) -> None:
+    """ROLL's `recompute_granularity`: "full" recomputes every decoder layer in the backward,
+    "selective" only core attention (its (B, heads, T, T) scores are the big activation); None
+    stores every activation. torch's non-reentrant `checkpoint` wraps the modules' forwards:
+    megatron's own recomputation (`TransformerConfig.recompute_granularity`) forks the CUDA RNG
+    tracker and stops on CPU ("Torch not compiled with CUDA enabled", measured with 0.16.1); with
+    no dropout there is no randomness to replay, so this recomputes exactly the same values."""
+    if granularity is None:
+        return
+    layers = list(gpt.decoder.layers)
+    modules = layers if granularity == "full" else [layer.self_attention.core_attention for layer in layers]
+    for module in modules:
+        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
 
 
 def padded_vocab_size(arch: DecoderArch, tensor_parallel: int) -> int:

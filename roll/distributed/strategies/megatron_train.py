@@ -17,19 +17,41 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
 - Data parallel over all ranks: each rank trains on its share of a mini-batch; gradients are
   averaged in one all-reduce before clipping. Tested with two CPU ranks against one process
   (tests/distributed/test_megatron_two_ranks.py).
-- Tensor parallel: the conversion splits and merges shards (`megatron_convert`), and a TP-2
-  `GPTModel` over two CPU processes gives the HF logits and, shard by shard, the HF gradients
-  (same test file). Training with it is not built (the ranks of a TP group need the same data,
-  clipping a norm over shards, checkpoints a gather), so `tensor_model_parallel_size` or
-  `pipeline_model_parallel_size` > 1 and `sequence_parallel` stop at start-up with one line.
+- Tensor parallel (`tensor_model_parallel_size`, any size dividing the model): each rank loads
+  its shard of the converted weights (`megatron_convert.split_tensor_parallel`); the ranks of one
+  tensor-parallel group see the same rows (they are one data-parallel rank: world_size = tp * dp,
+  megatron's rank order "tp-...-dp", see megatron_parallel), clip by the norm of the whole gradient
+  (`megatron_parallel.clip_grad_norm_tensor_parallel_`), and gather the shards whenever weights
+  leave (`state_dict` for the inference engines and checkpoints: merged HF weights on every rank;
+  rank 0 writes the HF dir, each tensor-parallel rank its optimizer-tp<r>.pt). Tested with two
+  CPU processes (tests/distributed/test_megatron_two_ranks.py): two PPO steps at TP 2 give the
+  losses, gradient norms and merged weights of TP 1; HF -> shards -> HF is bit-exact.
+- Pipeline parallel is not built: `pipeline_model_parallel_size` > 1 stops at start-up with one
+  line. Why, on CPU: megatron-core 0.16.1's pipeline schedules (`get_forward_backward_func`) move
+  activations between stages with `P2PCommunicator` (pipeline_parallel/p2p_communication.py),
+  which allocates every received activation on `torch.cuda.current_device()` (its
+  `create_tensor_recv_prev` / `_next`, and the shape exchange) and calls `torch.cuda.synchronize()`
+  after batched p2p; on a CPU build of torch `torch.cuda.current_device()` raises "Torch not
+  compiled with CUDA enabled" (measured), so gloo never gets to send. Making it run would mean
+  replacing megatron's communicator, and the schedules also own the loss (forward_step_func /
+  loss_func per micro-batch) while the roles' loss functions call the model HF-style on
+  de-duplicated rows (roll.distributed.micro_batches). Neither is done; on a GPU (nccl) the p2p path
+  is megatron's own, but the loss plumbing is the same missing piece.
+- `recompute_granularity` full / selective: torch's checkpoint around each layer / core attention
+  (`megatron_model.recompute_`; megatron's own needs CUDA). `use_distributed_optimizer` is
+  accepted and changes nothing but memory: every data-parallel rank keeps the whole optimizer.
+  Expert, context and sequence parallel stop at start-up with one line naming the key.
 Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl), memory, speed.
 Not supported, one line at start-up: the critic's value model (`*ForTokenClassification`), models
 other than Llama/Qwen2 with SwiGLU and default RoPE, Transformer Engine / FP8, MoE.
+`megatron_infer` (ROLL's name for the same model run for log-probs only, e.g. the reference role)
+is accepted by the config as an alias of `megatron` (roll.configs.worker).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -37,7 +59,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from roll.distributed.strategies.megatron_convert import arch_from_hf, hf_to_megatron, megatron_to_hf
+from roll.distributed.strategies.megatron_convert import (
+    arch_from_hf,
+    hf_to_megatron,
+    is_tensor_parallel,
+    megatron_to_hf,
+    merge_tensor_parallel,
+    split_tensor_parallel,
+)
+from roll.distributed.strategies.megatron_parallel import (
+    check_parallel_config,
+    clip_grad_norm_tensor_parallel_,
+    gather_shards,
+)
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import TorchTrainStrategy
 
@@ -57,50 +91,64 @@ def check_megatron_available() -> None:
         raise ImportError(f'strategy "megatron" is written against megatron-core 0.16 (found {installed}): {INSTALL}')
 
 
-def check_parallel_sizes(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                         sequence_parallel: bool = False) -> None:
-    """A one-line ValueError for the model-parallel layouts that are not built (module docstring)."""
-    if tensor_model_parallel_size != 1 or pipeline_model_parallel_size != 1 or sequence_parallel:
-        raise ValueError('strategy "megatron" trains with tensor_model_parallel_size = pipeline_model_parallel_size '
-                         "= 1 and sequence_parallel = false only; use fsdp2 or deepspeed ZeRO-3 to shard a model")
-
-
 class MegatronTrainStrategy(TorchTrainStrategy):
     """`TorchTrainStrategy` over a megatron-core `GPTModel` converted from `model` (see module
-    docstring); `model` is an HF Llama/Qwen2 `*ForCausalLM` and is not kept. `recompute`: full
-    activation recompute of every layer (gradient checkpointing)."""
+    docstring); `model` is an HF Llama/Qwen2 `*ForCausalLM` and is not kept. The parallel keys
+    are ROLL's (`megatron_parallel.check_parallel_config` says which values run). `recompute`
+    (gradient checkpointing, `disable_gradient_checkpointing: false`) means
+    `recompute_granularity: full` when that key is not set."""
 
     def __init__(self, model: nn.Module, *, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                 sequence_parallel: bool = False, device: str | torch.device = "cpu", recompute: bool = False,
-                 **kwargs) -> None:
+                 expert_model_parallel_size: int = 1, context_parallel_size: int = 1, sequence_parallel: bool = False,
+                 use_distributed_optimizer: bool = False, recompute_granularity: str | None = None,
+                 recompute: bool = False, device: str | torch.device = "cpu", **kwargs) -> None:
+        if recompute and recompute_granularity is None:
+            recompute_granularity = "full"
         check_megatron_available()
-        check_parallel_sizes(tensor_model_parallel_size, pipeline_model_parallel_size, sequence_parallel)
+        device = torch.device(device)
+        self.rank, world_size = ensure_process_group(device)
+        check_parallel_config(world_size, tensor_model_parallel_size, pipeline_model_parallel_size,
+                              expert_model_parallel_size, context_parallel_size, sequence_parallel,
+                              use_distributed_optimizer, recompute_granularity)
         if not type(model).__name__.endswith("ForCausalLM"):
             raise ValueError(f'strategy "megatron" trains causal LMs; {type(model).__name__} (a value model?) '
                              "needs torch, deepspeed or fsdp2")
         from roll.distributed.strategies import megatron_model
 
-        device = torch.device(device)
+        tp = tensor_model_parallel_size
         self.arch = arch_from_hf(model.config)
         self.hf_class, self.hf_config = type(model), model.config
         self.generation_config = getattr(model, "generation_config", None)
         hf_state = model.state_dict()
         self.hf_names = list(hf_state)  # a tied model lists lm_head.weight too; keep HF's names and order
-        self.rank, _ = ensure_process_group(device)
-        megatron_model.init_model_parallel()
-        self.data_parallel_group = megatron_model.parallel_state.get_data_parallel_group()  # all ranks
-        self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype, recompute=recompute)
-        megatron_model.load_megatron_state(self.gpt, hf_to_megatron(hf_state, self.arch))
-        del hf_state
-        unconverted = sorted(set(self.hf_names) - set(self._hf_weights()))
+        megatron_model.init_model_parallel(tp)
+        state = megatron_model.parallel_state
+        self.tp_group, self.tp_rank, self.tp_size = (state.get_tensor_model_parallel_group(),
+                                                     state.get_tensor_model_parallel_rank(), tp)
+        self.data_parallel_group = state.get_data_parallel_group()
+        self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype, tensor_parallel=tp,
+                                                  recompute_granularity=recompute_granularity)
+        full = hf_to_megatron(hf_state, self.arch, megatron_model.padded_vocab_size(self.arch, tp))
+        unconverted = sorted(set(self.hf_names) - set(megatron_to_hf(full, self.arch)))
         if unconverted:  # a weight the conversion does not know would be lost silently
             raise ValueError(f'strategy "megatron" cannot convert {unconverted[0]} of {self.hf_class.__name__}')
+        megatron_model.load_megatron_state(self.gpt, split_tensor_parallel(full, self.arch, tp)[self.tp_rank])
+        del hf_state, full
         super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size), device=device, **kwargs)
-        self.dp_rank, self.dp_size = self.rank, dist.get_world_size(self.data_parallel_group)
+        self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
 
-    # ---- data parallel ------------------------------------------------------------------------
+    # ---- data and tensor parallel -------------------------------------------------------------
     def _clip_and_step(self, finite: bool) -> tuple[float, bool]:
-        return super()._clip_and_step(self._average_gradients(finite))
+        finite = self._average_gradients(finite)
+        if self.tp_size == 1:
+            return super()._clip_and_step(finite)
+        params = [(p, is_tensor_parallel(name)) for name, p in self.gpt.named_parameters()]
+        grad_norm = clip_grad_norm_tensor_parallel_(params, self.max_grad_norm, self.tp_group)
+        skipped = not (finite and math.isfinite(grad_norm))
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
 
     def _average_gradients(self, finite: bool) -> bool:
         """Average gradients over the data-parallel ranks (one flat all-reduce), and whether every
@@ -120,38 +168,62 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             param.grad = grad.view_as(param)
         return bool(all_finite.item())
 
+    def _reduce_over_ranks(self, values: list[float], op) -> list[float]:
+        """Over the data-parallel ranks only: the tensor-parallel ranks of one data-parallel rank
+        hold the same rows and metrics, and summing them would count each row tp times."""
+        tensor = torch.tensor(values, dtype=torch.float64)
+        if self.device.type == "cuda":  # nccl reduces device tensors only
+            tensor = tensor.to(self.device)
+        dist.all_reduce(tensor, op=op, group=self.data_parallel_group)
+        return tensor.cpu().tolist()
+
     # ---- weights and checkpoints ------------------------------------------------------------
-    def _hf_weights(self) -> dict[str, torch.Tensor]:
-        """The model's weights under HF names: views of the parameters, where they are."""
-        return megatron_to_hf({k: v for k, v in self.gpt.state_dict().items() if torch.is_tensor(v)}, self.arch)
+    def _megatron_weights(self) -> dict[str, torch.Tensor]:
+        """The whole (TP-1) Megatron state dict: this rank's parameters (views) with one rank, the
+        merged shards of every tensor-parallel rank with several (a collective over them)."""
+        local = {k: v for k, v in self.gpt.state_dict().items() if torch.is_tensor(v)}
+        if self.tp_size == 1:
+            return local
+        return merge_tensor_parallel(gather_shards(local, self.tp_group))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named full CPU copies of the weights, in the HF model's key order."""
-        hf_state = self._hf_weights()
+        """HF-named full CPU copies of the weights, in the HF model's key order. With tensor
+        parallelism every rank of the group must call it (the shards are gathered); all get them."""
+        hf_state = megatron_to_hf(self._megatron_weights(), self.arch)
         return {name: hf_state[name].detach().to("cpu", copy=True).contiguous() for name in self.hf_names}
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Overwrite the weights from HF-named tensors (optimizer state is left as it is)."""
-        from roll.distributed.strategies.megatron_model import load_megatron_state
+        """Overwrite the weights from HF-named tensors, this rank's shard of them (optimizer state
+        is left as it is)."""
+        from roll.distributed.strategies.megatron_model import load_megatron_state, padded_vocab_size
 
-        load_megatron_state(self.gpt, hf_to_megatron(state_dict, self.arch))
+        full = hf_to_megatron(state_dict, self.arch, padded_vocab_size(self.arch, self.tp_size))
+        load_megatron_state(self.gpt, split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank])
+
+    def _optimizer_file(self) -> str:
+        """optimizer.pt, or optimizer-tp<r>.pt per tensor-parallel rank (moments of its shard)."""
+        return "optimizer.pt" if self.tp_size == 1 else f"optimizer-tp{self.tp_rank}.pt"
 
     def save_checkpoint(self, directory: str | Path) -> None:
-        """HF model dir of the weights + optimizer.pt (Megatron layout) + scheduler.pt, on rank 0.
+        """HF model dir of the merged weights + scheduler.pt on rank 0, and each tensor-parallel
+        rank's optimizer file (`_optimizer_file`, Megatron layout) from data-parallel rank 0.
+        Every rank must call it (the shards are gathered).
 
         The HF model that writes the dir lives on the meta device: it holds no memory, and
         `save_pretrained` writes the tensors it is given (sharding and tied weights as HF does)."""
-        if self.rank != 0:  # every rank holds the whole model
-            return
         directory = Path(directory)
         state = self.state_dict()
+        if self.dp_rank != 0:  # every data-parallel rank holds the same model and moments
+            return
         directory.mkdir(parents=True, exist_ok=True)
+        torch.save(self.optimizer.state_dict(), directory / self._optimizer_file())
+        if self.rank != 0:
+            return
         with torch.device("meta"):
             shell = self.hf_class(self.hf_config)
         if self.generation_config is not None:
             shell.generation_config = self.generation_config
         shell.save_pretrained(directory, state_dict=state)
-        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
 
     def load_checkpoint(self, directory: str | Path) -> None:
@@ -161,5 +233,5 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         self.load_state_dict(saved.state_dict())
         del saved
         self.optimizer.load_state_dict(
-            torch.load(directory / "optimizer.pt", weights_only=True, map_location=self.device))
+            torch.load(directory / self._optimizer_file(), weights_only=True, map_location=self.device))
         self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))

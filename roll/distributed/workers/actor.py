@@ -164,7 +164,8 @@ class ActorWorker:
     def save_checkpoint(self, directory: str) -> None:
         """An HF model dir (plus tokenizer when the base model had one) + optimizer/scheduler."""
         self.strategy.save_checkpoint(directory)  # collective with several ranks; rank 0 writes
-        if self.tokenizer is not None and self.strategy.dp_rank == 0:
+        first_rank = self.strategy.dp_rank == 0 and getattr(self.strategy, "tp_rank", 0) == 0  # megatron TP
+        if self.tokenizer is not None and first_rank:
             self.tokenizer.save_pretrained(directory)
 
     def load_checkpoint(self, directory: str) -> None:

@@ -1,0 +1,105 @@
+"""What the `megatron` strategy's tensor-parallel ranks do together, besides the model's own
+collectives: agree on the layout from ROLL's keys, gather the weight shards, and clip by the norm
+of the whole gradient. Plain torch.distributed (no megatron import), so it is unit-tested on CPU
+with one process as with several (gloo on CPU, nccl on CUDA: tensors go to the group's device).
+
+Layout: megatron-core's default rank order "tp-cp-ep-dp-pp" puts the tensor-parallel ranks of
+one model replica next to each other, so with `world_size` = tp * dp (pp = 1) process r is
+tensor-parallel rank r % tp of data-parallel rank r // tp (`roll.distributed.ranks.data_parallel_rank_of`
+says the same to the driver, which hands every rank of one data-parallel rank the same rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                 "context_parallel_size", "sequence_parallel", "use_distributed_optimizer",
+                 "recompute_granularity")
+"""ROLL's `strategy_config` keys of `megatron_train` / `megatron_infer` that this strategy reads."""
+
+
+def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
+                          expert_model_parallel_size: int = 1, context_parallel_size: int = 1,
+                          sequence_parallel: bool = False, use_distributed_optimizer: bool = False,
+                          recompute_granularity: str | None = None) -> None:
+    """A one-line ValueError naming the first key whose value is not built, else None.
+
+    Built: tensor parallel of any size that divides the model (checked when the weights are
+    split), `use_distributed_optimizer` (accepted: a data-parallel rank here holds the whole
+    optimizer state, which gives the same steps; only memory differs), `recompute_granularity`
+    "full" or "selective" or null (megatron's activation recomputation, `TransformerConfig`).
+    Not built: pipeline parallel (megatron_train's docstring says why), expert parallel (no
+    MoE model converts), context parallel, sequence parallel."""
+    sizes = {"tensor_model_parallel_size": tensor_model_parallel_size,
+             "pipeline_model_parallel_size": pipeline_model_parallel_size,
+             "expert_model_parallel_size": expert_model_parallel_size,
+             "context_parallel_size": context_parallel_size}
+    for key, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"strategy_config.{key}: must be an integer >= 1 (got {size!r})")
+    refusals = {
+        "pipeline_model_parallel_size": (pipeline_model_parallel_size > 1,
+                                         "pipeline parallel is not built (megatron-core 0.16's p2p needs CUDA; "
+                                         "see megatron_train); use tensor_model_parallel_size"),
+        "expert_model_parallel_size": (expert_model_parallel_size > 1,
+                                       "expert parallel needs a MoE model; only dense Llama/Qwen2 convert"),
+        "context_parallel_size": (context_parallel_size > 1, "context parallel is not built"),
+        "sequence_parallel": (bool(sequence_parallel), "sequence parallel is not built"),
+        "recompute_granularity": (recompute_granularity not in (None, "full", "selective"),
+                                  f"{recompute_granularity!r} is not one of full, selective, null"),
+    }
+    for key, (refused, why) in refusals.items():
+        if refused:
+            raise ValueError(f"strategy_config.{key}: {why}")
+    model_parallel = tensor_model_parallel_size * pipeline_model_parallel_size
+    if world_size % model_parallel:
+        raise ValueError(f"strategy_config.tensor_model_parallel_size: world_size {world_size} is not divisible "
+                         f"by tensor_model_parallel_size * pipeline_model_parallel_size = {model_parallel}")
+
+
+def gather_shards(local: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> list[dict[str, torch.Tensor]]:
+    """Every tensor-parallel rank's `local` state dict (same names and shapes on every rank, as
+    megatron's shards are), in rank order; all ranks of `group` must call it. One rank: [local]."""
+    size = dist.get_world_size(group)
+    if size == 1:
+        return [local]
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(size)]
+    for name, tensor in local.items():
+        pieces = [torch.empty_like(tensor) for _ in range(size)]
+        dist.all_gather(pieces, tensor.detach().contiguous(), group=group)
+        for shard, piece in zip(shards, pieces, strict=True):
+            shard[name] = piece
+    return shards
+
+
+def clip_grad_norm_tensor_parallel_(params: Iterable[tuple[nn.Parameter, bool]], max_norm: float,
+                                    group: dist.ProcessGroup | None) -> float:
+    """Clip the gradients of one tensor-parallel model replica by the L2 norm of the WHOLE
+    gradient, as `torch.nn.utils.clip_grad_norm_` does for an unsplit model: squares of sharded
+    gradients are summed over the ranks, replicated ones counted once (on rank 0 of `group`).
+    Same clip coefficient as torch's, max_norm / (norm + 1e-6) capped at 1. `params`: (parameter,
+    whether it is split over the ranks) pairs; megatron marks split ones `tensor_model_parallel`
+    only when it initialises them, which a model loaded from converted weights skips, so the
+    caller says it (`megatron_convert.is_tensor_parallel`). Returns the norm (inf or nan when a
+    gradient is non-finite; nothing is scaled then)."""
+    grads = [(p.grad, sharded) for p, sharded in params if p.grad is not None]
+    first_rank = dist.get_rank(group) == 0
+    device = grads[0][0].device if grads else torch.device("cpu")
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    for grad, sharded in grads:
+        if sharded or first_rank:
+            squares += grad.detach().double().pow(2).sum()
+    dist.all_reduce(squares, group=group)
+    norm = float(squares.sqrt())
+    if math.isfinite(norm):
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        if coef < 1.0:
+            for grad, _ in grads:
+                grad.mul_(coef)
+    return norm
