@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     from ray.exceptions import RayActorError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
+    from roll.distributed.strategies.engine_api import EngineFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.guards import TrainingDiverged
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     except PlacementError as err:  # a device_mapping this machine cannot hold: a config error here
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    except (TrainingDiverged, RolloutFailed) as err:
+    except (TrainingDiverged, RolloutFailed, EngineFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
     except RayActorError as err:  # e.g. the inference or actor worker's process was killed
