@@ -43,11 +43,13 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     from roll.distributed.strategies.engine_api import EngineFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.checkpoint import CheckpointDamaged
     from roll.pipeline.guards import TrainingDiverged
 
     try:
         AgenticPipeline(config).run()
-    except PlacementError as err:  # a device_mapping this machine cannot hold: a config error here
+    except (PlacementError, CheckpointDamaged) as err:  # a device_mapping this machine cannot hold,
+        # a resume_from_checkpoint path that is not an intact checkpoint: config errors here
         print(f"config error: {err}", file=sys.stderr)
         return 2
     except (TrainingDiverged, RolloutFailed, EngineFailed) as err:
