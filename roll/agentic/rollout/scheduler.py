@@ -144,6 +144,7 @@ class RolloutScheduler:
             failure = engine_failure(err)
             if failure is None:
                 raise
+            self._settle_running()
             raise failure from None
         state = self._steps[group_step]
         state.causes += result.dropped
@@ -156,6 +157,17 @@ class RolloutScheduler:
         else:
             raise RolloutFailed(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
         self._launch()
+
+    def _settle_running(self, timeout_s: float = 10.0) -> None:
+        """Collect the groups still running (they end within moments once the engine has failed),
+        so Ray does not print each one's error as an unhandled traceback when the run stops."""
+        refs, self._running = list(self._running), {}
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # the same engine failure, already being reported
+                pass
 
     def _push(self, tag: str, step: int, spec: GroupSpec) -> None:
         heapq.heappush(self._pending[tag], (step, next(self._seq), spec))
