@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
         config = load_config(config_dir, args.config_name, args.overrides)
+        from roll.pipeline.preflight import run_preflight
+
+        run_preflight(config)  # the output dir, the model's config.json, one env per tag
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
