@@ -84,6 +84,11 @@ class AgenticPipeline:
 
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
+        if self.start_step >= cfg.max_steps:  # e.g. a finished run resumed without raising max_steps
+            logger.warning("nothing to train: resumed at step %d and max_steps is %d; raise max_steps to go on",
+                           self.start_step, cfg.max_steps)
+            self.tracker.close()
+            return metrics
         progress = ProgressBar(cfg.max_steps, initial=self.start_step)
         if self.val_rollout is not None and self.start_step == 0:
             self.tracker.log(0, self.validate(0))  # where the untrained policy starts

@@ -39,7 +39,7 @@ from torch import nn
 
 from roll.distributed.strategies.megatron_convert import arch_from_hf, hf_to_megatron, megatron_to_hf
 from roll.distributed.strategies.process_group import ensure_process_group
-from roll.distributed.strategies.torch_train import TorchTrainStrategy
+from roll.distributed.strategies.torch_train import TorchTrainStrategy, restore_schedule
 
 INSTALL = 'pip install "megatron-core>=0.16,<0.17"'
 
@@ -160,4 +160,4 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         del saved
         self.optimizer.load_state_dict(
             torch.load(directory / "optimizer.pt", weights_only=True, map_location=self.device))
-        self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))
