@@ -222,6 +222,6 @@ def test_512_seeded_requests_in_one_call(model_path):
 
     outs = asyncio.run(play())
     assert worker.get_stats()["engine_calls"] == 1 and [o.request_id for o in outs] == [r.request_id for r in reqs]
-    assert all(len(o.token_ids) == 3 for o in outs)
+    assert all(1 <= len(o.token_ids) <= 3 and o.finish_reason in ("stop", "length") for o in outs)
     for i in (0, 255, 511):  # seeded: the same tokens alone as in the batch of 512
         assert worker.engine.generate_batch([reqs[i]])[0].token_ids == outs[i].token_ids
