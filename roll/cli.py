@@ -4,13 +4,19 @@ A bad config is the user's most common mistake, so it gets one line on stderr na
 exit status 2 (no traceback). A run that cannot go on for a known reason (diverged training, a
 rollout that keeps failing, a worker process that died for good) gets one line and exit status 1;
 anything else that goes wrong is a bug and keeps its traceback.
+
+SIGTERM (e.g. `kill PID`, a scheduler's preemption) ends the run cleanly: one line, no stack
+dump, nothing saved beyond the last checkpoint, the local Ray cluster this run started shut down,
+and exit status 143 (128 + SIGTERM, as a shell reports a process ended by the signal).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from roll.configs import ConfigError, load_config
@@ -33,9 +39,11 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
         config = load_config(config_dir, args.config_name, args.overrides)
+        from roll.pipeline.preflight import run_preflight
         from roll.pipeline.prestart import check_before_start  # imports the envs: after the config loaded
 
-        check_before_start(config)
+        check_before_start(config)  # env types and env_config keys, LoRA targets, the device layout
+        run_preflight(config)  # the output dir, the model's config.json, one env per tag
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -43,23 +51,73 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     from ray.exceptions import RayActorError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
+    from roll.core.errors import EngineFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.checkpoint import CheckpointDamaged
     from roll.pipeline.guards import TrainingDiverged
 
+    import ray
+
+    ray_was_up = ray.is_initialized()  # a caller's Ray (a notebook, a test) is left running
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         AgenticPipeline(config).run()
-    except PlacementError as err:  # a device_mapping this machine cannot hold: a config error here
+    except (Terminated, SystemError) as err:
+        if not _terminated(err):  # a SystemError of its own: a bug, keep its traceback
+            raise
+        print("training stopped: SIGTERM; resume from the last checkpoint with resume_from_checkpoint=true",
+              file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except (PlacementError, CheckpointDamaged) as err:  # a device_mapping this machine cannot hold,
+        # a resume_from_checkpoint path that is not an intact checkpoint: config errors here
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    except (TrainingDiverged, RolloutFailed) as err:
+    except (TrainingDiverged, RolloutFailed, EngineFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
     except RayActorError as err:  # e.g. the inference or actor worker's process was killed
         print(f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
               f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}", file=sys.stderr)
         return 1
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        if not ray_was_up:
+            _shutdown_ray()
     return 0
+
+
+class Terminated(Exception):
+    """The process got SIGTERM (raised from the signal handler, in the main thread)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _terminated(err: BaseException | None) -> bool:
+    """Whether `err` is, or was caused by, `Terminated`: raised inside Ray's compiled wait/get
+    loops it comes back as a SystemError whose cause is the Terminated."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, Terminated):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def _shutdown_ray() -> None:
+    """Stop the Ray processes this run started (a local cluster), on every way out; SIGTERM is
+    ignored meanwhile so a second one does not cut the shutdown short."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            ray.shutdown()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _first_line(err: BaseException) -> str:

@@ -65,14 +65,23 @@ def next_move(distances: dict[tuple[int, int], int], pos: tuple[int, int]) -> in
     return next(nearer, None)
 
 
+MAX_SIZE = 64
+"""Largest map side: 64 rows of 64 symbols is about 4,200 characters, inside an observation's 8,192."""
+
+
 def check_map_params(size: int, hole_prob: float, max_path_length: int | None) -> None:
-    """Reject parameters for which `generate_map` would be meaningless or never return."""
-    if size < 2:
-        raise ValueError(f"size must be >= 2 (start and goal need two cells), got {size}")
-    if not 0.0 <= hole_prob <= 1.0:
-        raise ValueError(f"hole_prob must be in [0, 1], got {hole_prob}")
-    if max_path_length is not None and max_path_length < 1:
-        raise ValueError(f"max_path_length must be >= 1 or None, got {max_path_length}")
+    """Reject parameters for which `generate_map` would be meaningless, never return, or draw a
+    map whose text exceeds an observation's limit (`MAX_SIZE`)."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        raise ValueError(f"size must be an int, got {size!r}")
+    if not 2 <= size <= MAX_SIZE:
+        raise ValueError(f"size must be in [2, {MAX_SIZE}] (start and goal need two cells; the map is "
+                         f"text the model reads), got {size}")
+    if isinstance(hole_prob, bool) or not isinstance(hole_prob, (int, float)) or not 0.0 <= hole_prob <= 1.0:
+        raise ValueError(f"hole_prob must be a number in [0, 1], got {hole_prob!r}")
+    if max_path_length is not None and (isinstance(max_path_length, bool) or not isinstance(max_path_length, int)
+                                        or max_path_length < 1):
+        raise ValueError(f"max_path_length must be an int >= 1 or None, got {max_path_length!r}")
 
 
 def generate_map(

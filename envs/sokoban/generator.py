@@ -30,6 +30,10 @@ _BRUSHES: tuple[tuple[Cell, ...], ...] = (((0, 0),), ((0, 0), (0, 1)), ((0, 0), 
 MAX_ATTEMPTS = 1000
 
 
+MAX_ROOM_SIDE = 30
+MAX_SEARCH_DEPTH = 1000
+
+
 def check_room_params(dim_room: tuple[int, int], num_boxes: int, search_depth: int) -> None:
     """Reject parameters for which `generate_room` could never succeed."""
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in (num_boxes, search_depth)):
@@ -39,10 +43,13 @@ def check_room_params(dim_room: tuple[int, int], num_boxes: int, search_depth: i
     rows, cols = dim_room
     if rows < 3 or cols < 3 or max(rows, cols) < 5:
         raise ValueError(f"dim_room must be >= 3 x 3 with a side >= 5, got {dim_room}")
+    if max(rows, cols) > MAX_ROOM_SIDE:
+        raise ValueError(f"dim_room sides must be at most {MAX_ROOM_SIDE} (room generation and the "
+                         f"solver grow with the room), got {dim_room}")
     if not 1 <= num_boxes <= (rows - 2) * (cols - 2) - 2:
         raise ValueError(f"num_boxes must be in [1, inner cells - 2], got {num_boxes}")
-    if search_depth < 1:
-        raise ValueError(f"search_depth must be >= 1, got {search_depth}")
+    if not 1 <= search_depth <= MAX_SEARCH_DEPTH:
+        raise ValueError(f"search_depth must be in [1, {MAX_SEARCH_DEPTH}], got {search_depth}")
 
 
 def carve_floor(rng: np.random.Generator, dim_room: tuple[int, int]) -> list[Cell]:

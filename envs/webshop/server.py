@@ -27,10 +27,11 @@ from urllib.parse import parse_qs, urlsplit
 from envs.webshop import pages
 from envs.webshop.catalog import CatalogError, load_catalog
 from envs.webshop.search import SearchIndex
-from envs.webshop.shop import BadRequestError, Shop
+from envs.webshop.shop import BadRequestError, Shop, is_small_int
 
 HOST = "127.0.0.1"  # never another interface: the shop has no authentication
 MAX_BODY_BYTES = 65536
+READ_TIMEOUT_S = 30.0  # see _Handler.timeout
 _browser_sessions = itertools.count()
 
 
@@ -43,6 +44,10 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out in two writes; with Nagle on, the body waits for the client's
     # delayed ACK (about 40 ms a page).
     disable_nagle_algorithm = True
+    # Socket reads time out: a client that sends a short body (or goes quiet mid-request) frees its
+    # thread after this long instead of holding it forever. An idle keep-alive connection is
+    # closed too; the env's client reconnects on its next request (envs/webshop/client.py).
+    timeout = READ_TIMEOUT_S
     server: _ShopHTTPServer
 
     def _send(self, status: int, body: str, content_type: str = "text/html",
@@ -72,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path == "/":
             query = parse_qs(url.query)
             number = next(_browser_sessions)
-            seed = int(query["seed"][0]) if query.get("seed", [""])[0].isdigit() else number
+            seed = int(query["seed"][0]) if is_small_int(query.get("seed", [""])[0]) else number
             sid = f"web-{number}"
             shop.random_session(sid, seed)
             self._send(303, "", location=pages.home_url(sid))
@@ -81,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = self.headers.get("Content-Length") or "0"
-        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        if not is_small_int(length) or int(length) > MAX_BODY_BYTES:
             self._send(413, pages.error_page("Bad request."))
             self.close_connection = True
             return

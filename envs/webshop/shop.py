@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -21,6 +23,10 @@ from envs.webshop.goals import NO_PRICE_LIMIT, Goal, make_goal, sample_goal
 from envs.webshop.reward import PurchaseReward, purchase_reward
 from envs.webshop.search import TOP_K, SearchIndex
 
+MAX_SESSIONS = 10_000
+"""Sessions kept at most; beyond it the least recently used is dropped (its next request: 404)."""
+SESSION_TTL_S = 3600.0
+"""A session idle this long is dropped when the next one starts."""
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _ROUTE = re.compile(
     r"/s/(?P<sid>[^/]+)/(?:(?P<search>search)|item/(?P<item>[^/]+)(?:/(?P<sub>description|features))?"
@@ -53,10 +59,16 @@ def _one(query: Query, key: str, default: str | None = None) -> str:
     return values[0]
 
 
+def is_small_int(text: str, max_digits: int = 18) -> bool:
+    """ASCII digits only, at most `max_digits` of them: what `int(text)` takes cheaply. (str.isdigit
+    alone accepts "²", which int() refuses, and int() refuses more than 4,300 digits.)"""
+    return text.isascii() and text.isdigit() and len(text) <= max_digits
+
+
 def _int(query: Query, key: str, default: str, low: int, high: int) -> int:
     text = _one(query, key, default)
-    if not text.isdigit() or not low <= int(text) <= high:
-        raise BadRequestError(f"{key} must be an integer in [{low}, {high}], got {text!r}")
+    if not is_small_int(text) or not low <= int(text) <= high:
+        raise BadRequestError(f"{key} must be an integer in [{low}, {high}], got {text[:40]!r}")
     return int(text)
 
 
@@ -77,8 +89,27 @@ class Shop:
     def __init__(self, catalog: Catalog, index: SearchIndex) -> None:
         self.catalog = catalog
         self.index = index
-        self._sessions: dict[str, Session] = {}
+        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+        self._last_used: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def _store(self, sid: str, session: Session) -> None:
+        """Add a session (under the lock), expiring those idle for `SESSION_TTL_S` and the least
+        recently used beyond `MAX_SESSIONS`: a browser's `GET /` or an env that never called
+        `end` must not grow the server's memory without bound."""
+        now = time.monotonic()
+        self._sessions[sid] = session
+        self._sessions.move_to_end(sid)
+        self._last_used[sid] = now
+        while self._sessions:
+            oldest = next(iter(self._sessions))
+            if len(self._sessions) <= MAX_SESSIONS and now - self._last_used[oldest] <= SESSION_TTL_S:
+                break
+            del self._sessions[oldest], self._last_used[oldest]
+
+    def num_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
 
     def _product(self, asin: str) -> Product:
         product = self.catalog.by_asin.get(unquote(asin))
@@ -89,6 +120,9 @@ class Shop:
     def _session(self, sid: str) -> Session:
         with self._lock:
             session = self._sessions.get(sid)
+            if session is not None:
+                self._sessions.move_to_end(sid)
+                self._last_used[sid] = time.monotonic()
         if session is None:
             raise BadRequestError(f"no session {sid!r}", 404)
         return session
@@ -110,18 +144,19 @@ class Shop:
             raise BadRequestError(str(e)) from None
         per_page = _int(form, "per_page", "10", 1, TOP_K)
         with self._lock:
-            self._sessions[sid] = Session(goal, per_page)
+            self._store(sid, Session(goal, per_page))
         return pages.search_page(sid, goal.instruction)
 
     def random_session(self, sid: str, seed: int) -> None:
         """Start session `sid` on a goal drawn with `seed` (for a person in a browser)."""
         goal = sample_goal(self.catalog, np.random.default_rng(seed))
         with self._lock:
-            self._sessions[sid] = Session(goal, per_page=10)
+            self._store(sid, Session(goal, per_page=10))
 
     def end_session(self, sid: str) -> None:
         with self._lock:
             self._sessions.pop(sid, None)
+            self._last_used.pop(sid, None)
 
     def page(self, path: str, query: Query) -> str:
         """The HTML of GET `path` (with its parsed `query`); raises `BadRequestError`."""

@@ -113,6 +113,10 @@ class PipelineConfig(ConfigModel):
     resume_from_checkpoint: bool | str = False
     """False starts fresh; True resumes from the latest complete checkpoint under `output_dir`
     (fresh if there is none yet); a path resumes from that checkpoint directory (it must exist)."""
+    overwrite_output_dir: bool = False
+    """A fresh run (`resume_from_checkpoint: false`) refuses to start in an `output_dir` that holds
+    another run's `metrics.jsonl` or checkpoints; true lets it, deleting those first so that the
+    two runs' metrics and checkpoints never mix (`roll.pipeline.preflight`)."""
     pretrain: str
     """Local HF model dir (with config.json) that every role loads unless its
     `model_args.model_name_or_path` says otherwise."""

@@ -13,6 +13,8 @@ Roles that share GPUs take turns on them: each phase first makes its roles resid
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,7 +72,10 @@ class AgenticPipeline:
         check_before_start(cfg)  # envs, datasets, device layout: a bad one stops here (ConfigError)
         # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here
         self.residency = PhaseResidency(place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
+        sigterm = signal.getsignal(signal.SIGTERM)
         init_ray(cfg.ray_address)
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it, and Ray's C handler dumps a stack
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.workers = build_workers(cfg, self.residency)
@@ -93,6 +98,11 @@ class AgenticPipeline:
 
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
+        if self.start_step >= cfg.max_steps:  # e.g. a finished run resumed without raising max_steps
+            logger.warning("nothing to train: resumed at step %d and max_steps is %d; raise max_steps to go on",
+                           self.start_step, cfg.max_steps)
+            self.tracker.close()
+            return metrics
         progress = ProgressBar(cfg.max_steps, initial=self.start_step)
         # model/trainable_params, model/total_params: once per run, with the first logged step
         model_size = ray.get(self.workers["actor"].param_counts.remote(), timeout=RAY_TIMEOUT_S)

@@ -5,17 +5,33 @@
 A checkpoint is written into `.tmp-step_N/` and renamed into place only when complete; the file
 `latest` (replaced atomically) then names it. A run killed at any moment therefore leaves either
 the previous complete checkpoint or the new one, never a half-written directory that looks whole.
+
+Bit rot, a full disk or a hand edit can still damage a committed checkpoint, so each one carries
+`manifest.json` (every file's size and sha256), written last: before it, every data file is
+fsynced, so the manifest never describes bytes that are not on disk yet. Resuming checks the
+manifest (sizes first, then hashes) and, when a file does not match, falls back to the newest
+intact checkpoint with one warning line naming the bad file, instead of a traceback from the
+loader (torch's unpickler, safetensors, json). A checkpoint without a manifest (written before
+manifests existed) is taken as complete when its state and config are there, as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest"
+MANIFEST_FILE = "manifest.json"
+logger = logging.getLogger("roll")
+
+
+class CheckpointDamaged(RuntimeError):
+    """A checkpoint named explicitly (`resume_from_checkpoint: PATH`) is not intact; one line."""
 
 
 def checkpoint_root(output_dir: str) -> Path:
@@ -35,12 +51,15 @@ def commit(output_dir: str, tmp: Path, step: int, state: dict) -> Path:
     `step_N` (a resumed run saving a step again) is renamed aside before, and deleted after, so a
     kill never leaves a half-deleted `step_N` that still looks complete."""
     _write_atomic(tmp / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
+    _write_atomic(tmp / MANIFEST_FILE, json.dumps(_manifest(tmp, fsync=True), indent=1))
+    _fsync_dir(tmp)
     final = checkpoint_root(output_dir) / f"step_{step}"
     old = final.with_name(f".old-{final.name}")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
+    _fsync_dir(final.parent)
     _write_atomic(checkpoint_root(output_dir) / LATEST_FILE, final.name)
     shutil.rmtree(old, ignore_errors=True)
     return final
@@ -50,16 +69,56 @@ def is_complete(path: Path) -> bool:
     return (path / STATE_FILE).is_file() and (path / "config.json").is_file()
 
 
-def latest(output_dir: str) -> Path | None:
-    """The newest complete checkpoint: the one `latest` names, else the highest complete step_N."""
+def damage(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted ("optimizer.pt: 12 bytes, the manifest says
+    4096"), or None when it is intact (or has no manifest but is complete)."""
+    if not is_complete(path):
+        return f"{STATE_FILE} or config.json is missing"
+    manifest_path = path / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return None  # written before manifests: nothing to check it against
+    try:
+        expected = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST_FILE} is unreadable"
+    for name, entry in expected.items():  # sizes first: cheap, and what truncation changes
+        file = path / name
+        if not file.is_file():
+            return f"{name}: missing"
+        if file.stat().st_size != entry["size"]:
+            return f"{name}: {file.stat().st_size} bytes, the manifest says {entry['size']}"
+    for name, entry in expected.items():
+        if _sha256(path / name) != entry["sha256"]:
+            return f"{name}: its sha256 differs from the manifest's"
+    return None
+
+
+def candidates(output_dir: str) -> list[Path]:
+    """Complete-looking checkpoints, newest first: the one `latest` names, then step_N by N."""
     root = checkpoint_root(output_dir)
+    steps = sorted((p for p in root.glob("step_*") if is_complete(p)), key=lambda p: -int(p.name[5:]))
     marker = root / LATEST_FILE
-    if marker.is_file():
-        candidate = root / marker.read_text().strip()
-        if is_complete(candidate):
-            return candidate
-    steps = sorted((p for p in root.glob("step_*") if is_complete(p)), key=lambda p: int(p.name[5:]))
-    return steps[-1] if steps else None
+    named = root / marker.read_text().strip() if marker.is_file() else None
+    if named is not None and named in steps:
+        steps.remove(named)
+        steps.insert(0, named)
+    return steps
+
+
+def latest(output_dir: str) -> Path | None:
+    """The newest intact checkpoint. Damaged ones newer than it are skipped with one warning
+    line that names each one's bad file."""
+    skipped = []  # "step_3 (optimizer.pt: ...)"
+    for path in candidates(output_dir):
+        problem = damage(path)
+        if problem is None:
+            if skipped:
+                logger.warning("damaged checkpoint skipped: %s; resuming from %s", "; ".join(skipped), path.name)
+            return path
+        skipped.append(f"{path.name} ({problem})")
+    if skipped:
+        logger.warning("damaged checkpoint skipped: %s; no intact checkpoint is left", "; ".join(skipped))
+    return None
 
 
 def resolve_resume(resume_from_checkpoint: bool | str, output_dir: str) -> Path | None:
@@ -70,12 +129,51 @@ def resolve_resume(resume_from_checkpoint: bool | str, output_dir: str) -> Path 
         return latest(output_dir)
     path = Path(resume_from_checkpoint)
     if not is_complete(path):
-        raise FileNotFoundError(f"resume_from_checkpoint: {path} is not a complete checkpoint")
+        raise CheckpointDamaged(f"resume_from_checkpoint: {path} is not a complete checkpoint")
+    problem = damage(path)
+    if problem is not None:
+        raise CheckpointDamaged(f"resume_from_checkpoint: {path} is damaged ({problem})")
     return path
 
 
 def read_state(path: Path) -> dict:
     return json.loads((path / STATE_FILE).read_text())
+
+
+def _manifest(directory: Path, fsync: bool) -> dict:
+    """Size and sha256 of every file under `directory` (the manifest itself excepted); with
+    `fsync`, each file is flushed to disk first (the writers are other processes: an fsync on any
+    descriptor of a file flushes its pages)."""
+    files = {}
+    for file in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE):
+        if fsync:
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        files[file.relative_to(directory).as_posix()] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+    for sub in (p for p in directory.rglob("*") if p.is_dir()):
+        if fsync:
+            _fsync_dir(sub)
+    return {"files": files}
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make renames and new entries in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -33,18 +33,28 @@ def to_float(value: Any) -> float:
 
 
 def truncate_metrics(path: Path, last_step: int) -> int:
-    """Keep the lines of `path` with step <= `last_step` (and drop a torn last line); return how
-    many lines were dropped. The file is rewritten atomically."""
-    kept, dropped = [], 0
-    for line in path.read_text().splitlines():
+    """Keep the lines of `path` with step <= `last_step`; return how many lines were dropped (the
+    steps after the checkpoint, which the resumed run logs again). A line that does not parse
+    (cut short by a kill, or damaged) is never deleted: it is appended to `<path>.corrupt` and
+    reported in one warning. The file is rewritten atomically."""
+    kept, dropped, damaged = [], 0, []
+    for line in path.read_text(errors="replace").splitlines():
         try:
-            keep = json.loads(line)["step"] <= last_step
-        except (json.JSONDecodeError, KeyError, TypeError):
-            keep = False  # a line cut short when the run was killed mid-write
+            keep = int(json.loads(line)["step"]) <= last_step
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            damaged.append(line + "\n")
+            continue
         if keep:
             kept.append(line + "\n")
         else:
             dropped += 1
+    if damaged:
+        corrupt = path.with_name(path.name + ".corrupt")
+        with open(corrupt, "a") as f:
+            f.writelines(damaged)
+            f.flush()
+            os.fsync(f.fileno())
+        log.warning("%s: %d damaged line(s) moved to %s", path, len(damaged), corrupt)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept))
     os.replace(tmp, path)

@@ -2,10 +2,12 @@
 reward (equivalent forms, never raises), the MATH preprocessing, the shipped sample set, and the
 tiny `math` preset's tokenizer."""
 
+import asyncio
 import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,51 @@ def test_calculator_is_exact(expression, value):
 def test_calculator_refuses_everything_else_in_one_line(expression, says):
     result = calculator(expression)
     assert result.startswith("Error: ") and says in result and "\n" not in result
+
+
+HOSTILE = [
+    "(((1/10**64)**64)**64)**64", "((((1/10**64)**64)**64)**64)**64",  # once 13 s, then unbounded memory
+    "(((7/3)**64)**64)**64", "(1-2**-60)**64**2", "10**10**10", "2**2**2**2**2", "(10**99)**2",
+    "*".join(["99999999999"] * 16), "9" * 150, "1" + "0" * 199, "0." + "0" * 150 + "1", "1e308*1e308",
+    "1e999", "-(" * 90 + "1" + ")" * 90, "(" * 300 + "1" + ")" * 300, "9" * 100_000,
+]
+
+
+@pytest.mark.parametrize("expression", HOSTILE)
+def test_calculator_refuses_huge_work_up_front(expression):
+    """Model-written input that would take seconds, gigabytes or hours: one-line error (or a small
+    exact answer) in milliseconds, so the tool never needs its timeout."""
+    started = time.perf_counter()
+    result = calculator(expression)
+    assert time.perf_counter() - started < 0.05
+    assert "\n" not in result and len(result) <= 220
+
+
+def test_a_hostile_calculation_does_not_block_the_agents_event_loop():
+    """Through the tool runner, as an agent calls it: a ticker on the same loop keeps ticking."""
+    from roll.agentic.agent_loop.tools import ToolCall, run_tool_calls
+
+    async def play():
+        gaps, last, done = [], time.perf_counter(), False
+
+        async def tick():
+            nonlocal last
+            while not done:
+                await asyncio.sleep(0.005)
+                gaps.append(time.perf_counter() - last)
+                last = time.perf_counter()
+
+        ticker = asyncio.ensure_future(tick())
+        calls = [ToolCall("calculator", {"expression": e}) for e in HOSTILE[:4]]
+        results = await run_tool_calls(calls, [calculator], timeout_s=2.0)
+        done = True
+        await ticker
+        return results, max(gaps, default=0.0)
+
+    results, worst_gap = asyncio.run(play())
+    assert [r.status for r in results] == ["ok"] * 4 and worst_gap < 0.5
+    assert [r.content for r in results] == ["Error: result has more than 100 digits"] * 3 + [
+        "Error: exponents must be integers of at most 64"]
 
 
 @pytest.mark.parametrize(("answer", "response", "reward"), [

@@ -181,7 +181,7 @@ def test_cli_unknown_env_is_one_line_exit_2():
          "--env_config is not valid JSON: Expecting property name"),
         (["frozen_lake", "--env_config", "[3]"], "--env_config must be a JSON object, got '[3]'"),
         (["frozen_lake", "--env_config", '{"sise": 3}'], "unknown env_config key(s) 'sise'"),
-        (["frozen_lake", "--env_config", '{"size": 1}'], "size must be >= 2"),
+        (["frozen_lake", "--env_config", '{"size": 1}'], "size must be in [2, 64]"),
         ([f"{__name__}:MuteEnv", "--agent", "scripted"], "MuteEnv has no scripted agent"),
     ],
 )

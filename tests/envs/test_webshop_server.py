@@ -90,6 +90,9 @@ def test_session_pages_and_a_single_purchase(shop):
         ("POST", "/s/bad%20id/start", "asin=x", 400, "session id must match"),
         ("POST", "/s/t3/start", "asin=B0NOTHERE0", 404, "no product"),
         ("POST", "/s/t3/elsewhere", "", 404, "Not found."),
+        ("GET", "/s/t2/search?q=shoes&page=%C2%B2", None, 400, "page must be an integer in [1, 3]"),  # "²"
+        ("GET", "/s/t2/search?q=shoes&page=" + "9" * 5000, None, 400, "page must be an integer in [1, 3]"),
+        ("GET", "/s/t2/search?q=shoes&page=%D9%A3", None, 400, "page must be an integer in [1, 3]"),  # Arabic 3
     ],
 )
 def test_bad_requests(shop, method, path, body, status, message):
@@ -161,3 +164,37 @@ def test_client_error_status_is_not_retried(shop):
         client.get("/nowhere")
     assert json.loads(client.get("/health"))["status"] == "ok"  # the connection is still usable
     client.close()
+
+
+def test_odd_numbers_elsewhere_get_an_answer_not_a_dropped_connection(shop):
+    assert request(shop, "GET", "/?seed=%C2%B2")[0] == 303  # not a seed: a session all the same
+    assert request(shop, "GET", "/?seed=" + "7" * 5000)[0] == 303
+    conn = http.client.HTTPConnection(*shop.address, timeout=10)
+    conn.putrequest("POST", "/s/t9/start")
+    conn.putheader("Content-Length", "\u00b2".encode("utf-8").decode("latin-1"))
+    conn.endheaders()
+    assert conn.getresponse().status == 413
+    conn.close()
+
+
+def test_a_short_body_times_out_instead_of_holding_a_thread(shop, monkeypatch):
+    import time
+
+    monkeypatch.setattr(server_module._Handler, "timeout", 0.5)
+    with socket.create_connection(shop.address, timeout=10) as sock:
+        sock.sendall(b"POST /s/t9/start HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nasin=")
+        started = time.monotonic()
+        assert sock.recv(100) == b""  # the server gave up on the missing 95 bytes and closed
+        assert time.monotonic() - started < 5
+
+
+def test_idle_sessions_are_bounded(shop, monkeypatch):
+    from envs.webshop import shop as shop_module
+
+    monkeypatch.setattr(shop_module, "MAX_SESSIONS", 50)
+    for _ in range(120):  # a browser (or a crawler) hitting GET / again and again
+        assert request(shop, "GET", "/")[0] == 303
+    assert shop.shop.num_sessions() == 50
+    monkeypatch.setattr(shop_module, "SESSION_TTL_S", 0.0)
+    request(shop, "GET", "/")
+    assert shop.shop.num_sessions() == 1  # every older one had been idle past the TTL

@@ -74,6 +74,20 @@ def test_resume_drops_what_was_logged_after_the_checkpoint(tmp_path):
     assert scalars(tmp_path / "tb", "loss") == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
 
 
+def test_a_damaged_metrics_line_is_kept_aside_and_reported(tmp_path, caplog):
+    with Tracker(tmp_path, tmp_path / "tb") as tracker:
+        for step in range(1, 4):
+            tracker.log(step, {"loss": float(step)})
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "lo')  # killed mid-write
+    with caplog.at_level("WARNING"):
+        Tracker(tmp_path, tmp_path / "tb", resume_step=3).close()
+    assert (tmp_path / "metrics.jsonl.corrupt").read_text() == '{"step": 4, "lo\n'
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{tmp_path / 'metrics.jsonl'}: 1 damaged line(s) moved to {tmp_path / 'metrics.jsonl.corrupt'}"]
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()] == [1, 2, 3]
+
+
 def test_fresh_run_starts_a_new_metrics_file(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 9, "loss": 1.0}\n')
     with Tracker(tmp_path, tmp_path / "tb") as tracker:

@@ -95,7 +95,9 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        super().reset(seed=None if seed is None else int(seed))
         self._num_actions = 0
         self._num_invalid = 0
         self._frame = self._reset(dict(options or {}))

@@ -19,6 +19,7 @@ from roll.agentic.episode import EpisodeSpec
 from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
 from roll.core.records import GroupResult, SamplingParams
+from roll.core.errors import engine_failure
 from roll.models.loading import load_tokenizer
 from roll.utils.seeding import derive_seed
 
@@ -99,6 +100,10 @@ class EnvWorker:
         await asyncio.gather(*pending, return_exceptions=True)
         for i in range(len(managers)):  # unpin every episode; the engine may drop their KV now
             self._gateway.release(group.episode(i).traj_id)
+        failures = (engine_failure(res) for res in finished.values() if isinstance(res, BaseException))
+        engine_error = next((f for f in failures if f is not None), None)
+        if engine_error is not None:  # not an episode's fault: the run must stop (scheduler, CLI)
+            raise engine_error
         trajectories, dropped = [], []
         for i in range(len(managers)):
             res = finished.get(i)

@@ -8,7 +8,8 @@ In training, a group whose every trajectory failed is replaced by a fresh group 
 max(8, 2 x the step's groups) times a step), and so is a group whose env-worker process died while
 playing it (Ray restarts the worker, whose envs are then made anew; one that cannot come back
 fails every group it is given, so the step ends in a clear error instead of a hang). Validation replaces nothing: its groups are a fixed set,
-so a lost episode is counted and the others are scored.
+so a lost episode is counted and the others are scored. An inference engine that failed
+(`EngineFailed`, raised by the env worker) is never replaced around: `collect` raises it at once.
 
 Async training: `dispatch(step)` queues a later step's groups ahead of time; they start on free
 slots at once and keep generating while the driver trains, and `collect(step)` later returns them
@@ -29,6 +30,7 @@ import ray
 
 from roll.agentic.rollout.env_worker import GroupSpec
 from roll.core.records import GroupResult, Trajectory
+from roll.core.errors import engine_failure
 from roll.utils.seeding import derive_seed
 
 
@@ -138,6 +140,12 @@ class RolloutScheduler:
         except ray.exceptions.RayActorError as err:  # the env-worker process died; Ray restarts it
             cause = f"env worker {slot.worker} died: {type(err).__name__}"
             result = GroupResult(spec.group_index, [], [cause] * self.group_size)
+        except ray.exceptions.RayTaskError as err:  # an inference engine failed: stop, say why
+            failure = engine_failure(err)
+            if failure is None:
+                raise
+            self._settle_running()
+            raise failure from None
         state = self._steps[group_step]
         state.causes += result.dropped
         state.redundant += result.redundant
@@ -149,6 +157,17 @@ class RolloutScheduler:
         else:
             raise RolloutFailed(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
         self._launch()
+
+    def _settle_running(self, timeout_s: float = 10.0) -> None:
+        """Collect the groups still running (they end within moments once the engine has failed),
+        so Ray does not print each one's error as an unhandled traceback when the run stops."""
+        refs, self._running = list(self._running), {}
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # the same engine failure, already being reported
+                pass
 
     def _push(self, tag: str, step: int, spec: GroupSpec) -> None:
         heapq.heappush(self._pending[tag], (step, next(self._seq), spec))

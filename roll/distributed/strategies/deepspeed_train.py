@@ -40,7 +40,7 @@ from torch import nn
 
 from roll.distributed.strategies.offload import move_optimizer_state_
 from roll.distributed.strategies.process_group import ensure_process_group
-from roll.distributed.strategies.torch_train import TorchTrainStrategy, _as_float
+from roll.distributed.strategies.torch_train import TorchTrainStrategy, _as_float, restore_schedule
 
 OWNED_KEYS = ("optimizer", "scheduler", "train_batch_size", "train_micro_batch_size_per_gpu",
               "gradient_accumulation_steps", "gradient_clipping")
@@ -156,7 +156,7 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
         directory = Path(directory)
         self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True,
                                     load_lr_scheduler_states=False)
-        self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))
 
     def offload(self, to: str | torch.device = "cpu") -> None:
         """ZeRO 1-3: DeepSpeed's own `offload_states` (to CPU only; it empties the module's

@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from roll.distributed.strategies.process_group import ensure_process_group
-from roll.distributed.strategies.torch_train import TorchTrainStrategy
+from roll.distributed.strategies.torch_train import TorchTrainStrategy, restore_schedule
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -84,4 +84,4 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
         optim_state = torch.load(directory / "optimizer.pt", weights_only=True)
         set_optimizer_state_dict(self.model, self.optimizer, optim_state,
                                  options=StateDictOptions(full_state_dict=True))
-        self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))

@@ -73,7 +73,7 @@ from roll.distributed.strategies.megatron_parallel import (
     gather_shards,
 )
 from roll.distributed.strategies.process_group import ensure_process_group
-from roll.distributed.strategies.torch_train import TorchTrainStrategy
+from roll.distributed.strategies.torch_train import TorchTrainStrategy, restore_schedule
 
 INSTALL = 'pip install "megatron-core>=0.16,<0.17"'
 
@@ -234,4 +234,4 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         del saved
         self.optimizer.load_state_dict(
             torch.load(directory / self._optimizer_file(), weights_only=True, map_location=self.device))
-        self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))

