@@ -42,12 +42,16 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     from roll.agentic.rollout.scheduler import RolloutFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.cluster import ClusterError
     from roll.pipeline.guards import TrainingDiverged
 
     try:
         AgenticPipeline(config).run()
     except PlacementError as err:  # a device_mapping this machine cannot hold: a config error here
         print(f"config error: {err}", file=sys.stderr)
+        return 2
+    except ClusterError as err:  # ray_address: no cluster there, or it refused the driver's token
+        print(f"cluster error: {err}", file=sys.stderr)
         return 2
     except (TrainingDiverged, RolloutFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)

@@ -23,6 +23,7 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
+from roll.pipeline import cluster
 from roll.pipeline.residency import PhaseResidency
 
 logger = logging.getLogger(__name__)
@@ -38,14 +39,10 @@ _ENV_WORKER_OPTIONS = {**_ACTOR_OPTIONS, "max_restarts": -1}
 _OFFLOADABLE_ENGINE_OPTIONS = {"vllm": {"enable_sleep_mode": True}, "sglang": {"enable_memory_saver": True}}
 
 
-def init_ray(address: str | None) -> None:
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if address:
-        ray.init(address=address, logging_level="ERROR")
-    else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+def init_ray(address: str | None) -> bool:
+    """A private local Ray on 127.0.0.1, or the cluster at `address` / `RAY_ADDRESS`
+    (`roll.pipeline.cluster`); returns whether the run joined a cluster."""
+    return cluster.init_ray(address)
 
 
 def place_workers(cfg) -> DevicePlan:

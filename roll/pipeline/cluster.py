@@ -1,0 +1,126 @@
+"""Where the run's Ray comes from, and where its processes landed.
+
+Two cases, decided once (`init_ray`) and said in one line on stderr:
+- `ray_address` (or `RAY_ADDRESS`) set: join that cluster. Nothing about its size is passed (Ray
+  refuses `num_cpus` when connecting); with Ray's token authentication on (the default of
+  `ray start --head`) the driver needs the cluster's token (`RAY_AUTH_TOKEN_PATH` or
+  `RAY_AUTH_TOKEN`), and a refusal ends in one line saying so (`ClusterError`, exit 2).
+- Neither set: a private local instance, even when another Ray runs on this machine (a user's
+  `ray start --head` is not joined: `address="local"`), bound to 127.0.0.1 only. Ray's gRPC servers
+  (GCS, raylet, object manager, core workers of the driver and actors) listen on loopback only when
+  the node address is 127.0.0.1, and `ray.init` turns a loopback `_node_ip_address` into the
+  machine's outward IP unless clusters are switched off (`ray_constants.ENABLE_RAY_CLUSTER`, set
+  from `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` at import). So the switch is off while Ray starts, and
+  the dashboard is not started. tests/pipeline/test_ray_local.py lists the sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+
+import ray
+
+LOOPBACK = "127.0.0.1"
+
+
+class ClusterError(RuntimeError):
+    """The cluster named by `ray_address` cannot be joined; `str()` is one line."""
+
+
+def ray_target(address: str | None) -> str | None:
+    """The cluster to join: `ray_address`, else `RAY_ADDRESS`, else None (a private local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def init_ray(address: str | None) -> bool:
+    """Start or join Ray (module docstring); returns whether the run joined a cluster."""
+    if ray.is_initialized():
+        return ray_target(address) is not None
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    target = ray_target(address)
+    if target is None:
+        with _loopback_node():
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                     _node_ip_address=LOOPBACK, logging_level="ERROR")
+        _say("ray: started a private local instance on 127.0.0.1 (a Ray already running on this machine is "
+             "not joined; set ray_address or RAY_ADDRESS to join a cluster)")
+        return False
+    source = "ray_address" if address else "RAY_ADDRESS"
+    host = target.split("://")[-1].rsplit(":", 1)[0]
+    _token_mode_if_token_available()
+    try:
+        with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing():
+            ray.init(address=target, logging_level="ERROR")
+    except Exception as err:  # noqa: BLE001 - turned into one line naming the cause
+        raise ClusterError(_join_failure(source, target, err)) from None
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    _say(f"ray: joined the cluster at {target} ({source}): {len(nodes)} nodes, "
+         f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
+         f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs")
+    return True
+
+
+def _token_mode_if_token_available() -> None:
+    """A driver joining a cluster sends Ray's token only in token mode, which Ray turns on by
+    itself for a cluster it starts but not for one it joins: on when a token is at hand
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) and RAY_AUTH_MODE is unset."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _join_failure(source: str, target: str, err: BaseException) -> str:
+    chain = [err]
+    while chain[-1].__cause__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__cause__)
+    text = " ".join(str(err).split())
+    name = type(err).__name__
+    if any(type(e).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(e) for e in chain):
+        return (f"{source}={target}: Ray token authentication failed ({name}): the driver needs the cluster's "
+                "token: RAY_AUTH_TOKEN_PATH=<the head's ~/.ray/auth_token> or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token")
+    return f"{source}={target}: cannot join the Ray cluster ({name}: {text[:300]})"
+
+
+@contextmanager
+def _loopback_node():
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
+    """The node an actor runs on, from Ray's GCS (no call into the actor, which may be busy):
+    {"node_ip", "node_id"}; "pending" for both when it has not been placed within `timeout_s`."""
+    from ray._private import state
+
+    actor_id = handle._actor_id.hex()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = state.actors(actor_id=actor_id) or {}
+        address = info.get("Address") or {}
+        if info.get("State") == "ALIVE" and address.get("NodeID"):
+            return {"node_ip": address.get("IPAddress", ""), "node_id": address["NodeID"]}
+        if time.monotonic() > deadline:
+            return {"node_ip": "pending", "node_id": "pending"}
+        time.sleep(0.2)
