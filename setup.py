@@ -23,7 +23,7 @@ setup(
         # LangGraph agents (roll/agentic/agent_loop/graph.py); tested with langgraph 1.2.22, langchain-core 1.7.2.
         "agents": ["langgraph>=1.2,<2", "langchain-core>=1.7,<2"],
         # The test suite runs every engine and agent path that works on CPU, so it needs their extras.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "psutil>=5.9", "deepspeed>=0.19.8,<0.20", "megatron-core>=0.16,<0.17",
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "deepspeed>=0.19.8,<0.20", "megatron-core>=0.16,<0.17",
                  "langgraph>=1.2,<2", "langchain-core>=1.7,<2", "math-verify>=0.9,<1"],
         # The math agent example (examples/math_agent): math-verify rewards; pyarrow reads
         # MATH-lighteval's parquet files in preprocess.py.

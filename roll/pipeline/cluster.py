@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import ray
 
 LOOPBACK = "127.0.0.1"
+_joined = False
 
 
 class ClusterError(RuntimeError):
@@ -56,6 +57,8 @@ def init_ray(address: str | None) -> bool:
             ray.init(address=target, logging_level="ERROR")
     except Exception as err:  # noqa: BLE001 - turned into one line naming the cause
         raise ClusterError(_join_failure(source, target, err)) from None
+    global _joined
+    _joined = True
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     _say(f"ray: joined the cluster at {target} ({source}): {len(nodes)} nodes, "
          f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
@@ -74,6 +77,11 @@ def _token_mode_if_token_available() -> None:
     except ImportError:  # a Ray without token authentication
         return
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def joined() -> bool:
+    """Whether this driver joined a cluster (`init_ray` with an address) rather than started Ray."""
+    return _joined
 
 
 def _join_failure(source: str, target: str, err: BaseException) -> str:

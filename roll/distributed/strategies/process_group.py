@@ -22,6 +22,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def node_rendezvous_point() -> tuple[str, int]:
+    """This node's address as Ray knows it and a port free on it: where rank 0 of a group that
+    runs here serves the group (`roll.pipeline.builders`); 127.0.0.1 on a private local Ray."""
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as sock:
+        sock.bind((ip, 0))
+        return ip, sock.getsockname()[1]
+
+
+def _gloo_on_node_interface() -> None:
+    """gloo's pairs listen on the interface its hostname resolves to, which is not the node's on a
+    cluster node (or in a network namespace) and not loopback on a local run: use the interface
+    holding this node's Ray address (127.0.0.1: `lo`), unless GLOO_SOCKET_IFNAME says otherwise."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    import psutil
+    import ray
+
+    ip = ray.util.get_node_ip_address() if ray.is_initialized() else os.environ["MASTER_ADDR"]
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addresses):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
+
+
 def ensure_process_group(device: torch.device) -> tuple[int, int]:
     """Initialise the default process group once per process; returns (rank, world_size).
 
@@ -34,6 +61,8 @@ def ensure_process_group(device: torch.device) -> tuple[int, int]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            if backend == "gloo":
+                _gloo_on_node_interface()
             dist.init_process_group(backend)
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
