@@ -16,10 +16,12 @@ Two cases, decided once (`init_ray`) and said in one line on stderr:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import ray
 
@@ -132,3 +134,37 @@ def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
         if time.monotonic() > deadline:
             return {"node_ip": "pending", "node_id": "pending"}
         time.sleep(0.2)
+
+
+WORKER_KEYS = {"actor_train": "actor", "reference": "reference", "critic": "critic", "actor_infer": "inference"}
+"""`build_workers`' key of each role."""
+
+
+def placement_rows(plan, workers: dict, env_workers: dict[str, list]) -> list[dict]:
+    """One row per process: every rank of every role (`plan`, a `DevicePlan`; `workers`,
+    `build_workers`' dict) and every env worker (`env_workers`: manager name -> handles), with the
+    node it landed on and its devices (its CUDA_VISIBLE_DEVICES, or "cpu")."""
+    rows = []
+    for role, placements in plan.processes.items():
+        handles = workers[WORKER_KEYS[role]]
+        handles = handles if isinstance(handles, list) else getattr(handles, "handles", [handles])
+        for placement, handle in zip(placements, handles, strict=True):
+            rows.append({"role": role, "rank": placement.index, **actor_node(handle),
+                         "devices": placement.cuda_visible_devices or "cpu"})
+    for manager, handles in env_workers.items():
+        rows += [{"role": f"env_worker:{manager}", "rank": i, **actor_node(h), "devices": "cpu"}
+                 for i, h in enumerate(handles)]
+    return rows
+
+
+def write_placement(output_dir: str, rows: list[dict]) -> Path:
+    """`output_dir/placement.json` (written whole, then renamed) and a short table on stderr."""
+    path = Path(output_dir) / "placement.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"nodes": sorted({r["node_ip"] for r in rows}), "processes": rows}, indent=1))
+    os.replace(tmp, path)
+    lines = [f"{'role':<18} {'rank':>4}  {'node ip':<15} {'node id':<12} devices"]
+    lines += [f"{r['role']:<18} {r['rank']:>4}  {r['node_ip']:<15} {r['node_id'][:12]:<12} {r['devices']}" for r in rows]
+    _say("placement (" + str(path) + "):\n" + "\n".join(lines))
+    return path
