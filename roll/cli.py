@@ -37,12 +37,12 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
         print(f"config error: {err}", file=sys.stderr)
         return 2
     # Imported only now: torch and Ray take seconds, a config error should not wait for them.
-    from ray.exceptions import RayActorError
+    from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
-    from roll.pipeline.cluster import ClusterError
+    from roll.pipeline.cluster import ClusterError, joined, lost_nodes
     from roll.pipeline.guards import TrainingDiverged
 
     try:
@@ -56,11 +56,24 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     except (TrainingDiverged, RolloutFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
-    except RayActorError as err:  # e.g. the inference or actor worker's process was killed
+    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError) as err:
+        lost = lost_nodes(wait_s=30.0 if joined() else 0.0)  # a cluster node gone takes its workers
+        if lost:
+            print(f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
+                  "resume with resume_from_checkpoint=true once the cluster has room again", file=sys.stderr)
+            return 1
+        # e.g. the inference or actor worker's process was killed
         print(f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
               f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _last_checkpoint(config) -> str:
+    from roll.pipeline import checkpoint as ckpt
+
+    path = ckpt.latest(config.output_dir)
+    return str(path) if path is not None else "none"
 
 
 def _first_line(err: BaseException) -> str:

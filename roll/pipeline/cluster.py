@@ -27,6 +27,8 @@ import ray
 
 LOOPBACK = "127.0.0.1"
 _joined = False
+_nodes_at_start: dict[str, str] = {}
+"""Node id -> IP of the nodes alive when the run started (`lost_nodes`)."""
 
 
 class ClusterError(RuntimeError):
@@ -48,6 +50,7 @@ def init_ray(address: str | None) -> bool:
         with _loopback_node():
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
                      _node_ip_address=LOOPBACK, logging_level="ERROR")
+        _remember_nodes()
         _say("ray: started a private local instance on 127.0.0.1 (a Ray already running on this machine is "
              "not joined; set ray_address or RAY_ADDRESS to join a cluster)")
         return False
@@ -61,7 +64,7 @@ def init_ray(address: str | None) -> bool:
         raise ClusterError(_join_failure(source, target, err)) from None
     global _joined
     _joined = True
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = _remember_nodes()
     _say(f"ray: joined the cluster at {target} ({source}): {len(nodes)} nodes, "
          f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
          f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs")
@@ -79,6 +82,29 @@ def _token_mode_if_token_available() -> None:
     except ImportError:  # a Ray without token authentication
         return
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _remember_nodes() -> list[dict]:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    _nodes_at_start.update({n["NodeID"]: n["NodeManagerAddress"] for n in nodes})
+    return nodes
+
+
+def lost_nodes(wait_s: float = 0.0) -> list[str]:
+    """The nodes of the run's start that Ray now reports dead, as "IP (node id)"; waits up to
+    `wait_s` for one to show (a worker's death may be reported before its node's)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} if ray.is_initialized() else None
+        except Exception:  # noqa: BLE001 - the GCS itself is gone: nothing to name
+            return []
+        if alive is None:
+            return []
+        lost = [f"{ip} (node {nid[:12]})" for nid, ip in _nodes_at_start.items() if nid not in alive]
+        if lost or time.monotonic() >= deadline:
+            return lost
+        time.sleep(1.0)
 
 
 def joined() -> bool:
