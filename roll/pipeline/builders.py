@@ -18,7 +18,7 @@ from roll.agentic.rollout.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
-from roll.distributed.strategies.process_group import node_rendezvous_point
+from roll.distributed.strategies.process_group import STORE_FILE_ENV, fresh_store_file, node_rendezvous_point
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
@@ -118,7 +118,8 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, **kwargs):
     addr, port = ray.get(ray.remote(num_cpus=0)(node_rendezvous_point).options(
         scheduling_strategy=spots[0]).remote(), timeout=_PLACEMENT_TIMEOUT_S)
     threads = None if placements[0].device is not None else max(1, (os.cpu_count() or 1) // ranks)
-    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port, addr), scheduling_strategy=spot).remote(
+    store = {} if cluster.joined() else {STORE_FILE_ENV: fresh_store_file()}  # one machine: no TCP store
+    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, scheduling_strategy=spot).remote(
         *args, device=p.torch_device, num_threads=threads, **kwargs) for p, spot in zip(placements, spots, strict=True)])
 
 
