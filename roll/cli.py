@@ -56,12 +56,15 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     except (TrainingDiverged, RolloutFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
-    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError) as err:
-        lost = lost_nodes(wait_s=30.0 if joined() else 0.0)  # a cluster node gone takes its workers
+    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt) as err:
+        # a cluster node gone takes its workers; its death may be reported a little after theirs
+        lost = lost_nodes(wait_s=30.0 if joined() and not isinstance(err, KeyboardInterrupt) else 0.0)
         if lost:
             print(f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
                   "resume with resume_from_checkpoint=true once the cluster has room again", file=sys.stderr)
             return 1
+        if isinstance(err, KeyboardInterrupt):
+            raise
         # e.g. the inference or actor worker's process was killed
         print(f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
               f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}", file=sys.stderr)

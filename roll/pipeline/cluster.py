@@ -16,9 +16,11 @@ Two cases, decided once (`init_ray`) and said in one line on stderr:
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +67,7 @@ def init_ray(address: str | None) -> bool:
     global _joined
     _joined = True
     nodes = _remember_nodes()
+    threading.Thread(target=_watch_nodes, name="roll-node-watch", daemon=True).start()
     _say(f"ray: joined the cluster at {target} ({source}): {len(nodes)} nodes, "
          f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
          f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs")
@@ -105,6 +108,17 @@ def lost_nodes(wait_s: float = 0.0) -> list[str]:
         if lost or time.monotonic() >= deadline:
             return lost
         time.sleep(1.0)
+
+
+def _watch_nodes(period_s: float = 2.0) -> None:
+    """On a cluster, a node lost mid-run stops the run at once, whatever the driver waits on (a
+    rollout whose inference worker was there would otherwise wait out its timeouts): the main
+    thread gets a KeyboardInterrupt, which the CLI turns into one line (`lost_nodes`)."""
+    while ray.is_initialized():
+        if lost_nodes():
+            _thread.interrupt_main()
+            return
+        time.sleep(period_s)
 
 
 def joined() -> bool:
