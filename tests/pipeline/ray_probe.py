@@ -1,7 +1,7 @@
 """Run by tests/pipeline/test_ray_local.py in a fresh process: start or join Ray as the pipeline
-does (`init_ray(None)`), start one actor, print one JSON line (joined?, GCS address, the listening
+does (`init_ray(None)`), print one JSON line (joined?, GCS address, the listening
 TCP sockets of this process and every process it started), then, with `hold`, keep Ray up until
-stdin closes."""
+stdin closes (only then is an actor started: its worker's sockets are listed too)."""
 
 import json
 import sys
@@ -32,7 +32,8 @@ def listening_sockets() -> list[list]:
 
 if __name__ == "__main__":
     joined = init_ray(None)
-    ray.get(Probe.remote().node_id.remote())  # a worker process with its gRPC server is up
+    if "hold" in sys.argv[1:]:  # the instance whose sockets are checked: a worker process is up too
+        ray.get(Probe.remote().node_id.remote())
     print(json.dumps({"joined": joined, "gcs": ray.get_runtime_context().gcs_address,
                       "listening": listening_sockets()}), flush=True)
     if sys.argv[1:] == ["hold"]:

@@ -38,6 +38,7 @@ def test_local_ray_listens_on_loopback_only_and_existing_instances_are_handled()
         assert first["joined"] is False
         names = {name for name, _, _ in first["listening"]}
         assert {"gcs_server", "raylet"} <= names, first["listening"]
+        assert any(n.startswith("ray::") and not n.endswith("Agent") for n in names), first["listening"]  # a worker
         outside = [s for s in first["listening"] if s[1] not in LOOPBACK]
         assert outside == [], f"listening outside loopback: {outside}"
         assert first["gcs"].startswith("127.0.0.1:")
