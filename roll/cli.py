@@ -48,13 +48,14 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
         print(f"config error: {err}", file=sys.stderr)
         return 2
     # Imported only now: torch and Ray take seconds, a config error should not wait for them.
-    from ray.exceptions import RayActorError
+    from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
     from roll.core.errors import EngineFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.checkpoint import CheckpointDamaged
+    from roll.pipeline.cluster import ClusterError, joined, lost_nodes
     from roll.pipeline.guards import TrainingDiverged
 
     import ray
@@ -74,10 +75,22 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
         # a resume_from_checkpoint path that is not an intact checkpoint: config errors here
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    except ClusterError as err:  # ray_address: no cluster there, or it refused the driver's token
+        print(f"cluster error: {err}", file=sys.stderr)
+        return 2
     except (TrainingDiverged, RolloutFailed, EngineFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
-    except RayActorError as err:  # e.g. the inference or actor worker's process was killed
+    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt) as err:
+        # a cluster node gone takes its workers; its death may be reported a little after theirs
+        lost = lost_nodes(wait_s=30.0 if joined() and not isinstance(err, KeyboardInterrupt) else 0.0)
+        if lost:
+            print(f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
+                  "resume with resume_from_checkpoint=true once the cluster has room again", file=sys.stderr)
+            return 1
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        # e.g. the inference or actor worker's process was killed
         print(f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
               f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}", file=sys.stderr)
         return 1
@@ -118,6 +131,13 @@ def _shutdown_ray() -> None:
             ray.shutdown()
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _last_checkpoint(config) -> str:
+    from roll.pipeline import checkpoint as ckpt
+
+    path = ckpt.latest(config.output_dir)
+    return str(path) if path is not None else "none"
 
 
 def _first_line(err: BaseException) -> str:

@@ -67,12 +67,12 @@ class ProcessPlacement:
         """What the process passes to torch: its one visible GPU, or the CPU."""
         return "cpu" if self.device is None else "cuda:0"
 
-    def rank_env(self, world_size: int, master_port: int) -> dict[str, str]:
+    def rank_env(self, world_size: int, master_port: int, master_addr: str = "127.0.0.1") -> dict[str, str]:
         """The torch.distributed variables of this process as rank `index` of its role's group,
-        served by rank 0 on the driver's node (`roll.pipeline.builders`); `ensure_process_group`
+        served by rank 0 at `master_addr`, its own node (`roll.pipeline.builders`); `ensure_process_group`
         joins the group they describe. LOCAL_RANK names the process's device among those it sees:
         0 on a GPU (it sees only its own), the rank on CPU."""
-        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), "RANK": str(self.index),
+        return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(self.index),
                 "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0" if self.device is not None else str(self.index)}
 
     def ray_options(self) -> dict[str, Any]:

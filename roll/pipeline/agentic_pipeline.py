@@ -43,6 +43,7 @@ from roll.pipeline.builders import (
     init_ray,
     place_workers,
 )
+from roll.pipeline.cluster import placement_rows, write_placement
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.prestart import check_before_start
 from roll.pipeline.residency import PhaseResidency
@@ -84,6 +85,9 @@ class AgenticPipeline:
         self.val_rollout = None
         if cfg.eval_steps > 0:
             self.val_rollout = build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val")
+        rollouts = {"train": self.train_rollout, "val": self.val_rollout}
+        write_placement(cfg.output_dir, placement_rows(self.residency.plan, self.workers, {
+            name: r.workers for name, r in rollouts.items() if r is not None}))  # where everything landed
         gen = cfg.actor_infer.generating_args
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
         self.step_wise = cfg.sample_mode == SampleMode.STEP

@@ -9,7 +9,8 @@ import logging
 import os
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
@@ -19,12 +20,13 @@ from roll.algorithms.pg_variants import PGOptions
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.ranks import data_parallel_ranks
-from roll.distributed.strategies.process_group import free_port
+from roll.distributed.strategies.process_group import STORE_FILE_ENV, fresh_store_file, node_rendezvous_point
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
+from roll.pipeline import cluster
 from roll.pipeline.residency import PhaseResidency
 
 logger = logging.getLogger(__name__)
@@ -36,18 +38,17 @@ _ACTOR_OPTIONS = {"num_cpus": 0}
 # An env-worker process that dies (a segfaulting env, the OOM killer) is restarted by Ray, as often
 # as it takes; the groups it was playing are replaced (`RolloutScheduler`).
 _ENV_WORKER_OPTIONS = {**_ACTOR_OPTIONS, "max_restarts": -1}
+# A placement group's bundle cannot be empty: each rank of a CPU role holds this sliver of a CPU.
+_BUNDLE_CPU = 0.01
+_PLACEMENT_TIMEOUT_S = 300.0
 # What an external engine needs to be offloadable when actor_infer shares GPUs with training roles.
 _OFFLOADABLE_ENGINE_OPTIONS = {"vllm": {"enable_sleep_mode": True}, "sglang": {"enable_memory_saver": True}}
 
 
-def init_ray(address: str | None) -> None:
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if address:
-        ray.init(address=address, logging_level="ERROR")
-    else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+def init_ray(address: str | None) -> bool:
+    """A private local Ray on 127.0.0.1, or the cluster at `address` / `RAY_ADDRESS`
+    (`roll.pipeline.cluster`); returns whether the run joined a cluster."""
+    return cluster.init_ray(address)
 
 
 def place_workers(cfg) -> DevicePlan:
@@ -111,31 +112,53 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
 
 def _start_role(cls, plan: DevicePlan, role: str, *args, **kwargs):
     """The actor of a one-process role, exactly as before ranks existed; for several ranks one
-    actor per rank, forming one torch.distributed group, behind a `RankGroup`. The group is served
-    on a free port of the driver's node, which every rank is pinned to; CPU ranks share the cores."""
+    actor per rank, forming one torch.distributed group, behind a `RankGroup`. GPU ranks are pinned
+    to the driver's node (its GPUs); CPU ranks get a placement group of their own, packed on one
+    node locally and spread over the nodes on a cluster. The group is served by rank 0 on its own
+    node: a task on rank 0's spot reports that node's address and a port free there, and every
+    rank starts with them (`roll.distributed.strategies.process_group`)."""
     placements = plan.processes[role]
     if len(placements) == 1:
         return _remote(cls, placements[0]).remote(*args, device=placements[0].torch_device, **kwargs)
-    port, ranks = free_port(), len(placements)
+    ranks = len(placements)
+    spots = _rank_spots(role, placements)
+    addr, port = ray.get(ray.remote(num_cpus=0)(node_rendezvous_point).options(
+        scheduling_strategy=spots[0]).remote(), timeout=_PLACEMENT_TIMEOUT_S)
     threads = None if placements[0].device is not None else max(1, (os.cpu_count() or 1) // ranks)
     model_parallel = {}  # megatron's tensor/pipeline ranks of one data-parallel rank see the same rows
     if kwargs.get("strategy_name") == "megatron":
         options = kwargs.get("strategy_config") or {}
         model_parallel = {"tensor_parallel": int(options.get("tensor_model_parallel_size", 1)),
                           "pipeline_parallel": int(options.get("pipeline_model_parallel_size", 1))}
-    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port)).remote(
-        *args, device=p.torch_device, num_threads=threads, **kwargs) for p in placements],
+    store = {} if cluster.joined() else {STORE_FILE_ENV: fresh_store_file()}  # one machine: no TCP store
+    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, scheduling_strategy=spot).remote(
+        *args, device=p.torch_device, num_threads=threads, **kwargs) for p, spot in zip(placements, spots, strict=True)],
         data_ranks=data_parallel_ranks(ranks, **model_parallel))
+
+
+def _rank_spots(role: str, placements) -> list:
+    """Where each rank of a role runs: the driver's node for GPU ranks, else bundle r of a
+    placement group for the role (PACK locally, SPREAD over the nodes on a cluster)."""
+    if placements[0].device is not None:
+        return [NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)] * len(placements)
+    group = placement_group([{"CPU": _BUNDLE_CPU}] * len(placements), name=f"roll-{role}",
+                            strategy="SPREAD" if cluster.joined() else "PACK")
+    try:
+        ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(f"{role}: no room for a placement group of {len(placements)} ranks within "
+                           f"{_PLACEMENT_TIMEOUT_S:.0f} s (each asks {_BUNDLE_CPU} CPU)") from None
+    return [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r) for r in range(len(placements))]
 
 
 def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None, **options):
     """`ray.remote(cls)` with the process's device options and extra environment `env`; a GPU
-    process or a rank of a group is pinned to the driver's node (its GPUs, the group's port)."""
+    process is pinned to the driver's node (its GPUs), unless `options` place it."""
     options = {**_ACTOR_OPTIONS, **placement.ray_options(), **options}
     if env:
         runtime_env = options.setdefault("runtime_env", {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
-    if placement.device is not None or env:
+    if placement.device is not None and "scheduling_strategy" not in options:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False)
     return ray.remote(cls).options(**options)
@@ -189,13 +212,18 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     workers, slots = [], []
     for w, tags in enumerate(chunks):
         specs = [_env_spec(cfg, tag) for tag in tags]
-        workers.append(ray.remote(EnvWorker).options(**_ENV_WORKER_OPTIONS).remote(
+        workers.append(ray.remote(EnvWorker).options(**_env_worker_options()).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
             history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
             generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
+
+
+def _env_worker_options() -> dict:
+    """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies)."""
+    return {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else _ENV_WORKER_OPTIONS
 
 
 def _env_spec(cfg, tag: str) -> EnvSpec:

@@ -58,6 +58,13 @@ def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
     assert len(gifs) == 4 and list((out / "frames" / "step_2").glob("*/frame_000.png"))
     ckpts = out / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step_3"
+    # where every process landed: a local run is one node, on 127.0.0.1, all on CPU
+    placement = json.loads((out / "placement.json").read_text())
+    assert placement["nodes"] == ["127.0.0.1"]
+    roles = [(p["role"], p["rank"]) for p in placement["processes"]]
+    assert ("actor_train", 0) in roles and ("actor_infer", 0) in roles and ("env_worker:train", 0) in roles
+    assert ("env_worker:val", 0) in roles
+    assert all(p["devices"] == "cpu" and len(p["node_id"]) == 56 for p in placement["processes"])
     assert (ckpts / "step_2" / "trainer_state.json").is_file()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,0 +1,210 @@
+"""Where the run's Ray comes from, and where its processes landed.
+
+Two cases, decided once (`init_ray`) and said in one line on stderr:
+- `ray_address` (or `RAY_ADDRESS`) set: join that cluster. Nothing about its size is passed (Ray
+  refuses `num_cpus` when connecting); with Ray's token authentication on (the default of
+  `ray start --head`) the driver needs the cluster's token (`RAY_AUTH_TOKEN_PATH` or
+  `RAY_AUTH_TOKEN`), and a refusal ends in one line saying so (`ClusterError`, exit 2).
+- Neither set: a private local instance, even when another Ray runs on this machine (a user's
+  `ray start --head` is not joined: `address="local"`), bound to 127.0.0.1 only. Ray's gRPC servers
+  (GCS, raylet, object manager, core workers of the driver and actors) listen on loopback only when
+  the node address is 127.0.0.1, and `ray.init` turns a loopback `_node_ip_address` into the
+  machine's outward IP unless clusters are switched off (`ray_constants.ENABLE_RAY_CLUSTER`, set
+  from `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` at import). So the switch is off while Ray starts, and
+  the dashboard is not started. tests/pipeline/test_ray_local.py lists the sockets.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+
+LOOPBACK = "127.0.0.1"
+_joined = False
+_nodes_at_start: dict[str, str] = {}
+"""Node id -> IP of the nodes alive when the run started (`lost_nodes`)."""
+
+
+class ClusterError(RuntimeError):
+    """The cluster named by `ray_address` cannot be joined; `str()` is one line."""
+
+
+def ray_target(address: str | None) -> str | None:
+    """The cluster to join: `ray_address`, else `RAY_ADDRESS`, else None (a private local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def init_ray(address: str | None) -> bool:
+    """Start or join Ray (module docstring); returns whether the run joined a cluster."""
+    if ray.is_initialized():
+        return ray_target(address) is not None
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    target = ray_target(address)
+    if target is None:
+        with _loopback_node():
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                     _node_ip_address=LOOPBACK, logging_level="ERROR")
+        _remember_nodes()
+        _say("ray: started a private local instance on 127.0.0.1 (a Ray already running on this machine is "
+             "not joined; set ray_address or RAY_ADDRESS to join a cluster)")
+        return False
+    source = "ray_address" if address else "RAY_ADDRESS"
+    host = target.split("://")[-1].rsplit(":", 1)[0]
+    _token_mode_if_token_available()
+    try:
+        with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing():
+            ray.init(address=target, logging_level="ERROR")
+    except Exception as err:  # noqa: BLE001 - turned into one line naming the cause
+        raise ClusterError(_join_failure(source, target, err)) from None
+    global _joined
+    _joined = True
+    nodes = _remember_nodes()
+    threading.Thread(target=_watch_nodes, name="roll-node-watch", daemon=True).start()
+    _say(f"ray: joined the cluster at {target} ({source}): {len(nodes)} nodes, "
+         f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
+         f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs")
+    return True
+
+
+def _token_mode_if_token_available() -> None:
+    """A driver joining a cluster sends Ray's token only in token mode, which Ray turns on by
+    itself for a cluster it starts but not for one it joins: on when a token is at hand
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) and RAY_AUTH_MODE is unset."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _remember_nodes() -> list[dict]:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    _nodes_at_start.update({n["NodeID"]: n["NodeManagerAddress"] for n in nodes})
+    return nodes
+
+
+def lost_nodes(wait_s: float = 0.0) -> list[str]:
+    """The nodes of the run's start that Ray now reports dead, as "IP (node id)"; waits up to
+    `wait_s` for one to show (a worker's death may be reported before its node's)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} if ray.is_initialized() else None
+        except Exception:  # noqa: BLE001 - the GCS itself is gone: nothing to name
+            return []
+        if alive is None:
+            return []
+        lost = [f"{ip} (node {nid[:12]})" for nid, ip in _nodes_at_start.items() if nid not in alive]
+        if lost or time.monotonic() >= deadline:
+            return lost
+        time.sleep(1.0)
+
+
+def _watch_nodes(period_s: float = 2.0) -> None:
+    """On a cluster, a node lost mid-run stops the run at once, whatever the driver waits on (a
+    rollout whose inference worker was there would otherwise wait out its timeouts): the main
+    thread gets a KeyboardInterrupt, which the CLI turns into one line (`lost_nodes`)."""
+    while ray.is_initialized():
+        if lost_nodes():
+            _thread.interrupt_main()
+            return
+        time.sleep(period_s)
+
+
+def joined() -> bool:
+    """Whether this driver joined a cluster (`init_ray` with an address) rather than started Ray."""
+    return _joined
+
+
+def _join_failure(source: str, target: str, err: BaseException) -> str:
+    chain = [err]
+    while chain[-1].__cause__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__cause__)
+    text = " ".join(str(err).split())
+    name = type(err).__name__
+    if any(type(e).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(e) for e in chain):
+        return (f"{source}={target}: Ray token authentication failed ({name}): the driver needs the cluster's "
+                "token: RAY_AUTH_TOKEN_PATH=<the head's ~/.ray/auth_token> or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token")
+    return f"{source}={target}: cannot join the Ray cluster ({name}: {text[:300]})"
+
+
+@contextmanager
+def _loopback_node():
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
+    """The node an actor runs on, from Ray's GCS (no call into the actor, which may be busy):
+    {"node_ip", "node_id"}; "pending" for both when it has not been placed within `timeout_s`."""
+    from ray._private import state
+
+    actor_id = handle._actor_id.hex()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = state.actors(actor_id=actor_id) or {}
+        address = info.get("Address") or {}
+        if info.get("State") == "ALIVE" and address.get("NodeID"):
+            return {"node_ip": address.get("IPAddress", ""), "node_id": address["NodeID"]}
+        if time.monotonic() > deadline:
+            return {"node_ip": "pending", "node_id": "pending"}
+        time.sleep(0.2)
+
+
+WORKER_KEYS = {"actor_train": "actor", "reference": "reference", "critic": "critic", "actor_infer": "inference"}
+"""`build_workers`' key of each role."""
+
+
+def placement_rows(plan, workers: dict, env_workers: dict[str, list]) -> list[dict]:
+    """One row per process: every rank of every role (`plan`, a `DevicePlan`; `workers`,
+    `build_workers`' dict) and every env worker (`env_workers`: manager name -> handles), with the
+    node it landed on and its devices (its CUDA_VISIBLE_DEVICES, or "cpu")."""
+    rows = []
+    for role, placements in plan.processes.items():
+        handles = workers[WORKER_KEYS[role]]
+        handles = handles if isinstance(handles, list) else getattr(handles, "handles", [handles])
+        for placement, handle in zip(placements, handles, strict=True):
+            rows.append({"role": role, "rank": placement.index, **actor_node(handle),
+                         "devices": placement.cuda_visible_devices or "cpu"})
+    for manager, handles in env_workers.items():
+        rows += [{"role": f"env_worker:{manager}", "rank": i, **actor_node(h), "devices": "cpu"}
+                 for i, h in enumerate(handles)]
+    return rows
+
+
+def write_placement(output_dir: str, rows: list[dict]) -> Path:
+    """`output_dir/placement.json` (written whole, then renamed) and a short table on stderr."""
+    path = Path(output_dir) / "placement.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"nodes": sorted({r["node_ip"] for r in rows}), "processes": rows}, indent=1))
+    os.replace(tmp, path)
+    lines = [f"{'role':<18} {'rank':>4}  {'node ip':<15} {'node id':<12} devices"]
+    lines += [f"{r['role']:<18} {r['rank']:>4}  {r['node_ip']:<15} {r['node_id'][:12]:<12} {r['devices']}" for r in rows]
+    _say("placement (" + str(path) + "):\n" + "\n".join(lines))
+    return path
