@@ -27,13 +27,18 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "fsdp2": ("reshard_after_forward",),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
     # only 1 / false run (roll/distributed/strategies/megatron_train.py); ROLL's names
-    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel"),
+    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
+                 # ROLL's other megatron keys, checked in roll.configs.dialect (only 1 / exact no-ops run)
+                 "expert_model_parallel_size", "context_parallel_size", "use_distributed_optimizer",
+                 "recompute_granularity", "max_grad_norm"),
     "vllm": None,
     "sglang": None,
 }
 """`strategy_config` keys each engine accepts (None: the engine's own config, checked by it)."""
 STRATEGY_ALIASES = {
     "hf_infer": "hf",
+    "megatron_infer": "megatron",
+    "deepspeed_infer": "deepspeed",
     "torch_train": "torch",
     "deepspeed_train": "deepspeed",
     "fsdp2_train": "fsdp2",
@@ -52,11 +57,31 @@ class ModelArgs(ConfigModel):
     """Parameter dtype. float32 is the safe choice on CPU; bfloat16 halves memory on GPU."""
     attn_implementation: str | None = None
     """Passed to `transformers` (e.g. "sdpa", "eager"); None lets transformers choose."""
+    model_type: Literal["causal_lm"] | None = None
+    """ROLL's `model_type`: null (ROLL's default) loads the role's usual head: a causal LM for the
+    policy roles, a token-classification value head for the critic. ROLL's other model types
+    (diffusion, trl value-head wrappers) are not supported."""
 
     @field_validator("model_name_or_path")
     @classmethod
     def _is_model_dir(cls, path: str | None) -> str | None:
         return path if path is None else check_model_dir(path)
+
+
+class DataArgs(ConfigModel):
+    """ROLL's `data_args` of a role."""
+
+    template: str | None = None
+    """Chat template by ROLL's name ("qwen2_5", "qwen3", "llama3", "chatml", "native": the
+    tokenizer's own; `roll.models.templates`). None: the tokenizer's own. `actor_infer`'s template
+    renders the env managers' prompts."""
+
+    @field_validator("template")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        from roll.models.templates import check_template_name
+
+        return name if name is None else check_template_name(name)
 
 
 class TrainingArgs(ConfigModel):
@@ -97,7 +122,9 @@ class GeneratingArgs(ConfigModel):
     """How `actor_infer` samples one response (one env step)."""
 
     max_new_tokens: int = Field(64, ge=1)
-    """Most tokens generated per response, unless the env's `max_tokens_per_step` says otherwise."""
+    """Most tokens generated per response. As in ROLL, an env step generates at most
+    min(`max_new_tokens`, `custom_envs.<Tag>.max_tokens_per_step`) tokens, and never past
+    `sequence_length`."""
     temperature: float = Field(1.0, ge=0)
     """Softmax temperature; 0 means greedy."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -106,6 +133,12 @@ class GeneratingArgs(ConfigModel):
     """Keep only the k most likely tokens; 0 turns it off."""
     do_sample: bool = True
     """False means greedy decoding whatever the temperature (e.g. for validation)."""
+    num_return_sequences: Literal[1] = 1
+    """ROLL's key: samples per request. Agentic rollouts take one sample per env step (ROLL forces
+    1 too); several samples of one start state are what `group_size` is for."""
+    num_beams: Literal[1] = 1
+    """ROLL's key: beam search width. Only 1 (sampling/greedy): RL needs the behaviour policy's
+    own log-probs, which beam search does not give."""
     stop_strings: list[str] = Field(default_factory=list)
     """Generation stops after any of these; each must be a single token of the tokenizer, which
     the pipeline checks once it has loaded the tokenizer."""
@@ -144,6 +177,11 @@ class StrategyArgs(ConfigModel):
     def _normalise_alias(cls, name: str) -> str:
         return STRATEGY_ALIASES.get(name, name)
 
+    @field_validator("strategy_config", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value  # ROLL writes `strategy_config: ~` for "no options"
+
 
 class WorkerConfig(ConfigModel):
     """One role: model, optimiser, sampling and engine."""
@@ -164,6 +202,17 @@ class WorkerConfig(ConfigModel):
     whose lists share a device are colocated: they take turns on it, each offloaded to CPU while another works, which
     needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
     `roll.distributed.placement`; GPU counts are checked when the pipeline places its workers."""
+    data_args: DataArgs = Field(default_factory=DataArgs)
+    """ROLL's data section of a role: which chat template renders the prompts."""
+    infer_batch_size: int | None = Field(None, ge=1)
+    """ROLL's key: samples per forward-only micro-batch of this role (old/reference log-probs,
+    values). None uses `training_args.per_device_train_batch_size`."""
+    worker_cls: str | None = None
+    """ROLL's worker class path for this role; ROLL's classes and ours map to our worker of the
+    role (`roll.configs.dialect.WORKER_CLASSES`), any other path is refused."""
+    system_envs: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set in this role's worker processes (on top of the top-level
+    `system_envs`)."""
     world_size: int | None = Field(None, ge=1)
     """Processes of a training role, its data-parallel ranks (ROLL's name): one per listed device
     with a `device_mapping` list (left out it is the list's length; set, it must equal it), the

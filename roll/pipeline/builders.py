@@ -38,14 +38,19 @@ _ENV_WORKER_OPTIONS = {**_ACTOR_OPTIONS, "max_restarts": -1}
 _OFFLOADABLE_ENGINE_OPTIONS = {"vllm": {"enable_sleep_mode": True}, "sglang": {"enable_memory_saver": True}}
 
 
-def init_ray(address: str | None) -> None:
+def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> None:
+    """Start (or join) Ray; `system_envs` (ROLL's key) are set in the driver and, through the job's
+    runtime_env, in every worker process."""
     if ray.is_initialized():
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.update(system_envs or {})
+    runtime_env = {"env_vars": dict(system_envs)} if system_envs else None
     if address:
-        ray.init(address=address, logging_level="ERROR")
+        ray.init(address=address, logging_level="ERROR", runtime_env=runtime_env)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR",
+                 runtime_env=runtime_env)
 
 
 def place_workers(cfg) -> DevicePlan:
@@ -78,21 +83,24 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     plan, total = residency.plan, cfg.max_steps
     workers = {"actor": _start_role(ActorWorker, plan, "actor_train", cfg.actor_train.model_args.model_name_or_path,
                                     cfg.actor_train.training_args, total_train_steps=total, seed=cfg.seed,
-                                    dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train))}
+                                    dtype=cfg.actor_train.model_args.dtype, system_envs=cfg.actor_train.system_envs,
+                                    **_strategy(cfg.actor_train))}
     if "reference" in plan.processes:
         workers["reference"] = _start_role(
             ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
-            dtype=cfg.reference.model_args.dtype,
-            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size)
+            dtype=cfg.reference.model_args.dtype, system_envs=cfg.reference.system_envs,
+            micro_batch_size=cfg.reference.infer_batch_size or cfg.reference.training_args.per_device_train_batch_size)
     if "critic" in plan.processes:
         workers["critic"] = _start_role(
             CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
-            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic))
+            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype,
+            system_envs=cfg.critic.system_envs, **_strategy(cfg.critic))
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
-    workers["inference"] = [_remote(InferenceWorker, placement, name=name).remote(
+    workers["inference"] = [_remote(InferenceWorker, placement, name=name,
+                                    runtime_env_vars=infer_cfg.system_envs).remote(
         infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
@@ -102,26 +110,31 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     return workers
 
 
-def _start_role(cls, plan: DevicePlan, role: str, *args, **kwargs):
+def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, **kwargs):
     """The actor of a one-process role, exactly as before ranks existed; for several ranks one
     actor per rank, forming one torch.distributed group, behind a `RankGroup`. The group is served
-    on a free port of the driver's node, which every rank is pinned to; CPU ranks share the cores."""
+    on a free port of the driver's node, which every rank is pinned to; CPU ranks share the cores.
+    `system_envs`: the role's own environment variables (ROLL's worker-level key)."""
     placements = plan.processes[role]
     if len(placements) == 1:
-        return _remote(cls, placements[0]).remote(*args, device=placements[0].torch_device, **kwargs)
+        return _remote(cls, placements[0], runtime_env_vars=system_envs).remote(
+            *args, device=placements[0].torch_device, **kwargs)
     port, ranks = free_port(), len(placements)
     threads = None if placements[0].device is not None else max(1, (os.cpu_count() or 1) // ranks)
-    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port)).remote(
+    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port), runtime_env_vars=system_envs).remote(
         *args, device=p.torch_device, num_threads=threads, **kwargs) for p in placements])
 
 
-def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None, **options):
+def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None,
+            runtime_env_vars: dict[str, str] | None = None, **options):
     """`ray.remote(cls)` with the process's device options and extra environment `env`; a GPU
-    process or a rank of a group is pinned to the driver's node (its GPUs, the group's port)."""
+    process or a rank of a group is pinned to the driver's node (its GPUs, the group's port).
+    `runtime_env_vars` only add variables (no pinning)."""
     options = {**_ACTOR_OPTIONS, **placement.ray_options(), **options}
-    if env:
+    extra = {**(runtime_env_vars or {}), **(env or {})}
+    if extra:
         runtime_env = options.setdefault("runtime_env", {})
-        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra}
     if placement.device is not None or env:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False)
@@ -160,21 +173,39 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     sampling = sampling_params(cfg.generating_args_for(manager_cfg), tokenizer)
     workers, slots = [], []
     for w, tags in enumerate(chunks):
-        specs = [_env_spec(cfg, tag) for tag in tags]
+        specs = [_env_spec(cfg, tag, manager_cfg) for tag in tags]
         workers.append(ray.remote(EnvWorker).options(**_ENV_WORKER_OPTIONS).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
             history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
-            generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy))
+            generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy,
+            chat_template=cfg.actor_infer.data_args.template))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
 
 
-def _env_spec(cfg, tag: str) -> EnvSpec:
+def _env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
     env = cfg.custom_envs[tag]
     env_config = dict(env.env_config)
+    penalty = getattr(manager_cfg, "format_penalty", None)
+    if penalty is not None and "format_penalty" not in env_config and _takes(env.env_type, "format_penalty"):
+        env_config["format_penalty"] = penalty  # the manager's default (ROLL's key)
     if env.env_type == "agent" and env_config.get("dataset"):  # as the driver sees it: an env
         env_config["dataset"] = os.path.abspath(env_config["dataset"])  # worker may run elsewhere
     return EnvSpec(tag=tag, env_type=env.env_type, env_config=env_config,
                    max_steps=env.max_steps, max_tokens_per_step=env.max_tokens_per_step,
-                   response_prefix=env.response_prefix, instruction=env.instruction)
+                   response_prefix=env.response_prefix, instruction=env.instruction,
+                   agent_system_template=env.agent_system_template, agent_template=env.agent_template,
+                   history_length=env.history_length, use_thread_lock=env.use_thread_lock,
+                   max_env_step_concurrent=env.max_env_step_concurrent)
+
+
+def _takes(env_type: str, key: str) -> bool:
+    """Whether the env class of `env_type` accepts constructor argument `key`."""
+    from roll.agentic.env.registry import check_env_config
+
+    try:
+        check_env_config(env_type, {key: 0.0})
+    except (TypeError, ValueError, ImportError):
+        return False
+    return True

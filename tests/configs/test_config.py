@@ -158,9 +158,9 @@ MALFORMED = [
         "['SimpleFrozenLake', 'LargeFrozenLake'], got [4]",
     ),
     (
-        ["~val_env_manager.num_groups_partition"],
-        "val_env_manager.num_groups_partition: required when there are several tags "
-        "['SimpleFrozenLake', 'LargeFrozenLake']",
+        ["~val_env_manager.num_groups_partition", "val_env_manager.num_env_groups=1"],
+        "val_env_manager.num_env_groups: 1 cannot be divided among 2 tags "
+        "['SimpleFrozenLake', 'LargeFrozenLake'] (each needs a group)",
     ),
     (
         ["train_env_manager.tags=[SimpleFrozenLake,SimpleFrozenLake]"],
