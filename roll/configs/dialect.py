@@ -46,6 +46,11 @@ classes are its actor with another loss; the loss itself is chosen by `pg_varian
 
 _FORMAT_PENALTY_VARIABLE = re.compile(r"\w+_format_penalty")
 _ONLY_ONE = ("expert_model_parallel_size", "context_parallel_size")
+MEGATRON_DIALECT_KEYS = (*_ONLY_ONE, "use_distributed_optimizer", "recompute_granularity")
+"""ROLL's megatron strategy_config keys that do not reach our megatron strategy: sizes that must be
+1 (checked), and two memory-only options that do not change any number a step computes: the
+distributed optimizer (optimizer state sharded over data-parallel ranks) and activation
+recomputation (see the README, "Coming from ROLL")."""
 
 
 class TrackerKwargs(ConfigModel):

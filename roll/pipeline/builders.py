@@ -12,6 +12,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from roll.agentic.env_manager.base import EnvSpec
+from roll.configs.dialect import MEGATRON_DIALECT_KEYS
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
@@ -145,6 +146,9 @@ def _strategy(worker_cfg, offloadable: bool = False) -> dict:
     """Engine name and options; `offloadable` adds what an external engine needs to be offloaded."""
     name = worker_cfg.strategy_args.strategy_name
     config = dict(worker_cfg.strategy_args.strategy_config)
+    if name == "megatron":  # ROLL's keys checked by the dialect: 1-only sizes and memory-only options
+        for key in MEGATRON_DIALECT_KEYS:
+            config.pop(key, None)
     if offloadable:
         config.update(_OFFLOADABLE_ENGINE_OPTIONS.get(name, {}))
     return {"strategy_name": name, "strategy_config": config}
