@@ -83,6 +83,7 @@ def _shrink_managers(smoke: _Setter, data: dict, profile: dict) -> None:
     smoke.set("train_env_manager.num_groups_partition", None)  # equal split
     smoke.set("train_env_manager.max_env_num_per_worker", 0)  # one env worker: 2 cores
     smoke.set("train_env_manager.group_size_redundancy", 0)
+    group_size = data.get("train_env_manager", {}).get("group_size", group_size)  # the command line's, if set
     smoke.set("rollout_batch_size", group_size * profile["train_groups"])
     used = set(tags)
     val = data.get("val_env_manager")

@@ -8,6 +8,7 @@ it, and which engine ("strategy") runs it. Which strategy names a role accepts i
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -253,6 +254,10 @@ def check_model_dir(path: str) -> str:
     Only local dirs: runs must not depend on a download (and the tiny model is built locally).
     """
     if not os.path.isfile(os.path.join(path, "config.json")):
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
+            raise ValueError(f"{path!r} looks like a hub id; roll loads local model directories only and no "
+                             "hub is reached from here: download the model where there is network "
+                             "(huggingface-cli download / modelscope download) and pass its local dir")
         raise ValueError(
             f"{path!r} is not a local model directory (no config.json); build the tiny model "
             "with `python -m roll.models.tiny --output_dir DIR` and point to DIR"
