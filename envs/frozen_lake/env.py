@@ -80,8 +80,15 @@ class FrozenLakeEnv(TextEnv):
         max_path_length: int | None = None,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        action_pattern: str | None = None,
+        env_instruction: str | None = None,
+        max_steps: int | None = None,
     ) -> None:
-        super().__init__(format_penalty=format_penalty, render_mode=render_mode)
+        super().__init__(format_penalty=format_penalty, render_mode=render_mode,
+                         action_pattern=action_pattern, env_instruction=env_instruction)
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.max_steps = max_steps  # ROLL's key: truncate after this many actions (None: never)
         check_map_params(size, hole_prob, max_path_length)
         self.size = size
         self.hole_prob = hole_prob
@@ -136,7 +143,8 @@ class FrozenLakeEnv(TextEnv):
         row, col = self._pos[0] + MOVES[direction][0], self._pos[1] + MOVES[direction][1]
         if 0 <= row < len(self._desc) and 0 <= col < len(self._desc[0]):
             self._pos = (row, col)
-        return self._text(), float(self._cell == "G"), self._cell in "HG", False
+        truncated = self.max_steps is not None and self._num_actions >= self.max_steps
+        return self._text(), float(self._cell == "G"), self._cell in "HG", truncated
 
     def _text(self) -> str:
         rows = []

@@ -39,6 +39,19 @@ PALETTE = {
 }
 
 
+ROLL_CELL_CODES = {0: "wall", 1: "empty", 2: "target", 3: "box_on_target", 4: "box", 5: "player",
+                   6: "player_on_target"}
+"""ROLL's Sokoban cell codes (`grid_lookup` keys) -> our symbol names."""
+
+
+def roll_grid_lookup(grid_lookup: Mapping[int, str]) -> dict[str, str]:
+    """ROLL's `grid_lookup` (cell code -> symbol) as our `grid_vocab` (name -> symbol)."""
+    unknown = sorted(set(map(int, grid_lookup)) - set(ROLL_CELL_CODES))
+    if unknown:
+        raise ValueError(f"grid_lookup has unknown cell codes {unknown}; known: {sorted(ROLL_CELL_CODES)}")
+    return {ROLL_CELL_CODES[int(code)]: symbol for code, symbol in grid_lookup.items()}
+
+
 def _instruction(symbols: Mapping[str, str]) -> str:
     s = symbols
     return (
@@ -85,8 +98,14 @@ class SokobanEnv(TextEnv):
         grid_vocab: Mapping[str, str] | None = None,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        action_pattern: str | None = None,
+        env_instruction: str | None = None,
+        grid_lookup: Mapping[int, str] | None = None,
     ) -> None:
-        super().__init__(format_penalty=format_penalty, render_mode=render_mode)
+        super().__init__(format_penalty=format_penalty, render_mode=render_mode,
+                         action_pattern=action_pattern, env_instruction=env_instruction)
+        if grid_lookup is not None:  # ROLL's form: cell code -> symbol; its grid_vocab describes symbols
+            grid_vocab = roll_grid_lookup(grid_lookup)
         self.dim_room = _check_dim_room(dim_room)
         check_room_params(self.dim_room, num_boxes, search_depth)
         if max_steps < 1:

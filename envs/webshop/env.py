@@ -82,8 +82,12 @@ class WebShopEnv(TextEnv):
         request_retries: int = 2,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        env_instruction: str | None = None,
+        observation_mode: str = "text",
     ) -> None:
-        super().__init__(format_penalty=format_penalty, render_mode=render_mode)
+        super().__init__(format_penalty=format_penalty, render_mode=render_mode, env_instruction=env_instruction)
+        if observation_mode != "text":  # ROLL's key; its html/image modes are not built here
+            raise ValueError(f"observation_mode {observation_mode!r}: only 'text' is supported")
         if num_products is not None:
             _check_int("num_products", num_products, 1)
         _check_int("max_steps", max_steps, 1)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from roll.configs.templates import check_agent_template
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.worker import GeneratingArgs
 from roll.core.enums import SampleMode
@@ -47,6 +48,40 @@ class CustomEnvConfig(ConfigModel):
     """Text put after the assistant generation prompt as part of the prompt, and prepended to the
     model's text before the env parses it. RAGEN uses "<answer>" so that a model that does not
     know the answer format yet only has to produce the action."""
+
+    env_manager_cls: str | None = None
+    """ROLL's env manager class path of this tag: ROLL's or our `TrajEnvManager` ("traj") or
+    `StepEnvManager` ("step"), also accepted as "traj"/"step". The managers running the tag take
+    that type (`roll.configs.dialect.ENV_MANAGER_CLASSES`); any other path is refused."""
+    agent_runner_cls: None = None
+    """ROLL's agent runner class; only null (the env manager itself plays the env). Tool-calling
+    agents are `env_type: agent` here."""
+    use_thread_lock: bool = False
+    """ROLL's key: this tag's env.reset/env.step calls take one lock shared by the env worker
+    process, one call at a time (for envs whose steps are heavy CPU work or not thread-safe)."""
+    history_length: int | None = Field(None, ge=0)
+    """Step-wise: earlier turns shown in a step's prompt (ROLL's per-tag key); None uses the env
+    manager's `history_length`."""
+    max_env_step_concurrent: int = Field(0, ge=0)
+    """ROLL's key: most env.step calls of this tag running at once in one env worker process
+    (0: no limit). ROLL counts across all env workers; here each env worker counts its own."""
+    agent_system_template: str | None = None
+    """ROLL's key: the system message of every prompt; None: the `instruction` rule above."""
+    agent_template: str | None = None
+    """ROLL's key: the user message of each turn, a `str.format` template filled as ROLL fills it.
+    Trajectory-wise: `{observation}`, `{turn_idx}` (1-based), `{actions_left}`,
+    `{max_response_length}` (= max_tokens_per_step); the first turn is prefixed with the env's
+    instruction and a newline. Step-wise: `{env_instruction}`, `{history}` (the last
+    `history_length` steps as "(step: N, observation: ..., action: ..., reward: ...)"),
+    `{step_count}`, `{history_length}`, `{current_step}`, `{current_observation}`,
+    `{max_response_length}`. None: the observation alone is the user message."""
+
+    @field_validator("agent_template")
+    @classmethod
+    def _known_placeholders(cls, template: str | None) -> str | None:
+        if template is not None:
+            check_agent_template(template)
+        return template
 
     @field_validator("env_type")
     @classmethod
@@ -83,8 +118,13 @@ class EnvManagerConfig(ConfigModel):
     tags: list[str] = Field(min_length=1)
     """Which `custom_envs` this manager runs."""
     num_groups_partition: list[int] | None = None
-    """Groups per tag, in the order of `tags`, summing to `num_env_groups`. May be left out only
-    when there is a single tag (it then gets every group)."""
+    """Groups per tag, in the order of `tags`, summing to `num_env_groups`. Left out, the groups
+    are divided equally (ROLL's default): each tag gets `num_env_groups // len(tags)`, and the
+    remainder goes one each to the first tags (7 groups, 3 tags: [3, 2, 2])."""
+    format_penalty: float | None = None
+    """ROLL's key: the `format_penalty` of this manager's envs whose `env_config` sets none (and
+    whose class takes one). ROLL itself reads only `env_config.format_penalty`; it is the same
+    whenever env_config sets it. None: the env's own default."""
     max_env_num_per_worker: int = Field(0, ge=0)
     """Most envs in one env-worker process; 0 puts all envs in one env worker."""
     env_manager_type: SampleMode = SampleMode.TRAJ
@@ -111,10 +151,9 @@ class EnvManagerConfig(ConfigModel):
             raise InvalidField("tags", f"must be distinct (got {self.tags})")
         partition = self.num_groups_partition
         if partition is None:
-            if len(self.tags) > 1:
-                raise InvalidField(
-                    "num_groups_partition", f"required when there are several tags {self.tags}"
-                )
+            if self.num_env_groups < len(self.tags):
+                raise InvalidField("num_env_groups", f"{self.num_env_groups} cannot be divided among "
+                                   f"{len(self.tags)} tags {self.tags} (each needs a group)")
             return self
         if len(partition) != len(self.tags):
             raise InvalidField(
@@ -131,10 +170,17 @@ class EnvManagerConfig(ConfigModel):
     @property
     def groups_per_tag(self) -> dict[str, int]:
         """How many env groups run each tag (the resolved `num_groups_partition`)."""
-        partition = self.num_groups_partition or [self.num_env_groups]
+        partition = self.num_groups_partition or equal_partition(self.num_env_groups, len(self.tags))
         return dict(zip(self.tags, partition, strict=True))
 
     @property
     def num_envs(self) -> int:
         """Envs this manager runs concurrently."""
         return self.num_env_groups * (self.group_size + self.group_size_redundancy)
+
+
+def equal_partition(num_groups: int, num_tags: int) -> list[int]:
+    """`num_groups` divided among `num_tags` as equally as possible, the remainder one each to
+    the first tags: (7, 3) -> [3, 2, 2]."""
+    share, rest = divmod(num_groups, num_tags)
+    return [share + (i < rest) for i in range(num_tags)]

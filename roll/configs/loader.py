@@ -25,6 +25,8 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from roll.configs.base import ConfigError, InvalidField
+from roll.configs.dialect import map_role_strategies, strip_variables
+from roll.configs.profile import apply_profile, configs_search_path
 from roll.configs.pipeline import PipelineConfig
 
 
@@ -39,21 +41,29 @@ def load_config(
     config_dir = os.path.abspath(config_path)
     if not os.path.isdir(config_dir):
         raise ConfigError("config_path", f"{config_path!r} is not a directory")
-    return validate_config(_compose(config_dir, config_name, list(overrides)))
+    data, referenced = _compose(config_dir, config_name, list(overrides))
+    if "profile" in data:
+        apply_profile(data, [_override_key(o) for o in overrides])
+    return validate_config(data, referenced)
 
 
-def validate_config(data: dict[str, Any]) -> PipelineConfig:
-    """Validate an already composed config (a plain dict), raising `ConfigError`."""
+def validate_config(data: dict[str, Any], referenced: set[str] = frozenset()) -> PipelineConfig:
+    """Validate an already composed config (a plain dict), raising `ConfigError`. `referenced`:
+    top-level keys the YAML interpolated, which are ROLL-style variables (`roll.configs.dialect`)."""
+    data = strip_variables(data, set(referenced), PipelineConfig.model_fields)
+    map_role_strategies(data)
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as err:
         raise _from_validation_error(err) from None
 
 
-def _compose(config_dir: str, config_name: str, overrides: list[str]) -> dict[str, Any]:
+def _compose(config_dir: str, config_name: str, overrides: list[str]) -> tuple[dict[str, Any], set[str]]:
+    """The composed config as a plain dict, and the top-level keys it interpolates."""
     try:
         cfg = _compose_adding_schema_keys(config_dir, config_name, overrides)
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        referenced = _interpolated_keys(OmegaConf.to_container(cfg, resolve=False))
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), referenced
     except MissingConfigException as err:
         raise _missing_file_error(err, config_dir, config_name) from None
     except ConfigCompositionException as err:
@@ -83,7 +93,7 @@ def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: li
     while True:
         try:
             with initialize_config_dir(config_dir=config_dir, version_base=None):
-                return compose(config_name=config_name, overrides=overrides)
+                return compose(config_name=config_name, overrides=[*overrides, configs_search_path()])
         except ConfigCompositionException as err:
             cause = err.__cause__
             key = getattr(cause, "full_key", None)
@@ -99,6 +109,23 @@ def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: li
                 raise ConfigError(changed_keys[index], _unknown_key_message(path)) from None
             overrides[index] = "+" + overrides[index]
             changed_keys[index] = None  # "+key=value" now, never retried again
+
+
+_INTERPOLATION = re.compile(r"\$\{(\w+)")
+
+
+def _interpolated_keys(node: Any) -> set[str]:
+    """First components of every `${a.b}` interpolation in the unresolved config."""
+    if isinstance(node, dict):
+        return set().union(*map(_interpolated_keys, node.values()), set())
+    if isinstance(node, list):
+        return set().union(*map(_interpolated_keys, node), set())
+    return set(_INTERPOLATION.findall(node)) if isinstance(node, str) else set()
+
+
+def _override_key(override: str) -> str:
+    """The dotted key an override sets (`+a.b=1`, `++a.b=1`, `a.b=1` -> "a.b")."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _parse_override(override: str) -> str | None:

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.dialect import RollDialect, check_dialect
 from roll.configs.env import CustomEnvConfig, EnvManagerConfig
 from roll.configs.reward_norm import ASYM_CLIP_RANGE, norm_types_for_method
 from roll.configs.worker import (
@@ -78,7 +79,7 @@ class OffPolicyCorrection(ConfigModel):
     """Truncation: weights above `cap` are set to `cap` (bounds the variance)."""
 
 
-class PipelineConfig(ConfigModel):
+class PipelineConfig(RollDialect):
     """Everything `AgenticPipeline` needs. Field names follow ROLL's agentic YAMLs."""
 
     exp_name: str = Field("roll", min_length=1)
@@ -257,6 +258,7 @@ class PipelineConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_and_fill(self) -> PipelineConfig:
+        check_dialect(self)  # ROLL's class paths and run-level keys (roll.configs.dialect)
         for role, worker in self.workers.items():
             check_strategy_for_role(role, worker)
         self._check_batches()
@@ -369,6 +371,19 @@ class PipelineConfig(ConfigModel):
         if "num_replicas" in options:
             return options["num_replicas"]
         return len(self.actor_infer.device_mapping or [None])
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The dir whose `checkpoints/` holds the run's checkpoints: `checkpoint_config.output_dir`,
+        else `output_dir`."""
+        return self.checkpoint_config.output_dir or self.output_dir
+
+    @property
+    def tensorboard_dir(self) -> str:
+        """Where TensorBoard events go: `tracker_kwargs.log_dir` with track_with tensorboard, else
+        `logging_dir`."""
+        log_dir = self.tracker_kwargs.log_dir if self.track_with == "tensorboard" else None
+        return log_dir or self.logging_dir
 
     @property
     def env_managers(self) -> dict[str, EnvManagerConfig]:

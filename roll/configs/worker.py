@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
+from roll.configs.templates import check_template_name
 from roll.configs.base import ConfigModel, InvalidField
 from roll.core.records import SamplingParams
 
@@ -26,9 +27,11 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "torch": (),
     "fsdp2": ("reshard_after_forward",),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
-    # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py
+    # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py (max_grad_norm:
+    # roll.configs.dialect)
     "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                 "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity"),
+                 "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity",
+                 "max_grad_norm"),
     "vllm": None,
     "sglang": None,
 }
@@ -36,6 +39,8 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
 _ROLL_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*\)\s*$")
 STRATEGY_ALIASES = {
     "hf_infer": "hf",
+    "megatron_infer": "megatron",
+    "deepspeed_infer": "deepspeed",
     "torch_train": "torch",
     "deepspeed_train": "deepspeed",
     "fsdp2_train": "fsdp2",
@@ -79,6 +84,10 @@ class ModelArgs(ConfigModel):
     """Modules that get adapters: `all-linear` (ROLL also writes `all`: every linear layer but the
     output head) or a comma list of module names, e.g. `q_proj,v_proj`. None with `lora_rank`
     set: all-linear. A name that matches no module of the model is a config error."""
+    model_type: Literal["causal_lm"] | None = None
+    """ROLL's `model_type`: null (ROLL's default) loads the role's usual head: a causal LM for the
+    policy roles, a token-classification value head for the critic. ROLL's other model types
+    (diffusion, trl value-head wrappers) are not supported."""
 
     @field_validator("model_name_or_path")
     @classmethod
@@ -115,6 +124,20 @@ class ModelArgs(ConfigModel):
 
 ROLL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """ROLL's dtype spellings, normalised to torch's names."""
+
+
+class DataArgs(ConfigModel):
+    """ROLL's `data_args` of a role."""
+
+    template: str | None = None
+    """Chat template by ROLL's name ("qwen2_5", "qwen3", "llama3", "chatml", "native": the
+    tokenizer's own; `roll.models.templates`). None: the tokenizer's own. `actor_infer`'s template
+    renders the env managers' prompts."""
+
+    @field_validator("template")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        return name if name is None else check_template_name(name)
 
 
 class TrainingArgs(ConfigModel):
@@ -155,7 +178,9 @@ class GeneratingArgs(ConfigModel):
     """How `actor_infer` samples one response (one env step)."""
 
     max_new_tokens: int = Field(64, ge=1)
-    """Most tokens generated per response, unless the env's `max_tokens_per_step` says otherwise."""
+    """Most tokens generated per response. As in ROLL, an env step generates at most
+    min(`max_new_tokens`, `custom_envs.<Tag>.max_tokens_per_step`) tokens, and never past
+    `sequence_length`."""
     temperature: float = Field(1.0, ge=0)
     """Softmax temperature; 0 means greedy."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -164,6 +189,12 @@ class GeneratingArgs(ConfigModel):
     """Keep only the k most likely tokens; 0 turns it off."""
     do_sample: bool = True
     """False means greedy decoding whatever the temperature (e.g. for validation)."""
+    num_return_sequences: Literal[1] = 1
+    """ROLL's key: samples per request. Agentic rollouts take one sample per env step (ROLL forces
+    1 too); several samples of one start state are what `group_size` is for."""
+    num_beams: Literal[1] = 1
+    """ROLL's key: beam search width. Only 1 (sampling/greedy): RL needs the behaviour policy's
+    own log-probs, which beam search does not give."""
     stop_strings: list[str] = Field(default_factory=list)
     """Generation stops after any of these; each must be a single token of the tokenizer, which
     the pipeline checks once it has loaded the tokenizer."""
@@ -202,6 +233,11 @@ class StrategyArgs(ConfigModel):
     def _normalise_alias(cls, name: str) -> str:
         return STRATEGY_ALIASES.get(name, name)
 
+    @field_validator("strategy_config", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value  # ROLL writes `strategy_config: ~` for "no options"
+
 
 class WorkerConfig(ConfigModel):
     """One role: model, optimiser, sampling and engine."""
@@ -223,6 +259,17 @@ class WorkerConfig(ConfigModel):
     needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
     `roll.distributed.placement`; the layout is checked before the run starts
     (`roll.pipeline.prestart`), GPU counts when the pipeline places its workers."""
+    data_args: DataArgs = Field(default_factory=DataArgs)
+    """ROLL's data section of a role: which chat template renders the prompts."""
+    infer_batch_size: int | None = Field(None, ge=1)
+    """ROLL's key: samples per forward-only micro-batch of this role (old/reference log-probs,
+    values). None uses `training_args.per_device_train_batch_size`."""
+    worker_cls: str | None = None
+    """ROLL's worker class path for this role; ROLL's classes and ours map to our worker of the
+    role (`roll.configs.dialect.WORKER_CLASSES`), any other path is refused."""
+    system_envs: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set in this role's worker processes (on top of the top-level
+    `system_envs`)."""
     world_size: int | None = Field(None, ge=1)
     """Processes of a training role, its data-parallel ranks (ROLL's name): one per listed device
     with a `device_mapping` list (left out it is the list's length; set, it must equal it), the
@@ -347,6 +394,10 @@ def check_model_dir(path: str) -> str:
     Only local dirs: runs must not depend on a download (and the tiny model is built locally).
     """
     if not os.path.isfile(os.path.join(path, "config.json")):
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
+            raise ValueError(f"{path!r} looks like a hub id; roll loads local model directories only and no "
+                             "hub is reached from here: download the model where there is network "
+                             "(huggingface-cli download / modelscope download) and pass its local dir")
         raise ValueError(
             f"{path!r} is not a local model directory (no config.json); build the tiny model "
             "with `python -m roll.pipeline.tiny_model --output_dir DIR` and point to DIR"

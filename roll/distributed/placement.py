@@ -203,7 +203,8 @@ def plan_devices(
 def _check_visible(role: str, devices: list[int], visible_gpus: int) -> None:
     key = f"{role}.device_mapping"
     if visible_gpus == 0:
-        raise PlacementError(key, f"{devices} needs CUDA GPUs, and none is visible here; use null to run on CPU")
+        raise PlacementError(key, f"{devices} needs CUDA GPUs, and none is visible here; use null to run on CPU "
+                             "(or add +profile=cpu_smoke to shrink the whole config to this machine)")
     missing = [d for d in devices if d >= visible_gpus]
     if missing:
         raise PlacementError(key, f"GPU {missing[0]} does not exist here: {visible_gpus} GPUs are visible "

@@ -27,6 +27,7 @@ from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
 from roll.models.loading import load_tokenizer
+from roll.models.templates import apply_template
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.samples import (
     build_step_batch,
@@ -58,6 +59,7 @@ from roll.pipeline.scoring import (
 )
 from roll.tracking.frames import save_episode_frames
 from roll.tracking.progress import ProgressBar
+from roll.tracking.backends import make_backend
 from roll.tracking.tracker import Tracker
 from roll.tracking.traces import RolloutTracer
 from roll.utils.seeding import seed_everything
@@ -74,10 +76,11 @@ class AgenticPipeline:
         # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here
         self.residency = PhaseResidency(place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
         sigterm = signal.getsignal(signal.SIGTERM)
-        init_ray(cfg.ray_address)
+        init_ray(cfg.ray_address, cfg.system_envs)
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it, and Ray's C handler dumps a stack
-        self.tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
+        self.tokenizer = apply_template(load_tokenizer(cfg.actor_infer.model_args.model_name_or_path),
+                                        cfg.actor_infer.data_args.template)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.workers = build_workers(cfg, self.residency)
         infer = inference_names(cfg)  # env workers find the inference workers by name (they may restart)
@@ -96,7 +99,8 @@ class AgenticPipeline:
         self.pg_options = build_pg_options(cfg)
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
-        self.tracker = Tracker(cfg.output_dir, cfg.logging_dir, resume_step=self.start_step if self.start_step else -1)
+        self.tracker = Tracker(cfg.output_dir, cfg.tensorboard_dir, resume_step=self.start_step if self.start_step else -1,
+                               backend=make_backend(cfg.track_with, cfg.tracker_kwargs.model_dump(), cfg.exp_name))
         self.tracer = RolloutTracer(cfg.output_dir, self.tokenizer, self.tracker, cfg.trace_samples_to_tensorboard,
                                     mlflow=cfg.trace_to_mlflow) if cfg.trace_rollouts else None
 
@@ -267,20 +271,20 @@ class AgenticPipeline:
 
     def save(self, step: int) -> None:
         self.residency.enter("checkpoint")
-        tmp = ckpt.begin(self.cfg.output_dir, step)
+        tmp = ckpt.begin(self.cfg.checkpoint_dir, step)
         refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
         if "critic" in self.workers:
             refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
         ray.get(refs, timeout=RAY_TIMEOUT_S)
-        ckpt.commit(self.cfg.output_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+        ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
 
     def _resume(self) -> int:
         cfg = self.cfg
-        path = ckpt.resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir)
+        path = ckpt.resolve_resume(cfg.resume_from_checkpoint, cfg.checkpoint_dir)
         if path is None:
             if cfg.resume_from_checkpoint is True:
                 logger.warning("resume_from_checkpoint: no checkpoint under %s yet; starting fresh",
-                               ckpt.checkpoint_root(cfg.output_dir))
+                               ckpt.checkpoint_root(cfg.checkpoint_dir))
             return 0
         state = ckpt.read_state(path)
         self.residency.enter("checkpoint")

@@ -45,10 +45,11 @@ _PLACEMENT_TIMEOUT_S = 300.0
 _OFFLOADABLE_ENGINE_OPTIONS = {"vllm": {"enable_sleep_mode": True}, "sglang": {"enable_memory_saver": True}}
 
 
-def init_ray(address: str | None) -> bool:
+def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> bool:
     """A private local Ray on 127.0.0.1, or the cluster at `address` / `RAY_ADDRESS`
-    (`roll.pipeline.cluster`); returns whether the run joined a cluster."""
-    return cluster.init_ray(address)
+    (`roll.pipeline.cluster`); returns whether the run joined a cluster. `system_envs` (ROLL's key)
+    are set in the driver and, through the job's runtime_env, in every worker process."""
+    return cluster.init_ray(address, system_envs)
 
 
 def place_workers(cfg) -> DevicePlan:
@@ -83,24 +84,26 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
                                     cfg.actor_train.training_args, total_train_steps=total, seed=cfg.seed,
                                     dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train),
                                     attn_implementation=cfg.actor_train.model_args.attn_implementation,
-                                    features=training_features(cfg.actor_train))}
+                                    features=training_features(cfg.actor_train),
+                                    system_envs=cfg.actor_train.system_envs)}
     if "reference" in plan.processes:
         workers["reference"] = _start_role(
             ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
             dtype=cfg.reference.model_args.dtype, attn_implementation=cfg.reference.model_args.attn_implementation,
-            micro_batch_size=cfg.reference.training_args.per_device_train_batch_size,
-            budget=training_features(cfg.reference)["infer_budget"])
+            micro_batch_size=cfg.reference.infer_batch_size or cfg.reference.training_args.per_device_train_batch_size,
+            budget=training_features(cfg.reference)["infer_budget"], system_envs=cfg.reference.system_envs)
     if "critic" in plan.processes:
         workers["critic"] = _start_role(
             CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic),
             attn_implementation=cfg.critic.model_args.attn_implementation,
-            features=training_features(cfg.critic))
+            features=training_features(cfg.critic), system_envs=cfg.critic.system_envs)
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
-    workers["inference"] = [_remote(InferenceWorker, placement, name=name).remote(
+    workers["inference"] = [_remote(InferenceWorker, placement, name=name,
+                                    runtime_env_vars=infer_cfg.system_envs).remote(
         infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
@@ -110,16 +113,18 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     return workers
 
 
-def _start_role(cls, plan: DevicePlan, role: str, *args, **kwargs):
+def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, **kwargs):
     """The actor of a one-process role, exactly as before ranks existed; for several ranks one
     actor per rank, forming one torch.distributed group, behind a `RankGroup`. GPU ranks are pinned
     to the driver's node (its GPUs); CPU ranks get a placement group of their own, packed on one
     node locally and spread over the nodes on a cluster. The group is served by rank 0 on its own
     node: a task on rank 0's spot reports that node's address and a port free there, and every
-    rank starts with them (`roll.distributed.strategies.process_group`)."""
+    rank starts with them (`roll.distributed.strategies.process_group`). `system_envs`: the role's
+    own environment variables (ROLL's worker-level key)."""
     placements = plan.processes[role]
     if len(placements) == 1:
-        return _remote(cls, placements[0]).remote(*args, device=placements[0].torch_device, **kwargs)
+        return _remote(cls, placements[0], runtime_env_vars=system_envs).remote(
+            *args, device=placements[0].torch_device, **kwargs)
     ranks = len(placements)
     spots = _rank_spots(role, placements)
     addr, port = ray.get(ray.remote(num_cpus=0)(node_rendezvous_point).options(
@@ -131,7 +136,8 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, **kwargs):
         model_parallel = {"tensor_parallel": int(options.get("tensor_model_parallel_size", 1)),
                           "pipeline_parallel": int(options.get("pipeline_model_parallel_size", 1))}
     store = {} if cluster.joined() else {STORE_FILE_ENV: fresh_store_file()}  # one machine: no TCP store
-    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, scheduling_strategy=spot).remote(
+    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, runtime_env_vars=system_envs,
+                                   scheduling_strategy=spot).remote(
         *args, device=p.torch_device, num_threads=threads, **kwargs) for p, spot in zip(placements, spots, strict=True)],
         data_ranks=data_parallel_ranks(ranks, **model_parallel))
 
@@ -151,13 +157,16 @@ def _rank_spots(role: str, placements) -> list:
     return [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r) for r in range(len(placements))]
 
 
-def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None, **options):
+def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None,
+            runtime_env_vars: dict[str, str] | None = None, **options):
     """`ray.remote(cls)` with the process's device options and extra environment `env`; a GPU
-    process is pinned to the driver's node (its GPUs), unless `options` place it."""
+    process is pinned to the driver's node (its GPUs), unless `options` place it. `runtime_env_vars`
+    only add variables (no pinning)."""
     options = {**_ACTOR_OPTIONS, **placement.ray_options(), **options}
-    if env:
+    extra = {**(runtime_env_vars or {}), **(env or {})}
+    if extra:
         runtime_env = options.setdefault("runtime_env", {})
-        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra}
     if placement.device is not None and "scheduling_strategy" not in options:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False)
@@ -211,12 +220,13 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     sampling = sampling_params(cfg.generating_args_for(manager_cfg), tokenizer)
     workers, slots = [], []
     for w, tags in enumerate(chunks):
-        specs = [_env_spec(cfg, tag) for tag in tags]
+        specs = [_env_spec(cfg, tag, manager_cfg) for tag in tags]
         workers.append(ray.remote(EnvWorker).options(**_env_worker_options()).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
             history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
-            generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy))
+            generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy,
+            chat_template=cfg.actor_infer.data_args.template))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
 
@@ -226,14 +236,32 @@ def _env_worker_options() -> dict:
     return {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else _ENV_WORKER_OPTIONS
 
 
-def _env_spec(cfg, tag: str) -> EnvSpec:
+def _env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
     env = cfg.custom_envs[tag]
     env_config = dict(env.env_config)
+    penalty = getattr(manager_cfg, "format_penalty", None)
+    if penalty is not None and "format_penalty" not in env_config and _takes(env.env_type, "format_penalty"):
+        env_config["format_penalty"] = penalty  # the manager's default (ROLL's key)
     if env.env_type == "agent" and env_config.get("dataset"):  # as the driver sees it: an env
         env_config["dataset"] = os.path.abspath(env_config["dataset"])  # worker may run elsewhere
     return EnvSpec(tag=tag, env_type=env.env_type, env_config=env_config,
                    max_steps=env.max_steps, max_tokens_per_step=env.max_tokens_per_step,
-                   response_prefix=env.response_prefix, instruction=env.instruction)
+                   response_prefix=env.response_prefix, instruction=env.instruction,
+                   agent_system_template=env.agent_system_template, agent_template=env.agent_template,
+                   history_length=env.history_length, use_thread_lock=env.use_thread_lock,
+                   max_env_step_concurrent=env.max_env_step_concurrent)
+
+
+def _takes(env_type: str, key: str) -> bool:
+    """Whether the env class of `env_type` accepts constructor argument `key`."""
+    from roll.agentic.env.registry import check_env_config
+
+    try:
+        check_env_config(env_type, {key: 0.0})
+    except (TypeError, ValueError, ImportError):
+        return False
+    return True
+
 
 
 def build_pg_options(cfg) -> PGOptions:

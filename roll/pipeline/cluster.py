@@ -42,16 +42,19 @@ def ray_target(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
-def init_ray(address: str | None) -> bool:
-    """Start or join Ray (module docstring); returns whether the run joined a cluster."""
+def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> bool:
+    """Start or join Ray (module docstring); returns whether the run joined a cluster.
+    `system_envs` are set in this process and in every worker (the job's runtime_env)."""
     if ray.is_initialized():
         return ray_target(address) is not None
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.update(system_envs or {})
+    runtime_env = {"runtime_env": {"env_vars": dict(system_envs)}} if system_envs else {}
     target = ray_target(address)
     if target is None:
         with _loopback_node():
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                     _node_ip_address=LOOPBACK, logging_level="ERROR")
+                     _node_ip_address=LOOPBACK, logging_level="ERROR", **runtime_env)
         _remember_nodes()
         _say("ray: started a private local instance on 127.0.0.1 (a Ray already running on this machine is "
              "not joined; set ray_address or RAY_ADDRESS to join a cluster)")
@@ -61,7 +64,7 @@ def init_ray(address: str | None) -> bool:
     _token_mode_if_token_available()
     try:
         with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing():
-            ray.init(address=target, logging_level="ERROR")
+            ray.init(address=target, logging_level="ERROR", **runtime_env)
     except Exception as err:  # noqa: BLE001 - turned into one line naming the cause
         raise ClusterError(_join_failure(source, target, err)) from None
     global _joined

@@ -71,7 +71,9 @@ class Tracker:
         logging_dir: str | os.PathLike[str],
         *,
         resume_step: int | None = None,
+        backend=None,
     ) -> None:
+        self._backend = backend  # track_with's wandb / mlflow / stdout sink (roll.tracking.backends), or None
         self.metrics_path = Path(output_dir) / METRICS_FILE
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.metrics_path.exists():
@@ -92,6 +94,8 @@ class Tracker:
         for key, value in values.items():
             self._writer.add_scalar(key, value, global_step=int(step))
         self._writer.flush()
+        if self._backend is not None:
+            self._backend.log(int(step), values)
         return values
 
     def log_text(self, step: int, tag: str, text: str) -> None:
@@ -100,6 +104,8 @@ class Tracker:
         self._writer.flush()
 
     def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
         self._file.close()
         self._writer.close()
 

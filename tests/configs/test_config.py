@@ -160,9 +160,9 @@ MALFORMED = [
         "['SimpleFrozenLake', 'LargeFrozenLake'], got [4]",
     ),
     (
-        ["~val_env_manager.num_groups_partition"],
-        "val_env_manager.num_groups_partition: required when there are several tags "
-        "['SimpleFrozenLake', 'LargeFrozenLake']",
+        ["~val_env_manager.num_groups_partition", "val_env_manager.num_env_groups=1"],
+        "val_env_manager.num_env_groups: 1 cannot be divided among 2 tags "
+        "['SimpleFrozenLake', 'LargeFrozenLake'] (each needs a group)",
     ),
     (
         ["train_env_manager.tags=[SimpleFrozenLake,SimpleFrozenLake]"],
@@ -184,7 +184,7 @@ MALFORMED = [
          "+actor_train.strategy_args.strategy_config={tensor_parallel_size: 2}"],
         "actor_train.strategy_args.strategy_config.tensor_parallel_size: not an option of strategy 'megatron' "
         "(options: tensor_model_parallel_size, pipeline_model_parallel_size, expert_model_parallel_size, "
-        "context_parallel_size, sequence_parallel, use_distributed_optimizer, recompute_granularity)",
+        "context_parallel_size, sequence_parallel, use_distributed_optimizer, recompute_granularity, max_grad_norm)",
     ),
     (
         ["actor_train.strategy_args.strategy_name=megatron_train", "+actor_train.world_size=3",

@@ -86,4 +86,4 @@ def test_cli_without_a_gpu_exits_2_with_one_line(model_dir, capsys):
     assert status == 2
     assert capsys.readouterr().err.splitlines() == [
         "config error: actor_train.device_mapping: [0] needs CUDA GPUs, and none is visible here; use null "
-        "to run on CPU"]
+        "to run on CPU (or add +profile=cpu_smoke to shrink the whole config to this machine)"]

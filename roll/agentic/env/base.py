@@ -19,6 +19,8 @@ rollouts. A subclass whose observations need characters outside `CHARSET` (or lo
 
 from __future__ import annotations
 
+import re
+
 import abc
 import string
 from typing import Any
@@ -43,7 +45,18 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     actions: tuple[str, ...] = ()
     instruction: str = ""
 
-    def __init__(self, *, format_penalty: float = -0.1, render_mode: str | None = None) -> None:
+    def __init__(self, *, format_penalty: float = -0.1, render_mode: str | None = None,
+                 action_pattern: str | None = None, env_instruction: str | None = None) -> None:
+        """`action_pattern` and `env_instruction` are ROLL's env_config keys: a regex whose last
+        group is the action (None: `<answer>...</answer>`), and the task text reported as
+        `info["env_instruction"]` instead of the env's own."""
+        if action_pattern is not None:
+            try:
+                re.compile(action_pattern)
+            except re.error as err:
+                raise ValueError(f"action_pattern {action_pattern!r} is not a regex: {err}") from None
+        self.action_pattern = action_pattern
+        self.env_instruction = env_instruction
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode {render_mode!r} not in {self.metadata['render_modes']}"
@@ -89,6 +102,10 @@ class TextEnv(gym.Env[str, str], abc.ABC):
 
     def parse_action(self, text: str) -> str | None:
         """The action word in the raw model `text`, or None. Override for another answer format."""
+        if self.action_pattern is not None:  # ROLL's: the last group of the first match
+            match = re.search(self.action_pattern, text, re.DOTALL)
+            content = match.group(match.lastindex or 0) if match else None
+            return match_choice(content, self.actions)
         return match_choice(extract_answer(text), self.actions)
 
     # --- the gymnasium API, final ----------------------------------------------------------
@@ -101,7 +118,7 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         self._num_actions = 0
         self._num_invalid = 0
         self._frame = self._reset(dict(options or {}))
-        return self._frame, {"env_instruction": self.instruction, "metrics": {}}
+        return self._frame, {"env_instruction": self.env_instruction or self.instruction, "metrics": {}}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._frame is None:

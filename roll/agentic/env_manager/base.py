@@ -8,8 +8,10 @@ make progress. Subclasses decide only how an episode becomes training samples.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -30,6 +32,11 @@ from roll.utils.seeding import derive_seed
 
 GenerateFn = Callable[[GenerateRequest], Awaitable[GenerateOutput]]
 
+# `use_thread_lock`: one lock per env-worker process; `max_env_step_concurrent`: one semaphore per
+# tag and process. Taken inside the worker thread, so they hold whatever event loop runs.
+_ENV_LOCK = threading.Lock()
+_STEP_LIMITS: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -42,6 +49,12 @@ class EnvSpec:
     max_tokens_per_step: int
     response_prefix: str = ""
     instruction: str | None = None  # None: the env's own; "": no system message
+    # ROLL's per-tag keys (roll.configs.env.CustomEnvConfig documents each)
+    agent_system_template: str | None = None
+    agent_template: str | None = None
+    history_length: int | None = None  # step-wise; None: the manager's
+    use_thread_lock: bool = False
+    max_env_step_concurrent: int = 0  # 0: no limit
 
 
 class EnvStepTimeout(RuntimeError):
@@ -119,7 +132,9 @@ class BaseEnvManager:
         self.env = make_env(spec.env_type, dict(spec.env_config))
         self.chat = ChatFormatter(tokenizer, spec.response_prefix)
         self._generate = generate
-        self.sampling = dataclasses.replace(sampling, max_new_tokens=spec.max_tokens_per_step)
+        # as in ROLL: min(max_tokens_per_step, generating_args.max_new_tokens) per env step
+        self.sampling = dataclasses.replace(sampling, max_new_tokens=min(spec.max_tokens_per_step,
+                                                                         sampling.max_new_tokens))
         self.sequence_length = sequence_length
         self.step_timeout_s = step_timeout_s
         self.generate_timeout_s = generate_timeout_s
@@ -137,11 +152,31 @@ class BaseEnvManager:
         which is what releases a well-behaved env and so frees the thread for the other envs, and
         the manager is dropped."""
         call = getattr(self.env, name)
+        guards = self._env_guards(name)
+        if guards:
+            unguarded = call
+
+            def call(*a, **kw):
+                with contextlib.ExitStack() as stack:
+                    for guard in guards:
+                        stack.enter_context(guard)
+                    return unguarded(*a, **kw)
         try:
             return await asyncio.wait_for(asyncio.to_thread(call, *args, **kwargs), self.step_timeout_s)
         except TimeoutError:
             self.close()
             raise EnvStepTimeout(f"env.{name} exceeded {self.step_timeout_s}s") from None
+
+    def _env_guards(self, name: str) -> list:
+        """What an env call holds while it runs: the process's env lock (`use_thread_lock`) and,
+        for env.step, the tag's concurrency limit (`max_env_step_concurrent`)."""
+        guards = []
+        limit = self.spec.max_env_step_concurrent
+        if name == "step" and limit > 0:
+            guards.append(_STEP_LIMITS.setdefault((self.spec.tag, limit), threading.BoundedSemaphore(limit)))
+        if self.spec.use_thread_lock:
+            guards.append(_ENV_LOCK)
+        return guards
 
     async def env_step(self, text: str):
         return check_step_output(await self._env_call("step", text))

@@ -13,6 +13,7 @@ import hashlib
 
 from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
+from roll.agentic.env_manager.templates import step_prompt_text
 from roll.core.records import GenerateOutput, StepRecord
 
 
@@ -26,8 +27,12 @@ class StepEnvManager(BaseEnvManager):
         self.history_length = history_length
 
     def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
-        return _StepBuilder(self.chat, instruction, observation, self.history_length,
-                            self.sequence_length - self.sampling.max_new_tokens)
+        budget = self.sequence_length - self.sampling.max_new_tokens
+        if self.spec.agent_template is not None:
+            return _TemplateStepBuilder(self.chat, instruction, observation, self.history_length, budget,
+                                        self.spec.agent_template, self.spec.agent_system_template,
+                                        self.spec.max_tokens_per_step)
+        return _StepBuilder(self.chat, instruction, observation, self.history_length, budget)
 
 
 class _StepBuilder(EpisodeBuilder):
@@ -66,3 +71,32 @@ class _StepBuilder(EpisodeBuilder):
 
     def sample_fields(self) -> dict:
         return {"steps": self.steps}
+
+
+class _TemplateStepBuilder(_StepBuilder):
+    """ROLL's step prompt: an optional system message (`agent_system_template`) and one user
+    message, `agent_template` filled with the instruction, the last `history_length` steps as
+    text, and the current observation (`roll.agentic.env_manager.templates.step_prompt_text`)."""
+
+    def __init__(self, chat: ChatFormatter, instruction: str | None, observation: str, history_length: int,
+                 budget: int, template: str, system_template: str | None, max_response_length: int):
+        super().__init__(chat, None, observation, history_length, budget)
+        self.instruction = instruction or ""
+        self.template = template
+        self.system = [{"role": "system", "content": system_template}] if system_template is not None else []
+        self.max_response_length = max_response_length
+        self.history: list[tuple[str, str, float]] = []  # (observation, action, reward)
+
+    def prompt(self) -> list[int] | None:
+        shown = self.history[-self.history_length:] if self.history_length else []
+        text = step_prompt_text(self.template, env_instruction=self.instruction, history=shown,
+                                step=len(self.steps), observation=self.observation,
+                                max_response_length=self.max_response_length)
+        messages = [*self.system, {"role": "user", "content": text}]
+        ids = self.chat.template_ids(messages, add_generation_prompt=True) + self.chat.prefix_ids
+        self._prompt = ids
+        return ids if len(ids) <= self.budget else None
+
+    def add_observation(self, observation: str, out: GenerateOutput, reward: float) -> None:
+        self.history.append((self.observation, self.chat.response_text(out.token_ids), reward))
+        self.observation = observation

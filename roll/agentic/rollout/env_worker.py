@@ -21,6 +21,7 @@ from roll.core.enums import SampleMode
 from roll.core.records import GroupResult, SamplingParams
 from roll.core.errors import engine_failure
 from roll.models.loading import load_tokenizer
+from roll.models.templates import apply_template
 from roll.utils.seeding import derive_seed
 
 
@@ -51,12 +52,13 @@ class EnvWorker:
     def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
                  sampling: SamplingParams, sequence_length: int, *, manager_type: SampleMode | str = SampleMode.TRAJ,
                  history_length: int = 0, step_timeout_s: float | None = 60.0,
-                 generate_timeout_s: float | None = 300.0, redundancy: int = 0):
+                 generate_timeout_s: float | None = 300.0, redundancy: int = 0,
+                 chat_template: str | None = None):
         torch.set_num_threads(1)  # env workers only tokenize; leave the cores to the engine
         self.group_size = group_size
         n_envs = max(1, len(slots) * (group_size + redundancy))
         asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
-        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.tokenizer = apply_template(load_tokenizer(tokenizer_path), chat_template)
         replicas = inference if isinstance(inference, (list, tuple)) else [inference]
         self.inference = [ray.get_actor(r) if isinstance(r, str) else r for r in replicas]
         # One batching client per inference replica, behind a gateway: a new episode goes to the
@@ -73,7 +75,8 @@ class EnvWorker:
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
         args = (spec, self.tokenizer, self._generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
         if self._manager_type == SampleMode.STEP:
-            return StepEnvManager(*args, history_length=self._history_length)
+            history = self._history_length if spec.history_length is None else spec.history_length
+            return StepEnvManager(*args, history_length=history)
         return TrajEnvManager(*args)
 
     async def _generate(self, request):

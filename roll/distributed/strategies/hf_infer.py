@@ -251,7 +251,8 @@ class _RowSampler:
         """Apply top-k then top-p (nucleus) as -inf masks; rows with neither pass unchanged."""
         out = scaled
         if any(k > 0 for k in self.top_k):
-            k = torch.tensor([k if k > 0 else scaled.shape[-1] for k in self.top_k], device=scaled.device)
+            vocab = scaled.shape[-1]  # a top_k above the vocabulary keeps every token
+            k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in self.top_k], device=scaled.device)
             kth = torch.sort(scaled, dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
             out = out.masked_fill(out < kth, float("-inf"))
         if bool((self.top_p < 1.0).any()):

@@ -1,0 +1,207 @@
+"""The ROLL config dialect: ROLL's agentic YAML keys that have no twin among our own fields.
+
+A config written for ROLL's agentic pipeline validates here unchanged. Three kinds of key:
+- fields of `RollDialect` (a base of `PipelineConfig`): ROLL's run-level keys with their meaning;
+- hydra variables of ROLL's env library (`custom_env`, `action_pattern`, `max_actions_per_traj`,
+  `*_format_penalty`, ...): ROLL's dataclasses ignore them, they exist to be `${...}`-interpolated.
+  Known ones are fields below (so a typo gets a did-you-mean); any other top-level key that the
+  YAML interpolates somewhere is a variable too (`strip_variables`);
+- class paths (`worker_cls`, `env_manager_cls`): ROLL's and ours map to our classes; any other
+  path is a one-line error.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field
+
+from roll.configs.base import ConfigModel, InvalidField
+
+ENV_MANAGER_CLASSES = {
+    "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
+    "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "step",
+    "roll.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
+    "roll.agentic.env_manager.step_env_manager.StepEnvManager": "step",
+    "traj": "traj",
+    "step": "step",
+}
+"""`custom_envs.<Tag>.env_manager_cls` -> our env manager type."""
+
+WORKER_CLASSES = {
+    "roll.pipeline.agentic.agentic_actor_worker.ActorWorker": ("actor_train", "reference"),
+    "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker": ("actor_train",),
+    "roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker": ("actor_train",),
+    "roll.pipeline.base_worker.ActorWorker": ("actor_train", "reference"),
+    "roll.pipeline.base_worker.InferWorker": ("actor_infer",),
+    "roll.pipeline.base_worker.CriticWorker": ("critic",),
+    "roll.distributed.workers.actor.ActorWorker": ("actor_train",),
+    "roll.distributed.workers.inference.InferenceWorker": ("actor_infer",),
+    "roll.distributed.workers.reference.ReferenceWorker": ("reference",),
+    "roll.distributed.workers.critic.CriticWorker": ("critic",),
+}
+"""`<role>.worker_cls` -> the roles our worker of that class serves. ROLL's PG-variant actor
+classes are its actor with another loss; the loss itself is chosen by `pg_variant`."""
+
+_FORMAT_PENALTY_VARIABLE = re.compile(r"\w+_format_penalty")
+
+
+class TrackerKwargs(ConfigModel):
+    """ROLL's `tracker_kwargs`; which keys apply depends on `track_with`."""
+
+    model_config = {**ConfigModel.model_config, "extra": "allow"}
+    log_dir: str | None = None
+    """tensorboard: where the event files go (instead of `logging_dir`)."""
+
+
+class CheckpointConfig(ConfigModel):
+    """ROLL's `checkpoint_config`: where checkpoints are written."""
+
+    type: Literal["file_system"] = "file_system"
+    """Only "file_system" (ROLL's default); its other types are object stores."""
+    output_dir: str | None = None
+    """Checkpoints go under `output_dir/checkpoints/step_N/` of this dir; None: the top-level
+    `output_dir`."""
+
+
+class RollDialect(ConfigModel):
+    """ROLL's run-level keys (fields of `PipelineConfig`, through this base)."""
+
+    system_envs: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set in the driver and in every worker process (Ray runtime_env)."""
+    track_with: Literal["tensorboard", "wandb", "mlflow", "stdout"] = "tensorboard"
+    """Where metrics go besides `metrics.jsonl`: "tensorboard" (under `tracker_kwargs.log_dir`,
+    else `logging_dir`), "wandb" (`wandb.init(**tracker_kwargs)`), "mlflow" (`tracker_kwargs`:
+    tracking_uri, experiment_name, run_name) or "stdout" (one line per logged step). TensorBoard
+    events are written in every case. wandb/mlflow must be installed."""
+    tracker_kwargs: TrackerKwargs = Field(default_factory=TrackerKwargs)
+    """Arguments of the `track_with` backend."""
+    checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Where checkpoints are written."""
+    num_gpus_per_node: int | None = Field(None, ge=0)
+    """GPUs of one node. Set, every `device_mapping` index of a local run (no `ray_address`) must
+    be below it; None: not checked here (the visible GPUs are checked at start)."""
+    max_grad_norm: float | None = Field(None, gt=0)
+    """ROLL's run-level gradient clip: the `training_args.max_grad_norm` of every trained role
+    that does not set its own. None: each role's own."""
+    batch_adjust_mode: Literal["copy", "delete", "auto", "random_sample"] = "copy"
+    """ROLL pads ("copy") or trims ("delete") a step-wise batch to a multiple of its mini-batch
+    because its trainers need equal mini-batches. Our trainers take any row count (the last
+    mini-batch may be short), so no row is copied or deleted whatever the value: accepted so ROLL
+    configs run, and a difference from ROLL (README, "Coming from ROLL")."""
+    # ROLL's env-library variables: only used through ${...} interpolation.
+    custom_env: dict[str, Any] | None = None
+    """ROLL env-library variable: the env definitions `custom_envs` interpolates from."""
+    action_pattern: str | None = None
+    """ROLL env-library variable: regex of an action (interpolated into env_config)."""
+    think_action_pattern: str | None = None
+    """ROLL env-library variable: regex of a think + action answer."""
+    all_response_pattern: str | None = None
+    """ROLL env-library variable: regex of a free answer."""
+    max_actions_per_traj: int | None = None
+    """ROLL env-library variable: interpolated into `custom_envs.<Tag>.max_steps`."""
+    max_tokens_per_step: int | None = None
+    """ROLL env-library variable: interpolated into `custom_envs.<Tag>.max_tokens_per_step`."""
+    default_history_length: int | None = None
+    """ROLL env-library variable: interpolated into `custom_envs.<Tag>.history_length`."""
+    env_manager_cls: str | None = None
+    """ROLL env-library variable: interpolated into `custom_envs.<Tag>.env_manager_cls`."""
+    agent_runner_cls: str | None = None
+    """ROLL env-library variable: interpolated into `custom_envs.<Tag>.agent_runner_cls`."""
+    agent_system_template: str | None = None
+    """ROLL env-library variable: interpolated into `custom_envs.<Tag>.agent_system_template`."""
+    agent_template: str | None = None
+    """ROLL env-library variable: interpolated into `custom_envs.<Tag>.agent_template`."""
+    single_prompt_agent_system_template: str | None = None
+    """ROLL env-library variable (single-prompt envs)."""
+    single_prompt_agent_template: str | None = None
+    """ROLL env-library variable (single-prompt envs)."""
+
+
+def strip_variables(data: dict[str, Any], referenced: set[str], fields) -> dict[str, Any]:
+    """`data` without the top-level hydra variables that are not `fields` (the config's field
+    names): keys the YAML interpolates (`${key...}`) and ROLL's `<env>_format_penalty` numbers."""
+    return {key: value for key, value in data.items()
+            if key in fields or not (key in referenced or (_FORMAT_PENALTY_VARIABLE.fullmatch(key)
+                                                           and isinstance(value, (int, float))))}
+
+
+def map_role_strategies(data: dict[str, Any]) -> None:
+    """ROLL runs forward-only roles (reference, critic scoring) with `*_infer` engines: `hf_infer`
+    is plain transformers on torch, `megatron_infer`/`deepspeed_infer` the training engine without
+    an optimiser. Our forward-only roles run on the training engines, so those names become
+    torch / megatron / deepspeed there (`actor_infer` keeps them, and is checked as usual).
+    Megatron's `max_grad_norm` option is ROLL's way to pass the clip: it becomes the role's
+    `training_args.max_grad_norm`."""
+    forward_only = {"hf_infer": "torch", "megatron_infer": "megatron",
+                    "deepspeed_infer": "deepspeed"}
+    for role in ("actor_train", "reference", "critic"):
+        worker = data.get(role)
+        strategy = worker.get("strategy_args") if isinstance(worker, dict) else None
+        if not isinstance(strategy, dict):
+            continue
+        name = strategy.get("strategy_name")
+        if role == "reference" and name in forward_only:
+            strategy["strategy_name"] = forward_only[name]
+        options = strategy.get("strategy_config")
+        if isinstance(options, dict) and "max_grad_norm" in options:
+            clip = options.pop("max_grad_norm")
+            training = worker.setdefault("training_args", {})
+            if isinstance(training, dict):
+                training.setdefault("max_grad_norm", clip)
+
+
+def check_dialect(cfg) -> None:
+    """The dialect's checks and fills on a validated `PipelineConfig` (its model validator)."""
+    for role, worker in cfg.workers.items():
+        _check_worker_cls(role, worker.worker_cls)
+        if cfg.max_grad_norm is not None and "max_grad_norm" not in worker.training_args.model_fields_set:
+            worker.training_args.max_grad_norm = cfg.max_grad_norm
+    for tag, env in cfg.custom_envs.items():
+        if env.env_manager_cls is not None and env.env_manager_cls not in ENV_MANAGER_CLASSES:
+            raise InvalidField(f"custom_envs.{tag}.env_manager_cls",
+                               f"unknown class path {env.env_manager_cls!r}; known: {', '.join(ENV_MANAGER_CLASSES)}")
+    for name, manager in cfg.env_managers.items():
+        _manager_type_from_tags(name, manager, cfg.custom_envs)
+    if cfg.num_gpus_per_node is not None and cfg.ray_address is None:
+        for role, worker in cfg.workers.items():
+            too_high = [d for d in worker.device_mapping or [] if d >= cfg.num_gpus_per_node]
+            if too_high:
+                raise InvalidField(f"{role}.device_mapping", f"GPU {too_high[0]} is not on a node of "
+                                   f"num_gpus_per_node={cfg.num_gpus_per_node} (a local run is one node)")
+    _check_tracker(cfg.track_with)
+
+
+def _check_worker_cls(role: str, path: str | None) -> None:
+    if path is None:
+        return
+    roles = WORKER_CLASSES.get(path)
+    if roles is None:
+        raise InvalidField(f"{role}.worker_cls", f"unknown class path {path!r}; known: {', '.join(WORKER_CLASSES)}")
+    if role not in roles:
+        raise InvalidField(f"{role}.worker_cls", f"{path!r} is a worker of {' / '.join(roles)}, not of {role}")
+
+
+def _manager_type_from_tags(name: str, manager, custom_envs) -> None:
+    """A manager's type follows its tags' `env_manager_cls` (ROLL picks the class per tag) unless
+    `env_manager_type` is set; one manager runs one type."""
+    types = {tag: ENV_MANAGER_CLASSES[custom_envs[tag].env_manager_cls]
+             for tag in manager.tags if tag in custom_envs and custom_envs[tag].env_manager_cls is not None}
+    if not types:
+        return
+    if len(set(types.values())) > 1:
+        raise InvalidField(f"{name}.tags", f"mix env manager classes {types}; one manager runs one type")
+    kind = next(iter(types.values()))
+    if "env_manager_type" in manager.model_fields_set and manager.env_manager_type != kind:
+        raise InvalidField(f"{name}.env_manager_type", f"{manager.env_manager_type!r}, but the tags' "
+                           f"env_manager_cls say {kind!r}")
+    manager.env_manager_type = kind
+
+
+def _check_tracker(track_with: str) -> None:
+    import importlib.util
+
+    if track_with in ("wandb", "mlflow") and importlib.util.find_spec(track_with) is None:
+        raise InvalidField("track_with", f"{track_with!r} needs the {track_with} package (pip install "
+                           f"{track_with}); or use tensorboard or stdout")

@@ -1,0 +1,141 @@
+"""`+profile=NAME`: hydra config groups in the repository's `configs/profile/`, found from any
+`--config_path` (the loader adds `configs/` to hydra's search path).
+
+`cpu_smoke` shrinks any config, a ROLL GPU config too, to a 2-core CPU machine. Hydra puts the
+profile's knobs under `profile:`; `apply_profile` then rewrites the composed config from them, so
+that the shrunk values stay consistent with each other (batch sizes, groups per tag, group sizes).
+A key set on the command line (`key=value`, `+key=...`, `++key=...`) is never touched: command-line
+overrides win over the profile. What the profile swaps (an engine that needs CUDA) it says in one
+line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from roll.configs.base import ConfigError
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+"""The repository's `configs/` (env library, profiles)."""
+
+ROLES = ("actor_train", "actor_infer", "reference", "critic")
+CUDA_ONLY_ENGINES = {"vllm": "hf", "sglang": "hf"}
+"""Inference engines that need CUDA here (no CPU build installed) -> their CPU counterpart."""
+FLASH_ATTENTION = {"fa2", "flash_attn", "flash_attention_2", "flash-attention-2", "flash_attention_3"}
+_KNOBS = {"name", "train_groups", "group_size", "val_group_size", "sequence_length", "max_actions",
+          "max_tokens_per_step", "micro_batch", "gradient_accumulation_steps", "dtype"}
+_PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                  "context_parallel_size")
+
+
+def configs_search_path() -> str:
+    """hydra override that adds `configs/` to the search path."""
+    return f"hydra.searchpath=[file://{CONFIGS_DIR}]"
+
+
+def apply_profile(data: dict[str, Any], cli_keys: Sequence[str]) -> list[str]:
+    """Rewrite `data` (a composed config) by its `profile` block, in place, leaving every key in
+    `cli_keys` (dotted) as it is; returns the notes printed about swapped engines."""
+    profile = data.pop("profile")
+    if not isinstance(profile, dict) or profile.get("name") != "cpu_smoke":
+        raise ConfigError("profile", f"unknown profile {profile!r}; available: cpu_smoke")
+    unknown = sorted(set(profile) - _KNOBS)
+    if unknown:
+        raise ConfigError(f"profile.{unknown[0]}", f"unknown key; valid keys here: {', '.join(sorted(_KNOBS))}")
+    smoke = _Setter(data, set(cli_keys))
+    notes: list[str] = []
+    _shrink_managers(smoke, data, profile)
+    smoke.set("sequence_length", min(data.get("sequence_length", 2048), profile["sequence_length"]))
+    for role in ROLES:
+        if isinstance(data.get(role), dict):
+            notes += _shrink_role(smoke, role, data[role], profile)
+    for line in notes:
+        print(f"profile cpu_smoke: {line}", file=sys.stderr)
+    return notes
+
+
+class _Setter:
+    """Sets dotted keys of the config unless the command line set them (or a key above them)."""
+
+    def __init__(self, data: dict[str, Any], cli_keys: set[str]):
+        self.data, self.cli_keys = data, cli_keys
+
+    def set(self, dotted: str, value: Any) -> None:
+        parts = dotted.split(".")
+        if any(".".join(parts[:i]) in self.cli_keys for i in range(1, len(parts) + 1)):
+            return
+        node = self.data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+
+
+def _shrink_managers(smoke: _Setter, data: dict, profile: dict) -> None:
+    train = data.get("train_env_manager") or {}
+    tags = train.get("tags") or []
+    group_size = min(train.get("group_size", 1), profile["group_size"])
+    groups = max(len(tags), profile["train_groups"])
+    smoke.set("train_env_manager.group_size", group_size)
+    smoke.set("train_env_manager.num_env_groups", groups)
+    smoke.set("train_env_manager.num_groups_partition", None)  # equal split
+    smoke.set("train_env_manager.max_env_num_per_worker", 0)  # one env worker: 2 cores
+    smoke.set("train_env_manager.group_size_redundancy", 0)
+    group_size = data.get("train_env_manager", {}).get("group_size", group_size)  # the command line's, if set
+    smoke.set("rollout_batch_size", group_size * profile["train_groups"])
+    used = set(tags)
+    val = data.get("val_env_manager")
+    if isinstance(val, dict):
+        val_tags = val.get("tags") or []
+        val_size = min(val.get("group_size", 1), profile["val_group_size"])
+        smoke.set("val_env_manager.group_size", val_size)
+        smoke.set("val_env_manager.num_env_groups", len(val_tags))
+        smoke.set("val_env_manager.num_groups_partition", None)
+        smoke.set("val_env_manager.max_env_num_per_worker", 0)
+        smoke.set("val_env_manager.group_size_redundancy", 0)
+        smoke.set("val_batch_size", val_size * len(val_tags))
+        used |= set(val_tags)
+    for tag in used:
+        env = (data.get("custom_envs") or {}).get(tag)
+        if not isinstance(env, dict):
+            continue
+        smoke.set(f"custom_envs.{tag}.max_steps", min(env.get("max_steps", 10), profile["max_actions"]))
+        smoke.set(f"custom_envs.{tag}.max_tokens_per_step",
+                  min(env.get("max_tokens_per_step", 64), profile["max_tokens_per_step"]))
+        if isinstance(env.get("env_config"), dict) and "max_steps" in env["env_config"]:
+            smoke.set(f"custom_envs.{tag}.env_config.max_steps",
+                      min(env["env_config"]["max_steps"], profile["max_actions"]))
+
+
+def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list[str]:
+    notes = []
+    smoke.set(f"{role}.device_mapping", None)
+    smoke.set(f"{role}.world_size", None)
+    smoke.set(f"{role}.model_args.dtype", profile["dtype"])
+    attn = (worker.get("model_args") or {}).get("attn_implementation")
+    if attn in FLASH_ATTENTION:
+        smoke.set(f"{role}.model_args.attn_implementation", "sdpa")
+        notes.append(f"{role}.model_args.attn_implementation {attn} -> sdpa (flash-attention needs CUDA)")
+    training = worker.get("training_args")
+    if isinstance(training, dict) or role in ("actor_train", "critic"):
+        training = training or {}
+        smoke.set(f"{role}.training_args.per_device_train_batch_size",
+                  min(training.get("per_device_train_batch_size", 8), profile["micro_batch"]))
+        smoke.set(f"{role}.training_args.gradient_accumulation_steps", profile["gradient_accumulation_steps"])
+    if worker.get("infer_batch_size") is not None:
+        smoke.set(f"{role}.infer_batch_size", min(worker["infer_batch_size"], profile["micro_batch"]))
+    strategy = worker.get("strategy_args") or {}
+    name = strategy.get("strategy_name")
+    if role == "actor_infer" and name in CUDA_ONLY_ENGINES:
+        swap = CUDA_ONLY_ENGINES[name]
+        smoke.set(f"{role}.strategy_args", {"strategy_name": swap, "strategy_config": {}})
+        notes.append(f"{role}.strategy_args.strategy_name {name} -> {swap} ({name} needs CUDA; "
+                     f"its strategy_config is dropped)")
+    options = strategy.get("strategy_config")
+    if isinstance(options, dict) and name in ("megatron_train", "megatron_infer", "megatron"):
+        for key in _PARALLEL_KEYS:  # one CPU process per role
+            if options.get(key, 1) != 1:
+                smoke.set(f"{role}.strategy_args.strategy_config.{key}", 1)
+    return notes
