@@ -88,8 +88,9 @@ def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: li
     `adv_estimator` (the user would have to write `+adv_estimator=gae`). The schema knows the
     key: such an override is retried as `+key=value`. Keys outside the schema still fail.
     """
+    schema_keys = [_override_key(override) for override in overrides]  # the keys as the user wrote them
+    overrides = _into_library_entries(config_dir, config_name, list(overrides))
     changed_keys = [_parse_override(override) for override in overrides]
-    overrides = list(overrides)
     while True:
         try:
             with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -104,7 +105,7 @@ def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: li
             if not related or "not in struct" not in str(cause):
                 raise
             index = related[0]
-            if not _is_schema_key(changed_keys[index]):  # a typo: name the override's own key
+            if not _is_schema_key(schema_keys[index]):  # a typo: name the override's own key
                 path = changed_keys[index].split(".")
                 raise ConfigError(changed_keys[index], _unknown_key_message(path)) from None
             overrides[index] = "+" + overrides[index]
@@ -121,6 +122,36 @@ def _interpolated_keys(node: Any) -> set[str]:
     if isinstance(node, list):
         return set().union(*map(_interpolated_keys, node), set())
     return set(_INTERPOLATION.findall(node)) if isinstance(node, str) else set()
+
+
+def _into_library_entries(config_dir: str, config_name: str, overrides: list[str]) -> list[str]:
+    """Overrides inside a tag that the YAML takes whole from the env library
+    (`custom_envs.FrozenLake: ${custom_env.TinyFrozenLake}`, ROLL's way) are aimed at the library
+    entry: hydra would otherwise replace the interpolation by a dict holding only the overridden
+    key (`custom_envs.FrozenLake.env_config.size=5` -> `custom_env.TinyFrozenLake.env_config.size=5`,
+    which also reaches any other tag made from that entry)."""
+    inside = [i for i, o in enumerate(overrides) if _override_key(o).startswith("custom_envs.")
+              and _override_key(o).count(".") >= 2]
+    if not inside:
+        return overrides
+    others = [o for i, o in enumerate(overrides) if i not in inside]
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            cfg = compose(config_name=config_name, overrides=[*others, configs_search_path()])
+        tags = OmegaConf.to_container(cfg, resolve=False).get("custom_envs") or {}
+    except Exception:  # noqa: BLE001 - the real composition below reports it, naming the key
+        return overrides
+    rewritten = list(overrides)
+    for i in inside:
+        key = _override_key(overrides[i])
+        tag, rest = key.split(".", 2)[1:]
+        source = _LIBRARY_ENTRY.fullmatch(str(tags.get(tag, "")))
+        if source:
+            rewritten[i] = overrides[i].replace(key, f"{source.group(1)}.{rest}", 1)
+    return rewritten
+
+
+_LIBRARY_ENTRY = re.compile(r"\$\{(custom_env\.[\w-]+)\}")
 
 
 def _override_key(override: str) -> str:

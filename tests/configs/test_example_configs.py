@@ -38,3 +38,15 @@ def test_override_adds_a_section_the_yaml_leaves_out(pretrain):
 def test_gigpo_needs_step_wise_samples(pretrain):
     with pytest.raises(ConfigError, match='^adv_estimator: "gigpo" needs train_env_manager.env_manager_type "step"'):
         load_config(str(EXAMPLES), "agent_val_frozen_lake_traj", [pretrain, "adv_estimator=gigpo"])
+
+
+def test_an_override_inside_a_library_entry_keeps_the_rest_of_the_entry(pretrain):
+    # custom_envs.FrozenLake is `${custom_env.TinyFrozenLake}` (configs/step_envs.yaml): hydra alone
+    # would replace it by {env_config: {size: 5}} and lose env_type, max_steps, ...
+    cfg = load_config(str(EXAMPLES), "agent_val_frozen_lake",
+                      [pretrain, "custom_envs.FrozenLake.env_config.size=5",
+                       "custom_envs.FrozenLake.env_config.fault_injection.raise_p=0.04"])
+    env = cfg.custom_envs["FrozenLake"]
+    assert (env.env_type, env.max_steps, env.max_tokens_per_step) == ("frozen_lake", 8, 1)
+    assert env.env_config == {"size": 5, "hole_prob": 0.2, "is_slippery": False, "max_path_length": 8,
+                              "format_penalty": -0.1, "fault_injection": {"raise_p": 0.04}}

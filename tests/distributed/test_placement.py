@@ -137,7 +137,8 @@ def error(mappings, *, replicas=1, gpus=8, ratio=0, world_sizes=None) -> Placeme
 
 BAD_LAYOUTS = [
     ({"actor_train": [0], "actor_infer": [0]}, dict(gpus=0), "actor_train.device_mapping",
-     "[0] needs CUDA GPUs, and none is visible here; use null to run on CPU"),
+     "[0] needs CUDA GPUs, and none is visible here; use null to run on CPU (or add +profile=cpu_smoke to "
+     "shrink the whole config to this machine)"),
     ({"actor_train": [0], "actor_infer": [2, 8]}, dict(replicas=2), "actor_infer.device_mapping",
      "GPU 8 does not exist here: 8 GPUs are visible (indices 0-7)"),
     ({"actor_train": [0], "actor_infer": [0], "reference": None}, {}, "reference.device_mapping",
