@@ -134,7 +134,8 @@ def _into_library_entries(config_dir: str, config_name: str, overrides: list[str
               and _override_key(o).count(".") >= 2]
     if not inside:
         return overrides
-    others = [o for i, o in enumerate(overrides) if i not in inside]
+    # the YAML's tags, with only the overrides that set a whole tag (others may need the schema retry)
+    others = [o for o in overrides if _override_key(o).startswith("custom_envs") and _override_key(o).count(".") < 2]
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             cfg = compose(config_name=config_name, overrides=[*others, configs_search_path()])
