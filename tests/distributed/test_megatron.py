@@ -5,6 +5,8 @@ Two ranks (tensor and data parallel) are in test_megatron_two_ranks.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForTokenClassification, Qwen2Config, Qwen2ForCausalLM
@@ -137,6 +139,16 @@ def test_round_trip_is_bit_exact(hf_model):
     assert back.keys() == want.keys()
     for key, value in want.items():
         assert torch.equal(back[key], value), key
+
+
+def test_transformer_engine_switches_of_a_roll_config_do_not_stop_the_build(hf_model, megatron_groups, monkeypatch):
+    # ROLL's configs set these in system_envs; megatron asserts they match its attention backend
+    # (auto wants all three 1). Our attention is SDPA, so they are hidden during the build and kept.
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "1")
+    monkeypatch.setenv("NVTE_FUSED_ATTN", "0")
+    megatron_model.build_gpt_model(arch_from_hf(hf_model.config), torch.float32)
+    assert (os.environ["NVTE_FLASH_ATTN"], os.environ["NVTE_FUSED_ATTN"]) == ("1", "0")
+    assert "NVTE_UNFUSED_ATTN" not in os.environ
 
 
 def test_converted_weights_fit_a_real_gpt_model(hf_model, megatron_groups):

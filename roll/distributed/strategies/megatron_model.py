@@ -23,6 +23,7 @@ unconditionally in forward (measured with 0.16.1):
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 import torch
@@ -148,6 +149,9 @@ class BufferRotaryEmbedding(RotaryEmbedding):
         return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
 
 
+_TE_ATTENTION_SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+
+
 def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
                     sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None,
                     recompute_granularity: str | None = None) -> GPTModel:
@@ -159,10 +163,19 @@ def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int 
     config = transformer_config(arch, dtype, tensor_parallel, sequence_parallel)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
-    gpt = GPTModel(config, spec, vocab_size=padded_vocab_size(arch, tensor_parallel),
-                   max_sequence_length=arch.max_positions,
-                   share_embeddings_and_output_weights=arch.tied_embeddings,
-                   position_embedding_type="rope", rotary_base=arch.rope_theta, pg_collection=pg_collection)
+    # Transformer Engine's attention switches (ROLL's configs set them in system_envs) mean nothing
+    # to our SDPA attention, but megatron asserts they agree with its attention backend: hidden
+    # while the model is built, then restored as the user set them.
+    te_switches = {name: os.environ.pop(name) for name in _TE_ATTENTION_SWITCHES if name in os.environ}
+    try:
+        gpt = GPTModel(config, spec, vocab_size=padded_vocab_size(arch, tensor_parallel),
+                       max_sequence_length=arch.max_positions,
+                       share_embeddings_and_output_weights=arch.tied_embeddings,
+                       position_embedding_type="rope", rotary_base=arch.rope_theta, pg_collection=pg_collection)
+    finally:
+        for name in _TE_ATTENTION_SWITCHES:
+            os.environ.pop(name, None)
+        os.environ.update(te_switches)
     gpt.rotary_pos_emb = BufferRotaryEmbedding(
         kv_channels=config.kv_channels, rotary_percent=1.0, rotary_interleaved=config.rotary_interleaved,
         rotary_base=arch.rope_theta, use_cpu_initialization=True, cp_group=gpt.pg_collection.cp)
