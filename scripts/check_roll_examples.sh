@@ -7,6 +7,7 @@ ROOT=${1:-$(dirname "$0")/../../shared/roll_examples}
 MODEL=${MODEL:-/tmp/roll_check_model}
 OUT=${OUT:-/tmp/roll_check_out}
 export PYTHONPATH=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$OUT"
 [ -f "$MODEL/config.json" ] || python -m roll.pipeline.tiny_model --preset sokoban --output_dir "$MODEL" >/dev/null
 for f in "$ROOT"/*/*.yaml; do
   dir=$(dirname "$f"); name=$(basename "$f" .yaml); [ "$(basename "$dir")" = config ] && continue
