@@ -1,11 +1,12 @@
 """ROLL's prompt templates (`custom_envs.<Tag>.agent_template` / `agent_system_template`), filled
 as ROLL's env managers fill them (roll/pipeline/agentic/env_manager/{traj,step}_env_manager.py):
-plain `str.format` with the placeholders below; a placeholder outside these is a config error.
+plain `str.format` with the placeholders of `roll.configs.templates` (TRAJ_FIELDS, STEP_FIELDS); a
+placeholder outside these is a config error.
 """
 
 from __future__ import annotations
 
-from roll.configs.templates import STEP_FIELDS, TRAJ_FIELDS, check_agent_template, placeholders  # noqa: F401
+from roll.configs.templates import placeholders
 
 def _fill(template: str, values: dict) -> str:
     used = placeholders(template)
