@@ -27,6 +27,8 @@ from pathlib import Path
 
 import ray
 
+from roll.pipeline import reaper
+
 LOOPBACK = "127.0.0.1"
 _joined = False
 _nodes_at_start: dict[str, str] = {}
@@ -52,6 +54,7 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
     runtime_env = {"runtime_env": {"env_vars": dict(system_envs)}} if system_envs else {}
     target = ray_target(address)
     if target is None:
+        reaper.start()  # Ray's processes end with this driver, even after a kill -9
         with _loopback_node():
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
                      _node_ip_address=LOOPBACK, logging_level="ERROR", **runtime_env)

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +52,15 @@ def test_local_ray_listens_on_loopback_only_and_existing_instances_are_handled()
             (Path(tmp) / "ray" / "ray_current_cluster").write_text(first["gcs"])
             private = run_probe(RAY_TMPDIR=tmp)
         assert private["joined"] is False and private["gcs"] != first["gcs"]
+        # 4. kill -9 of the driver: every process it started goes with it (Ray's agents alone
+        # would wait out a 60 s report to the dead GCS first)
+        started = [p for p in psutil.Process(held.pid).children(recursive=True) if p.name() != "python"
+                   or "roll.pipeline.reaper" not in " ".join(p.cmdline())]
+        assert {"gcs_server", "raylet"} <= {p.name() for p in started}
+        held.kill()
+        held.wait(timeout=10)
+        _, left = psutil.wait_procs(started, timeout=30)
+        assert [p.pid for p in left] == [], f"still running after the driver's kill -9: {left}"
     finally:
         held.stdin.close()
         held.wait(timeout=60)
