@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL_DIR=./output/models/tiny-frozen-lake
+OUTPUT_DIR=./output/frozen_lake_tiny  # the config's output_dir, unless an override names another
+for arg in "$@"; do [[ $arg == output_dir=* ]] && OUTPUT_DIR=${arg#output_dir=}; done
 python -m roll.pipeline.tiny_model --preset frozen_lake --output_dir "$MODEL_DIR"
 python examples/start_agentic_pipeline.py --config_path frozen_lake --config_name agent_val_frozen_lake \
   pretrain="$MODEL_DIR" "$@"
-python -m roll.tracking.plot ./output/frozen_lake_tiny  # writes ./output/frozen_lake_tiny/curves.png
+python -m roll.tracking.plot "$OUTPUT_DIR"  # writes $OUTPUT_DIR/curves.png
