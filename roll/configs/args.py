@@ -70,6 +70,20 @@ class ModelArgs(ConfigModel):
     def _roll_attention(cls, value: Any) -> Any:
         return None if value == "auto" else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_attention_key(cls, data: Any) -> Any:
+        """ROLL's older spelling `model_args.flash_attn: fa2` (its demo configs still carry it) is
+        `attn_implementation`; both given with different values is refused."""
+        if isinstance(data, dict) and "flash_attn" in data:
+            data = dict(data)
+            older = data.pop("flash_attn")
+            if data.get("attn_implementation") not in (None, older):
+                raise InvalidField("flash_attn", f"is the older spelling of attn_implementation, which says "
+                                   f"{data['attn_implementation']!r}; keep one of them")
+            data["attn_implementation"] = older
+        return data
+
     @model_validator(mode="after")
     def _lora_keys_need_rank(self) -> ModelArgs:
         if self.lora_rank is None:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.correction import TrainInferCorrection
 
 ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
@@ -90,6 +91,15 @@ class RollDialect(ConfigModel):
     because its trainers need equal mini-batches. Our trainers take any row count (the last
     mini-batch may be short), so no row is copied or deleted whatever the value: accepted so ROLL
     configs run, and a difference from ROLL (README, "Coming from ROLL")."""
+    enable_old_logprobs_recompute: bool = True
+    """ROLL's switch between old log-probs recomputed in a pass of their own (true) and cached
+    inside the first training step (false). Both are the trainer's log-probs under the weights
+    before the update, so the numbers agree; roll always computes them in a pass of their own,
+    once per step, whichever value is given."""
+    train_infer_correction: TrainInferCorrection | None = None
+    """ROLL's importance weights and token filters from the trainer/engine log-prob gap
+    (`roll.algorithms.train_infer`). Not together with `off_policy_correction` (the same weight
+    twice)."""
     # ROLL's env-library variables: only used through ${...} interpolation.
     custom_env: dict[str, Any] | None = None
     """ROLL env-library variable: the env definitions `custom_envs` interpolates from."""
@@ -171,6 +181,10 @@ def check_dialect(cfg) -> None:
                 raise InvalidField(f"{role}.device_mapping", f"GPU {too_high[0]} is not on a node of "
                                    f"num_gpus_per_node={cfg.num_gpus_per_node} (a local run is one node)")
     _check_tracker(cfg.track_with)
+    if cfg.train_infer_correction is not None and cfg.train_infer_correction.loss_options() is not None \
+            and cfg.off_policy_correction is not None:
+        raise InvalidField("train_infer_correction", "and off_policy_correction both weight the loss by the "
+                           "trainer/engine ratio; keep one of them")
 
 
 def _check_worker_cls(role: str, path: str | None) -> None:

@@ -242,7 +242,8 @@ class AgenticPipeline:
             entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step,
             tis_level=tis.level if tis else None, tis_cap=tis.cap if tis else None,
             pg_variant=cfg.actor_train.pg_variant, pg_options=self.pg_options,
-            kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None, kl_loss_type=cfg.kl_loss_type),
+            kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None, kl_loss_type=cfg.kl_loss_type,
+            correction=cfg.train_infer_correction.loss_options() if cfg.train_infer_correction else None),
             timeout=RAY_TIMEOUT_S))
         return metrics
 

@@ -51,6 +51,11 @@ def test_odd_keys(model_dir):
     assert cfg.train_env_manager.env_manager_type == "step"
     assert lake.max_steps == 3 and lake.env_config["format_penalty"] == -0.05 and lake.history_length == 1
     assert cfg.actor_train.strategy_args.strategy_config == {}
+    assert cfg.actor_train.model_args.attn_implementation == "fa2"
+    assert cfg.train_infer_correction.loss_options() == {
+        "is_weight": {"weight_type": "segment", "upper_bound": 1.5},
+        "filters": [{"agg_type": "segment", "ratio_enabled": True, "ratio_low": 0.8, "ratio_high": 1.05,
+                     "diff_enabled": True, "diff_low": -0.1, "diff_high": 0.1}]}  # the disabled rule is left out
 
 
 def test_cpu_smoke_profile_shrinks_and_command_line_wins(model_dir, capsys):
@@ -75,6 +80,13 @@ def test_cpu_smoke_profile_shrinks_and_command_line_wins(model_dir, capsys):
     (["actor_infer.data_args.template=vicuna"], "actor_infer.data_args.template: 'vicuna' is not a known chat template"),
     (["custom_env.Lake.agent_runner_cls=x.Y"], "custom_envs.Lake.agent_runner_cls: input should be None"),
     (["track_with=wandb"], "track_with: 'wandb' needs the wandb package"),
+    (["+actor_train.model_args.flash_attn=fa2", "+actor_train.model_args.attn_implementation=sdpa"],
+     "actor_train.model_args.flash_attn: is the older spelling of attn_implementation"),
+    (["+train_infer_correction.is_weight.enabled=true", "+off_policy_correction.level=token"],
+     "train_infer_correction: and off_policy_correction both weight the loss"),
+    (["+train_infer_correction.filters=[{enabled: true, ratio_low: 2.0}]"],
+     "train_infer_correction.filters.0.ratio_low: is above ratio_high"),
+    (["+train_infer_correction.is_weight.weight_type=tokens"], "train_infer_correction.is_weight.weight_type: input should be"),
 ])
 def test_bad_roll_keys_are_one_line_errors_naming_the_key(model_dir, overrides, expected):
     with pytest.raises(ConfigError) as info:

@@ -28,6 +28,7 @@ from roll.algorithms.off_policy import (
     truncated_importance_weights,
 )
 from roll.algorithms.pg_variants import PGOptions, policy_gradient_loss
+from roll.algorithms.train_infer import train_infer_correction
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
@@ -111,6 +112,7 @@ class ActorWorker:
         pg_options: PGOptions | None = None,
         kl_loss_coef: float | None = None,
         kl_loss_type: KLKind = "low_var_kl",
+        correction: dict | None = None,
     ) -> dict[str, float]:
         """`ppo_epochs` shuffled passes of mini-batches over `batch`; metrics averaged over steps.
 
@@ -120,12 +122,14 @@ class ActorWorker:
         "topr". `pg_options` holds the variant's parameters; its clip range is `pg_clip` /
         `pg_clip_high` (None: PGOptions' defaults for the rest). With `kl_loss_coef` set (the KL
         loss is on) the batch needs ref_logprobs, and kl_loss_coef * KL(`kl_loss_type`) is added.
+        `correction` (`TrainInferCorrection.loss_options()`) weights and filters each token by the
+        trainer/engine log-prob gap (`roll.algorithms.train_infer`); it needs infer_logprobs.
         Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps * ranks rows, in
         an order drawn from derive_seed(seed, "minibatch", step, epoch); with several data-parallel
         ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
-        extra = (((Batch.INFER_LOGPROBS,) if tis_level else ()) + (("episode_scores",) if pg_variant == "topr" else ())
+        extra = (((Batch.INFER_LOGPROBS,) if tis_level or correction else ()) + (("episode_scores",) if pg_variant == "topr" else ())
                  + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ()))
         batch = batch.select(*TRAIN_KEYS, *extra)
         options = replace(pg_options or PGOptions(), clip_low=pg_clip,
@@ -142,6 +146,7 @@ class ActorWorker:
             dedupe=self.strategy.dedupe_rows,
             tis_level=tis_level,
             tis_cap=tis_cap,
+            correction=correction,
         )
         weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
         rows = self.mini_batch_rows * self.strategy.dp_size  # over all data-parallel ranks, as in ROLL
@@ -195,6 +200,7 @@ def _policy_loss(
     tis_cap: float | None,
     kl_loss_coef: float | None = None,
     kl_loss_type: KLKind = "low_var_kl",
+    correction: dict | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`pg_variant`'s loss (importance-weighted if `tis_level`), plus kl_loss_coef * KL to the
     reference when `kl_loss_coef` is set, minus the entropy bonus, on one micro-batch; metrics as
@@ -203,10 +209,14 @@ def _policy_loss(
         model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
     )
     mask = micro[Batch.RESPONSE_MASK]
-    weights = None
+    weights, extra_metrics = None, {}
     if tis_level is not None:
         weights = truncated_importance_weights(
             micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap)
+    if correction is not None:
+        weights, keep, extra_metrics = train_infer_correction(
+            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, **correction)
+        mask = mask * keep
     pg_loss, metrics = policy_gradient_loss(
         pg_variant, logprobs, micro[Batch.OLD_LOGPROBS], micro[Batch.ADVANTAGES], mask, options=pg_options,
         loss_agg_mode=loss_agg_mode, weights=weights,
@@ -218,8 +228,9 @@ def _policy_loss(
         loss = loss + kl_loss_coef * kl_term
         metrics.update(kl_metrics)
     metrics = {key: float(value) for key, value in metrics.items()}
-    if weights is not None:
+    if tis_level is not None:
         metrics.update(tis_metrics(weights, mask, tis_cap))
+    metrics.update(extra_metrics)
     metrics["losses/entropy"] = float(masked_mean(entropy.detach(), mask))
     return loss, metrics
 

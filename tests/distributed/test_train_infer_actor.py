@@ -1,0 +1,38 @@
+"""ROLL's train_infer_correction inside the actor's update: a filter that every token fails leaves
+the policy as it was (nothing is trained on), one that every token passes trains exactly as no
+correction, and the metrics say so."""
+
+import torch
+
+from roll.distributed.workers.actor import ActorWorker
+from tests.distributed.test_dedupe import ARGS, repeated_batch
+from tests.distributed.test_dedupe import model_dir  # noqa: F401 - the fixture
+
+RULE = {"agg_type": "token", "ratio_enabled": True, "ratio_low": 0.8, "ratio_high": 1.2,
+        "diff_enabled": False, "diff_low": -0.2, "diff_high": 0.2}
+KW = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.0, "loss_agg_mode": "token-mean", "ppo_epochs": 1}
+
+
+def train(model_dir, infer_shift: float | None, correction) -> tuple[dict, dict, dict]:
+    worker = ActorWorker(model_dir, ARGS, total_train_steps=2, seed=7, num_threads=1)
+    batch = repeated_batch([0, 1, 2, 0, 1, 2])
+    before = {k: v.clone() for k, v in worker.get_weights().items()}
+    batch["old_logprobs"] = worker.compute_logprobs(batch, 1.0)
+    batch["infer_logprobs"] = batch["old_logprobs"] + (infer_shift or 0.0)
+    batch["advantages"] = torch.linspace(-1, 1, 6)[:, None] * batch["response_mask"]
+    metrics = worker.train(batch, step=0, correction=correction, **KW)
+    return metrics, before, worker.get_weights()
+
+
+def test_a_filter_no_token_passes_trains_nothing_and_one_all_pass_trains_as_without(model_dir):
+    metrics, before, after = train(model_dir, 1.0, {"is_weight": None, "filters": [RULE]})  # ratio e^-1 < 0.8
+    assert metrics["actor/train_infer_final_mask_mean"] == 0.0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+    kept, _, kept_weights = train(model_dir, 0.0, {"is_weight": None, "filters": [RULE]})
+    plain, _, plain_weights = train(model_dir, None, None)
+    assert kept["actor/train_infer_final_mask_mean"] == 1.0
+    assert any(not torch.equal(before[k], plain_weights[k]) for k in before)
+    for key, value in plain_weights.items():
+        torch.testing.assert_close(kept_weights[key], value, atol=0, rtol=0)
+    assert kept["losses/policy_loss"] == plain["losses/policy_loss"]
