@@ -86,6 +86,9 @@ class SokobanEnv(TextEnv):
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     actions = ("Up", "Down", "Left", "Right")
+    # A move is tens of microseconds: stepped inline. A reset generates a room by search, which
+    # grows fast with the room and search_depth, so it stays on a thread.
+    cheap_calls = frozenset({"step"})
     instruction = _instruction(DEFAULT_SYMBOLS)
 
     def __init__(
