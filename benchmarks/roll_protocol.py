@@ -14,16 +14,18 @@ Each env is measured on two paths, interleaved in every repeat so that both see 
 `plain` calls the env directly (what the ROLL figures are), `worker` calls it the way an env
 manager does inside EnvWorker (`EnvCaller`: inline where the env declares the call cheap, else a
 thread hand-off bounded by the 60 s step timeout). ROLL's figures are the issue's, measured on a
-2-core machine; ROLL's envs themselves are not installed here.
+2-core machine; ROLL's envs themselves are not installed here. On a shared machine the wall
+clock counts the time other jobs held the cores, so the worker path is also given per second of
+this process's CPU time, what the envs would reach with a core to themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor
 
+from env_scale import Clock
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.env_calls import EnvCaller
 
@@ -42,45 +44,45 @@ ENVS = {
 TEXTS = [f"<answer>{CYCLE[i % len(CYCLE)]}</answer>" for i in range(ACTIONS)]
 
 
-def plain_resets(env) -> float:
-    start = time.perf_counter()
-    for seed in range(SEEDS):
-        env.reset(seed=seed)
-    return SEEDS / (time.perf_counter() - start)
+def plain_resets(env) -> tuple[float, float]:
+    with Clock() as clock:
+        for seed in range(SEEDS):
+            env.reset(seed=seed)
+    return clock.rates(SEEDS)
 
 
-def plain_steps(env) -> float:
+def plain_steps(env) -> tuple[float, float]:
     env.reset(seed=0)
     seed = 0
-    start = time.perf_counter()
-    for text in TEXTS:
-        _, _, terminated, truncated, _ = env.step(text)
-        if terminated or truncated:
-            seed += 1
-            env.reset(seed=seed)
-    return ACTIONS / (time.perf_counter() - start)
+    with Clock() as clock:
+        for text in TEXTS:
+            _, _, terminated, truncated, _ = env.step(text)
+            if terminated or truncated:
+                seed += 1
+                env.reset(seed=seed)
+    return clock.rates(ACTIONS)
 
 
-async def _worker_resets(call: EnvCaller) -> float:
-    start = time.perf_counter()
-    for seed in range(SEEDS):
-        await call("reset", seed=seed)
-    return SEEDS / (time.perf_counter() - start)
+async def _worker_resets(call: EnvCaller) -> tuple[float, float]:
+    with Clock() as clock:
+        for seed in range(SEEDS):
+            await call("reset", seed=seed)
+    return clock.rates(SEEDS)
 
 
-async def _worker_steps(call: EnvCaller) -> float:
+async def _worker_steps(call: EnvCaller) -> tuple[float, float]:
     await call("reset", seed=0)
     seed = 0
-    start = time.perf_counter()
-    for text in TEXTS:
-        _, _, terminated, truncated, _ = await call("step", text)
-        if terminated or truncated:
-            seed += 1
-            await call("reset", seed=seed)
-    return ACTIONS / (time.perf_counter() - start)
+    with Clock() as clock:
+        for text in TEXTS:
+            _, _, terminated, truncated, _ = await call("step", text)
+            if terminated or truncated:
+                seed += 1
+                await call("reset", seed=seed)
+    return clock.rates(ACTIONS)
 
 
-def worker(measure, env) -> float:
+def worker(measure, env) -> tuple[float, float]:
     """`measure` (a `_worker_*`) through an `EnvCaller` in a fresh event loop with EnvWorker's
     executor for one env."""
     async def run():
@@ -90,15 +92,16 @@ def worker(measure, env) -> float:
 
 
 def measure(env_type: str, env_config: dict) -> dict[str, float]:
-    """Median over `REPEATS` of resets/s and steps/s on both paths, interleaved."""
+    """Median over `REPEATS` of resets/s and steps/s on both paths, interleaved, per wall-clock
+    second and (keys ending in `_cpu`) per second of process CPU time."""
     env = make_env(env_type, env_config)
     plain_steps(env)  # warm: lazy imports, caches
-    runs: dict[str, list[float]] = {"plain_resets": [], "worker_resets": [], "plain_steps": [], "worker_steps": []}
+    runs: dict[str, list[float]] = {}
     for _ in range(REPEATS):
-        runs["plain_resets"].append(plain_resets(env))
-        runs["worker_resets"].append(worker(_worker_resets, env))
-        runs["plain_steps"].append(plain_steps(env))
-        runs["worker_steps"].append(worker(_worker_steps, env))
+        for key, (wall, cpu) in (("plain_resets", plain_resets(env)), ("worker_resets", worker(_worker_resets, env)),
+                                 ("plain_steps", plain_steps(env)), ("worker_steps", worker(_worker_steps, env))):
+            runs.setdefault(key, []).append(wall)
+            runs.setdefault(key + "_cpu", []).append(cpu)
     return {key: statistics.median(values) for key, values in runs.items()}
 
 
@@ -106,13 +109,15 @@ def main() -> None:
     print(f"ROLL's protocol: resets/s over {SEEDS} seeds, steps/s over {ACTIONS} actions cycling "
           f"{'/'.join(CYCLE)}, median of {REPEATS}; ROLL's figures from issue 21 (2-core machine)")
     print(f"{'env':15}{'':8}{'ours plain':>12}{'ours worker':>13}{'ROLL':>9}{'plain/ROLL':>12}{'worker/ROLL':>13}"
-          f"{'worker/plain':>14}")
+          f"{'worker/plain':>14}{'worker per CPU s':>18}{'/ROLL':>7}")
     result = []
     for name, (env_type, env_config, roll_resets, roll_steps) in ENVS.items():
         got = measure(env_type, env_config)
         for what, roll in (("resets", roll_resets), ("steps", roll_steps)):
             plain, work = got[f"plain_{what}"], got[f"worker_{what}"]
+            work_cpu = got[f"worker_{what}_cpu"]
             print(f"{name:15}{what + '/s':8}{plain:12.0f}{work:13.0f}{roll:9d}{plain / roll:11.1f}x"
-                  f"{work / roll:12.1f}x{work / plain:13.2f}x", flush=True)
-            result += [f"{name}_{what}_worker={work:.0f}", f"{name}_{what}_worker_over_roll={work / roll:.1f}"]
+                  f"{work / roll:12.1f}x{work / plain:13.2f}x{work_cpu:18.0f}{work_cpu / roll:6.1f}x", flush=True)
+            result += [f"{name}_{what}_worker={work:.0f}", f"{name}_{what}_worker_over_roll={work / roll:.1f}",
+                       f"{name}_{what}_worker_cpu_over_roll={work_cpu / roll:.1f}"]
     print("RESULT env_scale_roll " + " ".join(result))
