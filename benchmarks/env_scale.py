@@ -3,22 +3,30 @@
 For each env (the example configs' settings) and each count N:
 - memory per env: what N built and reset envs hold, by tracemalloc (Python objects and numpy
   arrays), after one untimed env of each kind has paid for lazy imports and caches; and how much
-  of it is the gymnasium `spaces.Text` observation and action spaces every `TextEnv` builds
-  (each indexes its whole character set). RSS growth is not reported: in one process it mostly
+  of it is gymnasium spaces (envs share one read-only `SharedText`, built before the cell, so
+  this is 0 unless an env builds its own). RSS growth is not reported: in one process it mostly
   reads memory that earlier cells freed, so it says little per env;
 - steps/s through a plain loop: every env steps in turn, one process, one thread;
-- steps/s the env-worker way: one coroutine per env awaiting
-  `asyncio.wait_for(asyncio.to_thread(env.step, text), 60)` on a pool of min(N, 64) threads,
-  the path of `BaseEnvManager._env_call` inside `EnvWorker` (same executor size); what a step
-  costs in thread hand-offs when the env itself is fast.
+- steps/s the env-worker way: one coroutine per env awaiting its env manager's `EnvCaller` (the
+  code `BaseEnvManager` calls its env through inside `EnvWorker`, with EnvWorker's executor of
+  min(N, 64) threads and its 60 s step timeout), twice: with every call forced onto the thread
+  path (`threads`), and as the env declares (`worker`: FrozenLake's reset and step and
+  Sokoban's step run inline in the event loop, see `TextEnv.cheap_calls`).
 Actions are random action words in the answer format (`<answer>Left</answer>`) from a seeded
 generator; WebShop, whose actions are open text, plays its scripted shopper (search, open the
 goal product, pick its options, buy: every step an HTTP request to the process's shop server on
 127.0.0.1, which one env kept alive for the whole run holds up, so no cell pays for starting it).
 An env whose episode ended is reset (seeded) and the reset counts in the loop time.
-Each cell steps every env `max(4, --min_steps // N)` times.
+Each cell steps every env `max(4, --min_steps // N)` times, on each path in turn, `--repeats`
+times (default 3); the table gives each path's median steps/s by the wall clock, and the last
+column the worker/loop ratio per second of process CPU time (steadier on a shared machine). The last line,
+`RESULT env_scale ...`, gives FrozenLake's smallest worker/loop ratio over the counts (wall
+clock and CPU time) and its largest memory per env.
+
+`--protocol roll` measures instead as the issue measured ROLL's envs (`roll_protocol.py`).
 
     python benchmarks/env_scale.py [--counts 1 64 256 1024 --envs frozen_lake sokoban webshop --min_steps 4096]
+    python benchmarks/env_scale.py --protocol roll
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import argparse
 import asyncio
 import gc
 import os
+import statistics
 import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from roll.agentic.env.registry import make_env
+from roll.agentic.env_manager.env_calls import EnvCaller
 
 # the env_config of examples/frozen_lake, examples/sokoban and examples/webshop
 ENV_CONFIGS = {
@@ -79,40 +89,74 @@ def _act(env, text: str | None) -> str:
     return env.scripted_action() if text is None else text
 
 
-def plain_loop(envs: list, rounds: int) -> float:
-    """Steps/s stepping every env in turn, `rounds` times."""
+class Clock:
+    """Wall-clock and process CPU seconds of a `with` block. On a shared machine the CPU time
+    is the steadier measure: it leaves out the time other jobs held the cores."""
+
+    def __enter__(self) -> "Clock":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def rates(self, count: int) -> tuple[float, float]:
+        """(`count` per wall-clock second, `count` per CPU second)."""
+        return count / self.wall, count / max(self.cpu, 1e-9)
+
+
+def plain_loop(envs: list, rounds: int) -> tuple[float, float]:
+    """Steps/s (wall, CPU) stepping every env in turn, `rounds` times."""
     texts = action_texts(envs[0], rounds * len(envs), seed=0)
     next_seed = len(envs)
-    start = time.perf_counter()
-    for r in range(rounds):
-        for i, env in enumerate(envs):
-            _, _, terminated, truncated, _ = env.step(_act(env, texts[r * len(envs) + i]))
-            if terminated or truncated:
-                env.reset(seed=next_seed)
-                next_seed += 1
-    return rounds * len(envs) / (time.perf_counter() - start)
+    with Clock() as clock:
+        for r in range(rounds):
+            for i, env in enumerate(envs):
+                _, _, terminated, truncated, _ = env.step(_act(env, texts[r * len(envs) + i]))
+                if terminated or truncated:
+                    env.reset(seed=next_seed)
+                    next_seed += 1
+    return clock.rates(rounds * len(envs))
 
 
-async def _threaded_episode(env, texts: list[str], seed: int) -> None:
+async def _worker_episode(caller: EnvCaller, texts: list[str], seed: int) -> None:
     for text in texts:
-        step = asyncio.to_thread(lambda: env.step(_act(env, text)))
-        _, _, terminated, truncated, _ = await asyncio.wait_for(step, STEP_TIMEOUT_S)
+        _, _, terminated, truncated, _ = await caller("step", _act(caller.env, text))
         if terminated or truncated:
-            await asyncio.wait_for(asyncio.to_thread(env.reset, seed=seed), STEP_TIMEOUT_S)
+            await caller("reset", seed=seed)
             seed += 1_000_003  # a new map for this env's next episode, distinct from the others
 
 
-async def _threaded(envs: list, rounds: int) -> float:
+async def _worker(envs: list, rounds: int, inline: bool) -> tuple[float, float]:
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(min(len(envs), EXECUTOR_CAP)))
+    callers = [EnvCaller(env, timeout_s=STEP_TIMEOUT_S) for env in envs]
+    if not inline:
+        for caller in callers:
+            caller.inline.clear()
     texts = action_texts(envs[0], rounds * len(envs), seed=0)
-    start = time.perf_counter()
-    await asyncio.gather(*(_threaded_episode(env, texts[i::len(envs)], len(envs) + i) for i, env in enumerate(envs)))
-    return rounds * len(envs) / (time.perf_counter() - start)
+    with Clock() as clock:
+        await asyncio.gather(*(_worker_episode(c, texts[i::len(envs)], len(envs) + i) for i, c in enumerate(callers)))
+    return clock.rates(rounds * len(envs))
 
 
-def threaded_loop(envs: list, rounds: int) -> float:
-    """Steps/s with one coroutine per env and the steps in a thread pool (EnvWorker's path)."""
-    return asyncio.run(_threaded(envs, rounds))
+def worker_loop(envs: list, rounds: int, inline: bool = True) -> tuple[float, float]:
+    """Steps/s (wall, CPU) with one coroutine per env calling it through `EnvCaller` (EnvWorker's path);
+    `inline=False` forces every call onto the thread path."""
+    return asyncio.run(_worker(envs, rounds, inline))
+
+
+def speed_cell(env_type: str, count: int, rounds: int, repeats: int) -> dict[str, float]:
+    """Median steps/s (per wall-clock and per CPU second) of the plain loop, the forced thread
+    path and the worker path, measured in turn `repeats` times, so that all three see the same
+    load on a shared machine."""
+    runs = []
+    for _ in range(repeats):
+        loop = plain_loop(build_envs(env_type, count), rounds)
+        threads = worker_loop(build_envs(env_type, count), rounds, inline=False)
+        worker = worker_loop(build_envs(env_type, count), rounds)
+        runs.append({"loop": loop[0], "threads": threads[0], "worker": worker[0],
+                     "loop_cpu": loop[1], "threads_cpu": threads[1], "worker_cpu": worker[1]})
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
 def main() -> None:
@@ -120,21 +164,37 @@ def main() -> None:
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 64, 256, 1024])
     parser.add_argument("--envs", nargs="+", choices=sorted(ENV_CONFIGS), default=list(ENV_CONFIGS))
     parser.add_argument("--min_steps", type=int, default=4096, help="steps per cell, at least 4 per env")
+    parser.add_argument("--repeats", type=int, default=3, help="median of this many interleaved runs per cell")
+    parser.add_argument("--protocol", choices=["scale", "roll"], default="scale",
+                        help="roll: resets/s and steps/s as measured for ROLL's envs (roll_protocol.py)")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    if args.protocol == "roll":
+        from roll_protocol import main as roll_main  # benchmarks/ is on sys.path when run as a script
+        roll_main()
+        return
     # lazy imports, module-level caches and WebShop's server, outside the measurements
     warm = [build_envs(env_type, 1) for env_type in args.envs]  # noqa: F841 (kept alive on purpose)
-    print(f"{'env':12}{'envs':>6}{'KB/env':>8}{'of which spaces':>17}{'steps/s loop':>14}"
-          f"{'steps/s threads':>17}{'threads/loop':>14}")
+    print(f"{'env':12}{'envs':>6}{'KB/env':>8}{'spaces KB':>10}{'steps/s loop':>14}{'threads':>9}{'worker':>9}"
+          f"{'threads/loop':>14}{'worker/loop':>13}{'(per CPU s)':>13}")
+    frozen_ratios, frozen_cpu_ratios, frozen_kb = [], [], []
     for env_type in args.envs:
         for count in args.counts:
             held, spaces = memory_per_env(env_type, count)
-            rounds = max(4, args.min_steps // count)
-            loop = plain_loop(build_envs(env_type, count), rounds)
-            threads = threaded_loop(build_envs(env_type, count), rounds)
-            print(f"{env_type:12}{count:6d}{held / 1024:8.1f}{spaces / 1024:17.1f}{loop:14.0f}"
-                  f"{threads:17.0f}{threads / loop:13.2f}x", flush=True)
+            got = speed_cell(env_type, count, max(4, args.min_steps // count), args.repeats)
+            ratio, cpu_ratio = got["worker"] / got["loop"], got["worker_cpu"] / got["loop_cpu"]
+            print(f"{env_type:12}{count:6d}{held / 1024:8.1f}{spaces / 1024:10.1f}{got['loop']:14.0f}"
+                  f"{got['threads']:9.0f}{got['worker']:9.0f}{got['threads'] / got['loop']:13.2f}x"
+                  f"{ratio:12.2f}x{cpu_ratio:12.2f}x", flush=True)
+            if env_type == "frozen_lake":
+                frozen_ratios.append(ratio)
+                frozen_cpu_ratios.append(cpu_ratio)
+                frozen_kb.append(held / 1024)
+    if frozen_ratios:
+        print(f"RESULT env_scale frozen_lake_worker_over_loop_min={min(frozen_ratios):.2f} "
+              f"frozen_lake_worker_over_loop_cpu_min={min(frozen_cpu_ratios):.2f} "
+              f"frozen_lake_kb_per_env_max={max(frozen_kb):.1f}")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ class FrozenLakeEnv(TextEnv):
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     actions = ("Left", "Down", "Right", "Up")
+    cheap_calls = frozenset({"reset", "step"})  # tens of microseconds, no I/O: stepped inline
     instruction = (
         "You are P on a frozen lake. Reach the goal G. Do not step into a hole O. "
         "Answer with one move, like <answer>Left</answer>: Left, Down, Right or Up."

@@ -15,13 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 
 from envs.sokoban.generator import check_room_params, generate_room
 from envs.sokoban.room import DEFAULT_SYMBOLS, Room, check_symbols
 from envs.sokoban.solver import solve_room
 from roll.agentic.env import TextEnv
-from roll.agentic.env.base import CHARSET, MAX_TEXT_CHARS
+from roll.agentic.env.base import CHARSET, text_space
 from roll.agentic.env.grid_image import draw_grid
 
 STEP_REWARD = -0.1
@@ -87,6 +86,9 @@ class SokobanEnv(TextEnv):
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     actions = ("Up", "Down", "Left", "Right")
+    # A move is tens of microseconds: stepped inline. A reset generates a room by search, which
+    # grows fast with the room and search_depth, so it stays on a thread.
+    cheap_calls = frozenset({"step"})
     instruction = _instruction(DEFAULT_SYMBOLS)
 
     def __init__(
@@ -117,9 +119,7 @@ class SokobanEnv(TextEnv):
         self.instruction = _instruction(self.symbols)
         extra = "".join(sorted(set(self.symbols.values()) - set(CHARSET)))
         if extra:  # custom symbols outside the base charset must still be valid observations
-            self.observation_space = spaces.Text(
-                MAX_TEXT_CHARS, min_length=0, charset=CHARSET + extra
-            )
+            self.observation_space = text_space(charset=CHARSET + extra)
         self._room: Room | None = None
         self._moves = 0
         self._min_moves = 0

@@ -33,6 +33,12 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "sglang": None,
 }
 """`strategy_config` keys each engine accepts (None: the engine's own config, checked by it)."""
+CPU_OPTIONS = ("num_threads", "cpu_affinity")
+"""`strategy_config` keys of every engine, read by the pipeline and never passed to the engine
+(`engine_options`): `num_threads`, the torch threads of each of the role's processes (an int
+>= 1), and `cpu_affinity`, the CPU cores its processes are pinned to (a list of core ids as
+`os.sched_getaffinity` numbers them, or ROLL's 'list(range(a, b))'; a role of several processes
+splits them). Left out, a CPU run takes the defaults of `roll.distributed.cpu_affinity`."""
 _ROLL_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*\)\s*$")
 STRATEGY_ALIASES = {
     "hf_infer": "hf",
@@ -216,6 +222,31 @@ def parse_device_mapping(value: Any) -> Any:
     return list(range(*(int(g) for g in match.groups() if g is not None)))
 
 
+def engine_options(strategy_config: dict[str, Any]) -> dict[str, Any]:
+    """`strategy_config` without the pipeline's own keys (`CPU_OPTIONS`): what the engine gets."""
+    return {key: value for key, value in strategy_config.items() if key not in CPU_OPTIONS}
+
+
+def cpu_options(role: str, worker: WorkerConfig) -> tuple[list[int] | None, int | None]:
+    """The role's (`cpu_affinity`, `num_threads`), checked: `InvalidField` naming a bad one."""
+    options = worker.strategy_args.strategy_config
+    threads, cores = options.get("num_threads"), options.get("cpu_affinity")
+    key = f"{role}.strategy_args.strategy_config"
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InvalidField(f"{key}.num_threads", f"must be an integer >= 1 (got {threads!r})")
+    if cores is not None:
+        try:
+            cores = parse_device_mapping(cores)
+        except ValueError:
+            pass  # refused below, as any other bad value
+        ok = (isinstance(cores, list) and cores and len(set(cores)) == len(cores)
+              and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cores))
+        if not ok:
+            raise InvalidField(f"{key}.cpu_affinity", "must be a non-empty list of distinct core ids >= 0 "
+                               f"or 'list(range(a, b))' (got {options.get('cpu_affinity')!r})")
+    return cores, threads
+
+
 def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     """Raise `InvalidField` unless the role's engine exists and fits the role.
 
@@ -232,7 +263,8 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
             f"{name!r} {why}; available for {role}: {', '.join(available)}",
         )
     allowed = STRATEGY_OPTIONS[name]
-    unknown = sorted(set(worker.strategy_args.strategy_config) - set(allowed or ()))
+    cpu_options(role, worker)  # raises for a bad value
+    unknown = sorted(set(worker.strategy_args.strategy_config) - set(allowed or ()) - set(CPU_OPTIONS))
     if allowed is not None and unknown:
         raise InvalidField(
             f"{role}.strategy_args.strategy_config.{unknown[0]}",

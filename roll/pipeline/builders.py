@@ -26,7 +26,10 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
+from roll.configs.worker import engine_options
+from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
 from roll.pipeline import cluster
+from roll.pipeline.cpu_shares import pin_workers, process_shares, role_share
 from roll.pipeline.residency import PhaseResidency
 
 logger = logging.getLogger(__name__)
@@ -85,61 +88,73 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
                                     dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train),
                                     attn_implementation=cfg.actor_train.model_args.attn_implementation,
                                     features=training_features(cfg.actor_train),
-                                    system_envs=cfg.actor_train.system_envs)}
+                                    system_envs=cfg.actor_train.system_envs, cfg=cfg)}
     if "reference" in plan.processes:
         workers["reference"] = _start_role(
             ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
             dtype=cfg.reference.model_args.dtype, attn_implementation=cfg.reference.model_args.attn_implementation,
             micro_batch_size=cfg.reference.infer_batch_size or cfg.reference.training_args.per_device_train_batch_size,
-            budget=training_features(cfg.reference)["infer_budget"], system_envs=cfg.reference.system_envs)
+            budget=training_features(cfg.reference)["infer_budget"], system_envs=cfg.reference.system_envs, cfg=cfg)
     if "critic" in plan.processes:
         workers["critic"] = _start_role(
             CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic),
             attn_implementation=cfg.critic.model_args.attn_implementation,
-            features=training_features(cfg.critic), system_envs=cfg.critic.system_envs)
+            features=training_features(cfg.critic), system_envs=cfg.critic.system_envs, cfg=cfg)
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
+    infer_shares = process_shares(cfg, "actor_infer", len(plan.processes["actor_infer"]))
     workers["inference"] = [_remote(InferenceWorker, placement, name=name,
                                     runtime_env_vars=infer_cfg.system_envs).remote(
         infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
-        device=placement.torch_device, **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")))
-        for placement, name in zip(plan.processes["actor_infer"], inference_names(cfg), strict=True)]
+        device=placement.torch_device, **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
+        num_threads=share.num_threads)
+        for placement, name, share in zip(plan.processes["actor_infer"], inference_names(cfg), infer_shares, strict=True)]
+    pin_workers(workers["inference"], infer_shares)
     residency.attach("actor_infer", workers["inference"])
     return workers
 
 
-def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, **kwargs):
+def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, cfg=None,
+                **kwargs):
     """The actor of a one-process role, exactly as before ranks existed; for several ranks one
     actor per rank, forming one torch.distributed group, behind a `RankGroup`. GPU ranks are pinned
     to the driver's node (its GPUs); CPU ranks get a placement group of their own, packed on one
     node locally and spread over the nodes on a cluster. The group is served by rank 0 on its own
     node: a task on rank 0's spot reports that node's address and a port free there, and every
     rank starts with them (`roll.distributed.strategies.process_group`). `system_envs`: the role's
-    own environment variables (ROLL's worker-level key)."""
+    own environment variables (ROLL's worker-level key). `cfg`: the run's config, whose CPU shares
+    (`roll.pipeline.cpu_shares`) set each rank's torch threads and cores."""
     placements = plan.processes[role]
+    shares = process_shares(cfg, role, len(placements)) if cfg is not None else None
     if len(placements) == 1:
-        return _remote(cls, placements[0], runtime_env_vars=system_envs).remote(
-            *args, device=placements[0].torch_device, **kwargs)
+        threads = {"num_threads": shares[0].num_threads} if shares and shares[0].num_threads else {}
+        handle = _remote(cls, placements[0], runtime_env_vars=system_envs).remote(
+            *args, device=placements[0].torch_device, **threads, **kwargs)
+        pin_workers([handle], shares or [CpuShare()])
+        return handle
     ranks = len(placements)
     spots = _rank_spots(role, placements)
     addr, port = ray.get(ray.remote(num_cpus=0)(node_rendezvous_point).options(
         scheduling_strategy=spots[0]).remote(), timeout=_PLACEMENT_TIMEOUT_S)
     threads = None if placements[0].device is not None else max(1, (os.cpu_count() or 1) // ranks)
+    if shares and shares[0].num_threads is not None:
+        threads = shares[0].num_threads
     model_parallel = {}  # megatron's tensor/pipeline ranks of one data-parallel rank see the same rows
     if kwargs.get("strategy_name") == "megatron":
         options = kwargs.get("strategy_config") or {}
         model_parallel = {"tensor_parallel": int(options.get("tensor_model_parallel_size", 1)),
                           "pipeline_parallel": int(options.get("pipeline_model_parallel_size", 1))}
     store = {} if cluster.joined() else {STORE_FILE_ENV: fresh_store_file()}  # one machine: no TCP store
-    return RankGroup([_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, runtime_env_vars=system_envs,
-                                   scheduling_strategy=spot).remote(
-        *args, device=p.torch_device, num_threads=threads, **kwargs) for p, spot in zip(placements, spots, strict=True)],
-        data_ranks=data_parallel_ranks(ranks, **model_parallel))
+    handles = [_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, runtime_env_vars=system_envs,
+                       scheduling_strategy=spot).remote(
+        *args, device=p.torch_device, num_threads=threads, **kwargs) for p, spot in zip(placements, spots, strict=True)]
+    pin_workers(handles, shares or [CpuShare()] * ranks)
+    return RankGroup(handles, data_ranks=data_parallel_ranks(ranks, **model_parallel))
 
 
 def _rank_spots(role: str, placements) -> list:
@@ -191,7 +206,7 @@ def training_features(worker_cfg) -> dict:
 def _strategy(worker_cfg, offloadable: bool = False) -> dict:
     """Engine name and options; `offloadable` adds what an external engine needs to be offloaded."""
     name = worker_cfg.strategy_args.strategy_name
-    config = dict(worker_cfg.strategy_args.strategy_config)
+    config = engine_options(worker_cfg.strategy_args.strategy_config)
     if offloadable:
         config.update(_OFFLOADABLE_ENGINE_OPTIONS.get(name, {}))
     return {"strategy_name": name, "strategy_config": config}
@@ -228,6 +243,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
             generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy,
             chat_template=cfg.actor_infer.data_args.template))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
+    pin_workers(workers, [role_share(cfg, ENV_WORKERS)] * len(workers))  # each on the env workers' cores
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
 
 

@@ -13,7 +13,8 @@ from roll.agentic.env.registry import check_env_config, resolve_env_class
 from roll.configs.base import ConfigError, InvalidField
 from roll.configs.env import CustomEnvConfig
 from roll.configs.pipeline import PipelineConfig
-from roll.configs.worker import WorkerConfig
+from roll.configs.worker import WorkerConfig, cpu_options, engine_options
+from roll.distributed.cpu_affinity import usable_cores
 from roll.distributed.placement import PlacementError, check_device_layout
 from roll.distributed.strategies.megatron_parallel import check_parallel_config
 from roll.models.lora import unmatched_lora_target
@@ -28,6 +29,7 @@ def check_before_start(cfg: PipelineConfig) -> None:
             check_lora_target(role, worker)
             if worker.strategy_args.strategy_name == "megatron":
                 check_megatron_layout(role, worker)
+            check_cpu_affinity(role, worker)
         check_device_layout(**cfg.device_layout, async_generation_ratio=cfg.async_generation_ratio)
     except (InvalidField, PlacementError) as err:
         raise ConfigError(err.key, err.reason) from None
@@ -49,7 +51,7 @@ def check_megatron_layout(role: str, worker: WorkerConfig) -> None:
     model-parallel size does not divide stop here, naming the key. The reference role runs the HF
     model for its log-probs whatever its engine (roll.distributed.workers.reference), so model
     parallelism there would be silently ignored: refused instead."""
-    options = worker.strategy_args.strategy_config
+    options = engine_options(worker.strategy_args.strategy_config)
     try:
         check_parallel_config(worker.world_size, **options)
     except ValueError as error:
@@ -60,6 +62,16 @@ def check_megatron_layout(role: str, worker: WorkerConfig) -> None:
             raise InvalidField(f"{role}.strategy_args.strategy_config.{key}",
                                "the reference computes log-probs with the HF model on each rank; "
                                "model parallelism is built for actor_train only")
+
+
+def check_cpu_affinity(role: str, worker: WorkerConfig) -> None:
+    """`cpu_affinity` may name only cores this machine lets the run use (its affinity mask). On a
+    Ray cluster the workers' nodes may differ; the driver's machine is what is checked here."""
+    cores, _ = cpu_options(role, worker)
+    missing = sorted(set(cores or ()) - set(usable_cores()))
+    if missing:
+        raise InvalidField(f"{role}.strategy_args.strategy_config.cpu_affinity",
+                           f"core(s) {missing} are not usable here (usable: {list(usable_cores())})")
 
 
 def check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:

@@ -14,15 +14,22 @@ A subclass implements only `actions`, `instruction`, `_reset`, `_apply`, `succes
 `episode_metrics`, `scripted_action` (a competent move, for local play and scripted tests) and
 `frame_to_rgb` (an image of a frame; add "rgb_array" to `metadata["render_modes"]`), and draws all randomness from `self.np_random` so that equal seeds give equal
 rollouts. A subclass whose observations need characters outside `CHARSET` (or longer than
-`MAX_TEXT_CHARS`) reassigns `self.observation_space` after `super().__init__`.
+`MAX_TEXT_CHARS`) reassigns `self.observation_space` after `super().__init__`, preferably to
+`text_space(...)`, which every env asking for the same space shares.
+
+`cheap_calls` names the env methods ("reset", "step") that are cheap and never block: an env
+manager calls those in its event loop instead of handing them to a thread (see
+`roll.agentic.env_manager.env_calls`). Declare a call cheap only if it takes well under a
+millisecond and waits on nothing (no I/O, no lock, no sleep); the default is none.
 """
 
 from __future__ import annotations
 
-import re
-
 import abc
+import functools
+import re
 import string
+from types import MappingProxyType
 from typing import Any
 
 import gymnasium as gym
@@ -38,12 +45,56 @@ CHARSET = string.printable + _LATIN1 + "√•…–—‘’“”€™"
 MAX_TEXT_CHARS = 8192
 
 
+class SharedText(spaces.Text):
+    """A `spaces.Text` that many envs hold at once, so it cannot be changed after it is built.
+
+    A `Text` space indexes its whole character set (about 22 KB for `CHARSET`); one per env was
+    most of an env's memory. Assigning an attribute raises, and the character index is a
+    read-only mapping. Only the sampling generator (`seed`, `sample`) is shared state: envs
+    never draw from their spaces (their randomness is `env.np_random`), so seeding one env's
+    space changes no env's rollouts, only what the shared space samples next. Pickling and
+    copying give back the shared instance of the same arguments (a fresh sampling generator
+    after unpickling)."""
+
+    def __init__(self, max_length: int, *, min_length: int = 1, charset: str | frozenset[str] = ""):
+        super().__init__(max_length, min_length=min_length, charset=charset)
+        object.__setattr__(self, "_char_index", MappingProxyType(self._char_index))
+        object.__setattr__(self, "_charset_arg", charset)
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_frozen", False) and name != "_np_random":
+            raise AttributeError(f"{type(self).__name__} is shared by many envs and read-only; assign "
+                                 f"the env a new space instead of changing {name!r}")
+        super().__setattr__(name, value)
+
+    def __reduce__(self):
+        return text_space, (self.max_length, self.min_length, self._charset_arg)
+
+    def __copy__(self) -> "SharedText":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "SharedText":
+        return self
+
+
+def text_space(max_length: int = MAX_TEXT_CHARS, min_length: int = 0, charset: str = CHARSET) -> SharedText:
+    """The one `SharedText` with these arguments in this process (envs share their spaces)."""
+    return _shared_text(max_length, min_length, charset)
+
+
+@functools.cache
+def _shared_text(max_length: int, min_length: int, charset: str) -> SharedText:
+    return SharedText(max_length, min_length=min_length, charset=charset)
+
+
 class TextEnv(gym.Env[str, str], abc.ABC):
     """A gymnasium env whose observations and actions are text; see the module docstring."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     actions: tuple[str, ...] = ()
     instruction: str = ""
+    cheap_calls: frozenset[str] = frozenset()  # of "reset", "step": see the module docstring
 
     def __init__(self, *, format_penalty: float = -0.1, render_mode: str | None = None,
                  action_pattern: str | None = None, env_instruction: str | None = None) -> None:
@@ -63,8 +114,8 @@ class TextEnv(gym.Env[str, str], abc.ABC):
             )
         self.format_penalty = float(format_penalty)
         self.render_mode = render_mode
-        self.observation_space = spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
-        self.action_space = spaces.Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
+        self.observation_space = text_space()
+        self.action_space = text_space()
         self._frame: str | None = None
         self._num_actions = 0
         self._num_invalid = 0

@@ -8,10 +8,8 @@ make progress. Subclasses decide only how an episode becomes training samples.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -20,6 +18,7 @@ import numpy as np
 from roll.agentic.env.faults import EPISODE_KEY_OPTION, FaultInjectingEnv
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
+from roll.agentic.env_manager.env_calls import EnvCaller, EnvStepTimeout  # noqa: F401 (EnvStepTimeout: re-exported)
 from roll.agentic.episode import EpisodeSpec
 from roll.core.enums import StopReason
 from roll.core.records import (
@@ -32,10 +31,6 @@ from roll.utils.seeding import derive_seed
 
 GenerateFn = Callable[[GenerateRequest], Awaitable[GenerateOutput]]
 
-# `use_thread_lock`: one lock per env-worker process; `max_env_step_concurrent`: one semaphore per
-# tag and process. Taken inside the worker thread, so they hold whatever event loop runs.
-_ENV_LOCK = threading.Lock()
-_STEP_LIMITS: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 
 
 @dataclass(frozen=True)
@@ -55,10 +50,6 @@ class EnvSpec:
     history_length: int | None = None  # step-wise; None: the manager's
     use_thread_lock: bool = False
     max_env_step_concurrent: int = 0  # 0: no limit
-
-
-class EnvStepTimeout(RuntimeError):
-    """env.reset or env.step took longer than the manager's step timeout."""
 
 
 class GenerateTimeout(RuntimeError):
@@ -137,6 +128,9 @@ class BaseEnvManager:
                                                                          sampling.max_new_tokens))
         self.sequence_length = sequence_length
         self.step_timeout_s = step_timeout_s
+        self.env_calls = EnvCaller(self.env, tag=spec.tag, timeout_s=step_timeout_s,
+                                   use_thread_lock=spec.use_thread_lock,
+                                   max_env_step_concurrent=spec.max_env_step_concurrent)
         self.generate_timeout_s = generate_timeout_s
 
     async def generate(self, request_id: str, prompt_ids: list[int], seed: int,
@@ -147,46 +141,17 @@ class BaseEnvManager:
         return await generate_within(self._generate, request, self.generate_timeout_s)
 
     async def _env_call(self, name: str, *args, **kwargs):
-        """env.<name> in a thread, so a slow env does not block the other managers; bounded in
-        time. A call that times out leaves its thread behind: the env is closed at once (`close`),
-        which is what releases a well-behaved env and so frees the thread for the other envs, and
-        the manager is dropped."""
-        call = getattr(self.env, name)
-        guards = self._env_guards(name)
-        if guards:
-            unguarded = call
-
-            def call(*a, **kw):
-                with contextlib.ExitStack() as stack:
-                    for guard in guards:
-                        stack.enter_context(guard)
-                    return unguarded(*a, **kw)
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(call, *args, **kwargs), self.step_timeout_s)
-        except TimeoutError:
-            self.close()
-            raise EnvStepTimeout(f"env.{name} exceeded {self.step_timeout_s}s") from None
-
-    def _env_guards(self, name: str) -> list:
-        """What an env call holds while it runs: the process's env lock (`use_thread_lock`) and,
-        for env.step, the tag's concurrency limit (`max_env_step_concurrent`)."""
-        guards = []
-        limit = self.spec.max_env_step_concurrent
-        if name == "step" and limit > 0:
-            guards.append(_STEP_LIMITS.setdefault((self.spec.tag, limit), threading.BoundedSemaphore(limit)))
-        if self.spec.use_thread_lock:
-            guards.append(_ENV_LOCK)
-        return guards
+        """env.<name>, bounded in time: in a thread, so a slow env does not block the other
+        managers, or inline when the env declares the call cheap (`env_calls.EnvCaller`). A call
+        that times out closes the env and the manager is dropped."""
+        return await self.env_calls(name, *args, **kwargs)
 
     async def env_step(self, text: str):
         return check_step_output(await self._env_call("step", text))
 
     def close(self) -> None:
         """Close the env (a dropped manager's env may hold a hung thread, a server session...)."""
-        try:
-            self.env.close()
-        except Exception:  # closing is best effort: the manager is being discarded anyway
-            pass
+        self.env_calls.close()
 
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
         # injected faults (if any) are drawn per episode, so a group's members fail independently

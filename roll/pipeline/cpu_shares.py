@@ -1,0 +1,57 @@
+"""Config to CPU shares: which cores and torch threads each worker process gets.
+
+A role's own `strategy_config.cpu_affinity` / `num_threads` win; otherwise a CPU run on one
+machine takes `roll.distributed.cpu_affinity.default_cpu_shares` (GPU runs and Ray clusters get
+no default: their roles do not share one machine's cores the same way). Pinning happens inside
+each worker process right after it starts (`pin_workers`), so no worker class needs to know.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from roll.configs.worker import cpu_options
+from roll.distributed.cpu_affinity import (
+    ENV_WORKERS,
+    INFERENCE,
+    TRAINING,
+    CpuShare,
+    apply_share,
+    default_cpu_shares,
+    split_cores,
+    usable_cores,
+)
+from roll.pipeline import cluster
+
+_GROUP = {"actor_infer": INFERENCE, "actor_train": TRAINING, "critic": TRAINING, "reference": TRAINING}
+
+
+def role_share(cfg, role: str, cores: tuple[int, ...] | None = None) -> CpuShare:
+    """The share of `role` (a config role, or `ENV_WORKERS`) before it is split among the role's
+    processes; `cores`: the machine's usable cores (default: this process's)."""
+    if role != ENV_WORKERS:
+        affinity, threads = cpu_options(role, getattr(cfg, role))
+        if affinity is not None or threads is not None:
+            return CpuShare(None if affinity is None else tuple(affinity),
+                            threads if threads is not None else (len(affinity) if affinity else None))
+    if cluster.joined() or any(cfg.device_layout["mappings"].values()):
+        return CpuShare()
+    shares = default_cpu_shares(usable_cores() if cores is None else cores, cfg.async_generation_ratio > 0)
+    return shares[_GROUP.get(role, role)]
+
+
+def process_shares(cfg, role: str, processes: int) -> list[CpuShare]:
+    """`role_share` split among the role's `processes` processes (ranks or replicas)."""
+    return split_cores(role_share(cfg, role), processes)
+
+
+def _pin(_actor, share: CpuShare) -> None:  # runs inside the actor (`__ray_call__`)
+    apply_share(CpuShare(share.cores, None))
+
+
+def pin_workers(handles: list, shares: list[CpuShare]) -> None:
+    """Pin each actor of `handles` to its share's cores (threads are set by the worker's own
+    `num_threads`); actors without cores are left alone. Waits until every pin is done (so until
+    the actors are built): an async actor (the engine, env workers) may run later calls before an
+    earlier one. An env worker that Ray restarts runs unpinned."""
+    ray.get([h.__ray_call__.remote(_pin, s) for h, s in zip(handles, shares, strict=True) if s.cores is not None])
