@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
-from roll.configs.args import DataArgs, GeneratingArgs, ModelArgs, TrainingArgs
+from roll.configs.args import ROLL_DTYPES, DataArgs, GeneratingArgs, ModelArgs, TrainingArgs
 from roll.configs.base import ConfigModel, InvalidField
 
 INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
@@ -22,7 +22,7 @@ TRAINING_STRATEGIES = ("torch", "deepspeed", "fsdp2", "megatron")
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "hf": ("max_batch_size", "max_cached_tokens", "num_replicas"),
     "torch": (),
-    "fsdp2": ("reshard_after_forward",),
+    "fsdp2": ("reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
     # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py (max_grad_norm:
     # roll.configs.dialect)
@@ -247,6 +247,24 @@ def cpu_options(role: str, worker: WorkerConfig) -> tuple[list[int] | None, int 
     return cores, threads
 
 
+def _check_fsdp2_options(role: str, worker: WorkerConfig) -> None:
+    """ROLL's fsdp2 `strategy_config` values (their meaning: roll.distributed.strategies.fsdp2_train)."""
+    options, key = worker.strategy_args.strategy_config, f"{role}.strategy_args.strategy_config"
+    for name in ("param_dtype", "reduce_dtype"):
+        if options.get(name) is not None and options[name] not in ROLL_DTYPES and options[name] not in ROLL_DTYPES.values():
+            raise InvalidField(f"{key}.{name}", f"{options[name]!r} is not a dtype; use bf16, fp16 or fp32")
+    size = options.get("fsdp_size")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise InvalidField(f"{key}.fsdp_size", f"expected an integer (got {size!r})")
+        if 1 < size < worker.world_size and worker.world_size % size:
+            raise InvalidField(f"{key}.fsdp_size", f"{size} does not divide the role's {worker.world_size} ranks "
+                               "(HSDP shards within groups of fsdp_size and replicates across them)")
+    for name in ("offload_policy", "reshard_after_forward"):
+        if name in options and not isinstance(options[name], bool):
+            raise InvalidField(f"{key}.{name}", f"expected true or false (got {options[name]!r})")
+
+
 def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     """Raise `InvalidField` unless the role's engine exists and fits the role.
 
@@ -273,6 +291,8 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     missing = _missing_requirement(name)
     if missing:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
+    if name == "fsdp2":
+        _check_fsdp2_options(role, worker)
     if role == "reference" and worker.model_args.lora_rank is not None:
         raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
                            "and critic (actor_infer serves actor_train's merged weights)")

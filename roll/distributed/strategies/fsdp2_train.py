@@ -6,9 +6,19 @@ then the root: parameters become DTensors sharded over the ranks, gathered one l
 forward and backward. AdamW steps the DTensors directly, so there is no separate master copy, and
 clipping and the gradient norm work on DTensors (the norm is read back as a full tensor).
 
-`strategy_config` options:
+`strategy_config` options (ROLL's names and meanings):
 - `reshard_after_forward` (default true): free each layer's gathered parameters after its forward
   (ZeRO-3-like memory); false keeps them until backward (ZeRO-2-like, less communication).
+- `fsdp_size`: ranks one copy of the model is sharded over. Unset, <= 1 or >= the role's ranks:
+  all of them (a 1-D mesh). Between: HSDP, a (ranks / fsdp_size, fsdp_size) mesh that shards within
+  each group of fsdp_size ranks and replicates (all-reduces gradients) across the groups, e.g.
+  sharding within a node and replicating across nodes.
+- `param_dtype` / `reduce_dtype` (bf16, fp16, fp32 or the long names): FSDP2's mixed precision,
+  the dtype layers compute in after the all-gather / gradients are reduced in; the sharded
+  parameters and the optimizer stay in the model's dtype. Unset: the model's dtype.
+- `offload_policy` (default false): true keeps the sharded parameters, gradients and optimizer
+  state in CPU memory (FSDP2's CPUOffloadPolicy), copied to the device per layer; on a CPU run
+  they are there already and nothing changes.
 
 Weights leave the strategy as full, unsharded CPU tensors (`get_model_state_dict` with
 `full_state_dict`), so inference workers and HF checkpoints never see a shard.
@@ -28,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import TorchTrainStrategy, restore_schedule
@@ -36,25 +46,49 @@ from roll.distributed.strategies.torch_train import TorchTrainStrategy, restore_
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def shard_model(model: nn.Module, device: torch.device, reshard_after_forward: bool = True) -> int:
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def mesh_shape(world_size: int, fsdp_size: int | None) -> tuple[int, ...]:
+    """(world_size,) for plain FSDP, (replicas, fsdp_size) for HSDP (module docstring)."""
+    if fsdp_size is None or fsdp_size <= 1 or fsdp_size >= world_size:
+        return (world_size,)
+    if world_size % fsdp_size:
+        raise ValueError(f"fsdp_size {fsdp_size} does not divide the {world_size} ranks")
+    return (world_size // fsdp_size, fsdp_size)
+
+
+def shard_model(model: nn.Module, device: torch.device, reshard_after_forward: bool = True, *,
+                fsdp_size: int | None = None, param_dtype: str | None = None, reduce_dtype: str | None = None,
+                offload_policy: bool = False) -> int:
     """`fully_shard` every decoder layer, then the root; returns the number of layer units."""
     _, world_size = ensure_process_group(device)
-    mesh = init_device_mesh(device.type, (world_size,))
+    shape = mesh_shape(world_size, fsdp_size)
+    names = ("replicate", "shard") if len(shape) == 2 else None
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+    options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
+               "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES.get(param_dtype), reduce_dtype=DTYPES.get(reduce_dtype)),
+               "offload_policy": CPUOffloadPolicy() if offload_policy and device.type != "cpu" else OffloadPolicy()}
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
     for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
     return len(layers)
 
 
 class FSDP2TrainStrategy(TorchTrainStrategy):
     """`TorchTrainStrategy` over an FSDP2-sharded model (see module docstring)."""
 
-    def __init__(self, model: nn.Module, *, reshard_after_forward: bool = True, device="cpu", **kwargs) -> None:
+    def __init__(self, model: nn.Module, *, reshard_after_forward: bool = True, fsdp_size: int | None = None,
+                 param_dtype: str | None = None, reduce_dtype: str | None = None, offload_policy: bool = False,
+                 device="cpu", **kwargs) -> None:
         device = torch.device(device)
         self.model_class = type(model)  # fully_shard swaps in a subclass; load checkpoints with this
-        self.num_fsdp_units = shard_model(model.to(device), device, reshard_after_forward)
+        self.num_fsdp_units = shard_model(model.to(device), device, reshard_after_forward, fsdp_size=fsdp_size,
+                                          param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                          offload_policy=offload_policy)
         # the optimizer is built after sharding, on the DTensor parameters
         super().__init__(model, device=device, **kwargs)
         self.rank = torch.distributed.get_rank()
