@@ -124,6 +124,8 @@ def test_only_adapters_train_and_leave_merged(model_dir, megatron_groups):
     assert counts["model/total_params"] > counts["model/trainable_params"] > 0
     hf_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     assert counts["model/total_params"] - counts["model/trainable_params"] == hf_params
+    plain = _strategy(model_dir, lora=None).param_counts  # HF's count, not megatron's padded shards
+    assert plain["model/trainable_params"] == plain["model/total_params"] == hf_params
     batch = lm_minibatch(2)
     with torch.no_grad():  # B = 0 at the start on both: the base model's loss through either adapter
         want = torch_lora.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss

@@ -171,7 +171,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         strategies count them: the HF model's parameters (not megatron's padded, per-rank shards)
         plus the adapters' whole size."""
         adapters = sum(p.numel() * (self.tp_size if is_sharded_adapter(name) else 1)
-                       for name, p in self.gpt.named_parameters() if p.requires_grad)
+                       for name, p in adapter_state(dict(self.gpt.named_parameters())).items())
         trainable = adapters if self.lora is not None else hf_params
         return {"model/trainable_params": float(trainable), "model/total_params": float(hf_params + adapters)}
 
@@ -274,8 +274,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
     def _whole_adapter(self) -> dict[str, torch.Tensor]:
         """The adapters of all tensor-parallel ranks as one TP-1 adapter (a collective over them)."""
-        local = {k: v.detach().cpu() for k, v in adapter_state(self.gpt.state_dict()).items()}
-        return merge_adapter(gather_shards(local, self.tp_group))
+        local = {k: v.detach() for k, v in adapter_state(self.gpt.state_dict()).items()}  # nccl gathers on device
+        return {k: v.cpu() for k, v in merge_adapter(gather_shards(local, self.tp_group)).items()}
 
     def _save_adapter(self, directory: Path, adapter: dict[str, torch.Tensor]) -> None:
         """`adapter` as a peft adapter of the HF model (megatron_lora.adapter_to_hf): what peft's
