@@ -11,8 +11,8 @@ parameters, tied embeddings) in bf16 with sdpa attention (flash_attention_2 when
 A variant a strategy cannot run is printed and recorded as "skipped: <why>", never dropped.
 How the variants are switched: gradient checkpointing by HF's `gradient_checkpointing_enable()`
 on the model before the strategy takes it (megatron: `recompute_granularity: full`); LoRA by
-peft's `get_peft_model` (rank 16 on the attention and MLP projections) before the strategy takes
-it. When roll's own config keys for them land (another branch), switch to those.
+`build_train_strategy(lora=...)`, as `lora_rank: 16, lora_alpha: 32` on the attention and MLP
+projections switch it on (peft on the HF model; megatron: its own adapters on the fused layers).
 
 MFU = model FLOPs per second / the bf16 matmul peak measured on the same GPU in the same run
 (`matmul_peak_flops`: the best of several 8192^3 matmuls), not a datasheet figure. Model FLOPs of
@@ -138,13 +138,15 @@ def unsupported(strategy: str, variant: str) -> str | None:
         return f"{module} is not installed"
     if variant == "lora" and importlib.util.find_spec("peft") is None:
         return "peft is not installed"
-    if variant == "lora" and strategy == "megatron":
-        return "the megatron strategy converts plain HF weights; a peft model has LoRA adapters it does not convert"
     return None
 
 
+LORA = {"rank": 16, "alpha": 32, "target": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
+
+
 def prepare_model(model, strategy: str, variant: str):
-    """The HF model with the variant switched on (module docstring), and the strategy's options."""
+    """The HF model with the variant switched on (module docstring), the strategy's options, and
+    `build_train_strategy`'s `lora` argument."""
     name, options = strategy, {}
     if strategy.startswith("deepspeed_zero"):
         name, options = "deepspeed", {"zero_optimization": {"stage": int(strategy[-1])}, "bf16": {
@@ -154,12 +156,7 @@ def prepare_model(model, strategy: str, variant: str):
             options["recompute_granularity"] = "full"
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if variant == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets))
-    return model, name, options
+    return model, name, options, LORA if variant == "lora" else None
 
 
 def lm_loss(model, micro):
@@ -181,11 +178,11 @@ def train_one(settings: LaneSettings, strategy: str, variant: str, peak_flops: f
     from roll.distributed.strategies.registry import build_train_strategy
 
     reset_memory(settings.device)
-    model, name, options = prepare_model(build_model(settings), strategy, variant)
+    model, name, options, lora = prepare_model(build_model(settings), strategy, variant)
     config = model.config
     args = TrainingArgs(learning_rate=1e-5, per_device_train_batch_size=settings.batch, max_grad_norm=1.0)
     engine = build_train_strategy(model, args, strategy_name=name, strategy_config=options, total_steps=1,
-                                  metric_prefix="actor", device=settings.device)
+                                  metric_prefix="actor", device=settings.device, lora=lora)
     engine.train_step(random_minibatch(settings, config.vocab_size, 0), lm_loss)  # warm-up
     norms = []
     seconds = timed(lambda: norms.extend(engine.train_step(random_minibatch(settings, config.vocab_size, 1 + i),

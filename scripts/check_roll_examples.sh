@@ -2,8 +2,10 @@
 # By-hand check (not CI): every ROLL example config in ../shared/roll_examples (or $1) runs one step
 # with +profile=cpu_smoke, only pretrain, reward_pretrain and output paths overridden, and writes
 # TensorBoard events under tracker_kwargs.log_dir. Needs a local model: $MODEL (built if missing).
+# A second argument runs only the configs whose name matches that glob, e.g. '*lora*'.
 set -u
 ROOT=${1:-$(dirname "$0")/../../shared/roll_examples}
+ONLY=${2:-*}
 MODEL=${MODEL:-/tmp/roll_check_model}
 OUT=${OUT:-/tmp/roll_check_out}
 export PYTHONPATH=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,6 +13,8 @@ mkdir -p "$OUT"
 [ -f "$MODEL/config.json" ] || python -m roll.pipeline.tiny_model --preset sokoban --output_dir "$MODEL" >/dev/null
 for f in "$ROOT"/*/*.yaml; do
   dir=$(dirname "$f"); name=$(basename "$f" .yaml); [ "$(basename "$dir")" = config ] && continue
+  # shellcheck disable=SC2053  # $ONLY is a glob on purpose
+  [[ $name == $ONLY ]] || continue
   o="$OUT/$name"; rm -rf "$o"
   python "$PYTHONPATH/examples/start_agentic_pipeline.py" --config_path "$dir" --config_name "$name" \
     +profile=cpu_smoke pretrain="$MODEL" reward_pretrain="$MODEL" max_steps=1 \

@@ -43,13 +43,17 @@ class ModelArgs(ConfigModel):
     frozen); weight sync, `state_dict` and checkpoints hand out the merged full weights. None:
     every parameter trains. Applies to `actor_train` and `critic`; on `actor_infer` (ROLL serves the
     adapter with vLLM's LoRA) it is accepted and changes nothing, since the engine is sent the
-    actor's merged weights; refused on `reference` and with the megatron strategy."""
+    actor's merged weights; refused on `reference`. The megatron strategy puts the adapters on its
+    fused layers (roll.distributed.strategies.megatron_lora)."""
     lora_alpha: int | None = Field(None, ge=1)
     """LoRA scale numerator: adapters add (alpha / r) * B A. None: 2 * `lora_rank`, as in ROLL."""
     lora_target: str | None = None
     """Modules that get adapters: `all-linear` (ROLL also writes `all`: every linear layer but the
     output head) or a comma list of module names, e.g. `q_proj,v_proj`. None with `lora_rank`
-    set: all-linear. A name that matches no module of the model is a config error."""
+    set: all-linear. A name that matches no module of the model is a config error. With megatron
+    the HF names map to its fused layers (q/k/v_proj -> linear_qkv, o_proj -> linear_proj,
+    gate/up_proj -> linear_fc1, down_proj -> linear_fc2; those megatron names work too), and an
+    adapter covers the whole fused layer."""
     model_type: Literal["causal_lm"] | None = None
     """ROLL's `model_type`: null (ROLL's default) loads the role's usual head: a causal LM for the
     policy roles, a token-classification value head for the critic. ROLL's other model types

@@ -87,10 +87,12 @@ class RollDialect(ConfigModel):
     """ROLL's run-level gradient clip: the `training_args.max_grad_norm` of every trained role
     that does not set its own. None: each role's own."""
     batch_adjust_mode: Literal["copy", "delete", "auto", "random_sample"] = "copy"
-    """ROLL pads ("copy") or trims ("delete") a step-wise batch to a multiple of its mini-batch
-    because its trainers need equal mini-batches. Our trainers take any row count (the last
-    mini-batch may be short), so no row is copied or deleted whatever the value: accepted so ROLL
-    configs run, and a difference from ROLL (README, "Coming from ROLL")."""
+    """ROLL's rule for a training batch that is not a whole number of mini-batches (the least
+    common multiple of every role's rows per optimizer step and per forward-only call): "copy"
+    duplicates rows up to the next multiple, "delete" drops the remainder, "auto" deletes unless the
+    batch is smaller than one multiple, "random_sample" keeps one multiple's worth of random rows
+    (roll.algorithms.batch_adjust). Applied to the scored batch, so copies carry their originals'
+    advantages (ROLL adjusts before its advantages); draws derive from `seed` and the step."""
     enable_old_logprobs_recompute: bool = True
     """ROLL's switch between old log-probs recomputed in a pass of their own (true) and cached
     inside the first training step (false). Both are the trainer's log-probs under the weights

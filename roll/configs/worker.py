@@ -296,9 +296,6 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
     if role == "reference" and worker.model_args.lora_rank is not None:
         raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
                            "and critic (actor_infer serves actor_train's merged weights)")
-    if name == "megatron" and worker.model_args.lora_rank is not None:
-        raise InvalidField(f"{role}.model_args.lora_rank", "LoRA is not built for 'megatron' (peft wraps HF "
-                           "modules, megatron trains a converted GPTModel); use torch, deepspeed or fsdp2")
     if name == "megatron" and role == "critic":
         raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
                            "the critic's value model needs torch, deepspeed or fsdp2")

@@ -30,6 +30,8 @@ from roll.models.loading import load_tokenizer
 from roll.models.templates import apply_template
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.samples import (
+    adjust_batch,
+    batch_divisor,
     build_step_batch,
     build_traj_batch,
     filter_groups,
@@ -95,6 +97,7 @@ class AgenticPipeline:
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
         self.step_wise = cfg.sample_mode == SampleMode.STEP
         self.build_batch = build_step_batch if self.step_wise else build_traj_batch
+        self.batch_divisor = batch_divisor(cfg, ["actor_train"] + [r for r in ("critic", "reference") if r in self.workers])
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
         self.start_step = self._resume()
@@ -128,6 +131,8 @@ class AgenticPipeline:
             # 3. Score: old/ref log-probs, values, then advantages
             with _timer(timings, "score"):
                 score_metrics = self.score(batch, rows)
+            # ROLL's batch_adjust_mode: rows copied or deleted to whole mini-batches (after scoring)
+            batch, adjust_metrics = adjust_batch(batch, cfg.batch_adjust_mode, self.batch_divisor, cfg.seed, step)
             # 4. Update: critic, then actor
             with _timer(timings, "train"):
                 train_metrics = self.update(batch, step)
@@ -136,7 +141,7 @@ class AgenticPipeline:
                 self.sync_weights(version=step)
             # 6. Log / validate / checkpoint
             metrics = {**self.rollout_metrics(trajs, dropped, step), **filter_metrics, **score_metrics,
-                       **train_metrics, **{f"time/{k}_s": v for k, v in timings.items()},
+                       **adjust_metrics, **train_metrics, **{f"time/{k}_s": v for k, v in timings.items()},
                        "time/step_s": sum(timings.values())}
             if self.tracer is not None:  # what the policy did: every trajectory, decoded
                 self.tracer.write(step, trajs)

@@ -16,6 +16,7 @@ from roll.configs.pipeline import PipelineConfig
 from roll.configs.worker import WorkerConfig, cpu_options, engine_options
 from roll.distributed.cpu_affinity import usable_cores
 from roll.distributed.placement import PlacementError, check_device_layout
+from roll.distributed.strategies.megatron_lora import megatron_targets
 from roll.distributed.strategies.megatron_parallel import check_parallel_config
 from roll.models.lora import unmatched_lora_target
 
@@ -37,9 +38,16 @@ def check_before_start(cfg: PipelineConfig) -> None:
 
 def check_lora_target(role: str, worker: WorkerConfig) -> None:
     """`InvalidField` naming `model_args.lora_target` when a listed module matches nothing in the
-    role's model (read on the meta device: no weights are loaded). Nothing to do without LoRA."""
+    role's model (read on the meta device: no weights are loaded), or, on megatron, has no
+    counterpart among its fused layers. Nothing to do without LoRA."""
     lora = worker.model_args.lora
     if lora is None or worker.model_args.model_name_or_path is None:
+        return
+    if worker.strategy_args.strategy_name == "megatron":  # targets name megatron's fused layers
+        try:
+            megatron_targets(lora["target"])
+        except ValueError as error:
+            raise InvalidField(f"{role}.model_args.lora_target", str(error)) from None
         return
     missing = unmatched_lora_target(worker.model_args.model_name_or_path, lora["target"], value_model=role == "critic")
     if missing:

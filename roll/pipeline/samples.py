@@ -8,9 +8,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from roll.algorithms.batch_adjust import adjusted_rows, rows_divisor
 from roll.algorithms.filters import group_reward_std_stats, select_groups_by_reward_std
 from roll.core.fields import Batch, RowInfo
 from roll.core.records import Trajectory
+from roll.distributed.ranks import data_parallel_ranks
+from roll.utils.seeding import derive_seed
 
 
 def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:
@@ -145,3 +148,33 @@ def _summary(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
         vals = [tr.metrics[k] for tr in trajs if k in tr.metrics]
         out[f"{prefix}/env/{k}"] = float(np.mean(vals))
     return out
+
+
+def batch_divisor(cfg, roles: list[str]) -> int:
+    """ROLL's `batch_adjust_mode` divisor (roll.algorithms.batch_adjust): the least common multiple
+    of each trained role's rows per optimizer step (per_device_train_batch_size x
+    gradient_accumulation_steps x data-parallel ranks) and each role's rows per forward-only call
+    (infer_batch_size, or per_device_train_batch_size when unset, x ranks). `roles`: the config
+    sections the run builds among actor_train, critic and reference (which only infers)."""
+    sizes = []
+    for role in roles:
+        worker, options = getattr(cfg, role), getattr(cfg, role).strategy_args.strategy_config
+        ranks = len(set(data_parallel_ranks(worker.world_size, options.get("tensor_model_parallel_size", 1),
+                                            options.get("pipeline_model_parallel_size", 1))))
+        args = worker.training_args
+        if role != "reference":
+            sizes.append(args.per_device_train_batch_size * args.gradient_accumulation_steps * ranks)
+        sizes.append((worker.infer_batch_size or args.per_device_train_batch_size) * ranks)
+    return rows_divisor(sizes)
+
+
+def adjust_batch(batch: TensorDict, mode: str, divisor: int, seed: int, step: int) -> tuple[TensorDict, dict[str, float]]:
+    """`batch` with rows copied or deleted per ROLL's `batch_adjust_mode` (`adjusted_rows`, drawn
+    from `derive_seed(seed, "batch_adjust", step)`), and ROLL's counts `system/batch_add_count`,
+    `system/batch_remove_count`."""
+    size = batch.batch_size[0]
+    rng = np.random.default_rng(derive_seed(seed, "batch_adjust", step))
+    rows = adjusted_rows(size, divisor, mode, rng)
+    kept = len(np.unique(rows))
+    metrics = {"system/batch_add_count": float(len(rows) - kept), "system/batch_remove_count": float(size - kept)}
+    return (batch if len(rows) == size and kept == size else batch[torch.as_tensor(rows)]), metrics

@@ -39,9 +39,11 @@ BAD = [
       "+actor_train.sequence_length_round_in_infer=64", "sequence_length=100"],
      "actor_train.max_tokens_per_microbatch_in_infer: 120 is smaller than one sequence (sequence_length 100, "
      "rounded up to 128)"),
-    (["actor_train.strategy_args.strategy_name=megatron", "+actor_train.model_args.lora_rank=4"],
-     "actor_train.model_args.lora_rank: LoRA is not built for 'megatron' (peft wraps HF modules, megatron trains "
-     "a converted GPTModel); use torch, deepspeed or fsdp2"),
+    (["actor_train.strategy_args.strategy_name=megatron", "+actor_train.model_args.lora_rank=4",
+      "+actor_train.model_args.lora_target='q_proj,lm_head'"],
+     "actor_train.model_args.lora_target: 'lm_head' has no counterpart in the megatron model (targets: q_proj, "
+     "k_proj, v_proj, linear_qkv, o_proj, linear_proj, gate_proj, up_proj, linear_fc1, down_proj, linear_fc2 or "
+     "all-linear)"),
 ]
 
 

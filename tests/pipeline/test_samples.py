@@ -1,9 +1,12 @@
 """Trajectories -> batches: padding, masks, rewards at turn ends, step rows, group filtering."""
 
+from types import SimpleNamespace
+
 import torch
+from tensordict import TensorDict
 
 from roll.core.records import StepRecord, Trajectory
-from roll.pipeline.samples import build_step_batch, build_traj_batch, filter_groups
+from roll.pipeline.samples import adjust_batch, batch_divisor, build_step_batch, build_traj_batch, filter_groups
 
 
 def traj(group, member, rewards, **kw):
@@ -55,3 +58,31 @@ def test_filter_keeps_the_groups_with_most_reward_spread():
     assert metrics["rollout/groups_with_variance"] == 0.5 and metrics["rollout/kept_trajectories"] == 2
     kept_all, _ = filter_groups(trajs, keep_ratio=1.0)
     assert kept_all == trajs
+
+
+def _role(world_size, per_device, accumulation, infer=None, **strategy_config):
+    return SimpleNamespace(world_size=world_size, infer_batch_size=infer,
+                           strategy_args=SimpleNamespace(strategy_config=strategy_config),
+                           training_args=SimpleNamespace(per_device_train_batch_size=per_device,
+                                                         gradient_accumulation_steps=accumulation))
+
+
+def test_batch_divisor_is_rolls_least_common_multiple():
+    """actor_train: 2 processes at TP 2 = 1 data-parallel rank, 2 x 3 rows per step, infers 2 (no
+    infer_batch_size); reference: infers 4. lcm(6, 2, 4) = 12; without the reference lcm(6, 2) = 6."""
+    cfg = SimpleNamespace(actor_train=_role(2, 2, 3, tensor_model_parallel_size=2), reference=_role(1, 1, 1, infer=4))
+    assert batch_divisor(cfg, ["actor_train", "reference"]) == 12
+    assert batch_divisor(cfg, ["actor_train"]) == 6
+
+
+def test_adjust_batch_copies_or_deletes_rows_and_counts_them():
+    batch = TensorDict({"input_ids": torch.arange(10)[:, None]}, batch_size=[10])
+    copied, metrics = adjust_batch(batch, "copy", 4, seed=0, step=1)
+    assert copied["input_ids"][:10, 0].tolist() == list(range(10)) and copied.batch_size[0] == 12
+    assert metrics == {"system/batch_add_count": 2.0, "system/batch_remove_count": 0.0}
+    deleted, metrics = adjust_batch(batch, "delete", 4, seed=0, step=1)
+    assert deleted.batch_size[0] == 8 and metrics == {"system/batch_add_count": 0.0, "system/batch_remove_count": 2.0}
+    again, _ = adjust_batch(batch, "delete", 4, seed=0, step=1)
+    assert torch.equal(again["input_ids"], deleted["input_ids"])  # derived from (seed, step): repeatable
+    whole, metrics = adjust_batch(batch, "copy", 5, seed=0, step=1)
+    assert whole is batch and metrics["system/batch_add_count"] == 0

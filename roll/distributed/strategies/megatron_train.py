@@ -41,6 +41,14 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   (`megatron_model.recompute_`; megatron's own needs CUDA). `use_distributed_optimizer` is
   accepted and changes nothing but memory: every data-parallel rank keeps the whole optimizer.
   Expert, context and sequence parallel stop at start-up with one line naming the key.
+- LoRA (`lora_rank`): `megatron_lora.ParallelLoRA` adapters around the fused parallel linears
+  (HF target names map to them, megatron_lora says how), cut over tensor-parallel ranks like the
+  layers they adapt; only adapters train and sit in the optimizer. Weights leave merged (W + (alpha
+  / r) B A, per rank, then gathered as above); a checkpoint is the merged HF dir with the adapter
+  beside it in `adapter/` as a peft adapter of the HF model (exact: each q/k/v, gate/up part gets
+  the fused A and its rows of B), from which `load_checkpoint` restores the adapters (the base is
+  the `pretrain` weights, as built) and the optimizer files their moments. Tested on CPU at TP 1
+  (tests/distributed/test_megatron_lora.py) and TP 2 (the .ci/run_megatron_tp lane).
 Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl), memory, speed.
 Not supported, one line at start-up: the critic's value model (`*ForTokenClassification`), models
 other than Llama/Qwen2 with SwiGLU and default RoPE, Transformer Engine / FP8, MoE.
@@ -67,13 +75,26 @@ from roll.distributed.strategies.megatron_convert import (
     merge_tensor_parallel,
     split_tensor_parallel,
 )
+from roll.distributed.strategies.megatron_lora import (
+    ADAPTER_FILE,
+    adapter_from_hf,
+    adapter_state,
+    adapter_to_hf,
+    apply_megatron_lora,
+    hf_target_modules,
+    is_sharded_adapter,
+    merge_adapter,
+    merged_state,
+    split_adapter,
+    with_base_layer_names,
+)
 from roll.distributed.strategies.megatron_parallel import (
     check_parallel_config,
     clip_grad_norm_tensor_parallel_,
     gather_shards,
 )
 from roll.distributed.strategies.process_group import ensure_process_group
-from roll.distributed.strategies.torch_train import TorchTrainStrategy, restore_schedule
+from roll.distributed.strategies.torch_train import ADAPTER_DIR, TorchTrainStrategy, restore_schedule
 
 INSTALL = 'pip install "megatron-core>=0.16,<0.17"'
 
@@ -96,12 +117,14 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     docstring); `model` is an HF Llama/Qwen2 `*ForCausalLM` and is not kept. The parallel keys
     are ROLL's (`megatron_parallel.check_parallel_config` says which values run). `recompute`
     (gradient checkpointing, `disable_gradient_checkpointing: false`) means
-    `recompute_granularity: full` when that key is not set."""
+    `recompute_granularity: full` when that key is not set. `lora` ({rank, alpha, target},
+    `ModelArgs.lora`): adapters on the targeted layers, the rest frozen (megatron_lora)."""
 
     def __init__(self, model: nn.Module, *, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
                  expert_model_parallel_size: int = 1, context_parallel_size: int = 1, sequence_parallel: bool = False,
                  use_distributed_optimizer: bool = False, recompute_granularity: str | None = None,
-                 recompute: bool = False, device: str | torch.device = "cpu", **kwargs) -> None:
+                 recompute: bool = False, lora: dict | None = None, device: str | torch.device = "cpu",
+                 **kwargs) -> None:
         if recompute and recompute_granularity is None:
             recompute_granularity = "full"
         check_megatron_available()
@@ -134,15 +157,30 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             raise ValueError(f'strategy "megatron" cannot convert {unconverted[0]} of {self.hf_class.__name__}')
         megatron_model.load_megatron_state(self.gpt, split_tensor_parallel(full, self.arch, tp)[self.tp_rank])
         del hf_state, full
+        self.lora, self.lora_modules = lora, []
+        if lora is not None:  # the worker seeded torch: every rank draws the same A
+            self.lora_modules = apply_megatron_lora(self.gpt, **lora, tp_group=self.tp_group, tp_rank=self.tp_rank,
+                                                    tp_size=tp, seed=torch.initial_seed())
+        hf_params = sum(p.numel() for p in model.parameters())
         super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size), device=device, **kwargs)
         self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
+        self.param_counts = self._param_counts(hf_params)
+
+    def _param_counts(self, hf_params: int) -> dict[str, float]:
+        """`model/trainable_params` and `model/total_params` of the whole model, as the other
+        strategies count them: the HF model's parameters (not megatron's padded, per-rank shards)
+        plus the adapters' whole size."""
+        adapters = sum(p.numel() * (self.tp_size if is_sharded_adapter(name) else 1)
+                       for name, p in adapter_state(dict(self.gpt.named_parameters())).items())
+        trainable = adapters if self.lora is not None else hf_params
+        return {"model/trainable_params": float(trainable), "model/total_params": float(hf_params + adapters)}
 
     # ---- data and tensor parallel -------------------------------------------------------------
     def _clip_and_step(self, finite: bool) -> tuple[float, bool]:
         finite = self._average_gradients(finite)
         if self.tp_size == 1:
             return super()._clip_and_step(finite)
-        params = [(p, is_tensor_parallel(name)) for name, p in self.gpt.named_parameters()]
+        params = [(p, is_tensor_parallel(name) or is_sharded_adapter(name)) for name, p in self.gpt.named_parameters()]
         grad_norm = clip_grad_norm_tensor_parallel_(params, self.max_grad_norm, self.tp_group)
         skipped = not (finite and math.isfinite(grad_norm))
         if not skipped:
@@ -182,6 +220,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         """The whole (TP-1) Megatron state dict: this rank's parameters (views) with one rank, the
         merged shards of every tensor-parallel rank with several (a collective over them)."""
         local = {k: v for k, v in self.gpt.state_dict().items() if torch.is_tensor(v)}
+        if self.lora is not None:  # B_local A_local is the rank's shard of B A (megatron_lora)
+            local = merged_state(local, self.lora["alpha"] / self.lora["rank"])
         if self.tp_size == 1:
             return local
         return merge_tensor_parallel(gather_shards(local, self.tp_group))
@@ -194,11 +234,14 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Overwrite the weights from HF-named tensors, this rank's shard of them (optimizer state
-        is left as it is)."""
+        is left as it is). With LoRA they are the frozen base weights; the adapters stay as they are."""
         from roll.distributed.strategies.megatron_model import load_megatron_state, padded_vocab_size
 
         full = hf_to_megatron(state_dict, self.arch, padded_vocab_size(self.arch, self.tp_size))
-        load_megatron_state(self.gpt, split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank])
+        shard = split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank]
+        if self.lora is not None:
+            shard = with_base_layer_names(shard, self.lora_modules) | adapter_state(self.gpt.state_dict())
+        load_megatron_state(self.gpt, shard)
 
     def _optimizer_file(self) -> str:
         """optimizer.pt, or optimizer-tp<r>.pt per tensor-parallel rank (moments of its shard)."""
@@ -213,6 +256,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         `save_pretrained` writes the tensors it is given (sharding and tied weights as HF does)."""
         directory = Path(directory)
         state = self.state_dict()
+        adapter = self._whole_adapter() if self.lora is not None else None
         if self.dp_rank != 0:  # every data-parallel rank holds the same model and moments
             return
         directory.mkdir(parents=True, exist_ok=True)
@@ -225,13 +269,47 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             shell.generation_config = self.generation_config
         shell.save_pretrained(directory, state_dict=state)
         torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
+        if adapter is not None:
+            self._save_adapter(directory / ADAPTER_DIR, adapter)
+
+    def _whole_adapter(self) -> dict[str, torch.Tensor]:
+        """The adapters of all tensor-parallel ranks as one TP-1 adapter (a collective over them)."""
+        local = {k: v.detach() for k, v in adapter_state(self.gpt.state_dict()).items()}  # nccl gathers on device
+        return {k: v.cpu() for k, v in merge_adapter(gather_shards(local, self.tp_group)).items()}
+
+    def _save_adapter(self, directory: Path, adapter: dict[str, torch.Tensor]) -> None:
+        """`adapter` as a peft adapter of the HF model (megatron_lora.adapter_to_hf): what peft's
+        `PeftModel.from_pretrained` loads onto the `pretrain` model, and `load_checkpoint` reads."""
+        from peft import LoraConfig
+        from safetensors.torch import save_file
+
+        config = LoraConfig(r=self.lora["rank"], lora_alpha=self.lora["alpha"], lora_dropout=0.0, bias="none",
+                            target_modules=hf_target_modules(self.lora_modules))
+        config.save_pretrained(str(directory))
+        save_file(adapter_to_hf(adapter, self.arch), str(directory / ADAPTER_FILE))
+
+    def _load_adapter(self, directory: Path) -> None:
+        """This rank's shard of the adapter `_save_adapter` wrote, into the model's adapters."""
+        from peft.utils import load_peft_weights
+
+        whole = adapter_from_hf(load_peft_weights(str(directory), device="cpu"), self.arch, self.lora_modules)
+        shard = split_adapter(whole, self.tp_size)[self.tp_rank]
+        params = dict(self.gpt.named_parameters())
+        with torch.no_grad():
+            for name, value in shard.items():
+                params[name].copy_(value)
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        """Restore weights (through the HF class's `from_pretrained`), optimizer and scheduler."""
+        """Restore weights (through the HF class's `from_pretrained`), optimizer and scheduler.
+        With LoRA the adapters from `adapter/`; the base stays the `pretrain` weights it was built
+        from (the dir's weights are merged: loading them as the base would add the adapters twice)."""
         directory = Path(directory)
-        saved = self.hf_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
-        self.load_state_dict(saved.state_dict())
-        del saved
+        if self.lora is not None:
+            self._load_adapter(directory / ADAPTER_DIR)
+        else:
+            saved = self.hf_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
+            self.load_state_dict(saved.state_dict())
+            del saved
         self.optimizer.load_state_dict(
             torch.load(directory / self._optimizer_file(), weights_only=True, map_location=self.device))
         restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))

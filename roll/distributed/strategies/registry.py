@@ -78,17 +78,16 @@ def build_train_strategy(
     """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
     one place its fields are read. Engines other than `torch` are imported only when chosen.
 
-    `lora` ({rank, alpha, target}, `ModelArgs.lora`) wraps the model in peft LoRA adapters first;
+    `lora` ({rank, alpha, target}, `ModelArgs.lora`) wraps the model in peft LoRA adapters first
+    (megatron: adapters on its parallel layers, roll.distributed.strategies.megatron_lora);
     `gradient_checkpointing` recomputes activations in backward (HF's non-reentrant checkpointing,
     megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching.
     """
     megatron = canonical_name(strategy_name) == "megatron_train"
-    if megatron and lora is not None:
-        raise ValueError("model_args.lora_rank: LoRA is not built for the megatron strategy; use torch, deepspeed or fsdp2")
     if gradient_checkpointing and not megatron:
         # transformers 5's name for HF gradient checkpointing (`gradient_checkpointing_enable` is its alias)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if lora is not None:
+    if lora is not None and not megatron:  # megatron puts its own adapters on its parallel layers
         from roll.models.lora import apply_lora
 
         model = apply_lora(model, **lora)
@@ -113,5 +112,5 @@ def build_train_strategy(
     if canonical_name(strategy_name) == "deepspeed_train":
         return engine_cls(model, ds_config=options, **kwargs)  # the options are a DeepSpeed config
     if megatron:
-        return engine_cls(model, **options, recompute=gradient_checkpointing, **kwargs)
+        return engine_cls(model, **options, recompute=gradient_checkpointing, lora=lora, **kwargs)
     return engine_cls(model, **options, **kwargs)
