@@ -131,7 +131,7 @@ def run(env: str, seed: int, model: Path, out: Path, overrides: list[str]) -> tu
     config_path, config_name, _ = ENVS[env]
     cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", config_path,
            "--config_name", config_name, f"pretrain={model}", f"output_dir={run_dir}", f"seed={seed}",
-           "save_steps=0", "resume_from_checkpoint=false", *overrides]
+           "save_steps=0", "resume_from_checkpoint=false", "overwrite_output_dir=true", *overrides]
     print(f"running {env} seed {seed} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -151,7 +151,8 @@ def plot(results: dict[str, list[Band]], path: Path) -> None:
         for ax, (attr, label) in zip(row, (("wall_s", "training wall time (s)"), ("env_steps", "env steps"))):
             xs = [getattr(b, attr) for b in bands]
             ax.plot(xs, [b.mean for b in bands], marker="o", markersize=3, label="mean")
-            ax.fill_between(xs, [b.low for b in bands], [b.high for b in bands], alpha=0.25, label="95% CI")
+            ax.fill_between(xs, [max(b.low, 0.0) for b in bands], [min(b.high, 1.0) for b in bands], alpha=0.25,
+                            label="95% CI (cut to [0, 1])")
             ax.plot(xs, [b.minimum for b in bands], ":", color="gray", linewidth=0.8, label="seed min/max")
             ax.plot(xs, [b.maximum for b in bands], ":", color="gray", linewidth=0.8)
             ax.set(xlabel=label, ylabel="val success", title=env, ylim=(-0.02, 1.02))
