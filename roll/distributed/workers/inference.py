@@ -28,14 +28,17 @@ exception is unknown, and retrying is how vLLM once spun for minutes on a broken
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.core.errors import EngineFailed
+from roll.distributed.strategies import continuous
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
@@ -49,7 +52,8 @@ class InferenceWorker:
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
                  num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
-                 strategy_name: str = "hf", strategy_config: dict | None = None, device: str = "cpu"):
+                 strategy_name: str = "hf", strategy_config: dict | None = None, device: str = "cpu",
+                 continuous_batching: bool = True):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -61,9 +65,13 @@ class InferenceWorker:
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
+        self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy)
         self.engine_name = strategy_name
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
+        self._pending_lock = threading.Lock()  # the engine thread takes from `_pending` (continuous)
+        self._serving: dict[int, tuple[GenerateRequest, asyncio.Future]] = {}  # taken, not answered
+        self._drain_waiters = 0  # weight updates / offloads waiting for the engine call to end
         self._engine_lock: asyncio.Lock | None = None
         self._awake: asyncio.Event | None = None  # cleared while the engine is offloaded
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -75,9 +83,11 @@ class InferenceWorker:
         if self.failed is not None:  # a failed engine is never called again
             raise self.failed
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future))
+        with self._pending_lock:
+            self._pending.append((request, future))
         if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+            loop = self._continuous_loop() if self.continuous else self._batch_loop()
+            self._loop_task = asyncio.get_running_loop().create_task(loop)
         return await future
 
     async def generate_many(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
@@ -90,7 +100,7 @@ class InferenceWorker:
         then the engine drops every cached conversation KV, which the new weights make stale.
         Requests still queued are served on the new weights and stamped with `version`."""
         self._ensure_loop()
-        async with self._engine_lock:
+        async with self._between_engine_calls():
             if not self._awake.is_set():
                 raise RuntimeError("update_weights: the engine is offloaded; reload it first")
             self.engine.load_weights(state_dict, version)
@@ -99,7 +109,7 @@ class InferenceWorker:
     async def offload(self) -> None:
         """Free the device for a colocated role, after the engine call in progress."""
         self._ensure_loop()
-        async with self._engine_lock:
+        async with self._between_engine_calls():
             self._awake.clear()
             self.engine.offload()
 
@@ -150,11 +160,60 @@ class InferenceWorker:
                 if not fut.done():
                     fut.set_result(out)
 
+    async def _continuous_loop(self) -> None:
+        """Continuous batching (`strategies/continuous.py`): one engine call serves every request
+        that arrives while it runs; each is answered the moment its row stops. The call ends when
+        the engine is idle, or when a weight update or offload waits (`_drain_waiters`): then it
+        takes no new request and returns once its running rows are done."""
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await self._awake.wait()
+            async with self._engine_lock:
+                if not self._awake.is_set():
+                    continue
+                try:
+                    await loop.run_in_executor(
+                        self._executor, continuous.serve, self.engine, self._take,
+                        lambda request, output: loop.call_soon_threadsafe(self._answer, request, output),
+                        self.max_batch_size, lambda: self._drain_waiters > 0)
+                except Exception as exc:
+                    with self._pending_lock:
+                        serving, self._serving = list(self._serving.values()), {}
+                    self._fail(serving, exc)
+                    return
+            self.stats["engine_calls"] += 1
+
+    def _take(self, n: int) -> list[GenerateRequest]:
+        """Engine thread: up to n pending requests, now being served."""
+        with self._pending_lock:
+            taken, self._pending = self._pending[:n], self._pending[n:]
+            self._serving.update((id(r), (r, fut)) for r, fut in taken)
+        return [r for r, _ in taken]
+
+    def _answer(self, request: GenerateRequest, output: GenerateOutput) -> None:
+        with self._pending_lock:
+            _, fut = self._serving.pop(id(request))
+        self.stats["requests"] += 1
+        self.stats["generated_tokens"] += len(output.token_ids)
+        if not fut.done():
+            fut.set_result(output)
+
+    @contextlib.asynccontextmanager
+    async def _between_engine_calls(self):
+        """Hold the engine lock; a continuous engine call in progress is asked to wind down."""
+        self._drain_waiters += 1
+        try:
+            async with self._engine_lock:
+                yield
+        finally:
+            self._drain_waiters -= 1
+
     def _fail(self, batch: list, exc: Exception) -> None:
         """The engine raised: fail this batch and every queued request at once with its message."""
         self.failed = EngineFailed.of(self.engine_name, exc)
         logger.error("%s", self.failed, exc_info=exc)  # the full traceback goes to the worker's log
-        waiting, self._pending = batch + self._pending, []
+        with self._pending_lock:
+            waiting, self._pending = batch + self._pending, []
         for _, fut in waiting:
             if not fut.done():
                 fut.set_exception(self.failed)
