@@ -20,7 +20,7 @@ INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 TRAINING_STRATEGIES = ("torch", "deepspeed", "fsdp2", "megatron")
 """Engines that can train `actor_train`, `critic` and run `reference`."""
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
-    "hf": ("max_batch_size", "max_cached_tokens", "num_replicas"),
+    "hf": ("max_batch_size", "max_cached_tokens", "num_replicas", "continuous_batching"),
     "torch": (),
     "fsdp2": ("reshard_after_forward",),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys

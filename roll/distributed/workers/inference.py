@@ -1,9 +1,13 @@
 """Inference worker: token-in/token-out generation with dynamic batching.
 
-Env managers call `generate(request)` concurrently. Requests that arrive while the engine is busy
-wait for the next engine call, which takes everything pending (up to `max_batch_size`), so the
-engine stays busy and no request waits for more than one batch. The engine call runs in a thread so
-the actor's event loop keeps accepting requests meanwhile.
+Env managers call `generate(request)` concurrently. With the `hf` engine the worker batches
+continuously (`continuous_batching`, on by default; `strategies/continuous.py`): a request that
+arrives while a batch decodes joins it at the next decode step (at most `max_batch_size` rows run
+at once) and each request is answered as soon as its row stops. Otherwise (`continuous_batching:
+false`, and for `vllm` / `sglang`, which batch continuously inside their own engine call) requests
+that arrive while the engine is busy wait for the next engine call, which takes everything pending
+(up to `max_batch_size`). The engine call runs in a thread so the actor's event loop keeps
+accepting requests meanwhile.
 
 Requests with a `session_id` reuse the KV of their conversation's earlier turns (see
 `strategies/kv_cache.py`); `max_cached_tokens` bounds that cache and 0 turns it off. The stats
