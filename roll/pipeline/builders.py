@@ -108,6 +108,7 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
         continuous_batching=bool(options.get("continuous_batching", True)),
+        batch_wait_ms=float(options.get("batch_wait_ms", 0.0)),
         device=placement.torch_device, **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")))
         for placement, name in zip(plan.processes["actor_infer"], inference_names(cfg), strict=True)]
     residency.attach("actor_infer", workers["inference"])

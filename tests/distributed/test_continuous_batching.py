@@ -135,3 +135,24 @@ def test_worker_lets_a_late_request_join_the_running_batch(model_path):
     assert not long_done_first and len(short.token_ids) >= 1
     assert worker.engine.stats["joined_running"] == 1 and worker.stats["engine_calls"] == 1
     assert worker.stats["requests"] == 2
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_batch_wait_lets_a_request_arriving_a_moment_later_share_the_engine_call(model_path, continuous):
+    """`batch_wait_ms`: the idle engine waits for more requests before a call, and stops waiting
+    once `max_batch_size` are pending (here long before the 20 s wait is over)."""
+    worker = InferenceWorker(model_path, num_threads=1, max_batch_size=2, batch_wait_ms=20_000,
+                             continuous_batching=continuous)
+
+    async def play():
+        first = asyncio.ensure_future(worker.generate(req("a", PROMPTS[0], 1, max_new_tokens=2)))
+        await asyncio.sleep(0.05)
+        assert not first.done()  # still waiting for company
+        second = await worker.generate(req("b", PROMPTS[1], 2, max_new_tokens=2))
+        await first
+        await worker._loop_task
+        return second
+
+    asyncio.run(asyncio.wait_for(play(), timeout=15))
+    assert worker.stats["engine_calls"] == 1 and worker.stats["requests"] == 2
+    assert worker.engine.stats["prefill_rows_computed"] == 2 and worker.engine.stats["joined_running"] == 0

@@ -46,7 +46,7 @@ class HFInferStrategy:
         self.policy_version = 0
         self.kv_cache = SessionKVCache(max_cached_tokens)
         self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0, "prefill_rows_computed": 0,
-                      "decode_steps": 0, "joined_running": 0}  # the last two: continuous batching only
+                      "decode_steps": 0, "joined_running": 0}  # joined_running: continuous batching only
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """New weights make every cached key and value stale, so the session cache is cleared."""
@@ -105,6 +105,7 @@ class HFInferStrategy:
             if t == 0:
                 logits = self.prefill_forward(prefill)
             else:
+                self.stats["decode_steps"] += 1
                 logits = self.model(
                     input_ids=step_ids,
                     attention_mask=attention_mask,

@@ -57,7 +57,7 @@ class InferenceWorker:
     def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
                  num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
                  strategy_name: str = "hf", strategy_config: dict | None = None, device: str = "cpu",
-                 continuous_batching: bool = True):
+                 continuous_batching: bool = True, batch_wait_ms: float = 0.0):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -69,6 +69,7 @@ class InferenceWorker:
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
         self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy)
         self.engine_name = strategy_name
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
@@ -78,6 +79,7 @@ class InferenceWorker:
         self._drain_waiters = 0  # weight updates / offloads waiting for the engine call to end
         self._engine_lock: asyncio.Lock | None = None
         self._awake: asyncio.Event | None = None  # cleared while the engine is offloaded
+        self._arrived: asyncio.Event | None = None  # set by each new request (`batch_wait_ms`)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._loop_task: asyncio.Task | None = None
         self.stats = {"engine_calls": 0, "requests": 0, "generated_tokens": 0}
@@ -89,6 +91,7 @@ class InferenceWorker:
         future = asyncio.get_running_loop().create_future()
         with self._pending_lock:
             self._pending.append((request, future))
+        self._arrived.set()
         if self._loop_task is None or self._loop_task.done():
             loop = self._continuous_loop() if self.continuous else self._batch_loop()
             self._loop_task = asyncio.get_running_loop().create_task(loop)
@@ -100,7 +103,8 @@ class InferenceWorker:
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         """Load new actor weights between engine calls, never in the middle of one: a batch already
-        running finishes on the old weights (async training's sync policy; nothing is aborted),
+        running finishes on the old weights (async training's sync policy; nothing is aborted; a
+        continuous engine call admits no new request meanwhile, so no response mixes weights),
         then the engine drops every cached conversation KV, which the new weights make stale.
         Requests still queued are served on the new weights and stamped with `version`."""
         self._ensure_loop()
@@ -139,6 +143,7 @@ class InferenceWorker:
             self._engine_lock = asyncio.Lock()
             self._awake = asyncio.Event()
             self._awake.set()
+            self._arrived = asyncio.Event()
 
     async def _batch_loop(self) -> None:
         """Serve pending requests in batches until none is left, then end: the task lives only
@@ -146,6 +151,7 @@ class InferenceWorker:
         loop = asyncio.get_running_loop()
         while self._pending:
             await self._awake.wait()  # an offloaded engine serves nothing until `reload`
+            await self._wait_for_a_fuller_batch()
             async with self._engine_lock:
                 if not self._awake.is_set():  # offloaded while this loop waited for the lock
                     continue
@@ -172,6 +178,7 @@ class InferenceWorker:
         loop = asyncio.get_running_loop()
         while self._pending:
             await self._awake.wait()
+            await self._wait_for_a_fuller_batch()
             async with self._engine_lock:
                 if not self._awake.is_set():
                     continue
@@ -186,6 +193,20 @@ class InferenceWorker:
                     self._fail(serving, exc)
                     return
             self.stats["engine_calls"] += 1
+
+    async def _wait_for_a_fuller_batch(self) -> None:
+        """`batch_wait_ms`: before an engine call starts, wait up to that long for more requests
+        (until `max_batch_size` are pending), so that requests arriving a moment apart share one
+        prefill instead of each starting a call. A running continuous call admits new requests at
+        every decode step without waiting."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batch_wait_s
+        while len(self._pending) < self.max_batch_size and (remaining := deadline - loop.time()) > 0:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
 
     def _take(self, n: int) -> list[GenerateRequest]:
         """Engine thread: up to n pending requests, now being served."""
@@ -223,7 +244,7 @@ class InferenceWorker:
                 fut.set_exception(self.failed)
 
 
-WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas")
+WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_wait_ms")
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
