@@ -16,7 +16,8 @@ is printed at the start and end (the machine may be shared).
 
     python benchmarks/continuous_batching.py [--requests 96 --rate 40 --threads 2 --repeats 3]
 
-The last line is machine-readable: `RESULT continuous_vs_batch_tokens_per_s=<ratio> ...`.
+The last line is machine-readable: `RESULT continuous_vs_batch_tokens_per_s=<ratio> ...`
+(`--batch_wait_ms W` adds a third mode, continuous with that `batch_wait_ms`.).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
 from roll.pipeline.tiny_model import main as build_tiny
 
-MODES = {"batch-at-a-time": False, "continuous": True}
+MODES = {"batch-at-a-time": (False, 0.0), "continuous": (True, 0.0)}
 
 
 def staggered_requests(vocab: int, args) -> list[tuple[float, GenerateRequest]]:
@@ -69,8 +70,10 @@ async def serve(worker: InferenceWorker, timed: list[tuple[float, GenerateReques
     return wall, [d[0] for d in done], [d[1] for d in done]
 
 
-def run_mode(model_dir: str, continuous: bool, timed, threads: int) -> dict:
-    worker = InferenceWorker(model_dir, num_threads=threads, max_batch_size=256, continuous_batching=continuous)
+def run_mode(model_dir: str, mode: tuple[bool, float], timed, threads: int) -> dict:
+    continuous, wait_ms = mode
+    worker = InferenceWorker(model_dir, num_threads=threads, max_batch_size=256, continuous_batching=continuous,
+                             batch_wait_ms=wait_ms)
     asyncio.run(serve(worker, timed[:1]))  # warm-up, not counted
     before = worker.get_stats()
     wall, latencies, outputs = asyncio.run(serve(worker, timed))
@@ -91,16 +94,21 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch_wait_ms", type=float, default=0.0,
+                        help="> 0 adds a continuous row with this batch_wait_ms (a joiner waits for company)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = build_tiny(["--preset", "frozen_lake", "--output_dir", tempfile.mkdtemp() + "/tiny"])
     timed = staggered_requests(len(load_tokenizer(model_dir)), args)
     load_start = os.getloadavg()[0]
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    modes = dict(MODES)
+    if args.batch_wait_ms > 0:
+        modes[f"continuous+{args.batch_wait_ms:g}ms"] = (True, args.batch_wait_ms)
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     for repeat in range(args.repeats):
-        order = list(MODES) if repeat % 2 == 0 else list(MODES)[::-1]  # take turns
+        order = list(modes) if repeat % 2 == 0 else list(modes)[::-1]  # take turns
         for mode in order:
-            runs[mode].append(run_mode(model_dir, MODES[mode], timed, args.threads))
+            runs[mode].append(run_mode(model_dir, modes[mode], timed, args.threads))
     load_end = os.getloadavg()[0]
     identical = all(r["outputs"] == runs["batch-at-a-time"][0]["outputs"] for rs in runs.values() for r in rs)
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "outputs"} for m, rs in runs.items()}
@@ -112,14 +120,16 @@ def main() -> None:
     for mode, m in med.items():
         print(f"{mode:<18}{m['tokens_per_s']:>10.1f}{m['p50_s']:>9.3f}{m['p99_s']:>9.3f}{m['wall_s']:>9.2f}"
               f"{m['engine_calls']:>7.0f}{m['decode_steps']:>7.0f}")
-    base, cont = med["batch-at-a-time"], med["continuous"]
-    ratios = {"tokens_per_s": cont["tokens_per_s"] / base["tokens_per_s"],
-              "p50_latency": base["p50_s"] / cont["p50_s"], "p99_latency": base["p99_s"] / cont["p99_s"]}
-    print("continuous vs batch-at-a-time: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
-          + " (latency: batch / continuous, higher is better)")
+    base, result = med["batch-at-a-time"], []
+    for mode in list(modes)[1:]:
+        m, label = med[mode], mode.replace("-", "_").replace("+", "_wait").replace(".", "_")
+        ratios = {"tokens_per_s": m["tokens_per_s"] / base["tokens_per_s"],
+                  "p50_latency": base["p50_s"] / m["p50_s"], "p99_latency": base["p99_s"] / m["p99_s"]}
+        print(f"{mode} vs batch-at-a-time: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+              + " (latency: batch / this, higher is better)")
+        result += [f"{label}_vs_batch_{k}={v:.3f}" for k, v in ratios.items()]
     print(f"outputs identical token for token across modes and repeats: {identical}")
-    print("\nRESULT " + " ".join(f"continuous_vs_batch_{k}={v:.3f}" for k, v in ratios.items())
-          + f" identical_outputs={int(identical)} load_start={load_start:.1f}")
+    print("\nRESULT " + " ".join(result) + f" identical_outputs={int(identical)} load_start={load_start:.1f}")
 
 
 if __name__ == "__main__":

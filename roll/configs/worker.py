@@ -294,8 +294,8 @@ def _missing_requirement(name: str) -> str | None:
 
 def _check_hf_batching(role: str, config: dict[str, Any]) -> None:
     """`continuous_batching` (bool, default true: requests join a running decode batch) and
-    `batch_wait_ms` (>= 0, default 0: how long an idle engine waits for more requests before it
-    starts a call); see roll/distributed/workers/inference.py."""
+    `batch_wait_ms` (>= 0, default 0: how long a pending request may wait for others to share its
+    prefill); see roll/distributed/workers/inference.py."""
     if not isinstance(config.get("continuous_batching", True), bool):
         raise InvalidField(f"{role}.strategy_args.strategy_config.continuous_batching", "must be true or false")
     wait = config.get("batch_wait_ms", 0)

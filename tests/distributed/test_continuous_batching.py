@@ -3,6 +3,7 @@ next step, finished rows leave at once, and every request gets the tokens batch-
 gives it (greedy: token for token; seeded sampling: the same draws), session KV reuse included."""
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -156,3 +157,18 @@ def test_batch_wait_lets_a_request_arriving_a_moment_later_share_the_engine_call
     asyncio.run(asyncio.wait_for(play(), timeout=15))
     assert worker.stats["engine_calls"] == 1 and worker.stats["requests"] == 2
     assert worker.engine.stats["prefill_rows_computed"] == 2 and worker.engine.stats["joined_running"] == 0
+
+
+def test_a_joiner_waits_batch_wait_ms_for_company_unless_the_room_fills(model_path):
+    """What the engine thread takes between decode steps under `batch_wait_ms`."""
+    worker = InferenceWorker(model_path, num_threads=1, batch_wait_ms=5_000)
+    young = [req(f"y{i}", PROMPTS[0], i) for i in range(3)]
+    for r in young:
+        worker._pending.append((r, None))
+        worker._arrival[id(r)] = time.monotonic()
+    assert worker._take(4) == []  # 3 young requests, room for 4: wait for company
+    assert worker._take(3) == young  # they fill the room
+    old = req("o", PROMPTS[1], 9)
+    worker._pending.append((old, None))
+    worker._arrival[id(old)] = time.monotonic() - 6.0  # waited longer than 5 s
+    assert worker._take(4) == [old] and worker._arrival == {}

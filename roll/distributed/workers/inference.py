@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -75,6 +76,7 @@ class InferenceWorker:
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
         self._pending_lock = threading.Lock()  # the engine thread takes from `_pending` (continuous)
+        self._arrival: dict[int, float] = {}  # id(request) -> time.monotonic() it came, while pending
         self._serving: dict[int, tuple[GenerateRequest, asyncio.Future]] = {}  # taken, not answered
         self._drain_waiters = 0  # weight updates / offloads waiting for the engine call to end
         self._engine_lock: asyncio.Lock | None = None
@@ -91,6 +93,7 @@ class InferenceWorker:
         future = asyncio.get_running_loop().create_future()
         with self._pending_lock:
             self._pending.append((request, future))
+            self._arrival[id(request)] = time.monotonic()
         self._arrived.set()
         if self._loop_task is None or self._loop_task.done():
             loop = self._continuous_loop() if self.continuous else self._batch_loop()
@@ -155,8 +158,11 @@ class InferenceWorker:
             async with self._engine_lock:
                 if not self._awake.is_set():  # offloaded while this loop waited for the lock
                     continue
-                batch = self._pending[: self.max_batch_size]
-                self._pending = self._pending[self.max_batch_size:]
+                with self._pending_lock:
+                    batch = self._pending[: self.max_batch_size]
+                    self._pending = self._pending[self.max_batch_size:]
+                    for r, _ in batch:
+                        self._arrival.pop(id(r), None)
                 try:
                     outputs = await loop.run_in_executor(
                         self._executor, self.engine.generate_batch, [r for r, _ in batch])
@@ -195,12 +201,12 @@ class InferenceWorker:
             self.stats["engine_calls"] += 1
 
     async def _wait_for_a_fuller_batch(self) -> None:
-        """`batch_wait_ms`: before an engine call starts, wait up to that long for more requests
-        (until `max_batch_size` are pending), so that requests arriving a moment apart share one
-        prefill instead of each starting a call. A running continuous call admits new requests at
-        every decode step without waiting."""
+        """`batch_wait_ms`: the oldest pending request waits up to that long for company (less once
+        `max_batch_size` are pending) before an engine call starts, so that requests arriving a
+        moment apart share one prefill instead of each paying a model call of its own. A running
+        continuous call applies the same rule at each decode step (`_take`)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.batch_wait_s
+        deadline = loop.time() + self._oldest_wait_left()
         while len(self._pending) < self.max_batch_size and (remaining := deadline - loop.time()) > 0:
             self._arrived.clear()
             try:
@@ -208,11 +214,24 @@ class InferenceWorker:
             except asyncio.TimeoutError:
                 return
 
+    def _oldest_wait_left(self) -> float:
+        """Seconds until the oldest pending request has waited `batch_wait_ms` (0 if none pends)."""
+        with self._pending_lock:
+            if not self._pending or self.batch_wait_s <= 0:
+                return 0.0
+            waited = time.monotonic() - self._arrival[id(self._pending[0][0])]
+        return max(0.0, self.batch_wait_s - waited)
+
     def _take(self, n: int) -> list[GenerateRequest]:
-        """Engine thread: up to n pending requests, now being served."""
+        """Engine thread: up to n pending requests, now being served; none while fewer than n
+        pend and the oldest has waited less than `batch_wait_ms`."""
+        if len(self._pending) < n and self._oldest_wait_left() > 0:
+            return []
         with self._pending_lock:
             taken, self._pending = self._pending[:n], self._pending[n:]
             self._serving.update((id(r), (r, fut)) for r, fut in taken)
+            for r, _ in taken:
+                self._arrival.pop(id(r), None)
         return [r for r, _ in taken]
 
     def _answer(self, request: GenerateRequest, output: GenerateOutput) -> None:
@@ -239,6 +258,7 @@ class InferenceWorker:
         logger.error("%s", self.failed, exc_info=exc)  # the full traceback goes to the worker's log
         with self._pending_lock:
             waiting, self._pending = batch + self._pending, []
+            self._arrival.clear()
         for _, fut in waiting:
             if not fut.done():
                 fut.set_exception(self.failed)
