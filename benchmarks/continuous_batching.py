@@ -74,10 +74,12 @@ def run_mode(model_dir: str, mode: tuple[bool, float], timed, threads: int) -> d
     continuous, wait_ms = mode
     worker = InferenceWorker(model_dir, num_threads=threads, max_batch_size=256, continuous_batching=continuous,
                              batch_wait_ms=wait_ms)
-    asyncio.run(serve(worker, timed[:1]))  # warm-up, not counted
-    before = worker.get_stats()
-    wall, latencies, outputs = asyncio.run(serve(worker, timed))
-    after = worker.get_stats()
+    async def warm_then_measure():  # one event loop: the worker's asyncio objects belong to it
+        await serve(worker, timed[:1])  # warm-up, not counted
+        before = worker.get_stats()
+        return before, await serve(worker, timed), worker.get_stats()
+
+    before, (wall, latencies, outputs), after = asyncio.run(warm_then_measure())
     tokens = sum(len(o.token_ids) for o in outputs)
     return {"tokens_per_s": tokens / wall, "p50_s": float(np.percentile(latencies, 50)),
             "p99_s": float(np.percentile(latencies, 99)), "wall_s": wall, "tokens": tokens,
