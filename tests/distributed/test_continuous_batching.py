@@ -172,3 +172,14 @@ def test_a_joiner_waits_batch_wait_ms_for_company_unless_the_room_fills(model_pa
     worker._pending.append((old, None))
     worker._arrival[id(old)] = time.monotonic() - 6.0  # waited longer than 5 s
     assert worker._take(4) == [old] and worker._arrival == {}
+
+
+def test_one_request_object_sent_twice_is_answered_twice(model_path):
+    worker = InferenceWorker(model_path, num_threads=1)
+    same = req("x", PROMPTS[0], 4, max_new_tokens=3)
+
+    async def play():
+        return await asyncio.gather(worker.generate(same), worker.generate(same))
+
+    a, b = asyncio.run(asyncio.wait_for(play(), timeout=60))
+    assert a.token_ids == b.token_ids and worker.stats["requests"] == 2

@@ -77,7 +77,8 @@ class InferenceWorker:
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
         self._pending_lock = threading.Lock()  # the engine thread takes from `_pending` (continuous)
         self._arrival: dict[int, float] = {}  # id(request) -> time.monotonic() it came, while pending
-        self._serving: dict[int, tuple[GenerateRequest, asyncio.Future]] = {}  # taken, not answered
+        # taken by the engine, not answered: id(request) -> its futures (one request object may be sent twice)
+        self._serving: dict[int, list[tuple[GenerateRequest, asyncio.Future]]] = {}
         self._drain_waiters = 0  # weight updates / offloads waiting for the engine call to end
         self._engine_lock: asyncio.Lock | None = None
         self._awake: asyncio.Event | None = None  # cleared while the engine is offloaded
@@ -195,7 +196,8 @@ class InferenceWorker:
                         self.max_batch_size, lambda: self._drain_waiters > 0)
                 except Exception as exc:
                     with self._pending_lock:
-                        serving, self._serving = list(self._serving.values()), {}
+                        serving = [item for items in self._serving.values() for item in items]
+                        self._serving = {}
                     self._fail(serving, exc)
                     return
             self.stats["engine_calls"] += 1
@@ -219,7 +221,8 @@ class InferenceWorker:
         with self._pending_lock:
             if not self._pending or self.batch_wait_s <= 0:
                 return 0.0
-            waited = time.monotonic() - self._arrival[id(self._pending[0][0])]
+            now = time.monotonic()
+            waited = now - self._arrival.get(id(self._pending[0][0]), now)
         return max(0.0, self.batch_wait_s - waited)
 
     def _take(self, n: int) -> list[GenerateRequest]:
@@ -229,14 +232,17 @@ class InferenceWorker:
             return []
         with self._pending_lock:
             taken, self._pending = self._pending[:n], self._pending[n:]
-            self._serving.update((id(r), (r, fut)) for r, fut in taken)
-            for r, _ in taken:
+            for r, fut in taken:
+                self._serving.setdefault(id(r), []).append((r, fut))
                 self._arrival.pop(id(r), None)
         return [r for r, _ in taken]
 
     def _answer(self, request: GenerateRequest, output: GenerateOutput) -> None:
         with self._pending_lock:
-            _, fut = self._serving.pop(id(request))
+            waiting = self._serving[id(request)]
+            _, fut = waiting.pop(0)
+            if not waiting:
+                del self._serving[id(request)]
         self.stats["requests"] += 1
         self.stats["generated_tokens"] += len(output.token_ids)
         if not fut.done():
