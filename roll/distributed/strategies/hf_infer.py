@@ -46,7 +46,7 @@ class HFInferStrategy:
         self.policy_version = 0
         self.kv_cache = SessionKVCache(max_cached_tokens)
         self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0, "prefill_rows_computed": 0,
-                      "decode_steps": 0, "joined_running": 0}  # joined_running: continuous batching only
+                      "prefill_calls": 0, "decode_steps": 0, "joined_running": 0}  # the last: continuous only
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """New weights make every cached key and value stale, so the session cache is cleared."""
@@ -142,6 +142,7 @@ class HFInferStrategy:
             unique, inverse = rows, None
         else:
             unique, index, inverse = _distinct_rows(rows)
+        self.stats["prefill_calls"] += 1
         out = self.model(
             input_ids=unique,
             attention_mask=prefill.attention_mask if inverse is None else prefill.attention_mask[index],
