@@ -20,7 +20,7 @@ INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 TRAINING_STRATEGIES = ("torch", "deepspeed", "fsdp2", "megatron")
 """Engines that can train `actor_train`, `critic` and run `reference`."""
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
-    "hf": ("max_batch_size", "max_cached_tokens", "num_replicas"),
+    "hf": ("max_batch_size", "max_cached_tokens", "num_replicas", "continuous_batching", "batch_wait_ms"),
     "torch": (),
     "fsdp2": ("reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
@@ -288,6 +288,8 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
             f"{role}.strategy_args.strategy_config.{unknown[0]}",
             f"not an option of strategy {name!r} (options: {', '.join(allowed) or 'none'})",
         )
+    if name == "hf":
+        _check_hf_batching(role, worker.strategy_args.strategy_config)
     missing = _missing_requirement(name)
     if missing:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
@@ -337,3 +339,14 @@ def _missing_requirement(name: str) -> str | None:
     if name == "megatron" and not has("megatron.core"):
         return 'needs megatron-core: pip install "megatron-core>=0.16,<0.17"'
     return None
+
+
+def _check_hf_batching(role: str, config: dict[str, Any]) -> None:
+    """`continuous_batching` (bool, default true: requests join a running decode batch) and
+    `batch_wait_ms` (>= 0, default 0: how long a pending request may wait for others to share its
+    prefill); see roll/distributed/workers/inference.py."""
+    if not isinstance(config.get("continuous_batching", True), bool):
+        raise InvalidField(f"{role}.strategy_args.strategy_config.continuous_batching", "must be true or false")
+    wait = config.get("batch_wait_ms", 0)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+        raise InvalidField(f"{role}.strategy_args.strategy_config.batch_wait_ms", f"must be a number >= 0, got {wait!r}")

@@ -111,6 +111,8 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
         infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
+        continuous_batching=bool(options.get("continuous_batching", True)),
+        batch_wait_ms=float(options.get("batch_wait_ms", 0.0)),
         device=placement.torch_device, **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
         num_threads=share.num_threads)
         for placement, name, share in zip(plan.processes["actor_infer"], inference_names(cfg), infer_shares, strict=True)]

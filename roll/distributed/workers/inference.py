@@ -1,9 +1,13 @@
 """Inference worker: token-in/token-out generation with dynamic batching.
 
-Env managers call `generate(request)` concurrently. Requests that arrive while the engine is busy
-wait for the next engine call, which takes everything pending (up to `max_batch_size`), so the
-engine stays busy and no request waits for more than one batch. The engine call runs in a thread so
-the actor's event loop keeps accepting requests meanwhile.
+Env managers call `generate(request)` concurrently. With the `hf` engine the worker batches
+continuously (`continuous_batching`, on by default; `strategies/continuous.py`): a request that
+arrives while a batch decodes joins it at the next decode step (at most `max_batch_size` rows run
+at once) and each request is answered as soon as its row stops. Otherwise (`continuous_batching:
+false`, and for `vllm` / `sglang`, which batch continuously inside their own engine call) requests
+that arrive while the engine is busy wait for the next engine call, which takes everything pending
+(up to `max_batch_size`). The engine call runs in a thread so the actor's event loop keeps
+accepting requests meanwhile.
 
 Requests with a `session_id` reuse the KV of their conversation's earlier turns (see
 `strategies/kv_cache.py`); `max_cached_tokens` bounds that cache and 0 turns it off. The stats
@@ -28,14 +32,18 @@ exception is unknown, and retrying is how vLLM once spun for minutes on a broken
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.core.errors import EngineFailed
+from roll.distributed.strategies import continuous
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
@@ -49,7 +57,8 @@ class InferenceWorker:
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
                  num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
-                 strategy_name: str = "hf", strategy_config: dict | None = None, device: str = "cpu"):
+                 strategy_name: str = "hf", strategy_config: dict | None = None, device: str = "cpu",
+                 continuous_batching: bool = True, batch_wait_ms: float = 0.0):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -61,11 +70,19 @@ class InferenceWorker:
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy)
         self.engine_name = strategy_name
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
         self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
+        self._pending_lock = threading.Lock()  # the engine thread takes from `_pending` (continuous)
+        self._arrival: dict[int, float] = {}  # id(request) -> time.monotonic() it came, while pending
+        # taken by the engine, not answered: id(request) -> its futures (one request object may be sent twice)
+        self._serving: dict[int, list[tuple[GenerateRequest, asyncio.Future]]] = {}
+        self._drain_waiters = 0  # weight updates / offloads waiting for the engine call to end
         self._engine_lock: asyncio.Lock | None = None
         self._awake: asyncio.Event | None = None  # cleared while the engine is offloaded
+        self._arrived: asyncio.Event | None = None  # set by each new request (`batch_wait_ms`)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._loop_task: asyncio.Task | None = None
         self.stats = {"engine_calls": 0, "requests": 0, "generated_tokens": 0}
@@ -75,9 +92,13 @@ class InferenceWorker:
         if self.failed is not None:  # a failed engine is never called again
             raise self.failed
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future))
+        with self._pending_lock:
+            self._pending.append((request, future))
+            self._arrival[id(request)] = time.monotonic()
+        self._arrived.set()
         if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+            loop = self._continuous_loop() if self.continuous else self._batch_loop()
+            self._loop_task = asyncio.get_running_loop().create_task(loop)
         return await future
 
     async def generate_many(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
@@ -86,11 +107,12 @@ class InferenceWorker:
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         """Load new actor weights between engine calls, never in the middle of one: a batch already
-        running finishes on the old weights (async training's sync policy; nothing is aborted),
+        running finishes on the old weights (async training's sync policy; nothing is aborted; a
+        continuous engine call admits no new request meanwhile, so no response mixes weights),
         then the engine drops every cached conversation KV, which the new weights make stale.
         Requests still queued are served on the new weights and stamped with `version`."""
         self._ensure_loop()
-        async with self._engine_lock:
+        async with self._between_engine_calls():
             if not self._awake.is_set():
                 raise RuntimeError("update_weights: the engine is offloaded; reload it first")
             self.engine.load_weights(state_dict, version)
@@ -99,7 +121,7 @@ class InferenceWorker:
     async def offload(self) -> None:
         """Free the device for a colocated role, after the engine call in progress."""
         self._ensure_loop()
-        async with self._engine_lock:
+        async with self._between_engine_calls():
             self._awake.clear()
             self.engine.offload()
 
@@ -125,6 +147,7 @@ class InferenceWorker:
             self._engine_lock = asyncio.Lock()
             self._awake = asyncio.Event()
             self._awake.set()
+            self._arrived = asyncio.Event()
 
     async def _batch_loop(self) -> None:
         """Serve pending requests in batches until none is left, then end: the task lives only
@@ -132,11 +155,15 @@ class InferenceWorker:
         loop = asyncio.get_running_loop()
         while self._pending:
             await self._awake.wait()  # an offloaded engine serves nothing until `reload`
+            await self._wait_for_a_fuller_batch()
             async with self._engine_lock:
                 if not self._awake.is_set():  # offloaded while this loop waited for the lock
                     continue
-                batch = self._pending[: self.max_batch_size]
-                self._pending = self._pending[self.max_batch_size:]
+                with self._pending_lock:
+                    batch = self._pending[: self.max_batch_size]
+                    self._pending = self._pending[self.max_batch_size:]
+                    for r, _ in batch:
+                        self._arrival.pop(id(r), None)
                 try:
                     outputs = await loop.run_in_executor(
                         self._executor, self.engine.generate_batch, [r for r, _ in batch])
@@ -150,17 +177,100 @@ class InferenceWorker:
                 if not fut.done():
                     fut.set_result(out)
 
+    async def _continuous_loop(self) -> None:
+        """Continuous batching (`strategies/continuous.py`): one engine call serves every request
+        that arrives while it runs; each is answered the moment its row stops. The call ends when
+        the engine is idle, or when a weight update or offload waits (`_drain_waiters`): then it
+        takes no new request and returns once its running rows are done."""
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await self._awake.wait()
+            await self._wait_for_a_fuller_batch()
+            async with self._engine_lock:
+                if not self._awake.is_set():
+                    continue
+                try:
+                    await loop.run_in_executor(
+                        self._executor, continuous.serve, self.engine, self._take,
+                        lambda request, output: loop.call_soon_threadsafe(self._answer, request, output),
+                        self.max_batch_size, lambda: self._drain_waiters > 0)
+                except Exception as exc:
+                    with self._pending_lock:
+                        serving = [item for items in self._serving.values() for item in items]
+                        self._serving = {}
+                    self._fail(serving, exc)
+                    return
+            self.stats["engine_calls"] += 1
+
+    async def _wait_for_a_fuller_batch(self) -> None:
+        """`batch_wait_ms`: the oldest pending request waits up to that long for company (less once
+        `max_batch_size` are pending) before an engine call starts, so that requests arriving a
+        moment apart share one prefill instead of each paying a model call of its own. A running
+        continuous call applies the same rule at each decode step (`_take`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._oldest_wait_left()
+        while len(self._pending) < self.max_batch_size and (remaining := deadline - loop.time()) > 0:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _oldest_wait_left(self) -> float:
+        """Seconds until the oldest pending request has waited `batch_wait_ms` (0 if none pends)."""
+        with self._pending_lock:
+            if not self._pending or self.batch_wait_s <= 0:
+                return 0.0
+            now = time.monotonic()
+            waited = now - self._arrival.get(id(self._pending[0][0]), now)
+        return max(0.0, self.batch_wait_s - waited)
+
+    def _take(self, n: int) -> list[GenerateRequest]:
+        """Engine thread: up to n pending requests, now being served; none while fewer than n
+        pend and the oldest has waited less than `batch_wait_ms`."""
+        if len(self._pending) < n and self._oldest_wait_left() > 0:
+            return []
+        with self._pending_lock:
+            taken, self._pending = self._pending[:n], self._pending[n:]
+            for r, fut in taken:
+                self._serving.setdefault(id(r), []).append((r, fut))
+                self._arrival.pop(id(r), None)
+        return [r for r, _ in taken]
+
+    def _answer(self, request: GenerateRequest, output: GenerateOutput) -> None:
+        with self._pending_lock:
+            waiting = self._serving[id(request)]
+            _, fut = waiting.pop(0)
+            if not waiting:
+                del self._serving[id(request)]
+        self.stats["requests"] += 1
+        self.stats["generated_tokens"] += len(output.token_ids)
+        if not fut.done():
+            fut.set_result(output)
+
+    @contextlib.asynccontextmanager
+    async def _between_engine_calls(self):
+        """Hold the engine lock; a continuous engine call in progress is asked to wind down."""
+        self._drain_waiters += 1
+        try:
+            async with self._engine_lock:
+                yield
+        finally:
+            self._drain_waiters -= 1
+
     def _fail(self, batch: list, exc: Exception) -> None:
         """The engine raised: fail this batch and every queued request at once with its message."""
         self.failed = EngineFailed.of(self.engine_name, exc)
         logger.error("%s", self.failed, exc_info=exc)  # the full traceback goes to the worker's log
-        waiting, self._pending = batch + self._pending, []
+        with self._pending_lock:
+            waiting, self._pending = batch + self._pending, []
+            self._arrival.clear()
         for _, fut in waiting:
             if not fut.done():
                 fut.set_exception(self.failed)
 
 
-WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas")
+WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_wait_ms")
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
