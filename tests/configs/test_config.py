@@ -222,7 +222,18 @@ MALFORMED = [
         ["actor_train.strategy_args.strategy_name=fsdp2",
          "+actor_train.strategy_args.strategy_config={reshard: true}"],
         "actor_train.strategy_args.strategy_config.reshard: not an option of strategy 'fsdp2' "
-        "(options: reshard_after_forward)",
+        "(options: reshard_after_forward, fsdp_size, param_dtype, reduce_dtype, offload_policy)",
+    ),
+    (
+        ["actor_train.strategy_args.strategy_name=fsdp2",
+         "+actor_train.strategy_args.strategy_config={param_dtype: bf8}"],
+        "actor_train.strategy_args.strategy_config.param_dtype: 'bf8' is not a dtype; use bf16, fp16 or fp32",
+    ),
+    (
+        ["actor_train.strategy_args.strategy_name=fsdp2", "+actor_train.world_size=6",
+         "+actor_train.strategy_args.strategy_config={fsdp_size: 4}"],
+        "actor_train.strategy_args.strategy_config.fsdp_size: 4 does not divide the role's 6 ranks "
+        "(HSDP shards within groups of fsdp_size and replicates across them)",
     ),
     (
         ["++actor_infer.strategy_args.strategy_config.batch_wait_ms=-1"],
