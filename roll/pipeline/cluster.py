@@ -4,7 +4,9 @@ Two cases, decided once (`init_ray`) and said in one line on stderr:
 - `ray_address` (or `RAY_ADDRESS`) set: join that cluster. Nothing about its size is passed (Ray
   refuses `num_cpus` when connecting); with Ray's token authentication on (the default of
   `ray start --head`) the driver needs the cluster's token (`RAY_AUTH_TOKEN_PATH` or
-  `RAY_AUTH_TOKEN`), and a refusal ends in one line saying so (`ClusterError`, exit 2).
+  `RAY_AUTH_TOKEN`), and a refusal ends in one line saying so (`ClusterError`, exit 2). An
+  address where nothing listens fails within seconds, also in one line: a plain TCP connect
+  first (`_nothing_listens`), and one GCS try instead of Ray's twenty (`_bounded_gcs_wait`).
 - Neither set: a private local instance, even when another Ray runs on this machine (a user's
   `ray start --head` is not joined: `address="local"`), bound to 127.0.0.1 only. Ray's gRPC servers
   (GCS, raylet, object manager, core workers of the driver and actors) listen on loopback only when
@@ -19,6 +21,7 @@ from __future__ import annotations
 import _thread
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -61,9 +64,13 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
         return False
     source = "ray_address" if address else "RAY_ADDRESS"
     host = target.split("://")[-1].rsplit(":", 1)[0]
+    silent = _nothing_listens(target)
+    if silent:
+        raise ClusterError(f"{source}={target}: cannot join the Ray cluster: {silent}; start its head with "
+                           "`ray start --head --port=PORT` or correct the address")
     _token_mode_if_token_available()
     try:
-        with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing():
+        with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing(), _bounded_gcs_wait():
             ray.init(address=target, logging_level="ERROR", **runtime_env)
     except Exception as err:  # noqa: BLE001 - turned into one line naming the cause
         raise ClusterError(_join_failure(source, target, err)) from None
@@ -75,6 +82,49 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
          f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
          f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs")
     return True
+
+
+JOIN_PROBE_S = 5.0
+"""How long the join waits for a TCP answer from the cluster's address before giving up."""
+GCS_WAIT = "RAY_gcs_server_port_wait_time_s"
+"""Ray's number of ~1 s-spaced tries to reach the GCS when joining (`ray._private.node`), read when
+`ray.init` runs. Ray's default is 20 tries, each of which waits out its connect timeouts (about
+35 s when the port answers but no GCS does): a dead address kept a run waiting 12 minutes."""
+
+
+def _nothing_listens(target: str) -> str | None:
+    """Why `target` (HOST:PORT, or ray://HOST:PORT) cannot be a running cluster, seen from a plain
+    TCP connect of at most `JOIN_PROBE_S`: "connection refused", "no answer within 5 s", an
+    unknown host; None when something accepts the connection (or the address has no port, e.g.
+    "auto", which Ray resolves itself)."""
+    hostport = target.split("://")[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=JOIN_PROBE_S).close()
+    except socket.timeout:
+        return f"no answer from {hostport} within {JOIN_PROBE_S:g} s"
+    except ConnectionRefusedError:
+        return f"nothing listens at {hostport} (connection refused)"
+    except OSError as err:
+        return f"{hostport} cannot be reached ({err.strerror or err})"
+    return None
+
+
+@contextmanager
+def _bounded_gcs_wait():
+    """One GCS connection try instead of Ray's 20 while joining (`GCS_WAIT`), unless the user set
+    the variable; so a port that answers but is no Ray head fails within a minute, not twelve."""
+    preset = GCS_WAIT in os.environ
+    if not preset:
+        os.environ[GCS_WAIT] = "1"
+    try:
+        yield
+    finally:
+        if not preset:
+            os.environ.pop(GCS_WAIT, None)
 
 
 def _token_mode_if_token_available() -> None:
