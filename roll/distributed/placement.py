@@ -61,6 +61,11 @@ class ProcessPlacement:
     """GPU index as the driver sees it; None: CPU."""
     cuda_visible_devices: str | None
     """`CUDA_VISIBLE_DEVICES` of the process (the device's entry in the driver's); None: left alone."""
+    node_id: str | None = None
+    """On a cluster, the Ray node the GPU is on (`roll.distributed.cluster_plan`); None: the driver's
+    node (a local run) or, for a CPU process, wherever Ray puts it."""
+    node_ip: str | None = None
+    """That node's IP (for messages and placement.json)."""
 
     @property
     def torch_device(self) -> str:

@@ -44,7 +44,7 @@ from roll.pipeline.builders import (
     init_ray,
     place_workers,
 )
-from roll.pipeline.cluster import placement_rows, write_placement
+from roll.pipeline.cluster import placement_rows, ray_target, write_placement
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.prestart import check_before_start
 from roll.pipeline.residency import PhaseResidency
@@ -73,10 +73,12 @@ class AgenticPipeline:
         self.cfg = cfg
         seed_everything(cfg.seed)
         check_before_start(cfg)  # envs, datasets, device layout: a bad one stops here (ConfigError)
-        # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here
-        self.residency = PhaseResidency(place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
+        # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here,
+        # before Ray starts; on a cluster it is planned over the nodes once joined
+        local_plan = None if ray_target(cfg.ray_address) else place_workers(cfg)
         sigterm = signal.getsignal(signal.SIGTERM)
         init_ray(cfg.ray_address, cfg.system_envs)
+        self.residency = PhaseResidency(local_plan or place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it, and Ray's C handler dumps a stack
         self.tokenizer = apply_template(load_tokenizer(cfg.actor_infer.model_args.model_name_or_path),
