@@ -44,7 +44,7 @@ from roll.pipeline.builders import (
     init_ray,
     place_workers,
 )
-from roll.pipeline.cluster import placement_rows, ray_target, write_placement
+from roll.pipeline.cluster import placement_rows, ray_target, stop_on_loss_of, write_placement
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.prestart import check_before_start
 from roll.pipeline.residency import PhaseResidency
@@ -91,8 +91,10 @@ class AgenticPipeline:
         if cfg.eval_steps > 0:
             self.val_rollout = build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val")
         rollouts = {"train": self.train_rollout, "val": self.val_rollout}
-        write_placement(cfg.output_dir, placement_rows(self.residency.plan, self.workers, {
-            name: r.workers for name, r in rollouts.items() if r is not None}))  # where everything landed
+        placed = placement_rows(self.residency.plan, self.workers, {
+            name: r.workers for name, r in rollouts.items() if r is not None})
+        write_placement(cfg.output_dir, placed)  # where everything landed
+        stop_on_loss_of(placed)  # on a cluster: losing a node of env workers only does not stop the run
         gen = cfg.actor_infer.generating_args
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
         self.step_wise = cfg.sample_mode == SampleMode.STEP

@@ -34,6 +34,9 @@ LOOPBACK = "127.0.0.1"
 _joined = False
 _nodes_at_start: dict[str, str] = {}
 """Node id -> IP of the nodes alive when the run started (`lost_nodes`)."""
+_run_nodes: set[str] | None = None
+"""Node ids holding a training or inference process (`stop_on_loss_of`); None: not known yet, so
+the loss of any node stops the run."""
 
 
 class ClusterError(RuntimeError):
@@ -163,14 +166,41 @@ def lost_nodes(wait_s: float = 0.0) -> list[str]:
         time.sleep(1.0)
 
 
+def stop_on_loss_of(rows: list[dict]) -> None:
+    """Once placed (`placement_rows`), only the nodes of training and inference processes stop the
+    run when lost. A node that held env workers only is let go: Ray restarts them on the surviving
+    nodes (they are started with `max_restarts=-1`, scheduled `SPREAD`) and the rollout scheduler
+    plays their unfinished groups again (`roll.agentic.rollout.scheduler`)."""
+    global _run_nodes
+    _run_nodes = {r["node_id"] for r in rows if not r["role"].startswith("env_worker")}
+
+
+def split_lost(lost: set[str], run_nodes: set[str] | None) -> tuple[set[str], set[str]]:
+    """Lost node ids -> (those that stop the run, those that held env workers only)."""
+    if run_nodes is None:
+        return set(lost), set()
+    return lost & run_nodes, lost - run_nodes
+
+
 def _watch_nodes(period_s: float = 2.0) -> None:
-    """On a cluster, a node lost mid-run stops the run at once, whatever the driver waits on (a
-    rollout whose inference worker was there would otherwise wait out its timeouts): the main
-    thread gets a KeyboardInterrupt, which the CLI turns into one line (`lost_nodes`)."""
+    """On a cluster, losing a node of a training or inference process stops the run at once,
+    whatever the driver waits on (a rollout whose inference worker was there would otherwise wait
+    out its timeouts): the main thread gets a KeyboardInterrupt, which the CLI turns into one line
+    (`lost_nodes`). Losing a node of env workers only is said in one line, and the run goes on."""
+    let_go: set[str] = set()
     while ray.is_initialized():
-        if lost_nodes():
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        except Exception:  # noqa: BLE001 - the GCS is gone: the driver's own calls will say so
+            return
+        fatal, env_only = split_lost(set(_nodes_at_start) - alive, _run_nodes)
+        if fatal:
             _thread.interrupt_main()
             return
+        for nid in sorted(env_only - let_go):
+            _say(f"ray: lost node {_nodes_at_start[nid]} (node {nid[:12]}), which held env workers only: Ray "
+                 "restarts them on the surviving nodes and their groups are played again; the run goes on")
+        let_go |= env_only
         time.sleep(period_s)
 
 

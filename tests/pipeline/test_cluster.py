@@ -67,3 +67,15 @@ def test_joining_a_closed_port_exits_2_with_one_line_naming_the_address(tmp_path
         f"cluster error: ray_address=127.0.0.1:{port}: cannot join the Ray cluster: nothing listens at "
         f"127.0.0.1:{port} (connection refused); start its head with `ray start --head --port=PORT` "
         "or correct the address")
+
+
+def test_only_nodes_of_training_or_inference_processes_stop_the_run(monkeypatch):
+    monkeypatch.setattr(cluster, "_run_nodes", None)
+    assert cluster.split_lost({"n2"}, cluster._run_nodes) == ({"n2"}, set())  # before placement: any node
+    rows = [{"role": "actor_train", "rank": 0, "node_id": "n1"}, {"role": "actor_train", "rank": 1, "node_id": "n2"},
+            {"role": "actor_infer", "rank": 0, "node_id": "n1"}, {"role": "env_worker:train", "rank": 0, "node_id": "n3"},
+            {"role": "env_worker:val", "rank": 0, "node_id": "n2"}]
+    cluster.stop_on_loss_of(rows)
+    assert cluster._run_nodes == {"n1", "n2"}
+    assert cluster.split_lost({"n3"}, cluster._run_nodes) == (set(), {"n3"})
+    assert cluster.split_lost({"n2", "n3"}, cluster._run_nodes) == ({"n2"}, {"n3"})
