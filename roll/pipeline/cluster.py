@@ -173,6 +173,8 @@ def stop_on_loss_of(rows: list[dict]) -> None:
     plays their unfinished groups again (`roll.agentic.rollout.scheduler`)."""
     global _run_nodes
     _run_nodes = {r["node_id"] for r in rows if not r["role"].startswith("env_worker")}
+    if "pending" in _run_nodes:  # a training or inference process not placed yet: any loss stops the run
+        _run_nodes = None
 
 
 def split_lost(lost: set[str], run_nodes: set[str] | None) -> tuple[set[str], set[str]]:
@@ -244,7 +246,9 @@ def _say(line: str) -> None:
 
 def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
     """The node an actor runs on, from Ray's GCS (no call into the actor, which may be busy):
-    {"node_ip", "node_id"}; "pending" for both when it has not been placed within `timeout_s`."""
+    {"node_ip", "node_id"}; "pending" for both when it has not been placed within `timeout_s`.
+    An actor still in its constructor (PENDING_CREATION, e.g. loading a model on a busy machine)
+    already has its worker, so its node is known."""
     from ray._private import state
 
     actor_id = handle._actor_id.hex()
@@ -252,7 +256,8 @@ def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
     while True:
         info = state.actors(actor_id=actor_id) or {}
         address = info.get("Address") or {}
-        if info.get("State") == "ALIVE" and address.get("NodeID"):
+        node_id = address.get("NodeID") or ""
+        if info.get("State") in ("ALIVE", "PENDING_CREATION") and node_id.strip("f0"):
             return {"node_ip": address.get("IPAddress", ""), "node_id": address["NodeID"]}
         if time.monotonic() > deadline:
             return {"node_ip": "pending", "node_id": "pending"}

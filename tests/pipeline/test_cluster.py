@@ -79,3 +79,5 @@ def test_only_nodes_of_training_or_inference_processes_stop_the_run(monkeypatch)
     assert cluster._run_nodes == {"n1", "n2"}
     assert cluster.split_lost({"n3"}, cluster._run_nodes) == (set(), {"n3"})
     assert cluster.split_lost({"n2", "n3"}, cluster._run_nodes) == ({"n2"}, {"n3"})
+    cluster.stop_on_loss_of(rows + [{"role": "critic", "rank": 0, "node_id": "pending"}])
+    assert cluster.split_lost({"n3"}, cluster._run_nodes) == ({"n3"}, set())  # where the critic is, unknown
