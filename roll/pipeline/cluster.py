@@ -258,10 +258,16 @@ def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
         address = info.get("Address") or {}
         node_id = address.get("NodeID") or ""
         if info.get("State") in ("ALIVE", "PENDING_CREATION") and node_id.strip("f0"):
-            return {"node_ip": address.get("IPAddress", ""), "node_id": address["NodeID"]}
+            ip = address.get("IPAddress") or _nodes_at_start.get(node_id) or _node_ip(node_id)
+            return {"node_ip": ip, "node_id": node_id}
         if time.monotonic() > deadline:
             return {"node_ip": "pending", "node_id": "pending"}
         time.sleep(0.2)
+
+
+def _node_ip(node_id: str) -> str:
+    """A node's IP from Ray's node table (an actor in its constructor has a node but no IP yet)."""
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "pending")
 
 
 WORKER_KEYS = {"actor_train": "actor", "reference": "reference", "critic": "critic", "actor_infer": "inference"}
