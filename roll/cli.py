@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
         print(f"config error: {err}", file=sys.stderr)
         return 2
     # Imported only now: torch and Ray take seconds, a config error should not wait for them.
-    from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
+    from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
     from roll.core.errors import EngineFailed
@@ -81,9 +81,13 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     except (TrainingDiverged, RolloutFailed, EngineFailed) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
-    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt) as err:
-        # a cluster node gone takes its workers; its death may be reported a little after theirs
+    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt,
+            RayTaskError) as err:
+        # a cluster node gone takes its workers; its death may be reported a little after theirs,
+        # and a rank on a surviving node may fail first (gloo: "Connection closed by peer")
         lost = lost_nodes(wait_s=30.0 if joined() and not isinstance(err, KeyboardInterrupt) else 0.0)
+        if isinstance(err, RayTaskError) and not lost:
+            raise  # an error inside a worker with every node alive: a bug, keep its traceback
         if lost:
             print(f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
                   "resume with resume_from_checkpoint=true once the cluster has room again", file=sys.stderr)

@@ -17,6 +17,7 @@ BRIDGE=${ROLL_NETNS_BRIDGE:-rollbr0}
 SUBNET=${ROLL_NETNS_SUBNET:-10.77.0}
 STATE=${ROLL_NETNS_STATE:-/tmp/rollc}     # short: Ray's unix socket paths live under it
 NODE_CPUS=${ROLL_NETNS_CPUS:-1}           # CPUs each node declares to Ray
+NODE_GPUS=${ROLL_NETNS_GPUS:-0}           # logical GPUs each node declares (none exist: for placement checks)
 OBJECT_STORE=${ROLL_NETNS_OBJECT_STORE:-150000000}
 PORT=6379
 RAY_BIN=${RAY_BIN:-$(command -v ray)}
@@ -47,12 +48,12 @@ up() {
   local head; head=$(ip_of 0)
   # shellcheck disable=SC2046
   ip netns exec "$(ns 0)" env $(node_env 0) "$RAY_BIN" start --head --node-ip-address="$head" --port=$PORT \
-    --num-cpus="$NODE_CPUS" --object-store-memory="$OBJECT_STORE" --include-dashboard=false \
+    --num-cpus="$NODE_CPUS" --num-gpus="$NODE_GPUS" --object-store-memory="$OBJECT_STORE" --include-dashboard=false \
     --temp-dir="$STATE/tmp0/ray" --disable-usage-stats > "$STATE/n0.log" 2>&1
   for i in 1 2; do
     # shellcheck disable=SC2046
     ip netns exec "$(ns $i)" env $(node_env $i) "$RAY_BIN" start --address="$head:$PORT" \
-      --node-ip-address="$(ip_of $i)" --num-cpus="$NODE_CPUS" --object-store-memory="$OBJECT_STORE" \
+      --node-ip-address="$(ip_of $i)" --num-cpus="$NODE_CPUS" --num-gpus="$NODE_GPUS" --object-store-memory="$OBJECT_STORE" \
       --temp-dir="$STATE/tmp$i/ray" --disable-usage-stats > "$STATE/n$i.log" 2>&1
   done
   echo "cluster up: head $head:$PORT, workers $(ip_of 1) $(ip_of 2); token $STATE/token"

@@ -81,8 +81,11 @@ class RollDialect(ConfigModel):
     checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)
     """Where checkpoints are written."""
     num_gpus_per_node: int | None = Field(None, ge=0)
-    """GPUs of one node. Set, every `device_mapping` index of a local run (no `ray_address`) must
-    be below it; None: not checked here (the visible GPUs are checked at start)."""
+    """GPUs of one node. On a cluster (`ray_address`), `device_mapping` index d is GPU
+    d % num_gpus_per_node of the cluster's GPU node d // num_gpus_per_node, as in ROLL
+    (`roll.distributed.cluster_plan`; None there: the one GPU count of the cluster's GPU nodes).
+    In a local run every index must be below it; None: not checked here (the visible GPUs are
+    checked at start)."""
     max_grad_norm: float | None = Field(None, gt=0)
     """ROLL's run-level gradient clip: the `training_args.max_grad_norm` of every trained role
     that does not set its own. None: each role's own."""

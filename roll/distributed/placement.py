@@ -18,7 +18,8 @@ chooses which GPU a request gets, so the indices the user wrote would not be the
 fractional requests of colocated processes (1/2, 1/3 of a GPU) may not pack onto the GPUs the way
 the layout needs, leaving an actor pending forever. The price: Ray's GPU accounting does not see
 these processes, so the run assumes it owns the GPUs it names (as ROLL does), and every GPU process
-is pinned to the driver's node (`roll.pipeline.builders`). `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`
+is pinned to the driver's node (`roll.pipeline.builders`); on a joined cluster the indices count
+over the cluster's GPU nodes instead, `num_gpus_per_node` per node (`roll.distributed.cluster_plan`). `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`
 keeps older Ray versions, which blanked the variable for `num_gpus=0` actors, from undoing it.
 
 Everything here is pure (no torch, no Ray), so the plans are tested on CPU against hand-written
@@ -61,6 +62,11 @@ class ProcessPlacement:
     """GPU index as the driver sees it; None: CPU."""
     cuda_visible_devices: str | None
     """`CUDA_VISIBLE_DEVICES` of the process (the device's entry in the driver's); None: left alone."""
+    node_id: str | None = None
+    """On a cluster, the Ray node the GPU is on (`roll.distributed.cluster_plan`); None: the driver's
+    node (a local run) or, for a CPU process, wherever Ray puts it."""
+    node_ip: str | None = None
+    """That node's IP (for messages and placement.json)."""
 
     @property
     def torch_device(self) -> str:

@@ -28,8 +28,9 @@ from roll.distributed.ranks import merge_rows, rank_input, split_rows
 
 SPLIT_BY_ROWS = ("compute_logprobs", "compute_values")
 """Methods whose first argument is a batch that the ranks split by rows."""
-ON_EVERY_RANK = ("train", "save_checkpoint", "load_checkpoint", "get_weights")
-"""Methods every rank runs with the same arguments (collectives inside the engines)."""
+ON_EVERY_RANK = ("train", "save_checkpoint", "load_checkpoint", "get_weights", "param_counts")
+"""Methods every rank runs with the same arguments (collectives inside the engines); rank 0's
+answer is returned (`param_counts`: every rank counts the same unpartitioned model)."""
 
 
 @ray.remote(num_cpus=0)

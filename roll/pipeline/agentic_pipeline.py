@@ -46,7 +46,7 @@ from roll.pipeline.builders import (
     init_ray,
     place_workers,
 )
-from roll.pipeline.cluster import placement_rows, write_placement
+from roll.pipeline.cluster import placement_rows, ray_target, stop_on_loss_of, write_placement
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.prestart import check_before_start
 from roll.pipeline.residency import PhaseResidency
@@ -75,10 +75,12 @@ class AgenticPipeline:
         self.cfg = cfg
         seed_everything(cfg.seed)
         check_before_start(cfg)  # envs, datasets, device layout: a bad one stops here (ConfigError)
-        # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here
-        self.residency = PhaseResidency(place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
+        # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here,
+        # before Ray starts; on a cluster it is planned over the nodes once joined
+        local_plan = None if ray_target(cfg.ray_address) else place_workers(cfg)
         sigterm = signal.getsignal(signal.SIGTERM)
         init_ray(cfg.ray_address, cfg.system_envs)
+        self.residency = PhaseResidency(local_plan or place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it, and Ray's C handler dumps a stack
         self.tokenizer = apply_template(load_tokenizer(cfg.actor_infer.model_args.model_name_or_path),
@@ -91,8 +93,10 @@ class AgenticPipeline:
         if cfg.eval_steps > 0:
             self.val_rollout = build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val")
         rollouts = {"train": self.train_rollout, "val": self.val_rollout}
-        write_placement(cfg.output_dir, placement_rows(self.residency.plan, self.workers, {
-            name: r.workers for name, r in rollouts.items() if r is not None}))  # where everything landed
+        placed = placement_rows(self.residency.plan, self.workers, {
+            name: r.workers for name, r in rollouts.items() if r is not None})
+        write_placement(cfg.output_dir, placed)  # where everything landed
+        stop_on_loss_of(placed)  # on a cluster: losing a node of env workers only does not stop the run
         gen = cfg.actor_infer.generating_args
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
         self.step_wise = cfg.sample_mode == SampleMode.STEP

@@ -17,6 +17,7 @@ from roll.agentic.rollout.env_worker import EnvWorker
 from roll.core.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.algorithms.pg_variants import PGOptions
+from roll.distributed.cluster_plan import plan_cluster_devices
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.ranks import data_parallel_ranks
@@ -43,6 +44,10 @@ _ACTOR_OPTIONS = {"num_cpus": 0}
 _ENV_WORKER_OPTIONS = {**_ACTOR_OPTIONS, "max_restarts": -1}
 # A placement group's bundle cannot be empty: each rank of a CPU role holds this sliver of a CPU.
 _BUNDLE_CPU = 0.01
+# A GPU rank's bundle on a cluster: a sliver of a GPU (the process asks Ray for none, see
+# roll.distributed.placement) and of the node's own `node:IP` resource, which pins it there.
+_BUNDLE_GPU = 0.01
+_BUNDLE_NODE = 0.001
 _PLACEMENT_TIMEOUT_S = 300.0
 # What an external engine needs to be offloadable when actor_infer shares GPUs with training roles.
 _OFFLOADABLE_ENGINE_OPTIONS = {"vllm": {"enable_sleep_mode": True}, "sglang": {"enable_memory_saver": True}}
@@ -56,9 +61,14 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
 
 
 def place_workers(cfg) -> DevicePlan:
-    """Where each worker process of the run goes on this machine (`roll.distributed.placement`);
-    `PlacementError` naming the key when the layout does not fit the GPUs the driver sees."""
+    """Where each worker process of the run goes on this machine (`roll.distributed.placement`),
+    or on a joined cluster's nodes (`roll.distributed.cluster_plan`, from `ray.nodes()`);
+    `PlacementError` naming the key when the layout does not fit the GPUs there."""
     layout = cfg.device_layout
+    if cluster.joined():
+        return plan_cluster_devices(**layout, nodes=ray.nodes(), num_gpus_per_node=cfg.num_gpus_per_node,
+                                    driver_node_id=ray.get_runtime_context().get_node_id(),
+                                    address=cluster.ray_target(cfg.ray_address) or "the cluster")
     visible = 0
     if any(layout["mappings"].values()):  # a CPU run never touches CUDA
         import torch
@@ -105,9 +115,10 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
-    infer_shares = process_shares(cfg, "actor_infer", len(plan.processes["actor_infer"]))
-    workers["inference"] = [_remote(InferenceWorker, placement, name=name,
-                                    runtime_env_vars=infer_cfg.system_envs).remote(
+    placements = plan.processes["actor_infer"]
+    infer_shares = process_shares(cfg, "actor_infer", len(placements))
+    workers["inference"] = [_remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs,
+                                    **spot).remote(
         infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
@@ -115,7 +126,8 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
         batch_wait_ms=float(options.get("batch_wait_ms", 0.0)),
         device=placement.torch_device, **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
         num_threads=share.num_threads)
-        for placement, name, share in zip(plan.processes["actor_infer"], inference_names(cfg), infer_shares, strict=True)]
+        for placement, name, spot, share in zip(placements, inference_names(cfg), node_spots("actor_infer", placements),
+                                                infer_shares, strict=True)]
     pin_workers(workers["inference"], infer_shares)
     residency.attach("actor_infer", workers["inference"])
     return workers
@@ -135,7 +147,7 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, 
     shares = process_shares(cfg, role, len(placements)) if cfg is not None else None
     if len(placements) == 1:
         threads = {"num_threads": shares[0].num_threads} if shares and shares[0].num_threads else {}
-        handle = _remote(cls, placements[0], runtime_env_vars=system_envs).remote(
+        handle = _remote(cls, placements[0], runtime_env_vars=system_envs, **node_spots(role, placements)[0]).remote(
             *args, device=placements[0].torch_device, **threads, **kwargs)
         pin_workers([handle], shares or [CpuShare()])
         return handle
@@ -160,18 +172,40 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, 
 
 
 def _rank_spots(role: str, placements) -> list:
-    """Where each rank of a role runs: the driver's node for GPU ranks, else bundle r of a
-    placement group for the role (PACK locally, SPREAD over the nodes on a cluster)."""
+    """Where each rank of a role runs: GPU ranks on a cluster in bundles on their planned nodes
+    (`node_spots`), locally on the driver's node; CPU ranks in bundle r of a placement group for
+    the role (PACK locally, SPREAD over the nodes on a cluster)."""
+    if placements[0].node_id is not None:
+        return [spot["scheduling_strategy"] for spot in node_spots(role, placements)]
     if placements[0].device is not None:
         return [NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)] * len(placements)
-    group = placement_group([{"CPU": _BUNDLE_CPU}] * len(placements), name=f"roll-{role}",
-                            strategy="SPREAD" if cluster.joined() else "PACK")
+    group = _reserve(role, [{"CPU": _BUNDLE_CPU}] * len(placements), "SPREAD" if cluster.joined() else "PACK")
+    return [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r) for r in range(len(placements))]
+
+
+def node_spots(role: str, placements) -> list[dict]:
+    """`_remote` options of each process of a role: on a cluster where the plan put its GPUs on
+    nodes (`ProcessPlacement.node_id`), bundle r of one placement group for the role, each bundle
+    pinned to its process's node by the node's `node:IP` resource (STRICT_PACK when the role sits
+    on one node, else PACK); otherwise no options (`_remote`'s defaults: the driver's node)."""
+    if placements[0].node_id is None:
+        return [{}] * len(placements)
+    bundles = [{"GPU": _BUNDLE_GPU, f"node:{p.node_ip}": _BUNDLE_NODE} for p in placements]
+    group = _reserve(role, bundles, "STRICT_PACK" if len({p.node_id for p in placements}) == 1 else "PACK")
+    return [{"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)}
+            for r in range(len(placements))]
+
+
+def _reserve(role: str, bundles: list[dict], strategy: str):
+    """A ready placement group of `bundles` for `role`, or a one-line RuntimeError after
+    `_PLACEMENT_TIMEOUT_S`."""
+    group = placement_group(bundles, name=f"roll-{role}", strategy=strategy)
     try:
         ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(f"{role}: no room for a placement group of {len(placements)} ranks within "
-                           f"{_PLACEMENT_TIMEOUT_S:.0f} s (each asks {_BUNDLE_CPU} CPU)") from None
-    return [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r) for r in range(len(placements))]
+        raise RuntimeError(f"{role}: no room for a placement group of {len(bundles)} processes within "
+                           f"{_PLACEMENT_TIMEOUT_S:.0f} s (each asks {bundles[0]})") from None
+    return group
 
 
 def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None,

@@ -4,7 +4,9 @@ Two cases, decided once (`init_ray`) and said in one line on stderr:
 - `ray_address` (or `RAY_ADDRESS`) set: join that cluster. Nothing about its size is passed (Ray
   refuses `num_cpus` when connecting); with Ray's token authentication on (the default of
   `ray start --head`) the driver needs the cluster's token (`RAY_AUTH_TOKEN_PATH` or
-  `RAY_AUTH_TOKEN`), and a refusal ends in one line saying so (`ClusterError`, exit 2).
+  `RAY_AUTH_TOKEN`), and a refusal ends in one line saying so (`ClusterError`, exit 2). An
+  address where nothing listens fails within seconds, also in one line: a plain TCP connect
+  first (`_nothing_listens`), and one GCS try instead of Ray's twenty (`_bounded_gcs_wait`).
 - Neither set: a private local instance, even when another Ray runs on this machine (a user's
   `ray start --head` is not joined: `address="local"`), bound to 127.0.0.1 only. Ray's gRPC servers
   (GCS, raylet, object manager, core workers of the driver and actors) listen on loopback only when
@@ -19,6 +21,7 @@ from __future__ import annotations
 import _thread
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -33,6 +36,9 @@ LOOPBACK = "127.0.0.1"
 _joined = False
 _nodes_at_start: dict[str, str] = {}
 """Node id -> IP of the nodes alive when the run started (`lost_nodes`)."""
+_run_nodes: set[str] | None = None
+"""Node ids holding a training or inference process (`stop_on_loss_of`); None: not known yet, so
+the loss of any node stops the run."""
 
 
 class ClusterError(RuntimeError):
@@ -64,9 +70,13 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
         return False
     source = "ray_address" if address else "RAY_ADDRESS"
     host = target.split("://")[-1].rsplit(":", 1)[0]
+    silent = _nothing_listens(target)
+    if silent:
+        raise ClusterError(f"{source}={target}: cannot join the Ray cluster: {silent}; start its head with "
+                           "`ray start --head --port=PORT` or correct the address")
     _token_mode_if_token_available()
     try:
-        with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing():
+        with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing(), _bounded_gcs_wait():
             ray.init(address=target, logging_level="ERROR", **runtime_env)
     except Exception as err:  # noqa: BLE001 - turned into one line naming the cause
         raise ClusterError(_join_failure(source, target, err)) from None
@@ -78,6 +88,49 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
          f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
          f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs")
     return True
+
+
+JOIN_PROBE_S = 5.0
+"""How long the join waits for a TCP answer from the cluster's address before giving up."""
+GCS_WAIT = "RAY_gcs_server_port_wait_time_s"
+"""Ray's number of ~1 s-spaced tries to reach the GCS when joining (`ray._private.node`), read when
+`ray.init` runs. Ray's default is 20 tries, each of which waits out its connect timeouts (about
+35 s when the port answers but no GCS does): a dead address kept a run waiting 12 minutes."""
+
+
+def _nothing_listens(target: str) -> str | None:
+    """Why `target` (HOST:PORT, or ray://HOST:PORT) cannot be a running cluster, seen from a plain
+    TCP connect of at most `JOIN_PROBE_S`: "connection refused", "no answer within 5 s", an
+    unknown host; None when something accepts the connection (or the address has no port, e.g.
+    "auto", which Ray resolves itself)."""
+    hostport = target.split("://")[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=JOIN_PROBE_S).close()
+    except socket.timeout:
+        return f"no answer from {hostport} within {JOIN_PROBE_S:g} s"
+    except ConnectionRefusedError:
+        return f"nothing listens at {hostport} (connection refused)"
+    except OSError as err:
+        return f"{hostport} cannot be reached ({err.strerror or err})"
+    return None
+
+
+@contextmanager
+def _bounded_gcs_wait():
+    """One GCS connection try instead of Ray's 20 while joining (`GCS_WAIT`), unless the user set
+    the variable; so a port that answers but is no Ray head fails within a minute, not twelve."""
+    preset = GCS_WAIT in os.environ
+    if not preset:
+        os.environ[GCS_WAIT] = "1"
+    try:
+        yield
+    finally:
+        if not preset:
+            os.environ.pop(GCS_WAIT, None)
 
 
 def _token_mode_if_token_available() -> None:
@@ -116,14 +169,43 @@ def lost_nodes(wait_s: float = 0.0) -> list[str]:
         time.sleep(1.0)
 
 
+def stop_on_loss_of(rows: list[dict]) -> None:
+    """Once placed (`placement_rows`), only the nodes of training and inference processes stop the
+    run when lost. A node that held env workers only is let go: Ray restarts them on the surviving
+    nodes (they are started with `max_restarts=-1`, scheduled `SPREAD`) and the rollout scheduler
+    plays their unfinished groups again (`roll.agentic.rollout.scheduler`)."""
+    global _run_nodes
+    _run_nodes = {r["node_id"] for r in rows if not r["role"].startswith("env_worker")}
+    if "pending" in _run_nodes:  # a training or inference process not placed yet: any loss stops the run
+        _run_nodes = None
+
+
+def split_lost(lost: set[str], run_nodes: set[str] | None) -> tuple[set[str], set[str]]:
+    """Lost node ids -> (those that stop the run, those that held env workers only)."""
+    if run_nodes is None:
+        return set(lost), set()
+    return lost & run_nodes, lost - run_nodes
+
+
 def _watch_nodes(period_s: float = 2.0) -> None:
-    """On a cluster, a node lost mid-run stops the run at once, whatever the driver waits on (a
-    rollout whose inference worker was there would otherwise wait out its timeouts): the main
-    thread gets a KeyboardInterrupt, which the CLI turns into one line (`lost_nodes`)."""
+    """On a cluster, losing a node of a training or inference process stops the run at once,
+    whatever the driver waits on (a rollout whose inference worker was there would otherwise wait
+    out its timeouts): the main thread gets a KeyboardInterrupt, which the CLI turns into one line
+    (`lost_nodes`). Losing a node of env workers only is said in one line, and the run goes on."""
+    let_go: set[str] = set()
     while ray.is_initialized():
-        if lost_nodes():
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        except Exception:  # noqa: BLE001 - the GCS is gone: the driver's own calls will say so
+            return
+        fatal, env_only = split_lost(set(_nodes_at_start) - alive, _run_nodes)
+        if fatal:
             _thread.interrupt_main()
             return
+        for nid in sorted(env_only - let_go):
+            _say(f"ray: lost node {_nodes_at_start[nid]} (node {nid[:12]}), which held env workers only: Ray "
+                 "restarts them on the surviving nodes and their groups are played again; the run goes on")
+        let_go |= env_only
         time.sleep(period_s)
 
 
@@ -167,7 +249,9 @@ def _say(line: str) -> None:
 
 def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
     """The node an actor runs on, from Ray's GCS (no call into the actor, which may be busy):
-    {"node_ip", "node_id"}; "pending" for both when it has not been placed within `timeout_s`."""
+    {"node_ip", "node_id"}; "pending" for both when it has not been placed within `timeout_s`.
+    An actor still in its constructor (PENDING_CREATION, e.g. loading a model on a busy machine)
+    already has its worker, so its node is known."""
     from ray._private import state
 
     actor_id = handle._actor_id.hex()
@@ -175,11 +259,18 @@ def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
     while True:
         info = state.actors(actor_id=actor_id) or {}
         address = info.get("Address") or {}
-        if info.get("State") == "ALIVE" and address.get("NodeID"):
-            return {"node_ip": address.get("IPAddress", ""), "node_id": address["NodeID"]}
+        node_id = address.get("NodeID") or ""
+        if info.get("State") in ("ALIVE", "PENDING_CREATION") and node_id.strip("f0"):
+            ip = address.get("IPAddress") or _nodes_at_start.get(node_id) or _node_ip(node_id)
+            return {"node_ip": ip, "node_id": node_id}
         if time.monotonic() > deadline:
             return {"node_ip": "pending", "node_id": "pending"}
         time.sleep(0.2)
+
+
+def _node_ip(node_id: str) -> str:
+    """A node's IP from Ray's node table (an actor in its constructor has a node but no IP yet)."""
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "pending")
 
 
 WORKER_KEYS = {"actor_train": "actor", "reference": "reference", "critic": "critic", "actor_infer": "inference"}

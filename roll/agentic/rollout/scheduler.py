@@ -137,7 +137,8 @@ class RolloutScheduler:
         self._free[slot.tag].append(slot)
         try:
             result = ray.get(ready[0])
-        except ray.exceptions.RayActorError as err:  # the env-worker process died; Ray restarts it
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
+            # the env-worker process died (Ray restarts it), or the node that held the group's result
             cause = f"env worker {slot.worker} died: {type(err).__name__}"
             result = GroupResult(spec.group_index, [], [cause] * self.group_size)
         except ray.exceptions.RayTaskError as err:  # an inference engine failed: stop, say why
