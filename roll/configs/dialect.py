@@ -89,13 +89,16 @@ class RollDialect(ConfigModel):
     max_grad_norm: float | None = Field(None, gt=0)
     """ROLL's run-level gradient clip: the `training_args.max_grad_norm` of every trained role
     that does not set its own. None: each role's own."""
-    batch_adjust_mode: Literal["copy", "delete", "auto", "random_sample"] = "copy"
+    batch_adjust_mode: Literal["copy", "delete", "auto", "random_sample"] | None = "copy"
     """ROLL's rule for a training batch that is not a whole number of mini-batches (the least
     common multiple of every role's rows per optimizer step and per forward-only call): "copy"
     duplicates rows up to the next multiple, "delete" drops the remainder, "auto" deletes unless the
     batch is smaller than one multiple, "random_sample" keeps one multiple's worth of random rows
     (roll.algorithms.batch_adjust). Applied to the scored batch, so copies carry their originals'
-    advantages (ROLL adjusts before its advantages); draws derive from `seed` and the step."""
+    advantages (ROLL adjusts before its advantages); draws derive from `seed` and the step. null
+    (ours, not ROLL's): the batch is trained as it is; our trainers take a short last mini-batch,
+    so nothing needs copying, which is what this project's examples use (a step-wise FrozenLake
+    batch of ~750 rows would otherwise be copied up to 1024)."""
     enable_old_logprobs_recompute: bool = True
     """ROLL's switch between old log-probs recomputed in a pass of their own (true) and cached
     inside the first training step (false). Both are the trainer's log-probs under the weights

@@ -168,11 +168,14 @@ def batch_divisor(cfg, roles: list[str]) -> int:
     return rows_divisor(sizes)
 
 
-def adjust_batch(batch: TensorDict, mode: str, divisor: int, seed: int, step: int) -> tuple[TensorDict, dict[str, float]]:
+def adjust_batch(batch: TensorDict, mode: str | None, divisor: int, seed: int,
+                 step: int) -> tuple[TensorDict, dict[str, float]]:
     """`batch` with rows copied or deleted per ROLL's `batch_adjust_mode` (`adjusted_rows`, drawn
     from `derive_seed(seed, "batch_adjust", step)`), and ROLL's counts `system/batch_add_count`,
-    `system/batch_remove_count`."""
+    `system/batch_remove_count`; `mode` None: `batch` as it is."""
     size = batch.batch_size[0]
+    if mode is None:
+        return batch, {"system/batch_add_count": 0.0, "system/batch_remove_count": 0.0}
     rng = np.random.default_rng(derive_seed(seed, "batch_adjust", step))
     rows = adjusted_rows(size, divisor, mode, rng)
     kept = len(np.unique(rows))

@@ -86,3 +86,9 @@ def test_adjust_batch_copies_or_deletes_rows_and_counts_them():
     assert torch.equal(again["input_ids"], deleted["input_ids"])  # derived from (seed, step): repeatable
     whole, metrics = adjust_batch(batch, "copy", 5, seed=0, step=1)
     assert whole is batch and metrics["system/batch_add_count"] == 0
+
+
+def test_adjust_batch_none_trains_the_batch_as_it_is():
+    batch = TensorDict({"input_ids": torch.arange(10)[:, None]}, batch_size=[10])
+    same, metrics = adjust_batch(batch, None, 4, seed=0, step=1)
+    assert same is batch and metrics == {"system/batch_add_count": 0.0, "system/batch_remove_count": 0.0}
