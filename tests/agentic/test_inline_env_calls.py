@@ -69,6 +69,16 @@ def test_an_env_declaring_nothing_is_stepped_in_threads():
     assert threading.get_ident() not in env.threads and len(env.threads) == 2
 
 
+class UserSubclass(ThreadRecordingEnv):
+    """A user's subclass of a cheap env that may block in step: it declares nothing itself."""
+
+
+def test_a_subclass_does_not_inherit_the_cheap_declaration():
+    env = UserSubclass()
+    _steps(EnvCaller(env), 2)
+    assert threading.get_ident() not in env.threads and len(env.threads) == 2
+
+
 def test_a_slow_env_still_times_out_on_the_thread_path_and_is_closed():
     env = SlowEnv(delay_s=0.5)
     started = time.monotonic()

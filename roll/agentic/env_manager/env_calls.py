@@ -41,8 +41,11 @@ class EnvStepTimeout(RuntimeError):
 
 
 def declared_cheap_calls(env) -> frozenset[str]:
-    """The calls `env` declares cheap (`cheap_calls`), checked: an unknown name is an error."""
-    declared = frozenset(getattr(env, "cheap_calls", frozenset()))
+    """The calls `env`'s own class declares cheap (`cheap_calls`), checked: an unknown name is an
+    error. A declaration is not inherited: a subclass (a user's FrozenLake that adds a database
+    lookup to `step`) runs on threads unless it declares `cheap_calls` itself, so that a blocking
+    override can never stall the event loop."""
+    declared = frozenset(type(env).__dict__.get("cheap_calls", frozenset()))
     unknown = sorted(declared - INLINE_CALLS)
     if unknown:
         raise ValueError(f"{type(env).__name__}.cheap_calls names {unknown}; it may name only "
