@@ -1,4 +1,6 @@
-"""ROLL's `train_infer_correction` (data only; the algorithm is `roll.algorithms.train_infer`)."""
+"""Corrections for the gap between the trainer's and the engine's log-probs (data only):
+`off_policy_correction` (truncated importance sampling, `roll.algorithms.off_policy`) and ROLL's
+`train_infer_correction` (`roll.algorithms.train_infer`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,19 @@ from pydantic import Field, model_validator
 from roll.configs.base import ConfigModel, InvalidField
 
 Level = Literal["token", "segment", "geometric", "sequence"]
+
+
+class OffPolicyCorrection(ConfigModel):
+    """Truncated importance sampling of the policy-gradient loss by w = min(pi_old / mu, cap):
+    pi_old the trainer's old log-probs, mu the engine's (the policy that actually sampled; see
+    `roll.algorithms.off_policy`). Applies in synchronous training too, where the two differ by
+    numerics only."""
+
+    level: Literal["token", "sequence"] = "token"
+    """"token": one weight per generated token; "sequence": one per row, the product of its
+    tokens' ratios (exp of the summed log-ratio), before truncation."""
+    cap: float = Field(2.0, gt=0)
+    """Truncation: weights above `cap` are set to `cap` (bounds the variance)."""
 
 
 class ISWeight(ConfigModel):

@@ -8,12 +8,13 @@ properties here, so no other module recomputes them.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from roll.configs.args import check_model_dir
-from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.base import InvalidField
+from roll.configs.correction import OffPolicyCorrection
 from roll.configs.dialect import RollDialect, check_dialect
 from roll.configs.env import CustomEnvConfig, EnvManagerConfig
 from roll.configs.reward_norm import RewardNormalization
@@ -24,19 +25,6 @@ from roll.configs.worker import (
     check_strategy_for_role,
 )
 from roll.core.enums import SampleMode
-
-
-class OffPolicyCorrection(ConfigModel):
-    """Truncated importance sampling of the policy-gradient loss by w = min(pi_old / mu, cap):
-    pi_old the trainer's old log-probs, mu the engine's (the policy that actually sampled; see
-    `roll.algorithms.off_policy`). Applies in synchronous training too, where the two differ by
-    numerics only."""
-
-    level: Literal["token", "sequence"] = "token"
-    """"token": one weight per generated token; "sequence": one per row, the product of its
-    tokens' ratios (exp of the summed log-ratio), before truncation."""
-    cap: float = Field(2.0, gt=0)
-    """Truncation: weights above `cap` are set to `cap` (bounds the variance)."""
 
 
 class PipelineConfig(RollDialect):
