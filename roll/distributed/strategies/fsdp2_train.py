@@ -40,14 +40,17 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from roll.configs.args import ROLL_DTYPES
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import TorchTrainStrategy, restore_schedule
+from roll.models.loading import torch_dtype
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32}
+def _dtype(name: str | None) -> torch.dtype | None:
+    """ROLL's short names (bf16, fp16, fp32) or the long ones; None: the model's dtype."""
+    return torch_dtype(ROLL_DTYPES.get(name, name)) if name else None
 
 
 def mesh_shape(world_size: int, fsdp_size: int | None) -> tuple[int, ...]:
@@ -68,7 +71,7 @@ def shard_model(model: nn.Module, device: torch.device, reshard_after_forward: b
     names = ("replicate", "shard") if len(shape) == 2 else None
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
-               "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES.get(param_dtype), reduce_dtype=DTYPES.get(reduce_dtype)),
+               "mp_policy": MixedPrecisionPolicy(param_dtype=_dtype(param_dtype), reduce_dtype=_dtype(reduce_dtype)),
                "offload_policy": CPUOffloadPolicy() if offload_policy and device.type != "cpu" else OffloadPolicy()}
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
