@@ -53,8 +53,6 @@ class InjectedEnvError(RuntimeError):
 class FaultInjectingEnv(gym.Wrapper):
     """`env` with the faults of `faults` injected into `step` (see the module docstring)."""
 
-    cheap_calls = frozenset()  # an injected hang blocks: never inline, whatever the env declares
-
     def __init__(self, env: gym.Env, faults: FaultInjection) -> None:
         super().__init__(env)
         self.faults = faults

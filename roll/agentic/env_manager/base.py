@@ -127,7 +127,6 @@ class BaseEnvManager:
         self.sampling = dataclasses.replace(sampling, max_new_tokens=min(spec.max_tokens_per_step,
                                                                          sampling.max_new_tokens))
         self.sequence_length = sequence_length
-        self.step_timeout_s = step_timeout_s
         self.env_calls = EnvCaller(self.env, tag=spec.tag, timeout_s=step_timeout_s,
                                    use_thread_lock=spec.use_thread_lock,
                                    max_env_step_concurrent=spec.max_env_step_concurrent)

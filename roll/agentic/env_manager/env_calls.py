@@ -44,7 +44,8 @@ def declared_cheap_calls(env) -> frozenset[str]:
     """The calls `env`'s own class declares cheap (`cheap_calls`), checked: an unknown name is an
     error. A declaration is not inherited: a subclass (a user's FrozenLake that adds a database
     lookup to `step`) runs on threads unless it declares `cheap_calls` itself, so that a blocking
-    override can never stall the event loop."""
+    override can never stall the event loop; nor is it taken from a wrapped env (FaultInjectingEnv,
+    whose injected hangs block, declares nothing)."""
     declared = frozenset(type(env).__dict__.get("cheap_calls", frozenset()))
     unknown = sorted(declared - INLINE_CALLS)
     if unknown:

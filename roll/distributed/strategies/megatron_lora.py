@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from roll.distributed.strategies.megatron_convert import DecoderArch, fuse_qkv, split_qkv
-from roll.models.lora import ALL_LINEAR
+from roll.models.lora import target_modules
 
 QKV, PROJ, FC1, FC2 = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
 TARGET_MODULES = {"q_proj": QKV, "k_proj": QKV, "v_proj": QKV, "linear_qkv": QKV,
@@ -53,19 +53,17 @@ HF_PARTS = {QKV: ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), P
             FC1: ("mlp.gate_proj", "mlp.up_proj"), FC2: ("mlp.down_proj",)}
 """The HF linears a fused megatron module stands for, in the order its output rows hold them."""
 HF_ADAPTER_PREFIX = "base_model.model.model.layers.{}."
-ADAPTER_FILE = "adapter_model.safetensors"
-"""peft's file name for a saved adapter's tensors."""
 """Key prefix of a decoder layer's tensors in a saved peft adapter (peft drops the adapter name)."""
 
 
 def megatron_targets(target: str) -> list[str]:
     """The megatron modules (`QKV`, `PROJ`, `FC1`, `FC2`) that `lora_target` adapts, in that
     order; a one-line ValueError naming the first listed module with no megatron counterpart."""
-    names = [name.strip() for name in target.split(",") if name.strip()]
+    names = target_modules(target)
+    if names == "all-linear":
+        return [QKV, PROJ, FC1, FC2]
     if not names:
         raise ValueError("lists no module name")
-    if target.strip() in ALL_LINEAR:
-        return [QKV, PROJ, FC1, FC2]
     unknown = [name for name in names if name not in TARGET_MODULES]
     if unknown:
         raise ValueError(f"{unknown[0]!r} has no counterpart in the megatron model (targets: "

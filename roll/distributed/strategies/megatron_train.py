@@ -76,7 +76,6 @@ from roll.distributed.strategies.megatron_convert import (
     split_tensor_parallel,
 )
 from roll.distributed.strategies.megatron_lora import (
-    ADAPTER_FILE,
     adapter_from_hf,
     adapter_state,
     adapter_to_hf,
@@ -281,12 +280,13 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         """`adapter` as a peft adapter of the HF model (megatron_lora.adapter_to_hf): what peft's
         `PeftModel.from_pretrained` loads onto the `pretrain` model, and `load_checkpoint` reads."""
         from peft import LoraConfig
+        from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME
         from safetensors.torch import save_file
 
         config = LoraConfig(r=self.lora["rank"], lora_alpha=self.lora["alpha"], lora_dropout=0.0, bias="none",
                             target_modules=hf_target_modules(self.lora_modules))
         config.save_pretrained(str(directory))
-        save_file(adapter_to_hf(adapter, self.arch), str(directory / ADAPTER_FILE))
+        save_file(adapter_to_hf(adapter, self.arch), str(directory / SAFETENSORS_WEIGHTS_NAME))
 
     def _load_adapter(self, directory: Path) -> None:
         """This rank's shard of the adapter `_save_adapter` wrote, into the model's adapters."""
