@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.correction import TrainInferCorrection
@@ -135,6 +135,17 @@ class RollDialect(ConfigModel):
     """ROLL env-library variable (single-prompt envs)."""
     single_prompt_agent_template: str | None = None
     """ROLL env-library variable (single-prompt envs)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_rollout_only(cls, data: Any) -> Any:
+        """ROLL's rollout-only configs (actor_infer and a train_env_manager, no actor_train: its
+        start_agentic_rollout_pipeline.py) name what they are instead of a missing key."""
+        if isinstance(data, dict) and "actor_train" not in data and "actor_infer" in data:
+            raise InvalidField("actor_train", "missing: a config without it is ROLL's rollout-only pipeline "
+                               "(start_agentic_rollout_pipeline.py: generate and score, never train), which roll "
+                               "does not run; add actor_train to train on these envs")
+        return data
 
 
 def strip_variables(data: dict[str, Any], referenced: set[str], fields) -> dict[str, Any]:

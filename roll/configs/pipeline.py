@@ -8,7 +8,7 @@ properties here, so no other module recomputes them.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -203,17 +203,6 @@ class PipelineConfig(RollDialect):
         raise ValueError(
             f"expected true, false or an existing checkpoint directory (got {value!r})"
         )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _not_rollout_only(cls, data: Any) -> Any:
-        """ROLL's rollout-only configs (actor_infer and a train_env_manager, no actor_train: its
-        start_agentic_rollout_pipeline.py) name what they are instead of a missing key."""
-        if isinstance(data, dict) and "actor_train" not in data and "actor_infer" in data:
-            raise InvalidField("actor_train", "missing: a config without it is ROLL's rollout-only pipeline "
-                               "(start_agentic_rollout_pipeline.py: generate and score, never train), which roll "
-                               "does not run; add actor_train to train on these envs")
-        return data
 
     @model_validator(mode="after")
     def _check_and_fill(self) -> PipelineConfig:

@@ -49,37 +49,36 @@ def start(period_s: float = 1.0, grace_s: float = 3.0) -> subprocess.Popen:
     return _watcher
 
 
-def descendants(pid: int, exclude: int) -> dict[int, float]:
-    """pid -> start time of every live descendant of `pid`, without `exclude` (the watcher)."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return {}
-    seen = {}
-    for child in children:
-        try:
-            if child.pid != exclude:
-                seen[child.pid] = child.create_time()
-        except psutil.Error:
-            continue
-    return seen
-
-
-def carrying(token: str, exclude: int) -> dict[int, float]:
-    """pid -> start time of every process whose environment holds `TOKEN_VAR=token`."""
+def _start_times(procs, keep=lambda proc: True) -> dict[int, float]:
+    """pid -> start time of each process of `procs` that `keep` accepts (gone ones are skipped)."""
     found = {}
-    for proc in psutil.process_iter():
+    for proc in procs:
         try:
-            if proc.pid != exclude and proc.environ().get(TOKEN_VAR) == token:
+            if keep(proc):
                 found[proc.pid] = proc.create_time()
         except psutil.Error:  # gone, or another user's
             continue
     return found
 
 
-def end(processes: dict[int, float], grace_s: float) -> list[int]:
+def descendants(pid: int, exclude: int) -> dict[int, float]:
+    """pid -> start time of every live descendant of `pid`, without `exclude` (the watcher)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return {}
+    return _start_times(children, lambda proc: proc.pid != exclude)
+
+
+def carrying(token: str, exclude: int) -> dict[int, float]:
+    """pid -> start time of every process whose environment holds `TOKEN_VAR=token`."""
+    return _start_times(psutil.process_iter(),
+                        lambda proc: proc.pid != exclude and proc.environ().get(TOKEN_VAR) == token)
+
+
+def end(processes: dict[int, float], grace_s: float) -> None:
     """SIGTERM each process still alive with the same start time, SIGKILL those left after
-    `grace_s`; returns the pids that had to be killed."""
+    `grace_s`."""
     alive = []
     for pid, created in processes.items():
         try:
@@ -96,7 +95,6 @@ def end(processes: dict[int, float], grace_s: float) -> list[int]:
         except psutil.Error:
             continue
     psutil.wait_procs(stubborn, timeout=grace_s)
-    return [proc.pid for proc in stubborn]
 
 
 def watch(driver: int, token: str, period_s: float, grace_s: float) -> None:
