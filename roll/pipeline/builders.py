@@ -92,25 +92,26 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     (`residency.plan`; `place_workers` when no `residency` is given). Training roles that share GPUs with the engine are offloaded before it
     is built, so that vLLM and SGLang find free the memory they size their KV cache from."""
     residency = residency or PhaseResidency(place_workers(cfg))
-    plan, total = residency.plan, cfg.max_steps
+    plan, total, pins = residency.plan, cfg.max_steps, []  # pins: waited for once, at the end
     workers = {"actor": _start_role(ActorWorker, plan, "actor_train", cfg.actor_train.model_args.model_name_or_path,
                                     cfg.actor_train.training_args, total_train_steps=total, seed=cfg.seed,
                                     dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train),
                                     attn_implementation=cfg.actor_train.model_args.attn_implementation,
                                     features=training_features(cfg.actor_train),
-                                    system_envs=cfg.actor_train.system_envs, cfg=cfg)}
+                                    system_envs=cfg.actor_train.system_envs, cfg=cfg, pins=pins)}
     if "reference" in plan.processes:
         workers["reference"] = _start_role(
             ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
             dtype=cfg.reference.model_args.dtype, attn_implementation=cfg.reference.model_args.attn_implementation,
             micro_batch_size=cfg.reference.infer_batch_size or cfg.reference.training_args.per_device_train_batch_size,
-            budget=training_features(cfg.reference)["infer_budget"], system_envs=cfg.reference.system_envs, cfg=cfg)
+            budget=training_features(cfg.reference)["infer_budget"], system_envs=cfg.reference.system_envs, cfg=cfg,
+            pins=pins)
     if "critic" in plan.processes:
         workers["critic"] = _start_role(
             CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
             total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic),
             attn_implementation=cfg.critic.model_args.attn_implementation,
-            features=training_features(cfg.critic), system_envs=cfg.critic.system_envs, cfg=cfg)
+            features=training_features(cfg.critic), system_envs=cfg.critic.system_envs, cfg=cfg, pins=pins)
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     infer_cfg = cfg.actor_infer
@@ -128,13 +129,13 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
         num_threads=share.num_threads)
         for placement, name, spot, share in zip(placements, inference_names(cfg), node_spots("actor_infer", placements),
                                                 infer_shares, strict=True)]
-    pin_workers(workers["inference"], infer_shares)
+    ray.get(pins + pin_workers(workers["inference"], infer_shares))
     residency.attach("actor_infer", workers["inference"])
     return workers
 
 
 def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, cfg=None,
-                **kwargs):
+                pins: list | None = None, **kwargs):
     """The actor of a one-process role, exactly as before ranks existed; for several ranks one
     actor per rank, forming one torch.distributed group, behind a `RankGroup`. GPU ranks are pinned
     to the driver's node (its GPUs); CPU ranks get a placement group of their own, packed on one
@@ -142,14 +143,15 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, 
     node: a task on rank 0's spot reports that node's address and a port free there, and every
     rank starts with them (`roll.distributed.strategies.process_group`). `system_envs`: the role's
     own environment variables (ROLL's worker-level key). `cfg`: the run's config, whose CPU shares
-    (`roll.pipeline.cpu_shares`) set each rank's torch threads and cores."""
+    (`roll.pipeline.cpu_shares`) set each rank's torch threads and cores; the pins' refs go to
+    `pins` for the caller to wait on (None: waited for here)."""
     placements = plan.processes[role]
     shares = process_shares(cfg, role, len(placements)) if cfg is not None else None
     if len(placements) == 1:
         threads = {"num_threads": shares[0].num_threads} if shares and shares[0].num_threads else {}
         handle = _remote(cls, placements[0], runtime_env_vars=system_envs, **node_spots(role, placements)[0]).remote(
             *args, device=placements[0].torch_device, **threads, **kwargs)
-        pin_workers([handle], shares or [CpuShare()])
+        _pinned(pin_workers([handle], shares or [CpuShare()]), pins)
         return handle
     ranks = len(placements)
     spots = _rank_spots(role, placements)
@@ -167,8 +169,16 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, 
     handles = [_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, runtime_env_vars=system_envs,
                        scheduling_strategy=spot).remote(
         *args, device=p.torch_device, num_threads=threads, **kwargs) for p, spot in zip(placements, spots, strict=True)]
-    pin_workers(handles, shares or [CpuShare()] * ranks)
+    _pinned(pin_workers(handles, shares or [CpuShare()] * ranks), pins)
     return RankGroup(handles, data_ranks=data_parallel_ranks(ranks, **model_parallel))
+
+
+def _pinned(refs: list, pins: list | None) -> None:
+    """Hand the pins' `refs` to the caller's `pins`, or wait for them now."""
+    if pins is None:
+        ray.get(refs)
+    else:
+        pins.extend(refs)
 
 
 def _rank_spots(role: str, placements) -> list:
@@ -279,7 +289,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
             generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy,
             chat_template=cfg.actor_infer.data_args.template))
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
-    pin_workers(workers, [role_share(cfg, ENV_WORKERS)] * len(workers))  # each on the env workers' cores
+    ray.get(pin_workers(workers, [role_share(cfg, ENV_WORKERS)] * len(workers)))  # on the env workers' cores
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
 
 

@@ -8,7 +8,6 @@ each worker process right after it starts (`pin_workers`), so no worker class ne
 
 from __future__ import annotations
 
-import ray
 
 from roll.configs.worker import cpu_options
 from roll.distributed.cpu_affinity import (
@@ -49,9 +48,11 @@ def _pin(_actor, share: CpuShare) -> None:  # runs inside the actor (`__ray_call
     apply_share(CpuShare(share.cores, None))
 
 
-def pin_workers(handles: list, shares: list[CpuShare]) -> None:
-    """Pin each actor of `handles` to its share's cores (threads are set by the worker's own
-    `num_threads`); actors without cores are left alone. Waits until every pin is done (so until
-    the actors are built): an async actor (the engine, env workers) may run later calls before an
-    earlier one. An env worker that Ray restarts runs unpinned."""
-    ray.get([h.__ray_call__.remote(_pin, s) for h, s in zip(handles, shares, strict=True) if s.cores is not None])
+def pin_workers(handles: list, shares: list[CpuShare]) -> list:
+    """Start pinning each actor of `handles` to its share's cores (threads are set by the worker's
+    own `num_threads`); actors without cores are left alone. Returns the pins' refs: `ray.get`
+    them (each completes once its actor is built) before the first call on an async actor (the
+    engine, env workers), which may run later calls before an earlier one. Waiting once for all of
+    a run's actors lets them load their models side by side. An env worker that Ray restarts runs
+    unpinned."""
+    return [h.__ray_call__.remote(_pin, s) for h, s in zip(handles, shares, strict=True) if s.cores is not None]
