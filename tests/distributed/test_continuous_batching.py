@@ -164,14 +164,12 @@ def test_a_joiner_waits_batch_wait_ms_for_company_unless_the_room_fills(model_pa
     worker = InferenceWorker(model_path, num_threads=1, batch_wait_ms=5_000)
     young = [req(f"y{i}", PROMPTS[0], i) for i in range(3)]
     for r in young:
-        worker._pending.append((r, None))
-        worker._arrival[id(r)] = time.monotonic()
+        worker._pending.append((r, None, time.monotonic()))
     assert worker._take(4) == []  # 3 young requests, room for 4: wait for company
     assert worker._take(3) == young  # they fill the room
     old = req("o", PROMPTS[1], 9)
-    worker._pending.append((old, None))
-    worker._arrival[id(old)] = time.monotonic() - 6.0  # waited longer than 5 s
-    assert worker._take(4) == [old] and worker._arrival == {}
+    worker._pending.append((old, None, time.monotonic() - 6.0))  # waited longer than 5 s
+    assert worker._take(4) == [old] and worker._pending == []
 
 
 def test_one_request_object_sent_twice_is_answered_twice(model_path):

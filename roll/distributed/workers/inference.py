@@ -74,9 +74,8 @@ class InferenceWorker:
         self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy)
         self.engine_name = strategy_name
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
-        self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
+        self._pending: list[tuple[GenerateRequest, asyncio.Future, float]] = []  # + time.monotonic() it came
         self._pending_lock = threading.Lock()  # the engine thread takes from `_pending` (continuous)
-        self._arrival: dict[int, float] = {}  # id(request) -> time.monotonic() it came, while pending
         # taken by the engine, not answered: id(request) -> its futures (one request object may be sent twice)
         self._serving: dict[int, list[tuple[GenerateRequest, asyncio.Future]]] = {}
         self._drain_waiters = 0  # weight updates / offloads waiting for the engine call to end
@@ -93,8 +92,7 @@ class InferenceWorker:
             raise self.failed
         future = asyncio.get_running_loop().create_future()
         with self._pending_lock:
-            self._pending.append((request, future))
-            self._arrival[id(request)] = time.monotonic()
+            self._pending.append((request, future, time.monotonic()))
         self._arrived.set()
         if self._loop_task is None or self._loop_task.done():
             loop = self._continuous_loop() if self.continuous else self._batch_loop()
@@ -162,17 +160,15 @@ class InferenceWorker:
                 with self._pending_lock:
                     batch = self._pending[: self.max_batch_size]
                     self._pending = self._pending[self.max_batch_size:]
-                    for r, _ in batch:
-                        self._arrival.pop(id(r), None)
                 try:
                     outputs = await loop.run_in_executor(
-                        self._executor, self.engine.generate_batch, [r for r, _ in batch])
+                        self._executor, self.engine.generate_batch, [r for r, *_ in batch])
                 except Exception as exc:
                     self._fail(batch, exc)
                     return
             self.stats["engine_calls"] += 1
             self.stats["requests"] += len(batch)
-            for (_, fut), out in zip(batch, outputs):
+            for (_, fut, _), out in zip(batch, outputs):
                 self.stats["generated_tokens"] += len(out.token_ids)
                 if not fut.done():
                     fut.set_result(out)
@@ -221,8 +217,7 @@ class InferenceWorker:
         with self._pending_lock:
             if not self._pending or self.batch_wait_s <= 0:
                 return 0.0
-            now = time.monotonic()
-            waited = now - self._arrival.get(id(self._pending[0][0]), now)
+            waited = time.monotonic() - self._pending[0][2]
         return max(0.0, self.batch_wait_s - waited)
 
     def _take(self, n: int) -> list[GenerateRequest]:
@@ -232,10 +227,9 @@ class InferenceWorker:
             return []
         with self._pending_lock:
             taken, self._pending = self._pending[:n], self._pending[n:]
-            for r, fut in taken:
+            for r, fut, _ in taken:
                 self._serving.setdefault(id(r), []).append((r, fut))
-                self._arrival.pop(id(r), None)
-        return [r for r, _ in taken]
+        return [r for r, *_ in taken]
 
     def _answer(self, request: GenerateRequest, output: GenerateOutput) -> None:
         with self._pending_lock:
@@ -264,8 +258,7 @@ class InferenceWorker:
         logger.error("%s", self.failed, exc_info=exc)  # the full traceback goes to the worker's log
         with self._pending_lock:
             waiting, self._pending = batch + self._pending, []
-            self._arrival.clear()
-        for _, fut in waiting:
+        for _, fut, *_ in waiting:
             if not fut.done():
                 fut.set_exception(self.failed)
 
