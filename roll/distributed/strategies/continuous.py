@@ -75,7 +75,6 @@ class RunningBatch:
         self.cache = cache
         self.mask = mask  # (B, W), 1 on the row's real ids
         self.last = last  # (B,)
-        self.positions = mask.sum(-1)  # (B,) the position of the id each row feeds next
         self._sampler = None
 
     @property
@@ -86,13 +85,12 @@ class RunningBatch:
         return [(layer.keys, layer.values) for layer in self.cache.layers]
 
     def forward(self, model: torch.nn.Module) -> torch.Tensor:
-        """Feed every row its last token; returns next-token logits (B, V)."""
+        """Feed every row its last token at its next position (its count of real ids so far);
+        returns next-token logits (B, V)."""
+        positions = self.mask.sum(-1, keepdim=True)
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.size, 1)], dim=1)
-        logits = model(input_ids=self.last.view(-1, 1), attention_mask=self.mask,
-                       position_ids=self.positions.view(-1, 1), past_key_values=self.cache,
-                       use_cache=True).logits[:, -1, :].float()
-        self.positions = self.positions + 1
-        return logits
+        return model(input_ids=self.last.view(-1, 1), attention_mask=self.mask, position_ids=positions,
+                     past_key_values=self.cache, use_cache=True).logits[:, -1, :].float()
 
     def sampler(self) -> RowSampler:
         if self._sampler is None:  # rows change only in `merge` / `keep`, which make a new batch
@@ -107,10 +105,7 @@ class RunningBatch:
                    torch.cat([_left_pad(v1, width, 2), _left_pad(v2, width, 2)]))
                   for (k1, v1), (k2, v2) in zip(self.layers(), other.layers(), strict=True)]
         mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)])
-        merged = RunningBatch(self.rows + other.rows, DynamicCache(layers), mask,
-                              torch.cat([self.last, other.last]))
-        merged.positions = torch.cat([self.positions, other.positions])
-        return merged
+        return RunningBatch(self.rows + other.rows, DynamicCache(layers), mask, torch.cat([self.last, other.last]))
 
     def keep(self, index: list[int]) -> RunningBatch | None:
         """The rows at `index` (None if none), without the leading columns none of them uses."""
@@ -121,10 +116,8 @@ class RunningBatch:
         first = int(mask.any(0).nonzero()[0])
         layers = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:])
                   for k, v in self.layers()]
-        kept = RunningBatch([self.rows[i] for i in index], DynamicCache(layers), mask[:, first:],
+        return RunningBatch([self.rows[i] for i in index], DynamicCache(layers), mask[:, first:],
                             self.last.index_select(0, idx))
-        kept.positions = self.positions.index_select(0, idx)
-        return kept
 
     def row_kv(self, i: int, skip: int) -> Chunk:
         """Row i's keys and values at its real ids after the first `skip`, as a chunk of its own."""
