@@ -39,12 +39,16 @@ class GpuNode:
     gpus: int
 
 
+def _alive(nodes: Sequence[Mapping]) -> list[GpuNode]:
+    """The alive nodes of `nodes` (`ray.nodes()` rows), each with its GPU count."""
+    return [GpuNode(n["NodeID"], n["NodeManagerAddress"], int(n.get("Resources", {}).get("GPU", 0)))
+            for n in nodes if n.get("Alive", True)]
+
+
 def gpu_nodes(nodes: Sequence[Mapping], per_node: int, driver_node_id: str | None = None) -> list[GpuNode]:
     """The alive nodes of `nodes` (`ray.nodes()` rows) with at least `per_node` GPUs, in GPU-node
     order (module docstring)."""
-    found = [GpuNode(n["NodeID"], n["NodeManagerAddress"], int(n.get("Resources", {}).get("GPU", 0)))
-             for n in nodes if n.get("Alive", True)]
-    found = [n for n in found if per_node > 0 and n.gpus >= per_node]
+    found = [n for n in _alive(nodes) if per_node > 0 and n.gpus >= per_node]
     return sorted(found, key=lambda n: (n.node_id != driver_node_id, _ip_order(n.ip), n.node_id))
 
 
@@ -60,7 +64,7 @@ def gpus_per_node(nodes: Sequence[Mapping], num_gpus_per_node: int | None) -> in
     """`num_gpus_per_node` when set, else the one GPU count of the cluster's GPU nodes."""
     if num_gpus_per_node is not None:
         return num_gpus_per_node
-    counts = sorted({int(n.get("Resources", {}).get("GPU", 0)) for n in nodes if n.get("Alive", True)} - {0})
+    counts = sorted({n.gpus for n in _alive(nodes)} - {0})
     if len(counts) > 1:
         raise PlacementError(NUM_GPUS_PER_NODE, f"unset, and the cluster's GPU nodes differ ({', '.join(map(str, counts))} "
                              "GPUs): set it to the GPUs of the nodes device_mapping counts in")

@@ -69,8 +69,9 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
              "not joined; set ray_address or RAY_ADDRESS to join a cluster)")
         return False
     source = "ray_address" if address else "RAY_ADDRESS"
-    host = target.split("://")[-1].rsplit(":", 1)[0]
-    silent = _nothing_listens(target)
+    hostport = target.split("://")[-1]
+    host, _, port = hostport.rpartition(":")
+    silent = _nothing_listens(hostport, host, port)
     if silent:
         raise ClusterError(f"{source}={target}: cannot join the Ray cluster: {silent}; start its head with "
                            "`ray start --head --port=PORT` or correct the address")
@@ -98,13 +99,11 @@ GCS_WAIT = "RAY_gcs_server_port_wait_time_s"
 35 s when the port answers but no GCS does): a dead address kept a run waiting 12 minutes."""
 
 
-def _nothing_listens(target: str) -> str | None:
-    """Why `target` (HOST:PORT, or ray://HOST:PORT) cannot be a running cluster, seen from a plain
-    TCP connect of at most `JOIN_PROBE_S`: "connection refused", "no answer within 5 s", an
-    unknown host; None when something accepts the connection (or the address has no port, e.g.
-    "auto", which Ray resolves itself)."""
-    hostport = target.split("://")[-1]
-    host, _, port = hostport.rpartition(":")
+def _nothing_listens(hostport: str, host: str, port: str) -> str | None:
+    """Why `hostport` (the cluster address without a ray:// scheme, split into `host` and `port`)
+    cannot be a running cluster, seen from a plain TCP connect of at most `JOIN_PROBE_S`:
+    "connection refused", "no answer within 5 s", an unknown host; None when something accepts the
+    connection (or the address has no port, e.g. "auto", which Ray resolves itself)."""
     if not host or not port.isdigit():
         return None
     host = host.strip("[]")
@@ -152,20 +151,32 @@ def _remember_nodes() -> list[dict]:
     return nodes
 
 
+def _lost_ids() -> set[str] | None:
+    """Ids of the nodes of the run's start that Ray now reports dead; None when Ray is down or its
+    GCS is gone (nothing to ask)."""
+    if not ray.is_initialized():
+        return None
+    try:
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    except Exception:  # noqa: BLE001 - the GCS itself is gone
+        return None
+    return set(_nodes_at_start) - alive
+
+
+def _describe(nid: str) -> str:
+    return f"{_nodes_at_start[nid]} (node {nid[:12]})"
+
+
 def lost_nodes(wait_s: float = 0.0) -> list[str]:
     """The nodes of the run's start that Ray now reports dead, as "IP (node id)"; waits up to
     `wait_s` for one to show (a worker's death may be reported before its node's)."""
     deadline = time.monotonic() + wait_s
     while True:
-        try:
-            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} if ray.is_initialized() else None
-        except Exception:  # noqa: BLE001 - the GCS itself is gone: nothing to name
+        lost = _lost_ids()
+        if lost is None:
             return []
-        if alive is None:
-            return []
-        lost = [f"{ip} (node {nid[:12]})" for nid, ip in _nodes_at_start.items() if nid not in alive]
         if lost or time.monotonic() >= deadline:
-            return lost
+            return [_describe(nid) for nid in _nodes_at_start if nid in lost]
         time.sleep(1.0)
 
 
@@ -193,17 +204,13 @@ def _watch_nodes(period_s: float = 2.0) -> None:
     out its timeouts): the main thread gets a KeyboardInterrupt, which the CLI turns into one line
     (`lost_nodes`). Losing a node of env workers only is said in one line, and the run goes on."""
     let_go: set[str] = set()
-    while ray.is_initialized():
-        try:
-            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        except Exception:  # noqa: BLE001 - the GCS is gone: the driver's own calls will say so
-            return
-        fatal, env_only = split_lost(set(_nodes_at_start) - alive, _run_nodes)
+    while (lost := _lost_ids()) is not None:  # None: Ray or its GCS is gone; the driver's calls say so
+        fatal, env_only = split_lost(lost, _run_nodes)
         if fatal:
             _thread.interrupt_main()
             return
         for nid in sorted(env_only - let_go):
-            _say(f"ray: lost node {_nodes_at_start[nid]} (node {nid[:12]}), which held env workers only: Ray "
+            _say(f"ray: lost node {_describe(nid)}, which held env workers only: Ray "
                  "restarts them on the surviving nodes and their groups are played again; the run goes on")
         let_go |= env_only
         time.sleep(period_s)
