@@ -168,13 +168,15 @@ def _describe(nid: str) -> str:
 
 
 def lost_nodes(wait_s: float = 0.0) -> list[str]:
-    """The nodes of the run's start that Ray now reports dead, as "IP (node id)"; waits up to
-    `wait_s` for one to show (a worker's death may be reported before its node's)."""
+    """The nodes of the run's start that Ray now reports dead and that stop the run (not those
+    that held env workers only, `stop_on_loss_of`), as "IP (node id)"; waits up to `wait_s` for one
+    to show (a worker's death may be reported before its node's)."""
     deadline = time.monotonic() + wait_s
     while True:
         lost = _lost_ids()
         if lost is None:
             return []
+        lost, _ = split_lost(lost, _run_nodes)
         if lost or time.monotonic() >= deadline:
             return [_describe(nid) for nid in _nodes_at_start if nid in lost]
         time.sleep(1.0)

@@ -81,3 +81,15 @@ def test_only_nodes_of_training_or_inference_processes_stop_the_run(monkeypatch)
     assert cluster.split_lost({"n2", "n3"}, cluster._run_nodes) == ({"n2"}, {"n3"})
     cluster.stop_on_loss_of(rows + [{"role": "critic", "rank": 0, "node_id": "pending"}])
     assert cluster.split_lost({"n3"}, cluster._run_nodes) == ({"n3"}, set())  # where the critic is, unknown
+
+
+def test_lost_nodes_names_only_nodes_that_stop_the_run(monkeypatch):
+    """After a node of env workers only was let go, a later stop (Ctrl-C, a worker's own error)
+    is not reported as that node's loss."""
+    monkeypatch.setattr(cluster, "_nodes_at_start", {"n1": "10.0.0.1", "n3": "10.0.0.3"})
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(cluster.ray, "nodes", lambda: [{"NodeID": "n1", "Alive": True}, {"NodeID": "n3", "Alive": False}])
+    monkeypatch.setattr(cluster, "_run_nodes", None)  # before placement: any lost node stops the run
+    assert cluster.lost_nodes() == ["10.0.0.3 (node n3)"]
+    monkeypatch.setattr(cluster, "_run_nodes", {"n1"})  # n3 held env workers only
+    assert cluster.lost_nodes() == []
