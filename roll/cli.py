@@ -22,20 +22,22 @@ from collections.abc import Sequence
 from roll.configs import ConfigError, load_config
 
 
+def parse_config_args(argv: Sequence[str] | None, prog: str, description: str) -> argparse.Namespace:
+    """`--config_path`, `--config_name` and hydra overrides, in any order (the CLIs' common part)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config_path", required=True, help="directory of the YAML")
+    parser.add_argument("--config_name", required=True, help="YAML file name, without .yaml")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. max_steps=10")
+    return parser.parse_intermixed_args(argv)
+
+
 def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> int:
     """Load the config and run the pipeline; returns the process exit status.
 
     `examples_dir` is a second place where a relative `--config_path` is looked up, so that
     `--config_path frozen_lake` works from the repository root as well as from `examples/`.
     """
-    parser = argparse.ArgumentParser(
-        prog="start_agentic_pipeline",
-        description="Train an LLM agent with RL on text environments.",
-    )
-    parser.add_argument("--config_path", required=True, help="directory of the YAML")
-    parser.add_argument("--config_name", required=True, help="YAML file name, without .yaml")
-    parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. max_steps=10")
-    args = parser.parse_intermixed_args(argv)
+    args = parse_config_args(argv, "start_agentic_pipeline", "Train an LLM agent with RL on text environments.")
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
         config = load_config(config_dir, args.config_name, args.overrides)

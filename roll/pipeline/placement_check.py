@@ -20,7 +20,6 @@ is how .ci/run_cluster checks a GPU layout on CPU namespaces), nor that NCCL con
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -59,12 +58,9 @@ def probe_rows(plan) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="placement_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config_path", required=True, help="directory of the YAML")
-    parser.add_argument("--config_name", required=True, help="YAML file name, without .yaml")
-    parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. ray_address=10.0.0.1:6379")
-    args = parser.parse_intermixed_args(argv)
-    from roll.cli import resolve_config_dir
+    from roll.cli import parse_config_args, resolve_config_dir
+
+    args = parse_config_args(argv, "placement_check", __doc__.split("\n\n")[0])
     from roll.configs import ConfigError, load_config
     from roll.distributed.placement import PlacementError
     from roll.pipeline.builders import init_ray, place_workers
