@@ -23,9 +23,45 @@ STORE_FILE_ENV = "ROLL_PG_STORE_FILE"
 interface whatever MASTER_ADDR says: set for groups whose ranks share one machine."""
 
 
+STORE_PREFIX = "roll-pg-"
+
+
 def fresh_store_file() -> str:
-    """A path no group has used, for a `file://` rendezvous (torch removes it when done)."""
-    return os.path.join(tempfile.gettempdir(), f"roll-pg-{os.getpid()}-{uuid.uuid4().hex}")
+    """A path no group has used, for a `file://` rendezvous, named after the process that made it.
+
+    torch removes the file when the group's last member destroys the group; a member killed first
+    (a worker ended by its driver) leaves it behind, so each call first removes the files of
+    processes that are gone (`remove_stale_store_files`)."""
+    remove_stale_store_files()
+    return os.path.join(tempfile.gettempdir(), f"{STORE_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_store_files(directory: str | None = None) -> list[str]:
+    """Delete the rendezvous files in `directory` (the temp dir) whose maker process has ended;
+    returns their paths. A file of a living process, or a name not of this form, is kept."""
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(directory):
+        pid = name[len(STORE_PREFIX):].split("-", 1)[0] if name.startswith(STORE_PREFIX) else ""
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            os.remove(path)
+        except FileNotFoundError:  # another process's sweep got there first
+            continue
+        removed.append(path)
+    return removed
 
 
 def free_port() -> int:
