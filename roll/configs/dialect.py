@@ -15,10 +15,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.correction import TrainInferCorrection
+from roll.configs.rollout import RolloutMock
 
 ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
@@ -108,6 +109,23 @@ class RollDialect(ConfigModel):
     """ROLL's importance weights and token filters from the trainer/engine log-prob gap
     (`roll.algorithms.train_infer`). Not together with `off_policy_correction` (the same weight
     twice)."""
+    rollout_dump_dir: str | None = None
+    """ROLL's key: each step's trajectories are written to
+    `rollout_dump_dir/rollout_dump_data.step_N.jsonl` (validations: `...val_step_N.jsonl`), one
+    JSON line per trajectory as `roll.tracking.traces` records it (decoded turns, rewards, stop
+    reason). ROLL writes only absolute paths and only for some env managers; roll writes any path
+    for every manager. None: nothing is written."""
+    rollout_mock: RolloutMock | None = None
+    """ROLL's rollout dump/mock: record each step's rollout, or replay a recording
+    (`roll.configs.rollout.RolloutMock`)."""
+    rpc_timeout: float | None = Field(None, gt=0)
+    """ROLL's key: seconds the driver waits for one call on a worker (a scoring pass, a training
+    step, a weight sync, a checkpoint) before the run stops with an error. None: 1800."""
+    profiler_memory: bool = False
+    """ROLL's CUDA memory-snapshot profiler (`torch.cuda.memory._record_memory_history`); roll has
+    none, so only false is accepted."""
+    profiler_timeline: bool = False
+    """ROLL's torch-profiler timeline of each step; roll has none, so only false is accepted."""
     # ROLL's env-library variables: only used through ${...} interpolation.
     custom_env: dict[str, Any] | None = None
     """ROLL env-library variable: the env definitions `custom_envs` interpolates from."""
@@ -136,16 +154,22 @@ class RollDialect(ConfigModel):
     single_prompt_agent_template: str | None = None
     """ROLL env-library variable (single-prompt envs)."""
 
-    @model_validator(mode="before")
+
+    @field_validator("profiler_memory", "profiler_timeline")
     @classmethod
-    def _not_rollout_only(cls, data: Any) -> Any:
-        """ROLL's rollout-only configs (actor_infer and a train_env_manager, no actor_train: its
-        start_agentic_rollout_pipeline.py) name what they are instead of a missing key."""
-        if isinstance(data, dict) and "actor_train" not in data and "actor_infer" in data:
-            raise InvalidField("actor_train", "missing: a config without it is ROLL's rollout-only pipeline "
-                               "(start_agentic_rollout_pipeline.py: generate and score, never train), which roll "
-                               "does not run; add actor_train to train on these envs")
-        return data
+    def _no_profiler(cls, on: bool, info) -> bool:
+        if on:
+            what = {"profiler_memory": "CUDA memory snapshots", "profiler_timeline": "a torch-profiler timeline"}
+            raise ValueError(f"ROLL's profiler of {what[info.field_name]}; roll has no such profiler (set false; "
+                             "roll's step timings are the time/*_s metrics)")
+        return on
+
+
+ENV_LIBRARY_VARIABLES = frozenset({
+    "custom_env", "action_pattern", "think_action_pattern", "all_response_pattern", "max_actions_per_traj",
+    "max_tokens_per_step", "default_history_length", "env_manager_cls", "agent_runner_cls", "agent_system_template",
+    "agent_template", "single_prompt_agent_system_template", "single_prompt_agent_template"})
+"""`RollDialect`'s fields that are hydra variables of ROLL's env library, read by no code."""
 
 
 def strip_variables(data: dict[str, Any], referenced: set[str], fields) -> dict[str, Any]:

@@ -114,12 +114,19 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
             features=training_features(cfg.critic), system_envs=cfg.critic.system_envs, cfg=cfg, pins=pins)
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
+    workers["inference"] = build_inference(cfg, residency, pins)
+    return workers
+
+
+def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) -> list:
+    """The inference replicas of `actor_infer` on their devices (`residency.plan`), pinned to their
+    cores; `pins`: the training roles' pins, waited for together with these."""
+    plan, pins = residency.plan, pins or []
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
     placements = plan.processes["actor_infer"]
     infer_shares = process_shares(cfg, "actor_infer", len(placements))
-    workers["inference"] = [_remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs,
-                                    **spot).remote(
+    inference = [_remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs, **spot).remote(
         infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
@@ -129,9 +136,9 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
         num_threads=share.num_threads)
         for placement, name, spot, share in zip(placements, inference_names(cfg), node_spots("actor_infer", placements),
                                                 infer_shares, strict=True)]
-    ray.get(pins + pin_workers(workers["inference"], infer_shares))
-    residency.attach("actor_infer", workers["inference"])
-    return workers
+    ray.get(pins + pin_workers(inference, infer_shares))
+    residency.attach("actor_infer", inference)
+    return inference
 
 
 def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, cfg=None,
