@@ -67,6 +67,7 @@ def _metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.ray
 def test_rollout_only_run_writes_metrics_tensorboard_and_dumps(tiny_model, tmp_path):
     proc = _run("start_agentic_pipeline.py", "rollout_only", tmp_path, f"pretrain={tiny_model}",
                 f"rollout_dump_dir={tmp_path}/dump")
@@ -90,6 +91,7 @@ def test_rollout_only_run_writes_metrics_tensorboard_and_dumps(tiny_model, tmp_p
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+@pytest.mark.ray
 def test_rolls_rollout_script_runs_a_training_config_without_training(tiny_model, tmp_path):
     proc = _run("start_agentic_rollout_pipeline.py", "traj_defaults", tmp_path, f"pretrain={tiny_model}",
                 f"reward_pretrain={tiny_model}", "max_steps=1", "actor_train.strategy_args.strategy_name=torch_train")
