@@ -13,6 +13,7 @@ import re
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 from roll.configs.base import ConfigError, InvalidField
 from roll.configs.dialect import map_role_strategies, strip_variables
 from roll.configs.profile import apply_profile, configs_search_path
+from roll.configs.unsupported import refuse_unsupported
 from roll.configs.pipeline import PipelineConfig
 
 
@@ -41,16 +43,24 @@ def load_config(
     config_dir = os.path.abspath(config_path)
     if not os.path.isdir(config_dir):
         raise ConfigError("config_path", f"{config_path!r} is not a directory")
+    _refuse_empty(os.path.join(config_dir, f"{config_name}.yaml"))
     data, referenced = _compose(config_dir, config_name, list(overrides))
     if "profile" in data:
         apply_profile(data, [_override_key(o) for o in overrides])
     return validate_config(data, referenced)
 
 
+def _refuse_empty(path: str) -> None:
+    """An empty YAML (ROLL ships one) would otherwise be reported as its first missing key."""
+    if os.path.isfile(path) and not Path(path).read_text(encoding="utf-8").strip():
+        raise ConfigError("config_name", f"{path} is empty: there is no config in it")
+
+
 def validate_config(data: dict[str, Any], referenced: set[str] = frozenset()) -> PipelineConfig:
     """Validate an already composed config (a plain dict), raising `ConfigError`. `referenced`:
     top-level keys the YAML interpolated, which are ROLL-style variables (`roll.configs.dialect`)."""
     data = strip_variables(data, set(referenced), PipelineConfig.model_fields)
+    refuse_unsupported(data)  # a ROLL feature roll does not run: named before any other key
     map_role_strategies(data)
     try:
         return PipelineConfig.model_validate(data)
