@@ -174,10 +174,17 @@ ENV_LIBRARY_VARIABLES = frozenset({
 
 def strip_variables(data: dict[str, Any], referenced: set[str], fields) -> dict[str, Any]:
     """`data` without the top-level hydra variables that are not `fields` (the config's field
-    names): keys the YAML interpolates (`${key...}`) and ROLL's `<env>_format_penalty` numbers."""
+    names): keys the YAML interpolates (`${key...}`), ROLL's `<env>_format_penalty` numbers, and
+    env libraries like `custom_env` under other names (ROLL's `gem_games`: a mapping of tags to
+    env definitions, each with an `env_type`, from which `custom_envs` may copy)."""
     return {key: value for key, value in data.items()
-            if key in fields or not (key in referenced or (_FORMAT_PENALTY_VARIABLE.fullmatch(key)
-                                                           and isinstance(value, (int, float))))}
+            if key in fields or not (key in referenced or _is_env_library(value)
+                                     or (_FORMAT_PENALTY_VARIABLE.fullmatch(key) and isinstance(value, (int, float))))}
+
+
+def _is_env_library(value: Any) -> bool:
+    return (isinstance(value, dict) and bool(value)
+            and all(isinstance(env, dict) and "env_type" in env for env in value.values()))
 
 
 def map_role_strategies(data: dict[str, Any]) -> None:
@@ -188,7 +195,7 @@ def map_role_strategies(data: dict[str, Any]) -> None:
     Megatron's `max_grad_norm` option is ROLL's way to pass the clip: it becomes the role's
     `training_args.max_grad_norm`."""
     forward_only = {"hf_infer": "torch", "megatron_infer": "megatron",
-                    "deepspeed_infer": "deepspeed"}
+                    "deepspeed_infer": "deepspeed", "fsdp2_infer": "fsdp2"}
     for role in ("actor_train", "reference", "critic"):
         worker = data.get(role)
         strategy = worker.get("strategy_args") if isinstance(worker, dict) else None

@@ -140,6 +140,9 @@ class EnvManagerConfig(ConfigModel):
     """Most seconds one generate request may wait for its answer (queueing in the inference
     worker included); over it the trajectory is dropped (cause "generate timeout ...") and its env
     made anew. A group that lost every trajectory is replaced by a fresh group."""
+    system_envs: dict[str, str] = Field(default_factory=dict)
+    """ROLL's key (its env manager is a worker config): environment variables set in this manager's
+    env-worker processes, on top of the top-level `system_envs`."""
     generating_args: GeneratingArgs | None = None
     """Sampling of this manager's requests: the keys given here replace those of
     `actor_infer.generating_args`, the others are inherited (e.g. `{do_sample: false}` for

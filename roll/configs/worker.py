@@ -46,6 +46,7 @@ STRATEGY_ALIASES = {
     "torch_train": "torch",
     "deepspeed_train": "deepspeed",
     "fsdp2_train": "fsdp2",
+    "fsdp2_infer": "fsdp2",  # ROLL's forward-only FSDP2 (the reference role)
     "megatron_train": "megatron",
     "megatron_infer": "megatron",  # ROLL's log-prob-only Megatron (the reference role): the same model
 }
@@ -104,6 +105,12 @@ class WorkerConfig(ConfigModel):
     system_envs: dict[str, str] = Field(default_factory=dict)
     """Environment variables set in this role's worker processes (on top of the top-level
     `system_envs`)."""
+    use_remove_padding: bool = False
+    """ROLL's key for a forward on packed sequences with the padding removed. Its numbers are those
+    of a padded forward with an attention mask, which is what roll runs: batches are right-padded,
+    positions count from each row's start and padded positions get log-prob 0, so no row's numbers
+    depend on the padding. Accepted either way; padding only costs compute (the
+    `use_dynamic_batching_*` keys cut it). ROLL's agentic pipeline reads the key nowhere either."""
     world_size: int | None = Field(None, ge=1)
     """Processes of a training role, its data-parallel ranks (ROLL's name): one per listed device
     with a `device_mapping` list (left out it is the list's length; set, it must equal it), the

@@ -289,7 +289,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     workers, slots = [], []
     for w, tags in enumerate(chunks):
         specs = [_env_spec(cfg, tag, manager_cfg) for tag in tags]
-        workers.append(ray.remote(EnvWorker).options(**_env_worker_options()).remote(
+        workers.append(ray.remote(EnvWorker).options(**_env_worker_options(manager_cfg.system_envs)).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
             history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
@@ -300,9 +300,13 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
 
 
-def _env_worker_options() -> dict:
-    """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies)."""
-    return {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else _ENV_WORKER_OPTIONS
+def _env_worker_options(system_envs: dict[str, str]) -> dict:
+    """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies);
+    the manager's `system_envs` in their environment."""
+    options = {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else dict(_ENV_WORKER_OPTIONS)
+    if system_envs:
+        options["runtime_env"] = {"env_vars": dict(system_envs)}
+    return options
 
 
 def _env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:

@@ -97,7 +97,7 @@ def build_train_strategy(
         adam_betas=(training_args.adam_beta1, training_args.adam_beta2),
         adam_epsilon=training_args.adam_epsilon,
         lr_scheduler_type=training_args.lr_scheduler_type,
-        warmup_steps=training_args.warmup_steps,
+        warmup_steps=training_args.warmup_for(total_steps),
         total_steps=total_steps,
         max_grad_norm=training_args.max_grad_norm,
         micro_batch_size=training_args.per_device_train_batch_size,
