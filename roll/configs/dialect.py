@@ -26,10 +26,17 @@ ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "step",
     "roll.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
     "roll.agentic.env_manager.step_env_manager.StepEnvManager": "step",
+    "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager": "step",
+    "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager": "step",
     "traj": "traj",
     "step": "step",
+    "native": "step",
 }
 """`custom_envs.<Tag>.env_manager_cls` -> our env manager type."""
+NATIVE_ENV_MANAGERS = frozenset({
+    "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager",
+    "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager", "native"})
+"""Of those, the step-wise managers whose prompt is the env's own chat (`native_env_manager`)."""
 
 WORKER_CLASSES = {
     "roll.pipeline.agentic.agentic_actor_worker.ActorWorker": ("actor_train", "reference"),

@@ -20,10 +20,6 @@ ENV_MANAGERS = {
     _ROLL_MANAGERS + "proxy_env_manager.ProxyEnvManager":
         "ROLL's agent-runner env manager (an agent runner drives the env and calls the policy through an "
         "LLM proxy); roll's agent loops are env_type \"agent\" (roll.agentic.agent_loop)",
-    _ROLL_MANAGERS + "agent_native_env_manager.AgentNativeStepEnvManager":
-        "ROLL's step manager for native agent envs (the env hands back the whole chat as messages, built for "
-        "ROCK sandbox agents); roll's step manager is roll.pipeline.agentic.env_manager.step_env_manager."
-        "StepEnvManager",
     _ROLL_MANAGERS + "step_concat_env_manager.StepConcatEnvManager":
         "ROLL's step manager for GEM's concatenated observations; roll runs no GEM envs",
 }

@@ -27,6 +27,7 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
+from roll.configs.dialect import NATIVE_ENV_MANAGERS
 from roll.configs.worker import engine_options
 from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
 from roll.pipeline import cluster
@@ -322,7 +323,8 @@ def _env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
                    response_prefix=env.response_prefix, instruction=env.instruction,
                    agent_system_template=env.agent_system_template, agent_template=env.agent_template,
                    history_length=env.history_length, use_thread_lock=env.use_thread_lock,
-                   max_env_step_concurrent=env.max_env_step_concurrent)
+                   max_env_step_concurrent=env.max_env_step_concurrent,
+                   native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS)
 
 
 def _takes(env_type: str, key: str) -> bool:

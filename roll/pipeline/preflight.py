@@ -115,6 +115,8 @@ def check_envs(cfg) -> None:
     """Build and reset one env per tag in use (with a time bound), and check that
     `sequence_length` holds its first prompt and one response."""
     from roll.agentic.env_manager.chat import ChatFormatter
+    from roll.agentic.env_manager.native_env_manager import MalformedEnvOutput, chat_of
+    from roll.configs.dialect import NATIVE_ENV_MANAGERS
     from roll.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
@@ -124,8 +126,16 @@ def check_envs(cfg) -> None:
         if env_cfg.env_type == "agent":  # dataset rows, checked by the agent registry
             continue
         obs, info = _first_observation(tag, env_cfg, cfg.seed)
-        instruction = info.get("env_instruction") if env_cfg.instruction is None else env_cfg.instruction
-        prompt = ChatFormatter(tokenizer, env_cfg.response_prefix).initial_prompt(instruction, obs)
+        chat = ChatFormatter(tokenizer, env_cfg.response_prefix)
+        if env_cfg.env_manager_cls in NATIVE_ENV_MANAGERS:  # the prompt is the env's own chat
+            try:
+                prompt = chat.template_ids(chat_of(info, tag), add_generation_prompt=True)
+            except MalformedEnvOutput as err:
+                raise ConfigError(f"custom_envs.{tag}.env_manager_cls", f"{err} after reset; "
+                                  f"{env_cfg.env_type!r} does not (use step or traj)") from None
+        else:
+            instruction = info.get("env_instruction") if env_cfg.instruction is None else env_cfg.instruction
+            prompt = chat.initial_prompt(instruction, obs)
         need = len(prompt) + env_cfg.max_tokens_per_step
         if need > cfg.sequence_length:
             raise ConfigError("sequence_length", f"{cfg.sequence_length} cannot hold {tag}'s first prompt "
