@@ -100,7 +100,8 @@ class PipelineConfig(RollDialect):
     reward_normalization: RewardNormalization | None = None
     """Normalise episode scores before the estimator (null: off). Trajectory-wise rows then carry
     the normalised score as their only reward, on the last generated token (as in ROLL); step-wise
-    rows use it as the episode score of "grpo"/"gigpo". GRPO already centres (and scales) within
+    rows use it as the episode score of "grpo"/"gigpo"; "step_reinforce" normalises each row's
+    discounted step return with it instead (over the rows of each group, as ROLL). GRPO already centres (and scales) within
     traj groups, so the useful combinations are other groupings, e.g. batch whitening for GAE."""
     reward_clip: float | None = Field(None, gt=0)
     """Clamp the rewards the estimator sees to [-reward_clip, reward_clip], after normalisation (as
@@ -267,9 +268,6 @@ class PipelineConfig(RollDialect):
         if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs '
                                'train_env_manager.env_manager_type "step"')
-        if self.reward_normalization is not None and self.adv_estimator == "step_reinforce":
-            raise InvalidField("reward_normalization", 'normalises episode scores, which "step_reinforce" '
-                               "does not use (it learns from step rewards); set it to null")
         if self.adv_estimator == "gae" and self.critic is None:
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:

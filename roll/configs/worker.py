@@ -19,6 +19,12 @@ INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 """Engines that can serve `actor_infer`."""
 TRAINING_STRATEGIES = ("torch", "deepspeed", "fsdp2", "megatron")
 """Engines that can train `actor_train`, `critic` and run `reference`."""
+MEGATRON_FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion", "masked_softmax_fusion",
+                    "gradient_accumulation_fusion", "persist_layer_norm")
+"""Megatron's switches of fused kernels (`TransformerConfig`), ROLL's keys. A fused kernel computes
+what the unfused ops compute, on CUDA (some with Apex); roll's megatron runs the unfused ops
+whatever these say (`megatron_model.transformer_config`), so they change no number. Accepted as
+true or false."""
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "hf": ("max_batch_size", "max_cached_tokens", "num_replicas", "continuous_batching", "batch_wait_ms"),
     "torch": (),
@@ -28,7 +34,7 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     # roll.configs.dialect)
     "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                  "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity",
-                 "max_grad_norm"),
+                 "max_grad_norm", *MEGATRON_FUSIONS),
     "vllm": None,
     "sglang": None,
 }
@@ -302,6 +308,10 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
     if name == "fsdp2":
         _check_fsdp2_options(role, worker)
+    for key in MEGATRON_FUSIONS if name == "megatron" else ():
+        value = worker.strategy_args.strategy_config.get(key, False)
+        if not isinstance(value, bool):
+            raise InvalidField(f"{role}.strategy_args.strategy_config.{key}", f"expected true or false (got {value!r})")
     if role == "reference" and worker.model_args.lora_rank is not None:
         raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
                            "and critic (actor_infer serves actor_train's merged weights)")

@@ -200,7 +200,8 @@ class AgenticPipeline:
                 batch, rows, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
                 episode_weight=cfg.episode_reward_weight, step_weight=cfg.step_reward_weight,
                 norm_adv_by_std=cfg.norm_adv_by_std_in_grpo, whiten_advantages=cfg.whiten_advantages,
-                advantage_clip=cfg.advantage_clip)
+                advantage_clip=cfg.advantage_clip,
+                return_norm=cfg.reward_normalization if cfg.adv_estimator == "step_reinforce" else None)
         else:
             metrics = score_batch(
                 batch, rows, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
@@ -221,7 +222,8 @@ class AgenticPipeline:
         if cfg.actor_train.pg_variant == "topr":  # TOPR splits rows by the raw episode score's sign
             batch["episode_scores"] = (rows.episode_scores if self.step_wise else rows.scores).float().clone()
         if cfg.reward_normalization is not None and self.step_wise:
-            normalize_step_episode_scores(rows, cfg.reward_normalization)
+            if cfg.adv_estimator != "step_reinforce":  # which normalises its step returns when scoring
+                normalize_step_episode_scores(rows, cfg.reward_normalization)
         elif cfg.reward_normalization is not None:
             normalize_traj_rewards(batch, rows, cfg.reward_normalization)
         if cfg.reward_clip is None:

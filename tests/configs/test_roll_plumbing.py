@@ -44,12 +44,10 @@ def test_an_empty_yaml_is_named(model_dir, tmp_path):
 
 
 VL = "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager"
-NATIVE = "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager"
 
 
 @pytest.mark.parametrize("overrides, expected", [
     ([f"custom_env.Lake.env_manager_cls={VL}"], "custom_envs.Lake.env_manager_cls: ROLL's vision-language env manager"),
-    ([f"custom_env.Lake.env_manager_cls={NATIVE}"], "custom_envs.Lake.env_manager_cls: ROLL's step manager for native"),
     (["custom_env.Box.env_type=sokoban_sandbox"], "custom_envs.Box.env_type: 'sokoban_sandbox' is ROLL's Sokoban "
                                                   "played inside a ROCK sandbox: needs a ROCK sandbox service"),
     (["custom_env.Box.env_type=rock_tb_native_env"], "custom_envs.Box.env_type: 'rock_tb_native_env' is ROLL's "
@@ -86,3 +84,31 @@ def test_an_env_managers_system_envs_reach_its_env_workers():
 
     assert _env_worker_options({"ENV_WORKER_FLAG": "on"})["runtime_env"] == {"env_vars": {"ENV_WORKER_FLAG": "on"}}
     assert "runtime_env" not in _env_worker_options({})
+
+
+def test_rolls_native_step_manager_maps_to_ours(model_dir):
+    from roll.pipeline.builders import _env_spec
+
+    cfg = load(model_dir, "native_step")
+    assert cfg.train_env_manager.env_manager_type == "step"  # one sample per step
+    assert _env_spec(cfg, "NativeBox", cfg.train_env_manager).native_chat  # the prompt is the env's chat
+    assert cfg.reward_normalization.norm_std_type == "batch"  # with step_reinforce: its returns
+    assert cfg.actor_train.strategy_args.strategy_config["bias_activation_fusion"] is True
+
+
+def test_megatron_fusion_switches_are_booleans(model_dir):
+    with pytest.raises(ConfigError) as info:
+        load(model_dir, "native_step", "actor_train.strategy_args.strategy_config.apply_rope_fusion=fast")
+    assert str(info.value) == ("actor_train.strategy_args.strategy_config.apply_rope_fusion: expected true or false "
+                               "(got 'fast')")
+
+
+def test_a_native_manager_needs_an_env_that_writes_its_chat(model_dir):
+    from roll.pipeline.preflight import check_envs
+
+    check_envs(load(model_dir, "native_step"))  # sokoban_native_env does
+    with pytest.raises(ConfigError) as info:
+        check_envs(load(model_dir, "native_step", "custom_envs.NativeBox.env_type=sokoban"))
+    assert str(info.value).startswith("custom_envs.NativeBox.env_manager_cls: NativeBox: a native env hands its chat "
+                                      "out as info['messages']")
+    assert str(info.value).endswith("after reset; 'sokoban' does not (use step or traj)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from roll.configs.worker import MEGATRON_FUSIONS
 from roll.core.imports import import_object
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ def build_train_strategy(
     engine_cls = strategy_class(strategy_name, kind="train")
     if canonical_name(strategy_name) == "deepspeed_train":
         return engine_cls(model, ds_config=options, **kwargs)  # the options are a DeepSpeed config
-    if megatron:
+    if megatron:  # its fused-kernel switches change no number and it runs unfused (MEGATRON_FUSIONS)
+        options = {key: value for key, value in options.items() if key not in MEGATRON_FUSIONS}
         return engine_cls(model, **options, recompute=gradient_checkpointing, lora=lora, **kwargs)
     return engine_cls(model, **options, **kwargs)
