@@ -19,7 +19,8 @@ ENV_MANAGERS = {
         "text-only causal LMs",
     _ROLL_MANAGERS + "proxy_env_manager.ProxyEnvManager":
         "ROLL's agent-runner env manager (an agent runner drives the env and calls the policy through an "
-        "LLM proxy); roll's agent loops are env_type \"agent\" (roll.agentic.agent_loop)",
+        "HTTP LLM proxy); roll's managers play the env themselves: without env_manager_cls and "
+        "agent_runner_cls the same env runs trajectory-wise",
     _ROLL_MANAGERS + "step_concat_env_manager.StepConcatEnvManager":
         "ROLL's step manager for GEM's concatenated observations; roll runs no GEM envs",
 }
@@ -45,6 +46,8 @@ GEM_NAMESPACES = ("game:", "rg:", "math:", "qa:", "code:", "eval:")
 """Prefixes of GEM env ids (`gem.make("game:GuessTheNumber-v0")`)."""
 
 ENV_KEYS = {
+    "agent_runner_cls": "ROLL's agent runner (GEM / ROCK agents playing the env through an HTTP LLM proxy); roll's "
+                        "env managers play the env themselves: leave it null",
     "tool_wrapper": "ROLL's GEM tool wrapper (python code, search or MCP tools around a GEM env); roll's tool "
                     "use is env_type \"agent\" with its own tools (roll.agentic.agent_loop)",
     "pre_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
