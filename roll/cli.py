@@ -43,9 +43,7 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     args = parse_config_args(argv, prog, "Train an LLM agent with RL on text environments.")
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
-        config = load_config(config_dir, args.config_name, args.overrides)
-        if rollout_only and config.actor_train is not None:  # ROLL's rollout script reads no training key
-            config = config.model_copy(update={"actor_train": None})
+        config = load_config(config_dir, args.config_name, args.overrides, rollout_only=rollout_only)
         from roll.pipeline.preflight import run_preflight
         from roll.pipeline.prestart import check_before_start  # imports the envs: after the config loaded
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -33,12 +34,15 @@ from roll.configs.pipeline import PipelineConfig
 
 
 def load_config(
-    config_path: str, config_name: str, overrides: Sequence[str] = ()
+    config_path: str, config_name: str, overrides: Sequence[str] = (), rollout_only: bool = False
 ) -> PipelineConfig:
     """Compose `config_path/config_name.yaml` with hydra `overrides` and validate it.
 
     `config_path` is a directory, relative to the current directory or absolute.
     Raises `ConfigError` for every problem: missing file, bad YAML, bad override, invalid value.
+    `rollout_only` (ROLL's rollout script): the training roles are left out before validation,
+    as ROLL's rollout pipeline reads none of them (its configs give `actor_train` a `model_args`
+    only); one stderr line names those left out.
     """
     config_dir = os.path.abspath(config_path)
     if not os.path.isdir(config_dir):
@@ -47,6 +51,11 @@ def load_config(
     data, referenced = _compose(config_dir, config_name, list(overrides))
     if "profile" in data:
         apply_profile(data, [_override_key(o) for o in overrides])
+    if rollout_only:
+        dropped = [role for role in ("actor_train", "critic", "reference") if data.pop(role, None) is not None]
+        if dropped:
+            print(f"rollout-only run: {', '.join(dropped)} not used (ROLL's rollout pipeline trains nothing)",
+                  file=sys.stderr)
     return validate_config(data, referenced)
 
 

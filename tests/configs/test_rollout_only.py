@@ -31,6 +31,15 @@ def test_a_config_without_actor_train_is_a_rollout_only_run(model_dir):
     assert unused_in_rollout(set(cfg.model_fields_set), set(ENV_LIBRARY_VARIABLES)) == ["save_steps"]
 
 
+def test_rolls_rollout_script_leaves_the_training_roles_out(model_dir, capsys):
+    # ROLL's rollout configs give actor_train a model_args only: no strategy_args, not a valid role
+    cfg = load_config(str(HERE), "traj_defaults", [f"pretrain={model_dir}", f"reward_pretrain={model_dir}",
+                                                    "~actor_train.strategy_args", "+profile=cpu_smoke"],
+                      rollout_only=True)
+    assert cfg.rollout_only and cfg.reference is None and list(cfg.built_roles) == ["actor_infer"]
+    assert "rollout-only run: actor_train, reference not used" in capsys.readouterr().err
+
+
 def test_training_configs_are_not_rollout_only(model_dir):
     cfg = load(model_dir, "traj_defaults", "+profile=cpu_smoke", f"reward_pretrain={model_dir}")
     assert not cfg.rollout_only and "actor_train" in cfg.built_roles
@@ -96,7 +105,8 @@ def test_rolls_rollout_script_runs_a_training_config_without_training(tiny_model
     proc = _run("start_agentic_rollout_pipeline.py", "traj_defaults", tmp_path, f"pretrain={tiny_model}",
                 f"reward_pretrain={tiny_model}", "max_steps=1", "actor_train.strategy_args.strategy_name=torch_train")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rollout-only run: actor_train, reference not used" in proc.stderr  # left out before validation
     unused = next(line for line in proc.stderr.splitlines() if "these keys are not used" in line)
-    assert "actor_train" in unused and "reference" in unused and "eval_steps" in unused
+    assert "eval_steps" in unused and "val_env_manager" in unused
     rows = _metrics(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1] and "val/score/mean" in rows[0]
