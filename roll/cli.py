@@ -31,16 +31,19 @@ def parse_config_args(argv: Sequence[str] | None, prog: str, description: str) -
     return parser.parse_intermixed_args(argv)
 
 
-def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> int:
+def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rollout_only: bool = False) -> int:
     """Load the config and run the pipeline; returns the process exit status.
 
     `examples_dir` is a second place where a relative `--config_path` is looked up, so that
     `--config_path frozen_lake` works from the repository root as well as from `examples/`.
+    A config without `actor_train` runs the rollout-only pipeline (`roll.pipeline.rollout_pipeline`);
+    `rollout_only` (ROLL's start_agentic_rollout_pipeline.py) runs it whatever the config holds.
     """
-    args = parse_config_args(argv, "start_agentic_pipeline", "Train an LLM agent with RL on text environments.")
+    prog = "start_agentic_rollout_pipeline" if rollout_only else "start_agentic_pipeline"
+    args = parse_config_args(argv, prog, "Train an LLM agent with RL on text environments.")
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
-        config = load_config(config_dir, args.config_name, args.overrides)
+        config = load_config(config_dir, args.config_name, args.overrides, rollout_only=rollout_only)
         from roll.pipeline.preflight import run_preflight
         from roll.pipeline.prestart import check_before_start  # imports the envs: after the config loaded
 
@@ -56,6 +59,8 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     from roll.core.errors import EngineFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.recorded_rollout import RecordingMissing
+    from roll.pipeline.rollout_pipeline import AgenticRolloutPipeline
     from roll.pipeline.checkpoint import CheckpointDamaged
     from roll.pipeline.cluster import ClusterError, joined, lost_nodes
     from roll.pipeline.guards import TrainingDiverged
@@ -66,7 +71,7 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
-        AgenticPipeline(config).run()
+        (AgenticRolloutPipeline if config.rollout_only else AgenticPipeline)(config).run()
     except (Terminated, SystemError) as err:
         if not _terminated(err):  # a SystemError of its own: a bug, keep its traceback
             raise
@@ -80,7 +85,7 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None) -> 
     except ClusterError as err:  # ray_address: no cluster there, or it refused the driver's token
         print(f"cluster error: {err}", file=sys.stderr)
         return 2
-    except (TrainingDiverged, RolloutFailed, EngineFailed) as err:
+    except (TrainingDiverged, RolloutFailed, EngineFailed, RecordingMissing) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
     except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt,

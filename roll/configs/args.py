@@ -4,6 +4,7 @@ itself and its engine are in `roll.configs.worker`."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -54,10 +55,23 @@ class ModelArgs(ConfigModel):
     the HF names map to its fused layers (q/k/v_proj -> linear_qkv, o_proj -> linear_proj,
     gate/up_proj -> linear_fc1, down_proj -> linear_fc2; those megatron names work too), and an
     adapter covers the whole fused layer."""
+    ulysses_size: int | None = Field(None, ge=1)
+    """ROLL's fsdp2 key: the degree of Ulysses sequence parallelism (attention heads split over this
+    many ranks, each holding a slice of every sequence). roll builds no sequence parallelism, so
+    only 1 (or null, the same) runs; `+profile=cpu_smoke` sets it to 1 with the other parallel
+    degrees (one CPU process per role), which changes no number of the run."""
     model_type: Literal["causal_lm"] | None = None
     """ROLL's `model_type`: null (ROLL's default) loads the role's usual head: a causal LM for the
     policy roles, a token-classification value head for the critic. ROLL's other model types
     (diffusion, trl value-head wrappers) are not supported."""
+
+    @field_validator("ulysses_size")
+    @classmethod
+    def _no_sequence_parallelism(cls, size: int | None) -> int | None:
+        if size is not None and size > 1:
+            raise ValueError(f"{size}: Ulysses sequence parallelism (ROLL's fsdp2) is not built in roll; use 1 "
+                             "(+profile=cpu_smoke sets it)")
+        return size
 
     @field_validator("model_name_or_path")
     @classmethod
@@ -143,12 +157,19 @@ class TrainingArgs(ConfigModel):
     steps the PPO epochs and mini-batches of that step take)."""
     warmup_steps: int = Field(0, ge=0)
     """Training (pipeline) steps of linear warm-up from 0 to `learning_rate`."""
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
+    """HF's (and ROLL's) warm-up as a fraction of the run's training steps: ceil(warmup_ratio *
+    max_steps) steps, used only when `warmup_steps` is 0 (`warmup_steps` wins, as in HF)."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradients are clipped to this global L2 norm before each optimiser step."""
     per_device_train_batch_size: int = Field(8, ge=1)
     """Micro-batch: samples in one forward/backward pass."""
     gradient_accumulation_steps: int = Field(1, ge=1)
     """Micro-batches accumulated per optimiser step (see `mini_batch_size`)."""
+
+    def warmup_for(self, total_steps: int) -> int:
+        """Warm-up steps of a run of `total_steps` training steps (HF's `get_warmup_steps`)."""
+        return self.warmup_steps if self.warmup_steps > 0 else math.ceil(self.warmup_ratio * total_steps)
 
     @property
     def mini_batch_size(self) -> int:
@@ -170,7 +191,7 @@ class GeneratingArgs(ConfigModel):
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass; 1.0 turns it off."""
     top_k: int = Field(0, ge=0)
-    """Keep only the k most likely tokens; 0 turns it off."""
+    """Keep only the k most likely tokens; 0 turns it off (so does ROLL's and vLLM's -1)."""
     do_sample: bool = True
     """False means greedy decoding whatever the temperature (e.g. for validation)."""
     num_return_sequences: Literal[1] = 1
@@ -182,6 +203,11 @@ class GeneratingArgs(ConfigModel):
     stop_strings: list[str] = Field(default_factory=list)
     """Generation stops after any of these; each must be a single token of the tokenizer, which
     the pipeline checks once it has loaded the tokenizer."""
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _minus_one_is_off(cls, value: Any) -> Any:
+        return 0 if value == -1 and not isinstance(value, bool) else value
 
     def to_sampling_params(
         self, max_new_tokens: int | None = None, stop_token_ids: Sequence[int] = ()

@@ -15,20 +15,28 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.correction import TrainInferCorrection
+from roll.configs.rollout import RolloutMock
 
 ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
     "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "step",
     "roll.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
     "roll.agentic.env_manager.step_env_manager.StepEnvManager": "step",
+    "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager": "step",
+    "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager": "step",
     "traj": "traj",
     "step": "step",
+    "native": "step",
 }
 """`custom_envs.<Tag>.env_manager_cls` -> our env manager type."""
+NATIVE_ENV_MANAGERS = frozenset({
+    "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager",
+    "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager", "native"})
+"""Of those, the step-wise managers whose prompt is the env's own chat (`native_env_manager`)."""
 
 WORKER_CLASSES = {
     "roll.pipeline.agentic.agentic_actor_worker.ActorWorker": ("actor_train", "reference"),
@@ -108,6 +116,23 @@ class RollDialect(ConfigModel):
     """ROLL's importance weights and token filters from the trainer/engine log-prob gap
     (`roll.algorithms.train_infer`). Not together with `off_policy_correction` (the same weight
     twice)."""
+    rollout_dump_dir: str | None = None
+    """ROLL's key: each step's trajectories are written to
+    `rollout_dump_dir/rollout_dump_data.step_N.jsonl` (validations: `...val_step_N.jsonl`), one
+    JSON line per trajectory as `roll.tracking.traces` records it (decoded turns, rewards, stop
+    reason). ROLL writes only absolute paths and only for some env managers; roll writes any path
+    for every manager. None: nothing is written."""
+    rollout_mock: RolloutMock | None = None
+    """ROLL's rollout dump/mock: record each step's rollout, or replay a recording
+    (`roll.configs.rollout.RolloutMock`)."""
+    rpc_timeout: float | None = Field(None, gt=0)
+    """ROLL's key: seconds the driver waits for one call on a worker (a scoring pass, a training
+    step, a weight sync, a checkpoint) before the run stops with an error. None: 1800."""
+    profiler_memory: bool = False
+    """ROLL's CUDA memory-snapshot profiler (`torch.cuda.memory._record_memory_history`); roll has
+    none, so only false is accepted."""
+    profiler_timeline: bool = False
+    """ROLL's torch-profiler timeline of each step; roll has none, so only false is accepted."""
     # ROLL's env-library variables: only used through ${...} interpolation.
     custom_env: dict[str, Any] | None = None
     """ROLL env-library variable: the env definitions `custom_envs` interpolates from."""
@@ -136,24 +161,37 @@ class RollDialect(ConfigModel):
     single_prompt_agent_template: str | None = None
     """ROLL env-library variable (single-prompt envs)."""
 
-    @model_validator(mode="before")
+
+    @field_validator("profiler_memory", "profiler_timeline")
     @classmethod
-    def _not_rollout_only(cls, data: Any) -> Any:
-        """ROLL's rollout-only configs (actor_infer and a train_env_manager, no actor_train: its
-        start_agentic_rollout_pipeline.py) name what they are instead of a missing key."""
-        if isinstance(data, dict) and "actor_train" not in data and "actor_infer" in data:
-            raise InvalidField("actor_train", "missing: a config without it is ROLL's rollout-only pipeline "
-                               "(start_agentic_rollout_pipeline.py: generate and score, never train), which roll "
-                               "does not run; add actor_train to train on these envs")
-        return data
+    def _no_profiler(cls, on: bool, info) -> bool:
+        if on:
+            what = {"profiler_memory": "CUDA memory snapshots", "profiler_timeline": "a torch-profiler timeline"}
+            raise ValueError(f"ROLL's profiler of {what[info.field_name]}; roll has no such profiler (set false; "
+                             "roll's step timings are the time/*_s metrics)")
+        return on
+
+
+ENV_LIBRARY_VARIABLES = frozenset({
+    "custom_env", "action_pattern", "think_action_pattern", "all_response_pattern", "max_actions_per_traj",
+    "max_tokens_per_step", "default_history_length", "env_manager_cls", "agent_runner_cls", "agent_system_template",
+    "agent_template", "single_prompt_agent_system_template", "single_prompt_agent_template"})
+"""`RollDialect`'s fields that are hydra variables of ROLL's env library, read by no code."""
 
 
 def strip_variables(data: dict[str, Any], referenced: set[str], fields) -> dict[str, Any]:
     """`data` without the top-level hydra variables that are not `fields` (the config's field
-    names): keys the YAML interpolates (`${key...}`) and ROLL's `<env>_format_penalty` numbers."""
+    names): keys the YAML interpolates (`${key...}`), ROLL's `<env>_format_penalty` numbers, and
+    env libraries like `custom_env` under other names (ROLL's `gem_games`: a mapping of tags to
+    env definitions, each with an `env_type`, from which `custom_envs` may copy)."""
     return {key: value for key, value in data.items()
-            if key in fields or not (key in referenced or (_FORMAT_PENALTY_VARIABLE.fullmatch(key)
-                                                           and isinstance(value, (int, float))))}
+            if key in fields or not (key in referenced or _is_env_library(value)
+                                     or (_FORMAT_PENALTY_VARIABLE.fullmatch(key) and isinstance(value, (int, float))))}
+
+
+def _is_env_library(value: Any) -> bool:
+    return (isinstance(value, dict) and bool(value)
+            and all(isinstance(env, dict) and "env_type" in env for env in value.values()))
 
 
 def map_role_strategies(data: dict[str, Any]) -> None:
@@ -164,7 +202,7 @@ def map_role_strategies(data: dict[str, Any]) -> None:
     Megatron's `max_grad_norm` option is ROLL's way to pass the clip: it becomes the role's
     `training_args.max_grad_norm`."""
     forward_only = {"hf_infer": "torch", "megatron_infer": "megatron",
-                    "deepspeed_infer": "deepspeed"}
+                    "deepspeed_infer": "deepspeed", "fsdp2_infer": "fsdp2"}
     for role in ("actor_train", "reference", "critic"):
         worker = data.get(role)
         strategy = worker.get("strategy_args") if isinstance(worker, dict) else None

@@ -50,9 +50,11 @@ class CustomEnvConfig(ConfigModel):
     know the answer format yet only has to produce the action."""
 
     env_manager_cls: str | None = None
-    """ROLL's env manager class path of this tag: ROLL's or our `TrajEnvManager` ("traj") or
-    `StepEnvManager` ("step"), also accepted as "traj"/"step". The managers running the tag take
-    that type (`roll.configs.dialect.ENV_MANAGER_CLASSES`); any other path is refused."""
+    """ROLL's env manager class path of this tag: ROLL's or our `TrajEnvManager` ("traj"),
+    `StepEnvManager` ("step") or ROLL's `AgentNativeStepEnvManager` / our `NativeStepEnvManager`
+    ("native": step-wise samples whose prompt is the env's own chat, `info["messages"]`;
+    roll.agentic.env_manager.native_env_manager). The managers running the tag take that type
+    (`roll.configs.dialect.ENV_MANAGER_CLASSES`); any other path is refused."""
     agent_runner_cls: None = None
     """ROLL's agent runner class; only null (the env manager itself plays the env). Tool-calling
     agents are `env_type: agent` here."""
@@ -140,6 +142,9 @@ class EnvManagerConfig(ConfigModel):
     """Most seconds one generate request may wait for its answer (queueing in the inference
     worker included); over it the trajectory is dropped (cause "generate timeout ...") and its env
     made anew. A group that lost every trajectory is replaced by a fresh group."""
+    system_envs: dict[str, str] = Field(default_factory=dict)
+    """ROLL's key (its env manager is a worker config): environment variables set in this manager's
+    env-worker processes, on top of the top-level `system_envs`."""
     generating_args: GeneratingArgs | None = None
     """Sampling of this manager's requests: the keys given here replace those of
     `actor_infer.generating_args`, the others are inherited (e.g. `{do_sample: false}` for

@@ -10,9 +10,11 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,30 +29,47 @@ from pydantic import BaseModel, ValidationError
 from roll.configs.base import ConfigError, InvalidField
 from roll.configs.dialect import map_role_strategies, strip_variables
 from roll.configs.profile import apply_profile, configs_search_path
+from roll.configs.unsupported import refuse_unsupported
 from roll.configs.pipeline import PipelineConfig
 
 
 def load_config(
-    config_path: str, config_name: str, overrides: Sequence[str] = ()
+    config_path: str, config_name: str, overrides: Sequence[str] = (), rollout_only: bool = False
 ) -> PipelineConfig:
     """Compose `config_path/config_name.yaml` with hydra `overrides` and validate it.
 
     `config_path` is a directory, relative to the current directory or absolute.
     Raises `ConfigError` for every problem: missing file, bad YAML, bad override, invalid value.
+    `rollout_only` (ROLL's rollout script): the training roles are left out before validation,
+    as ROLL's rollout pipeline reads none of them (its configs give `actor_train` a `model_args`
+    only); one stderr line names those left out.
     """
     config_dir = os.path.abspath(config_path)
     if not os.path.isdir(config_dir):
         raise ConfigError("config_path", f"{config_path!r} is not a directory")
+    _refuse_empty(os.path.join(config_dir, f"{config_name}.yaml"))
     data, referenced = _compose(config_dir, config_name, list(overrides))
     if "profile" in data:
         apply_profile(data, [_override_key(o) for o in overrides])
+    if rollout_only:
+        dropped = [role for role in ("actor_train", "critic", "reference") if data.pop(role, None) is not None]
+        if dropped:
+            print(f"rollout-only run: {', '.join(dropped)} not used (ROLL's rollout pipeline trains nothing)",
+                  file=sys.stderr)
     return validate_config(data, referenced)
+
+
+def _refuse_empty(path: str) -> None:
+    """An empty YAML (ROLL ships one) would otherwise be reported as its first missing key."""
+    if os.path.isfile(path) and not Path(path).read_text(encoding="utf-8").strip():
+        raise ConfigError("config_name", f"{path} is empty: there is no config in it")
 
 
 def validate_config(data: dict[str, Any], referenced: set[str] = frozenset()) -> PipelineConfig:
     """Validate an already composed config (a plain dict), raising `ConfigError`. `referenced`:
     top-level keys the YAML interpolated, which are ROLL-style variables (`roll.configs.dialect`)."""
     data = strip_variables(data, set(referenced), PipelineConfig.model_fields)
+    refuse_unsupported(data)  # a ROLL feature roll does not run: named before any other key
     map_role_strategies(data)
     try:
         return PipelineConfig.model_validate(data)

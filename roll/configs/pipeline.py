@@ -100,7 +100,8 @@ class PipelineConfig(RollDialect):
     reward_normalization: RewardNormalization | None = None
     """Normalise episode scores before the estimator (null: off). Trajectory-wise rows then carry
     the normalised score as their only reward, on the last generated token (as in ROLL); step-wise
-    rows use it as the episode score of "grpo"/"gigpo". GRPO already centres (and scales) within
+    rows use it as the episode score of "grpo"/"gigpo"; "step_reinforce" normalises each row's
+    discounted step return with it instead (over the rows of each group, as ROLL). GRPO already centres (and scales) within
     traj groups, so the useful combinations are other groupings, e.g. batch whitening for GAE."""
     reward_clip: float | None = Field(None, gt=0)
     """Clamp the rewards the estimator sees to [-reward_clip, reward_clip], after normalisation (as
@@ -171,8 +172,9 @@ class PipelineConfig(RollDialect):
     """Most tokens of one trajectory (prompt, responses and observations together)."""
     ray_address: str | None = None
     """Address of a running Ray cluster; None starts a local Ray."""
-    actor_train: WorkerConfig
-    """The policy being trained."""
+    actor_train: WorkerConfig | None = None
+    """The policy being trained. Left out (with `actor_infer` given): a rollout-only run, ROLL's
+    AgenticRolloutPipeline (`roll.configs.rollout`, `roll.pipeline.rollout_pipeline`)."""
     actor_infer: WorkerConfig
     """The policy's inference engine, which serves the env managers."""
     critic: WorkerConfig | None = None
@@ -210,7 +212,8 @@ class PipelineConfig(RollDialect):
         for role, worker in self.workers.items():
             check_strategy_for_role(role, worker)
         self._check_batches()
-        self._check_required_roles()
+        if not self.rollout_only:  # a rollout-only run reads no estimator, KL or validation key
+            self._check_required_roles()
         for name, manager in self.env_managers.items():
             for tag in manager.tags:
                 if tag not in self.custom_envs:
@@ -239,6 +242,8 @@ class PipelineConfig(RollDialect):
                 f"{self.rollout_batch_size} is not a multiple of "
                 f"train_env_manager.group_size={group_size}",
             )
+        if self.rollout_only:
+            return
         if self.eval_steps > 0 and self.val_env_manager is None:
             raise InvalidField("val_env_manager", "required when eval_steps > 0")
         if self.eval_steps > 0 and self.val_batch_size == 0:
@@ -263,9 +268,6 @@ class PipelineConfig(RollDialect):
         if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
             raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs '
                                'train_env_manager.env_manager_type "step"')
-        if self.reward_normalization is not None and self.adv_estimator == "step_reinforce":
-            raise InvalidField("reward_normalization", 'normalises episode scores, which "step_reinforce" '
-                               "does not use (it learns from step rewards); set it to null")
         if self.adv_estimator == "gae" and self.critic is None:
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:
@@ -293,7 +295,10 @@ class PipelineConfig(RollDialect):
     @property
     def built_roles(self) -> dict[str, WorkerConfig]:
         """The roles the pipeline builds workers for: the actor and its engine always, the critic
-        for adv_estimator "gae", the reference when the loss has a KL term."""
+        for adv_estimator "gae", the reference when the loss has a KL term; the engine alone in a
+        rollout-only run."""
+        if self.rollout_only:
+            return {"actor_infer": self.actor_infer}
         roles = {"actor_train": self.actor_train, "actor_infer": self.actor_infer}
         if self.adv_estimator == "gae":
             roles["critic"] = self.critic
@@ -310,6 +315,11 @@ class PipelineConfig(RollDialect):
                 "strategies": {role: worker.strategy_args.strategy_name for role, worker in roles.items()},
                 "world_sizes": {role: worker.world_size for role, worker in roles.items()},
                 "inference_replicas": self.inference_replicas}
+
+    @property
+    def rollout_only(self) -> bool:
+        """No `actor_train`: generate and score on `train_env_manager`'s envs, never train."""
+        return self.actor_train is None
 
     @property
     def inference_replicas(self) -> int:

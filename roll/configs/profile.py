@@ -114,6 +114,8 @@ def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list
     smoke.set(f"{role}.device_mapping", None)
     smoke.set(f"{role}.world_size", None)
     smoke.set(f"{role}.model_args.dtype", profile["dtype"])
+    if (worker.get("model_args") or {}).get("ulysses_size") not in (None, 1):  # a parallel degree, as below
+        smoke.set(f"{role}.model_args.ulysses_size", 1)
     attn = (worker.get("model_args") or {}).get("attn_implementation")
     if attn in FLASH_ATTENTION:
         smoke.set(f"{role}.model_args.attn_implementation", "sdpa")

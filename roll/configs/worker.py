@@ -19,6 +19,12 @@ INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 """Engines that can serve `actor_infer`."""
 TRAINING_STRATEGIES = ("torch", "deepspeed", "fsdp2", "megatron")
 """Engines that can train `actor_train`, `critic` and run `reference`."""
+MEGATRON_FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion", "masked_softmax_fusion",
+                    "gradient_accumulation_fusion", "persist_layer_norm")
+"""Megatron's switches of fused kernels (`TransformerConfig`), ROLL's keys. A fused kernel computes
+what the unfused ops compute, on CUDA (some with Apex); roll's megatron runs the unfused ops
+whatever these say (`megatron_model.transformer_config`), so they change no number. Accepted as
+true or false."""
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "hf": ("max_batch_size", "max_cached_tokens", "num_replicas", "continuous_batching", "batch_wait_ms"),
     "torch": (),
@@ -28,7 +34,7 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     # roll.configs.dialect)
     "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                  "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity",
-                 "max_grad_norm"),
+                 "max_grad_norm", *MEGATRON_FUSIONS),
     "vllm": None,
     "sglang": None,
 }
@@ -46,6 +52,7 @@ STRATEGY_ALIASES = {
     "torch_train": "torch",
     "deepspeed_train": "deepspeed",
     "fsdp2_train": "fsdp2",
+    "fsdp2_infer": "fsdp2",  # ROLL's forward-only FSDP2 (the reference role)
     "megatron_train": "megatron",
     "megatron_infer": "megatron",  # ROLL's log-prob-only Megatron (the reference role): the same model
 }
@@ -104,6 +111,12 @@ class WorkerConfig(ConfigModel):
     system_envs: dict[str, str] = Field(default_factory=dict)
     """Environment variables set in this role's worker processes (on top of the top-level
     `system_envs`)."""
+    use_remove_padding: bool = False
+    """ROLL's key for a forward on packed sequences with the padding removed. Its numbers are those
+    of a padded forward with an attention mask, which is what roll runs: batches are right-padded,
+    positions count from each row's start and padded positions get log-prob 0, so no row's numbers
+    depend on the padding. Accepted either way; padding only costs compute (the
+    `use_dynamic_batching_*` keys cut it). ROLL's agentic pipeline reads the key nowhere either."""
     world_size: int | None = Field(None, ge=1)
     """Processes of a training role, its data-parallel ranks (ROLL's name): one per listed device
     with a `device_mapping` list (left out it is the list's length; set, it must equal it), the
@@ -295,6 +308,10 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
     if name == "fsdp2":
         _check_fsdp2_options(role, worker)
+    for key in MEGATRON_FUSIONS if name == "megatron" else ():
+        value = worker.strategy_args.strategy_config.get(key, False)
+        if not isinstance(value, bool):
+            raise InvalidField(f"{role}.strategy_args.strategy_config.{key}", f"expected true or false (got {value!r})")
     if role == "reference" and worker.model_args.lora_rank is not None:
         raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
                            "and critic (actor_infer serves actor_train's merged weights)")

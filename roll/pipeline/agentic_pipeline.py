@@ -13,8 +13,6 @@ Roles that share GPUs take turns on them: each phase first makes its roles resid
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +24,6 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
-from roll.models.loading import load_tokenizer
-from roll.models.templates import apply_template
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.samples import (
     adjust_batch,
@@ -43,13 +39,10 @@ from roll.pipeline.builders import (
     build_rollout,
     build_workers,
     inference_names,
-    init_ray,
-    place_workers,
 )
-from roll.pipeline.cluster import placement_rows, ray_target, stop_on_loss_of, write_placement
+from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.guards import stop_if_diverged
-from roll.pipeline.prestart import check_before_start
-from roll.pipeline.residency import PhaseResidency
+from roll.pipeline.recorded_rollout import dump_trajectories, recorded
 from roll.pipeline.scoring import (
     clip_rewards,
     final_values,
@@ -60,38 +53,30 @@ from roll.pipeline.scoring import (
     with_final_state,
 )
 from roll.tracking.frames import save_episode_frames
+from roll.pipeline.startup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.tracking.progress import ProgressBar
-from roll.tracking.backends import make_backend
-from roll.tracking.tracker import Tracker
-from roll.tracking.traces import RolloutTracer
 from roll.utils.seeding import seed_everything
 
 logger = logging.getLogger("roll")
-RAY_TIMEOUT_S = 1800.0  # no phase of a step may hang forever
 
 
 class AgenticPipeline:
     def __init__(self, cfg):
         self.cfg = cfg
         seed_everything(cfg.seed)
-        check_before_start(cfg)  # envs, datasets, device layout: a bad one stops here (ConfigError)
-        # which roles hold their GPUs in each phase; a layout this machine cannot hold stops here,
-        # before Ray starts; on a cluster it is planned over the nodes once joined
-        local_plan = None if ray_target(cfg.ray_address) else place_workers(cfg)
-        sigterm = signal.getsignal(signal.SIGTERM)
-        init_ray(cfg.ray_address, cfg.system_envs)
-        self.residency = PhaseResidency(local_plan or place_workers(cfg), timeout_s=RAY_TIMEOUT_S)
-        if sigterm is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it, and Ray's C handler dumps a stack
-        self.tokenizer = apply_template(load_tokenizer(cfg.actor_infer.model_args.model_name_or_path),
-                                        cfg.actor_infer.data_args.template)
+        # envs, datasets, device layout checked (ConfigError); which roles hold their GPUs in each
+        # phase (a layout this machine cannot hold stops before Ray starts); Ray
+        self.residency = start(cfg)
+        self.tokenizer = run_tokenizer(cfg)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.workers = build_workers(cfg, self.residency)
         infer = inference_names(cfg)  # env workers find the inference workers by name (they may restart)
-        self.train_rollout = build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train")
+        self.train_rollout = recorded(build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train"),
+                                      cfg.rollout_mock)
         self.val_rollout = None
         if cfg.eval_steps > 0:
-            self.val_rollout = build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val")
+            self.val_rollout = recorded(build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val"),
+                                        cfg.rollout_mock)
         rollouts = {"train": self.train_rollout, "val": self.val_rollout}
         placed = placement_rows(self.residency.plan, self.workers, {
             name: r.workers for name, r in rollouts.items() if r is not None})
@@ -106,10 +91,8 @@ class AgenticPipeline:
         self.pg_options = build_pg_options(cfg)
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
-        self.tracker = Tracker(cfg.output_dir, cfg.tensorboard_dir, resume_step=self.start_step if self.start_step else -1,
-                               backend=make_backend(cfg.track_with, cfg.tracker_kwargs.model_dump(), cfg.exp_name))
-        self.tracer = RolloutTracer(cfg.output_dir, self.tokenizer, self.tracker, cfg.trace_samples_to_tensorboard,
-                                    mlflow=cfg.trace_to_mlflow) if cfg.trace_rollouts else None
+        self.tracker = make_tracker(cfg, resume_step=self.start_step if self.start_step else -1)
+        self.tracer = make_tracer(cfg, self.tokenizer, self.tracker)
 
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
@@ -120,7 +103,7 @@ class AgenticPipeline:
             return metrics
         progress = ProgressBar(cfg.max_steps, initial=self.start_step)
         # model/trainable_params, model/total_params: once per run, with the first logged step
-        model_size = ray.get(self.workers["actor"].param_counts.remote(), timeout=RAY_TIMEOUT_S)
+        model_size = ray.get(self.workers["actor"].param_counts.remote(), timeout=self.timeout_s)
         if self.val_rollout is not None and self.start_step == 0:
             self.tracker.log(0, self.validate(0))  # where the untrained policy starts
         for step in range(self.start_step + 1, cfg.max_steps + 1):
@@ -149,6 +132,8 @@ class AgenticPipeline:
                        "time/step_s": sum(timings.values())}
             if self.tracer is not None:  # what the policy did: every trajectory, decoded
                 self.tracer.write(step, trajs)
+            if cfg.rollout_dump_dir:  # ROLL's dump of the step's trajectories
+                dump_trajectories(cfg.rollout_dump_dir, step, trajs, self.tokenizer)
             if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 metrics.update(self.validate(step))
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
@@ -161,6 +146,11 @@ class AgenticPipeline:
         progress.close()
         self.tracker.close()
         return metrics
+
+    @property
+    def timeout_s(self) -> float:
+        """How long one call on a worker may take (`rpc_timeout`)."""
+        return rpc_timeout(self.cfg)
 
     def rollout_metrics(self, trajs: list, dropped: list[str], step: int) -> dict[str, float]:
         """Episode statistics of the step's trajectories, and what the rollout lost (each dropped
@@ -197,7 +187,7 @@ class AgenticPipeline:
         if "critic" in self.workers:  # one position more: the value of each row's last state
             critic_input = with_final_state(batch)
             refs[Batch.VALUES] = self.workers["critic"].compute_values.remote(critic_input)
-        results = {key: ray.get(ref, timeout=RAY_TIMEOUT_S) for key, ref in refs.items()}
+        results = {key: ray.get(ref, timeout=self.timeout_s) for key, ref in refs.items()}
         if Batch.VALUES in results:  # GAE bootstraps truncated rows from the value of their last state
             rows.final_values = final_values(results[Batch.VALUES], critic_input[Batch.ATTENTION_MASK])
             results[Batch.VALUES] = results[Batch.VALUES][:, :-1]
@@ -210,7 +200,8 @@ class AgenticPipeline:
                 batch, rows, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
                 episode_weight=cfg.episode_reward_weight, step_weight=cfg.step_reward_weight,
                 norm_adv_by_std=cfg.norm_adv_by_std_in_grpo, whiten_advantages=cfg.whiten_advantages,
-                advantage_clip=cfg.advantage_clip)
+                advantage_clip=cfg.advantage_clip,
+                return_norm=cfg.reward_normalization if cfg.adv_estimator == "step_reinforce" else None)
         else:
             metrics = score_batch(
                 batch, rows, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
@@ -231,7 +222,8 @@ class AgenticPipeline:
         if cfg.actor_train.pg_variant == "topr":  # TOPR splits rows by the raw episode score's sign
             batch["episode_scores"] = (rows.episode_scores if self.step_wise else rows.scores).float().clone()
         if cfg.reward_normalization is not None and self.step_wise:
-            normalize_step_episode_scores(rows, cfg.reward_normalization)
+            if cfg.adv_estimator != "step_reinforce":  # which normalises its step returns when scoring
+                normalize_step_episode_scores(rows, cfg.reward_normalization)
         elif cfg.reward_normalization is not None:
             normalize_traj_rewards(batch, rows, cfg.reward_normalization)
         if cfg.reward_clip is None:
@@ -244,7 +236,7 @@ class AgenticPipeline:
         if "critic" in self.workers:
             metrics.update(ray.get(self.workers["critic"].train.remote(
                 batch, ppo_epochs=cfg.ppo_epochs, value_clip=cfg.value_clip,
-                loss_agg_mode=cfg.loss_agg_mode, step=step), timeout=RAY_TIMEOUT_S))
+                loss_agg_mode=cfg.loss_agg_mode, step=step), timeout=self.timeout_s))
         metrics.update(ray.get(self.workers["actor"].train.remote(
             batch, temperature=self.temperature, ppo_epochs=cfg.ppo_epochs,
             pg_clip=cfg.pg_clip_low or cfg.pg_clip, pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
@@ -253,7 +245,7 @@ class AgenticPipeline:
             pg_variant=cfg.actor_train.pg_variant, pg_options=self.pg_options,
             kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None, kl_loss_type=cfg.kl_loss_type,
             correction=cfg.train_infer_correction.loss_options() if cfg.train_infer_correction else None),
-            timeout=RAY_TIMEOUT_S))
+            timeout=self.timeout_s))
         return metrics
 
     def sync_weights(self, version: int) -> None:
@@ -262,7 +254,7 @@ class AgenticPipeline:
         the actor off a shared GPU and wake the engine: weights must reach an awake engine."""
         weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
         self.residency.enter("sync")
-        ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=RAY_TIMEOUT_S)
+        ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=self.timeout_s)
 
     def validate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
@@ -273,6 +265,8 @@ class AgenticPipeline:
             logger.warning("validation at step %d: dropped a trajectory: %s", step, cause)
         if self.tracer is not None:
             self.tracer.write(step, trajs, prefix="val")
+        if cfg.rollout_dump_dir:
+            dump_trajectories(cfg.rollout_dump_dir, step, trajs, self.tokenizer, prefix="val_")
         if keep_frames:  # text, PNG frames and a GIF per episode (text only for envs without images)
             directory = Path(cfg.render_save_dir) / f"step_{step}"
             for tr in (t for t in trajs if cfg.custom_envs[t.tag].env_type != "agent"):  # agents have no frames
@@ -285,7 +279,7 @@ class AgenticPipeline:
         refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
         if "critic" in self.workers:
             refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
-        ray.get(refs, timeout=RAY_TIMEOUT_S)
+        ray.get(refs, timeout=self.timeout_s)
         ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
 
     def _resume(self) -> int:
@@ -301,7 +295,7 @@ class AgenticPipeline:
         refs = [self.workers["actor"].load_checkpoint.remote(str(path))]
         if "critic" in self.workers:
             refs.append(self.workers["critic"].load_checkpoint.remote(str(path / "critic")))
-        ray.get(refs, timeout=RAY_TIMEOUT_S)
+        ray.get(refs, timeout=self.timeout_s)
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         self.sync_weights(version=state["step"])
         logger.warning("resumed from %s (step %d)", path, state["step"])

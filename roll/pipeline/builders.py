@@ -27,6 +27,7 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
+from roll.configs.dialect import NATIVE_ENV_MANAGERS
 from roll.configs.worker import engine_options
 from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
 from roll.pipeline import cluster
@@ -114,12 +115,19 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
             features=training_features(cfg.critic), system_envs=cfg.critic.system_envs, cfg=cfg, pins=pins)
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
+    workers["inference"] = build_inference(cfg, residency, pins)
+    return workers
+
+
+def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) -> list:
+    """The inference replicas of `actor_infer` on their devices (`residency.plan`), pinned to their
+    cores; `pins`: the training roles' pins, waited for together with these."""
+    plan, pins = residency.plan, pins or []
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
     placements = plan.processes["actor_infer"]
     infer_shares = process_shares(cfg, "actor_infer", len(placements))
-    workers["inference"] = [_remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs,
-                                    **spot).remote(
+    inference = [_remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs, **spot).remote(
         infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
         max_batch_size=int(options.get("max_batch_size", 256)),
         max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
@@ -129,9 +137,9 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
         num_threads=share.num_threads)
         for placement, name, spot, share in zip(placements, inference_names(cfg), node_spots("actor_infer", placements),
                                                 infer_shares, strict=True)]
-    ray.get(pins + pin_workers(workers["inference"], infer_shares))
-    residency.attach("actor_infer", workers["inference"])
-    return workers
+    ray.get(pins + pin_workers(inference, infer_shares))
+    residency.attach("actor_infer", inference)
+    return inference
 
 
 def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, cfg=None,
@@ -282,7 +290,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     workers, slots = [], []
     for w, tags in enumerate(chunks):
         specs = [_env_spec(cfg, tag, manager_cfg) for tag in tags]
-        workers.append(ray.remote(EnvWorker).options(**_env_worker_options()).remote(
+        workers.append(ray.remote(EnvWorker).options(**_env_worker_options(manager_cfg.system_envs)).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
             history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
@@ -293,9 +301,13 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
 
 
-def _env_worker_options() -> dict:
-    """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies)."""
-    return {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else _ENV_WORKER_OPTIONS
+def _env_worker_options(system_envs: dict[str, str]) -> dict:
+    """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies);
+    the manager's `system_envs` in their environment."""
+    options = {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else dict(_ENV_WORKER_OPTIONS)
+    if system_envs:
+        options["runtime_env"] = {"env_vars": dict(system_envs)}
+    return options
 
 
 def _env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
@@ -311,7 +323,8 @@ def _env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
                    response_prefix=env.response_prefix, instruction=env.instruction,
                    agent_system_template=env.agent_system_template, agent_template=env.agent_template,
                    history_length=env.history_length, use_thread_lock=env.use_thread_lock,
-                   max_env_step_concurrent=env.max_env_step_concurrent)
+                   max_env_step_concurrent=env.max_env_step_concurrent,
+                   native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS)
 
 
 def _takes(env_type: str, key: str) -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from roll.configs import ConfigError
 from roll.pipeline import checkpoint as ckpt
+from roll.pipeline.recorded_rollout import recording_path
 from roll.tracking.tracker import METRICS_FILE
 
 ENV_CHECK_TIMEOUT_S = 30.0
@@ -39,6 +40,7 @@ def run_preflight(cfg) -> None:
     check_writable(cfg.logging_dir, "logging_dir")
     check_model_configs(cfg)
     check_envs(cfg)
+    check_recordings(cfg)
 
 
 def previous_run(output_dir: str) -> list[str]:
@@ -95,21 +97,45 @@ def check_model_configs(cfg) -> None:
                                    f"{lines[0] if lines else type(err).__name__}") from None
 
 
+def check_recordings(cfg) -> None:
+    """`rollout_mock` mode "mock" replays a recording of every training step: the run's steps
+    must all be there (validations are checked when they come)."""
+    mock = cfg.rollout_mock
+    if mock is None or not mock.replays:
+        return
+    missing = [step for step in range(1, cfg.max_steps + 1)
+               if not recording_path(mock.dump_dir, "train", step).is_file()]
+    if missing:
+        raise ConfigError("rollout_mock.dump_dir", f"{mock.dump_dir} has no recording of training step "
+                          f"{missing[0]} ({recording_path(mock.dump_dir, 'train', missing[0])}); record the run "
+                          "first with rollout_mock.mode=dump")
+
+
 def check_envs(cfg) -> None:
     """Build and reset one env per tag in use (with a time bound), and check that
     `sequence_length` holds its first prompt and one response."""
     from roll.agentic.env_manager.chat import ChatFormatter
+    from roll.agentic.env_manager.native_env_manager import MalformedEnvOutput, chat_of
+    from roll.configs.dialect import NATIVE_ENV_MANAGERS
     from roll.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
-    tags = dict.fromkeys(t for m in (cfg.train_env_manager, cfg.val_env_manager) for t in m.tags)
+    tags = dict.fromkeys(t for m in cfg.env_managers.values() for t in m.tags)
     for tag in tags:
         env_cfg = cfg.custom_envs[tag]
         if env_cfg.env_type == "agent":  # dataset rows, checked by the agent registry
             continue
         obs, info = _first_observation(tag, env_cfg, cfg.seed)
-        instruction = info.get("env_instruction") if env_cfg.instruction is None else env_cfg.instruction
-        prompt = ChatFormatter(tokenizer, env_cfg.response_prefix).initial_prompt(instruction, obs)
+        chat = ChatFormatter(tokenizer, env_cfg.response_prefix)
+        if env_cfg.env_manager_cls in NATIVE_ENV_MANAGERS:  # the prompt is the env's own chat
+            try:
+                prompt = chat.template_ids(chat_of(info, tag), add_generation_prompt=True)
+            except MalformedEnvOutput as err:
+                raise ConfigError(f"custom_envs.{tag}.env_manager_cls", f"{err} after reset; "
+                                  f"{env_cfg.env_type!r} does not (use step or traj)") from None
+        else:
+            instruction = info.get("env_instruction") if env_cfg.instruction is None else env_cfg.instruction
+            prompt = chat.initial_prompt(instruction, obs)
         need = len(prompt) + env_cfg.max_tokens_per_step
         if need > cfg.sequence_length:
             raise ConfigError("sequence_length", f"{cfg.sequence_length} cannot hold {tag}'s first prompt "

@@ -17,7 +17,7 @@ from roll.configs.worker import WorkerConfig, cpu_options, engine_options
 from roll.distributed.cpu_affinity import usable_cores
 from roll.distributed.placement import PlacementError, check_device_layout
 from roll.distributed.strategies.megatron_lora import megatron_targets
-from roll.distributed.strategies.megatron_parallel import check_parallel_config
+from roll.distributed.strategies.megatron_parallel import PARALLEL_KEYS, check_parallel_config
 from roll.models.lora import unmatched_lora_target
 
 
@@ -61,7 +61,7 @@ def check_megatron_layout(role: str, worker: WorkerConfig) -> None:
     parallelism there would be silently ignored: refused instead."""
     options = engine_options(worker.strategy_args.strategy_config)
     try:
-        check_parallel_config(worker.world_size, **options)
+        check_parallel_config(worker.world_size, **{k: v for k, v in options.items() if k in PARALLEL_KEYS})
     except ValueError as error:
         key, why = str(error).split(": ", 1)
         raise InvalidField(f"{role}.strategy_args.{key}", why) from None

@@ -77,11 +77,15 @@ def final_values(values: torch.Tensor, critic_attention_mask: torch.Tensor) -> t
 
 def score_step_batch(batch, rows: RowInfo, *, adv_estimator: str, step_reward_gamma: float,
                      episode_weight: float, step_weight: float, norm_adv_by_std: bool,
-                     whiten_advantages: bool, advantage_clip: float | None = None) -> dict[str, float]:
+                     whiten_advantages: bool, advantage_clip: float | None = None,
+                     return_norm=None) -> dict[str, float]:
     """Step-wise samples: one advantage per row (env step), broadcast to its generated tokens.
 
     "grpo" normalises each trajectory's score within its group (over trajectories, not rows);
-    "gigpo" adds the anchor-state step advantage; "step_reinforce" uses discounted step returns.
+    "gigpo" adds the anchor-state step advantage; "step_reinforce" uses discounted step returns,
+    normalised as `return_norm` (a `reward_normalization`) says over the rows of each group, as ROLL
+    does (its `agentic_reward_norm` of the step returns); without it, whitened over the batch unless
+    `whiten_advantages` whitens the tokens instead.
     """
     mask = batch[Batch.RESPONSE_MASK]
     if adv_estimator == "grpo":
@@ -93,8 +97,12 @@ def score_step_batch(batch, rows: RowInfo, *, adv_estimator: str, step_reward_ga
             rows.state_hash, rows.step, gamma=step_reward_gamma, episode_weight=episode_weight,
             step_weight=step_weight, norm_std=norm_adv_by_std)
     elif adv_estimator == "step_reinforce":
-        per_row = compute_step_reinforce_advantages(rows.step_rewards, rows.traj_id, rows.step,
-                                                    gamma=step_reward_gamma, normalize=not whiten_advantages)
+        per_row = compute_step_reinforce_advantages(rows.step_rewards, rows.traj_id, rows.step, gamma=step_reward_gamma,
+                                                    normalize=not whiten_advantages and return_norm is None)
+        if return_norm is not None:
+            per_row = normalize_rewards(per_row, rows.group_keys(return_norm.group_key),
+                                        norm_mean_type=return_norm.norm_mean_type,
+                                        norm_std_type=return_norm.norm_std_type, clip_range=return_norm.clip_range)
     else:
         raise ValueError(f"adv_estimator {adv_estimator!r} does not apply to step-wise samples")
     adv = broadcast_to_tokens(per_row, mask)

@@ -78,7 +78,7 @@ def test_cpu_smoke_profile_shrinks_and_command_line_wins(model_dir, capsys):
     (["actor_train.worker_cls=my.pkg.Worker"], "actor_train.worker_cls: unknown class path 'my.pkg.Worker'"),
     (["actor_infer.generating_args.num_beams=4"], "actor_infer.generating_args.num_beams: input should be 1"),
     (["actor_infer.data_args.template=vicuna"], "actor_infer.data_args.template: 'vicuna' is not a known chat template"),
-    (["custom_env.Lake.agent_runner_cls=x.Y"], "custom_envs.Lake.agent_runner_cls: input should be None"),
+    (["custom_env.Lake.agent_runner_cls=x.Y"], "custom_envs.Lake.agent_runner_cls: ROLL's agent runner"),
     (["track_with=wandb"], "track_with: 'wandb' needs the wandb package"),
     (["+actor_train.model_args.flash_attn=fa2", "+actor_train.model_args.attn_implementation=sdpa"],
      "actor_train.model_args.flash_attn: is the older spelling of attn_implementation"),

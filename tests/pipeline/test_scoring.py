@@ -12,6 +12,7 @@ from roll.pipeline.scoring import (
     normalize_step_episode_scores,
     normalize_traj_rewards,
     score_batch,
+    score_step_batch,
     with_final_state,
 )
 
@@ -119,3 +120,19 @@ def test_advantage_clip_after_the_estimator():
     assert batch["advantages"].tolist() == [[1.0, 1.0], [-0.5, -0.5]]
     assert batch["returns"].tolist() == [[3.0, 3.0], [-0.5, -0.5]]
     assert metrics["critic/advantage_clip_frac"] == pytest.approx(0.5)
+
+
+def test_step_reinforce_normalises_its_step_returns_as_roll():
+    # gamma 1. Group g: t1 steps rewards (1, 2) -> returns 3, 2; t2 one step reward 1 -> 1. Group h:
+    # t3 reward 4 -> 4. Group mean (ROLL's norm_mean_type group) over g's rows: 2, std None -> 1, 0, -1;
+    # h alone -> 0. Each row's advantage is on its generated tokens.
+    rows = RowInfo(traj_group_id=["g", "g", "g", "h"], traj_id=["t1", "t1", "t2", "t3"], tag=["x"] * 4,
+                   step=[0, 1, 0, 0], step_rewards=torch.tensor([1.0, 2.0, 1.0, 4.0]),
+                   episode_scores=torch.tensor([3.0, 3.0, 1.0, 4.0]), state_hash=["a", "b", "c", "d"])
+    mask = torch.tensor([[0, 1, 1], [0, 0, 1], [1, 1, 0], [0, 1, 0]])
+    batch = TensorDict({"response_mask": mask}, batch_size=[4])
+    score_step_batch(batch, rows, adv_estimator="step_reinforce", step_reward_gamma=1.0, episode_weight=1.0,
+                     step_weight=1.0, norm_adv_by_std=True, whiten_advantages=False,
+                     return_norm=RewardNormalization(grouping="traj_group_id", norm_mean_type="group",
+                                                     norm_std_type=None))
+    assert batch["advantages"].tolist() == [[0, 1.0, 1.0], [0, 0, 0.0], [-1.0, -1.0, 0], [0, 0.0, 0]]

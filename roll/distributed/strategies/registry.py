@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from roll.configs.worker import MEGATRON_FUSIONS
 from roll.core.imports import import_object
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def build_train_strategy(
         adam_betas=(training_args.adam_beta1, training_args.adam_beta2),
         adam_epsilon=training_args.adam_epsilon,
         lr_scheduler_type=training_args.lr_scheduler_type,
-        warmup_steps=training_args.warmup_steps,
+        warmup_steps=training_args.warmup_for(total_steps),
         total_steps=total_steps,
         max_grad_norm=training_args.max_grad_norm,
         micro_batch_size=training_args.per_device_train_batch_size,
@@ -111,6 +112,7 @@ def build_train_strategy(
     engine_cls = strategy_class(strategy_name, kind="train")
     if canonical_name(strategy_name) == "deepspeed_train":
         return engine_cls(model, ds_config=options, **kwargs)  # the options are a DeepSpeed config
-    if megatron:
+    if megatron:  # its fused-kernel switches change no number and it runs unfused (MEGATRON_FUSIONS)
+        options = {key: value for key, value in options.items() if key not in MEGATRON_FUSIONS}
         return engine_cls(model, **options, recompute=gradient_checkpointing, lora=lora, **kwargs)
     return engine_cls(model, **options, **kwargs)

@@ -1,0 +1,82 @@
+"""ROLL's two ways of keeping a run's rollouts: `rollout_dump_dir` (readable JSON lines, for
+people) and `rollout_mock` (pickled trajectories, for replaying a rollout exactly).
+
+`recorded(scheduler, mock)` wraps a `RolloutScheduler` so that `collect` records what it returns
+("dump") or returns a recording without playing the envs ("mock"); see
+`roll.configs.rollout.RolloutMock` for the file layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from pathlib import Path
+
+from roll.tracking.traces import trace_record
+
+logger = logging.getLogger("roll")
+
+
+def dump_trajectories(directory: str, step: int, trajs: list, tokenizer, prefix: str = "") -> Path:
+    """`directory/rollout_dump_data.{prefix}step_{step}.jsonl` (ROLL's file name): one trace record
+    per trajectory (`roll.tracking.traces.trace_record`), written whole then renamed."""
+    path = Path(directory) / f"rollout_dump_data.{prefix}step_{step}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for tr in trajs:
+            f.write(json.dumps(trace_record(tr, tokenizer, step), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def recording_path(dump_dir: str, mode: str, step: int) -> Path:
+    """Where step `step` of a `mode` ("train" or "val") rollout is recorded (ROLL's layout)."""
+    return Path(dump_dir) / mode / f"step_{step:06d}.pkl"
+
+
+class RecordingMissing(RuntimeError):
+    """`rollout_mock` mode "mock" reached a step that was never recorded."""
+
+
+class RecordedRollout:
+    """A rollout scheduler whose `collect` is recorded or replayed; everything else is the
+    scheduler's."""
+
+    def __init__(self, scheduler, dump_dir: str, replay: bool):
+        self.scheduler, self.dump_dir, self.replay = scheduler, dump_dir, replay
+
+    def collect(self, step: int, num_groups: int, keep_frames: bool = False, **kwargs) -> tuple[list, list[str]]:
+        path = recording_path(self.dump_dir, self.scheduler.mode, step)
+        if self.replay:
+            if not path.is_file():
+                raise RecordingMissing(f"rollout_mock: no recording of {self.scheduler.mode} step {step} at {path}; "
+                                       "record it first with rollout_mock.mode=dump")
+            with open(path, "rb") as f:
+                recording = pickle.load(f)
+            logger.info("rollout_mock: replayed %s step %d from %s", self.scheduler.mode, step, path)
+            return recording["trajectories"], recording["dropped"]
+        trajs, dropped = self.scheduler.collect(step, num_groups, keep_frames, **kwargs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump({"trajectories": trajs, "dropped": dropped}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+        return trajs, dropped
+
+    def dispatch(self, step: int, num_groups: int, keep_frames: bool = False) -> None:
+        """Groups ahead of time (async training); a replay plays nothing."""
+        if not self.replay:
+            self.scheduler.dispatch(step, num_groups, keep_frames)
+
+    def __getattr__(self, name: str):
+        return getattr(self.scheduler, name)
+
+
+def recorded(scheduler, mock):
+    """`scheduler` itself without an enabled `rollout_mock`, else wrapped to record or replay."""
+    if mock is None or not mock.enable:
+        return scheduler
+    return RecordedRollout(scheduler, mock.dump_dir, replay=mock.replays)

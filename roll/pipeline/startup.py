@@ -1,0 +1,60 @@
+"""What every pipeline does before its loop: checks, the device plan, Ray, the tokenizer, the
+trackers. Shared by `AgenticPipeline` (training) and `AgenticRolloutPipeline` (rollout only)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from roll.models.loading import load_tokenizer
+from roll.models.templates import apply_template
+from roll.pipeline.builders import init_ray, place_workers
+from roll.pipeline.cluster import ray_target
+from roll.pipeline.prestart import check_before_start
+from roll.pipeline.residency import PhaseResidency
+from roll.tracking.backends import make_backend
+from roll.tracking.tracker import Tracker
+from roll.tracking.traces import RolloutTracer
+
+RAY_TIMEOUT_S = 1800.0
+"""Default of `rpc_timeout`: no call on a worker may hang forever."""
+
+
+def start(cfg) -> PhaseResidency:
+    """Envs, datasets and the device layout checked (`ConfigError` on a bad one), the workers'
+    devices planned (before Ray starts on one machine; on a cluster once joined), Ray started or
+    joined with `system_envs`. Returns the plan as a `PhaseResidency` whose calls wait at most
+    `rpc_timeout`."""
+    check_before_start(cfg)
+    local_plan = None if ray_target(cfg.ray_address) else place_workers(cfg)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    init_ray(cfg.ray_address, cfg.system_envs)
+    residency = PhaseResidency(local_plan or place_workers(cfg), timeout_s=rpc_timeout(cfg))
+    if sigterm is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it, and Ray's C handler dumps a stack
+    return residency
+
+
+def rpc_timeout(cfg) -> float:
+    """Seconds the driver waits for one call on a worker (ROLL's `rpc_timeout`)."""
+    return cfg.rpc_timeout or RAY_TIMEOUT_S
+
+
+def run_tokenizer(cfg):
+    """`actor_infer`'s tokenizer with the config's chat template: what prompts are rendered with."""
+    return apply_template(load_tokenizer(cfg.actor_infer.model_args.model_name_or_path),
+                          cfg.actor_infer.data_args.template)
+
+
+def make_tracker(cfg, resume_step: int) -> Tracker:
+    """metrics.jsonl, TensorBoard and the `track_with` backend; `resume_step` -1: a fresh run."""
+    return Tracker(cfg.output_dir, cfg.tensorboard_dir, resume_step=resume_step,
+                   backend=make_backend(cfg.track_with, cfg.tracker_kwargs.model_dump(), cfg.exp_name))
+
+
+def make_tracer(cfg, tokenizer, tracker: Tracker) -> RolloutTracer | None:
+    """The rollout tracer when `trace_rollouts` is on."""
+    if not cfg.trace_rollouts:
+        return None
+    return RolloutTracer(cfg.output_dir, tokenizer, tracker, cfg.trace_samples_to_tensorboard,
+                         mlflow=cfg.trace_to_mlflow)
