@@ -39,9 +39,9 @@ INFER_STRATEGIES = {
 """Inference engines (actor_infer) by ROLL's name; all but `hf_infer` are built from a model dir."""
 ALIASES = {"torch": "torch_train", "deepspeed": "deepspeed_train", "fsdp2": "fsdp2_train",
            "megatron": "megatron_train", "hf": "hf_infer",
-           "megatron_infer": "megatron_train", "deepspeed_infer": "deepspeed_train"}
-"""Our short names -> ROLL's; ROLL's forward-only `megatron_infer` / `deepspeed_infer` run the same
-engines as `megatron_train` / `deepspeed_train`."""
+           "megatron_infer": "megatron_train", "deepspeed_infer": "deepspeed_train", "fsdp2_infer": "fsdp2_train"}
+"""Our short names -> ROLL's; ROLL's forward-only `megatron_infer` / `deepspeed_infer` / `fsdp2_infer`
+run the same engines as `megatron_train` / `deepspeed_train` / `fsdp2_train`."""
 
 
 def canonical_name(name: str) -> str:
