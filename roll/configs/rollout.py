@@ -28,11 +28,11 @@ class RolloutMock(ConfigModel):
     out (ROLL uses it to compare training runs on identical rollouts).
 
     "dump" writes the trajectories (and the causes of dropped ones) that a step's rollout returned to
-    `dump_dir/train/step_NNNNNN.pkl` (`val/` for validations; N is roll's step: 1-based for
+    `dump_dir/train/step_NNNNNN.json` (`val/` for validations; N is roll's step: 1-based for
     training, 0 for the validation before training). "mock" reads them back instead of playing the
     envs: the run trains on exactly the recorded trajectories, engine log-probs included. A
-    recording is roll's own (pickled `roll.core.records.Trajectory` lists); ROLL's pickled
-    DataProto batches do not load here."""
+    recording is roll's own (`roll.core.records.Trajectory` lists as JSON: loading it runs no
+    code, unlike ROLL's pickles); ROLL's pickled DataProto batches do not load here."""
 
     enable: bool = False
     """Off by default, as in ROLL."""

@@ -1,5 +1,5 @@
 """ROLL's two ways of keeping a run's rollouts: `rollout_dump_dir` (readable JSON lines, for
-people) and `rollout_mock` (pickled trajectories, for replaying a rollout exactly).
+people) and `rollout_mock` (the trajectories as JSON, for replaying a rollout exactly).
 
 `recorded(scheduler, mock)` wraps a `RolloutScheduler` so that `collect` records what it returns
 ("dump") or returns a recording without playing the envs ("mock"); see
@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
+import dataclasses
 from pathlib import Path
 
+from roll.core.records import StepRecord, Trajectory
 from roll.tracking.traces import trace_record
 
 logger = logging.getLogger("roll")
@@ -34,7 +35,20 @@ def dump_trajectories(directory: str, step: int, trajs: list, tokenizer, prefix:
 
 def recording_path(dump_dir: str, mode: str, step: int) -> Path:
     """Where step `step` of a `mode` ("train" or "val") rollout is recorded (ROLL's layout)."""
-    return Path(dump_dir) / mode / f"step_{step:06d}.pkl"
+    return Path(dump_dir) / mode / f"step_{step:06d}.json"
+
+
+def encode_recording(trajs: list[Trajectory], dropped: list[str]) -> str:
+    """Trajectories (and the causes of dropped ones) as JSON. Not a pickle: loading a recording
+    must not run code (`tests/test_security.py`). Floats round-trip exactly (shortest repr)."""
+    return json.dumps({"trajectories": [dataclasses.asdict(t) for t in trajs], "dropped": dropped})
+
+
+def decode_recording(text: str) -> tuple[list[Trajectory], list[str]]:
+    """The inverse of `encode_recording`: equal dataclasses (stop_reason as its string value)."""
+    data = json.loads(text)
+    trajs = [Trajectory(**{**t, "steps": [StepRecord(**s) for s in t["steps"]]}) for t in data["trajectories"]]
+    return trajs, list(data["dropped"])
 
 
 class RecordingMissing(RuntimeError):
@@ -54,15 +68,13 @@ class RecordedRollout:
             if not path.is_file():
                 raise RecordingMissing(f"rollout_mock: no recording of {self.scheduler.mode} step {step} at {path}; "
                                        "record it first with rollout_mock.mode=dump")
-            with open(path, "rb") as f:
-                recording = pickle.load(f)
+            trajs, dropped = decode_recording(path.read_text(encoding="utf-8"))
             logger.info("rollout_mock: replayed %s step %d from %s", self.scheduler.mode, step, path)
-            return recording["trajectories"], recording["dropped"]
+            return trajs, dropped
         trajs, dropped = self.scheduler.collect(step, num_groups, keep_frames, **kwargs)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump({"trajectories": trajs, "dropped": dropped}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        tmp.write_text(encode_recording(trajs, dropped), encoding="utf-8")
         os.replace(tmp, path)
         return trajs, dropped
 

@@ -40,7 +40,7 @@ class FakeScheduler:
 def test_dump_records_what_collect_returned_and_mock_replays_it_without_playing(tmp_path):
     live = FakeScheduler()
     trajs, dropped = RecordedRollout(live, str(tmp_path), replay=False).collect(3, 2, policy_version=2)
-    assert (tmp_path / "train" / "step_000003.pkl").is_file()  # ROLL's layout
+    assert (tmp_path / "train" / "step_000003.json").is_file()  # ROLL's layout, JSON not pickle
     assert live.calls == [("collect", 3, 2, {"policy_version": 2})]
 
     idle = FakeScheduler()
@@ -119,3 +119,23 @@ def test_a_replayed_rollout_trains_on_the_recorded_trajectories(tiny_model, tmp_
     mocked = _train(tmp_path, "mock", tiny_model, "+rollout_mock.mode=mock", "seed=11")
     for key in ("train/episode_reward", "train/num_actions", "train/response_tokens", "losses/policy_loss"):
         assert mocked[key] == pytest.approx(dumped[key], abs=1e-6), key
+
+
+def test_a_recording_is_json_and_round_trips_step_wise_trajectories_exactly():
+    from roll.core.records import StepRecord
+    from roll.pipeline.recorded_rollout import decode_recording, encode_recording
+
+    steps = [StepRecord(step=0, prompt_ids=[5, 6], response_ids=[7], logprobs=[-0.1 - 0.2], reward=1 / 3,
+                        state_hash="ab12"),
+             StepRecord(step=1, prompt_ids=[5, 8], response_ids=[9, 3], logprobs=[-1e-9, -2.5e-7], reward=0.0,
+                        state_hash="cd34")]
+    step_wise = Trajectory(tag="Lake", traj_group_id="g1", traj_id="Lake-1", env_seed=3, step_rewards=[1 / 3, 0.0],
+                           success=True, stop_reason="terminated", policy_version=4, num_actions=2,
+                           num_valid_actions=2, steps=steps, metrics={"fell_in_hole": 0.0},
+                           policy_versions=[3, 4], rollout_s=0.125)
+    text = encode_recording([step_wise, traj("Box", [0.5])], ["a cause"])
+    assert json.loads(text)["dropped"] == ["a cause"]  # plain JSON: loading it runs no code
+    trajs, dropped = decode_recording(text)
+    assert trajs == [step_wise, traj("Box", [0.5])] and dropped == ["a cause"]
+    assert trajs[0].steps[0].logprobs == [-0.1 - 0.2] and trajs[0].steps[0].reward == 1 / 3  # bit-exact floats
+    assert isinstance(trajs[0].steps[1], StepRecord) and trajs[0].oldest_policy_version == 3
