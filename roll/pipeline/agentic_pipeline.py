@@ -15,11 +15,9 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import ray
 
-from roll.agentic.env.registry import resolve_env_class
 from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
@@ -42,7 +40,7 @@ from roll.pipeline.builders import (
 )
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.guards import stop_if_diverged
-from roll.pipeline.recorded_rollout import dump_trajectories, recorded
+from roll.pipeline.recorded_rollout import recorded, write_trajectories
 from roll.pipeline.scoring import (
     clip_rewards,
     final_values,
@@ -52,7 +50,6 @@ from roll.pipeline.scoring import (
     score_step_batch,
     with_final_state,
 )
-from roll.tracking.frames import save_episode_frames
 from roll.pipeline.startup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.tracking.progress import ProgressBar
 from roll.utils.seeding import seed_everything
@@ -130,10 +127,8 @@ class AgenticPipeline:
             metrics = {**self.rollout_metrics(trajs, dropped, step), **filter_metrics, **score_metrics,
                        **adjust_metrics, **train_metrics, **{f"time/{k}_s": v for k, v in timings.items()},
                        "time/step_s": sum(timings.values())}
-            if self.tracer is not None:  # what the policy did: every trajectory, decoded
-                self.tracer.write(step, trajs)
-            if cfg.rollout_dump_dir:  # ROLL's dump of the step's trajectories
-                dump_trajectories(cfg.rollout_dump_dir, step, trajs, self.tokenizer)
+            # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
+            write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer)
             if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 metrics.update(self.validate(step))
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
@@ -263,14 +258,7 @@ class AgenticPipeline:
         trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
         for cause in dropped:
             logger.warning("validation at step %d: dropped a trajectory: %s", step, cause)
-        if self.tracer is not None:
-            self.tracer.write(step, trajs, prefix="val")
-        if cfg.rollout_dump_dir:
-            dump_trajectories(cfg.rollout_dump_dir, step, trajs, self.tokenizer, prefix="val_")
-        if keep_frames:  # text, PNG frames and a GIF per episode (text only for envs without images)
-            directory = Path(cfg.render_save_dir) / f"step_{step}"
-            for tr in (t for t in trajs if cfg.custom_envs[t.tag].env_type != "agent"):  # agents have no frames
-                save_episode_frames(directory, tr, resolve_env_class(cfg.custom_envs[tr.tag].env_type))
+        write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer, val=True, frames=keep_frames)
         return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
 
     def save(self, step: int) -> None:

@@ -14,7 +14,9 @@ import os
 import dataclasses
 from pathlib import Path
 
+from roll.agentic.env.registry import resolve_env_class
 from roll.core.records import StepRecord, Trajectory
+from roll.tracking.frames import save_episode_frames
 from roll.tracking.traces import trace_record
 
 logger = logging.getLogger("roll")
@@ -31,6 +33,22 @@ def dump_trajectories(directory: str, step: int, trajs: list, tokenizer, prefix:
             f.write(json.dumps(trace_record(tr, tokenizer, step), ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def write_trajectories(cfg, step: int, trajs: list, tokenizer, tracer, *, val: bool = False,
+                       frames: bool = False) -> None:
+    """A step's trajectories wherever the config asks for them: decoded traces (`tracer`, None when
+    off), ROLL's `rollout_dump_dir` JSON lines, and with `frames` (they were collected with frames,
+    for `render_save_dir`) each episode's text, PNG frames and GIF under `render_save_dir/step_N`
+    (agents have no frames)."""
+    if tracer is not None:
+        tracer.write(step, trajs, prefix="val" if val else "train")
+    if cfg.rollout_dump_dir:
+        dump_trajectories(cfg.rollout_dump_dir, step, trajs, tokenizer, prefix="val_" if val else "")
+    if frames:
+        directory = Path(cfg.render_save_dir) / f"step_{step}"
+        for tr in (t for t in trajs if cfg.custom_envs[t.tag].env_type != "agent"):
+            save_episode_frames(directory, tr, resolve_env_class(cfg.custom_envs[tr.tag].env_type))
 
 
 def recording_path(dump_dir: str, mode: str, step: int) -> Path:

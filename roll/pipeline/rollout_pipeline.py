@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import numpy as np
 
-from roll.agentic.env.registry import resolve_env_class
 from roll.configs.dialect import ENV_LIBRARY_VARIABLES
 from roll.configs.rollout import unused_in_rollout
 from roll.pipeline.builders import build_inference, build_rollout, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
-from roll.pipeline.recorded_rollout import dump_trajectories, recorded
+from roll.pipeline.recorded_rollout import recorded, write_trajectories
 from roll.pipeline.samples import summarize_trajectories
 from roll.pipeline.startup import make_tracer, make_tracker, run_tokenizer, start
-from roll.tracking.frames import save_episode_frames
 from roll.tracking.progress import ProgressBar
 from roll.utils.seeding import seed_everything
 
@@ -70,7 +67,7 @@ class AgenticRolloutPipeline:
             metrics = {**summarize_trajectories(trajs, "val"), **episode_scores(trajs, "val"),
                        "val/dropped_trajectories": float(len(dropped)), "system/samples": float(samples),
                        "time/rollout_s": elapsed, "time/step_s": elapsed}
-            self.write(step, trajs)
+            write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer, frames=self._frames)
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 self.tracker.log(step, metrics)
             progress.update(step, metrics)
@@ -81,18 +78,6 @@ class AgenticRolloutPipeline:
     @property
     def _frames(self) -> bool:
         return self.cfg.render_save_dir is not None
-
-    def write(self, step: int, trajs: list) -> None:
-        """The step's trajectories, where the config asks for them: traces, ROLL's dump, frames."""
-        cfg = self.cfg
-        if self.tracer is not None:
-            self.tracer.write(step, trajs)
-        if cfg.rollout_dump_dir:
-            dump_trajectories(cfg.rollout_dump_dir, step, trajs, self.tokenizer)
-        if self._frames:
-            directory = Path(cfg.render_save_dir) / f"step_{step}"
-            for tr in (t for t in trajs if cfg.custom_envs[t.tag].env_type != "agent"):  # agents have no frames
-                save_episode_frames(directory, tr, resolve_env_class(cfg.custom_envs[tr.tag].env_type))
 
 
 def episode_scores(trajs: list, prefix: str) -> dict[str, float]:
