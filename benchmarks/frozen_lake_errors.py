@@ -30,22 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envs.frozen_lake.env import _PLAYER_ON, _SYMBOL  # noqa: E402
+from envs.frozen_lake.env import observation_text  # noqa: E402
 from envs.frozen_lake.maps import MOVES, find_cell, generate_map, goal_distances  # noqa: E402
 from roll.agentic.env_manager.chat import ChatFormatter  # noqa: E402
 
 ACTIONS = ("Left", "Down", "Right", "Up")
 SIZE, HOLE_PROB, MAX_PATH, MAX_MOVES = 4, 0.2, 8, 8
-
-
-def grid_text(desc: list[str], pos: tuple[int, int]) -> str:
-    rows = []
-    for row, line in enumerate(desc):
-        symbols = [_SYMBOL[letter] for letter in line]
-        if row == pos[0]:
-            symbols[pos[1]] = _PLAYER_ON[line[pos[1]]]
-        rows.append("".join(symbols))
-    return "\n".join(rows)
 
 
 def neighbour(pos: tuple[int, int], move: int) -> tuple[int, int]:
@@ -74,7 +64,7 @@ def classify(desc, dist, pos, move: int) -> str:
     return "bump" if target == pos else "detour"
 
 
-def evaluate(checkpoint: str, num_maps: int, seed: int) -> dict[str, float]:
+def evaluate(checkpoint: str, num_maps: int, seed: int, show_neighbours: bool = False) -> dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -88,7 +78,7 @@ def evaluate(checkpoint: str, num_maps: int, seed: int) -> dict[str, float]:
         desc = generate_map(rng, SIZE, HOLE_PROB, MAX_PATH)
         dist = goal_distances(desc)
         states = [p for p in dist if desc[p[0]][p[1]] not in "HG"]
-        probs = action_probs(model, tokenizer, chat, [grid_text(desc, p) for p in states])
+        probs = action_probs(model, tokenizer, chat, [observation_text(desc, p, show_neighbours) for p in states])
         greedy = {}
         for pos, p in zip(states, probs):
             top = int(p.argmax())
@@ -122,13 +112,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--maps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=123)
+    parser.add_argument("--show_neighbours", action="store_true",
+                        help="prompts with the neighbour line (env_config show_neighbours, the example's default)")
     args = parser.parse_args(argv)
     print("| checkpoint | greedy success | optimal | hole | detour | bump | invalid | hole errors next to a hole "
           "| P(hole move) when wrong |")
     print("|---|---|---|---|---|---|---|---|---|")
     result = []
     for checkpoint in args.checkpoints:
-        m = evaluate(checkpoint, args.maps, args.seed)
+        m = evaluate(checkpoint, args.maps, args.seed, args.show_neighbours)
         label = "_".join(Path(checkpoint).parts[-3:]).replace("-", "_")
         print(f"| {checkpoint} | {m['greedy_success']:.3f} | {m['share_optimal']:.3f} | {m['share_hole']:.3f} "
               f"| {m['share_detour']:.3f} | {m['share_bump']:.3f} | {m['share_invalid']:.3f} "

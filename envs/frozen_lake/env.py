@@ -44,6 +44,26 @@ PALETTE: dict[str, RGB] = {
 }
 
 
+def observation_text(desc: Sequence[str], pos: tuple[int, int], show_neighbours: bool = False,
+                     actions: Sequence[str] = ("Left", "Down", "Right", "Up")) -> str:
+    """What the player at `pos` on map `desc` (rows of S/F/H/G) sees: the grid of symbols, and with
+    `show_neighbours` a last line naming the cell each action leads to (`#`: off the map)."""
+    rows = []
+    for row, line in enumerate(desc):
+        symbols = [_SYMBOL[letter] for letter in line]
+        if row == pos[0]:
+            symbols[pos[1]] = _PLAYER_ON[line[pos[1]]]
+        rows.append("".join(symbols))
+    if show_neighbours:
+        cells = []
+        for move, name in enumerate(actions):
+            row, col = pos[0] + MOVES[move][0], pos[1] + MOVES[move][1]
+            inside = 0 <= row < len(desc) and 0 <= col < len(desc[0])
+            cells.append(f"{name} {_SYMBOL[desc[row][col]] if inside else '#'}")
+        rows.append(" ".join(cells))
+    return "\n".join(rows)
+
+
 def _check_desc(desc: Sequence[str]) -> list[str]:
     """A given map as a list of rows, rejected unless it is a playable FrozenLake map."""
     rows = [str(row) for row in desc]
@@ -62,6 +82,10 @@ class FrozenLakeEnv(TextEnv):
 
     `reset(options={"desc": [...]})` plays the given map (rows of S/F/H/G) instead of a random one.
     `episode_metrics`: `fell_in_hole` (0/1) and `shortest_path` (fewest moves from the start).
+    `show_neighbours=True` adds a line after the grid naming the cell each move leads to, e.g.
+    `Left _ Down O Right G Up #` (`#`: the edge, the player stays): the same facts as the grid,
+    where a small model reads them without locating the cell above or below the player (five
+    tokens away in the flattened grid).
     """
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
@@ -84,6 +108,7 @@ class FrozenLakeEnv(TextEnv):
         action_pattern: str | None = None,
         env_instruction: str | None = None,
         max_steps: int | None = None,
+        show_neighbours: bool = False,
     ) -> None:
         super().__init__(format_penalty=format_penalty, render_mode=render_mode,
                          action_pattern=action_pattern, env_instruction=env_instruction)
@@ -95,6 +120,7 @@ class FrozenLakeEnv(TextEnv):
         self.hole_prob = hole_prob
         self.is_slippery = is_slippery
         self.max_path_length = max_path_length
+        self.show_neighbours = show_neighbours
         self._desc: list[str] = []
         self._pos = (0, 0)
         self._to_goal: dict[tuple[int, int], int] = {}  # goal_distances of the current map
@@ -133,7 +159,8 @@ class FrozenLakeEnv(TextEnv):
     @classmethod
     def frame_to_rgb(cls, frame: str) -> np.ndarray:
         """The frame as a grid of coloured 32-pixel cells (see `PALETTE`)."""
-        return draw_grid(frame, PALETTE)
+        grid = "\n".join(line for line in frame.split("\n") if " " not in line)  # no neighbour line
+        return draw_grid(grid, PALETTE)
 
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         if self._cell in "HG":  # the episode is over: absorbing, as in gymnasium
@@ -148,10 +175,4 @@ class FrozenLakeEnv(TextEnv):
         return self._text(), float(self._cell == "G"), self._cell in "HG", truncated
 
     def _text(self) -> str:
-        rows = []
-        for row, line in enumerate(self._desc):
-            symbols = [_SYMBOL[letter] for letter in line]
-            if row == self._pos[0]:
-                symbols[self._pos[1]] = _PLAYER_ON[line[self._pos[1]]]
-            rows.append("".join(symbols))
-        return "\n".join(rows)
+        return observation_text(self._desc, self._pos, self.show_neighbours, self.actions)

@@ -49,4 +49,4 @@ def test_an_override_inside_a_library_entry_keeps_the_rest_of_the_entry(pretrain
     env = cfg.custom_envs["FrozenLake"]
     assert (env.env_type, env.max_steps, env.max_tokens_per_step) == ("frozen_lake", 8, 1)
     assert env.env_config == {"size": 5, "hole_prob": 0.2, "is_slippery": False, "max_path_length": 8,
-                              "format_penalty": -0.1, "fault_injection": {"raise_p": 0.04}}
+                              "format_penalty": -0.1, "show_neighbours": True, "fault_injection": {"raise_p": 0.04}}

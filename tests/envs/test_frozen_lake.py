@@ -247,3 +247,25 @@ def test_render_rgb_array():
     obs = env.step(answer("Left"))[0]
     assert np.array_equal(env.render(), FrozenLakeEnv.frame_to_rgb(obs))
     assert not np.array_equal(env.render(), image)
+
+
+def test_show_neighbours_names_the_cell_each_move_leads_to():
+    env = FrozenLakeEnv(show_neighbours=True, render_mode="rgb_array")
+    obs, _ = env.reset(seed=0, options={"desc": DESC})
+    # start (0, 0): the edge to the left and above, ice below and to the right
+    assert obs == "P__O\n_O__\n___O\nO__G\nLeft # Down _ Right _ Up #"
+    obs = env.step(answer("Right"))[0]  # (0, 1): a hole below
+    assert obs == "_P_O\n_O__\n___O\nO__G\nLeft _ Down O Right _ Up #"
+    env.step(answer("Right"))
+    env.step(answer("Down"))
+    env.step(answer("Down"))  # (2, 2): a hole to the right, ice above and below
+    obs = env.step(answer("Down"))[0]  # (3, 2): the goal to the right, a hole nowhere near
+    assert obs.split("\n")[-1] == "Left _ Down # Right G Up _"
+    # the image is the grid's alone, as without the line
+    plain = FrozenLakeEnv()
+    plain.reset(seed=0, options={"desc": DESC})
+    for move in ("Right", "Right", "Down", "Down", "Down"):
+        plain_obs = plain.step(answer(move))[0]
+    assert np.array_equal(env.render(), FrozenLakeEnv.frame_to_rgb(plain_obs))
+    # the same map and seed give the same grid with or without the line
+    assert obs.rsplit("\n", 1)[0] == plain_obs
