@@ -68,12 +68,16 @@ import torch.distributed as dist
 from torch import nn
 
 from roll.distributed.strategies.megatron_convert import (
+    EMBEDDING,
+    OUTPUT,
     arch_from_hf,
+    from_stage,
     hf_to_megatron,
     is_tensor_parallel,
     megatron_to_hf,
     merge_tensor_parallel,
     split_tensor_parallel,
+    stage_state,
 )
 from roll.distributed.strategies.megatron_lora import (
     adapter_from_hf,
@@ -89,9 +93,11 @@ from roll.distributed.strategies.megatron_lora import (
 )
 from roll.distributed.strategies.megatron_parallel import (
     check_parallel_config,
+    check_pipeline_stages,
     clip_grad_norm_tensor_parallel_,
     gather_shards,
 )
+from roll.distributed.strategies.megatron_pipeline import gather_stages, pipeline_links
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import ADAPTER_DIR, TorchTrainStrategy, restore_schedule
 
@@ -137,31 +143,39 @@ class MegatronTrainStrategy(TorchTrainStrategy):
                              "needs torch, deepspeed or fsdp2")
         from roll.distributed.strategies import megatron_model
 
-        tp = tensor_model_parallel_size
+        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
         self.arch = arch_from_hf(model.config)
+        check_pipeline_stages(pp, self.arch.num_layers, lora is not None)
         self.hf_class, self.hf_config = type(model), model.config
         self.generation_config = getattr(model, "generation_config", None)
         hf_state = model.state_dict()
         self.hf_names = list(hf_state)  # a tied model lists lm_head.weight too; keep HF's names and order
-        megatron_model.init_model_parallel(tp)
+        megatron_model.init_model_parallel(tp, pp)
         state = megatron_model.parallel_state
         self.tp_group, self.tp_rank, self.tp_size = (state.get_tensor_model_parallel_group(),
                                                      state.get_tensor_model_parallel_rank(), tp)
+        self.pipeline = pipeline_links(state.get_pipeline_model_parallel_group())
         self.data_parallel_group = state.get_data_parallel_group()
         self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype, tensor_parallel=tp,
-                                                  recompute_granularity=recompute_granularity)
+                                                  recompute_granularity=recompute_granularity, pipeline_parallel=pp)
+        self.layer_offset = megatron_model.layer_offset(self.gpt)
+        # with tied embeddings over several stages: the first stage's embedding and the last
+        # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step)
+        self.tied_copies = pp > 1 and self.arch.tied_embeddings and (self.pipeline.first or self.pipeline.last)
+        self.embedding_group = state.get_embedding_group() if self.tied_copies else None
         full = hf_to_megatron(hf_state, self.arch, megatron_model.padded_vocab_size(self.arch, tp))
         unconverted = sorted(set(self.hf_names) - set(megatron_to_hf(full, self.arch)))
         if unconverted:  # a weight the conversion does not know would be lost silently
             raise ValueError(f'strategy "megatron" cannot convert {unconverted[0]} of {self.hf_class.__name__}')
-        megatron_model.load_megatron_state(self.gpt, split_tensor_parallel(full, self.arch, tp)[self.tp_rank])
+        megatron_model.load_megatron_state(self.gpt, self._rank_weights(full))
         del hf_state, full
         self.lora, self.lora_modules = lora, []
         if lora is not None:  # the worker seeded torch: every rank draws the same A
             self.lora_modules = apply_megatron_lora(self.gpt, **lora, tp_group=self.tp_group, tp_rank=self.tp_rank,
                                                     tp_size=tp, seed=torch.initial_seed())
         hf_params = sum(p.numel() for p in model.parameters())
-        super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size), device=device, **kwargs)
+        super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline),
+                         device=device, **kwargs)
         self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
         self.param_counts = self._param_counts(hf_params)
 
@@ -174,13 +188,28 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         trainable = adapters if self.lora is not None else hf_params
         return {"model/trainable_params": float(trainable), "model/total_params": float(hf_params + adapters)}
 
-    # ---- data and tensor parallel -------------------------------------------------------------
+    def _rank_weights(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's part of a whole (TP-1, all layers) Megatron state dict: its tensor-parallel
+        shard of its pipeline stage."""
+        shard = split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank]
+        if self.pipeline.size == 1:
+            return shard
+        return stage_state(shard, self.arch, self.layer_offset, len(self.gpt.decoder.layers),
+                           self.pipeline.first, self.pipeline.last)
+
+    # ---- data, tensor and pipeline parallel ---------------------------------------------------
     def _clip_and_step(self, finite: bool) -> tuple[float, bool]:
         finite = self._average_gradients(finite)
-        if self.tp_size == 1:
+        if self.tp_size == 1 and self.pipeline.size == 1:
             return super()._clip_and_step(finite)
-        params = [(p, is_tensor_parallel(name) or is_sharded_adapter(name)) for name, p in self.gpt.named_parameters()]
-        grad_norm = clip_grad_norm_tensor_parallel_(params, self.max_grad_norm, self.tp_group)
+        copies = []
+        if self.tied_copies:
+            tied = self._sum_tied_gradients()
+            copies = [tied] if self.pipeline.last else []
+        params = [(p, is_tensor_parallel(name) or is_sharded_adapter(name)) for name, p in self.gpt.named_parameters()
+                  if not any(p is copy for copy in copies)]
+        grad_norm = clip_grad_norm_tensor_parallel_(params, self.max_grad_norm, self.tp_group, self.pipeline.group,
+                                                    copies)
         skipped = not (finite and math.isfinite(grad_norm))
         if not skipped:
             self.optimizer.step()
@@ -205,6 +234,17 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             param.grad = grad.view_as(param)
         return bool(all_finite.item())
 
+    def _sum_tied_gradients(self) -> nn.Parameter:
+        """Sum the gradients of the tied embedding's two copies (first stage: the embedding, last
+        stage: the output layer) over megatron's embedding group, so both hold the gradient of the
+        one weight of a single-stage model and take the same optimizer step. Returns this stage's copy."""
+        params = dict(self.gpt.named_parameters())
+        tied = params[EMBEDDING] if self.pipeline.first else params[OUTPUT]
+        grad = tied.grad if tied.grad is not None else torch.zeros_like(tied)
+        dist.all_reduce(grad, group=self.embedding_group)
+        tied.grad = grad
+        return tied
+
     def _reduce_over_ranks(self, values: list[float], op) -> list[float]:
         """Over the data-parallel ranks only: the tensor-parallel ranks of one data-parallel rank
         hold the same rows and metrics, and summing them would count each row tp times."""
@@ -216,14 +256,17 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
     # ---- weights and checkpoints ------------------------------------------------------------
     def _megatron_weights(self) -> dict[str, torch.Tensor]:
-        """The whole (TP-1) Megatron state dict: this rank's parameters (views) with one rank, the
-        merged shards of every tensor-parallel rank with several (a collective over them)."""
+        """The whole (TP-1, all layers) Megatron state dict: this rank's parameters (views) with one
+        rank; with several, the merged shards of every tensor-parallel rank and the stages' layers
+        under their whole-model indices (collectives over the tensor- then pipeline-parallel group)."""
         local = {k: v for k, v in self.gpt.state_dict().items() if torch.is_tensor(v)}
         if self.lora is not None:  # B_local A_local is the rank's shard of B A (megatron_lora)
             local = merged_state(local, self.lora["alpha"] / self.lora["rank"])
-        if self.tp_size == 1:
+        if self.tp_size > 1:
+            local = merge_tensor_parallel(gather_shards(local, self.tp_group))
+        if self.pipeline.size == 1:
             return local
-        return merge_tensor_parallel(gather_shards(local, self.tp_group))
+        return gather_stages(from_stage(local, self.layer_offset, self.arch), self.pipeline, self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named full CPU copies of the weights, in the HF model's key order. With tensor
@@ -236,14 +279,17 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         is left as it is). With LoRA they are the frozen base weights; the adapters stay as they are."""
         from roll.distributed.strategies.megatron_model import load_megatron_state, padded_vocab_size
 
-        full = hf_to_megatron(state_dict, self.arch, padded_vocab_size(self.arch, self.tp_size))
-        shard = split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank]
+        shard = self._rank_weights(hf_to_megatron(state_dict, self.arch, padded_vocab_size(self.arch, self.tp_size)))
         if self.lora is not None:
             shard = with_base_layer_names(shard, self.lora_modules) | adapter_state(self.gpt.state_dict())
         load_megatron_state(self.gpt, shard)
 
     def _optimizer_file(self) -> str:
-        """optimizer.pt, or optimizer-tp<r>.pt per tensor-parallel rank (moments of its shard)."""
+        """optimizer.pt, or optimizer-tp<r>.pt per tensor-parallel rank (moments of its shard), or
+        optimizer-tp<r>-pp<s>.pt per tensor-parallel rank and pipeline stage (the TP-only names
+        stay as they were without pipeline parallelism, so older checkpoints resume)."""
+        if self.pipeline.size > 1:
+            return f"optimizer-tp{self.tp_rank}-pp{self.pipeline.stage}.pt"
         return "optimizer.pt" if self.tp_size == 1 else f"optimizer-tp{self.tp_rank}.pt"
 
     def save_checkpoint(self, directory: str | Path) -> None:
