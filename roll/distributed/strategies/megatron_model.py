@@ -18,6 +18,9 @@ unconditionally in forward (measured with 0.16.1):
 
 `MegatronCausalLM` is the adapter the roles' loss functions call HF-style:
 `model(input_ids=, attention_mask=, labels=)` -> an output with `.logits` (B, T, V) and `.loss`.
+With pipeline parallelism the `GPTModel` is this rank's stage (`build_gpt_model`) and the adapter
+receives and sends the stage's activations and the logits (roll.distributed.strategies.megatron_pipeline),
+so every stage still returns the whole model's logits.
 """
 
 from __future__ import annotations

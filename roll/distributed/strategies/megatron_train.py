@@ -26,17 +26,31 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   rank 0 writes the HF dir, each tensor-parallel rank its optimizer-tp<r>.pt). Tested with two
   CPU processes (tests/distributed/test_megatron_two_ranks.py): two PPO steps at TP 2 give the
   losses, gradient norms and merged weights of TP 1; HF -> shards -> HF is bit-exact.
-- Pipeline parallel is not built: `pipeline_model_parallel_size` > 1 stops at start-up with one
-  line. Why, on CPU: megatron-core 0.16.1's pipeline schedules (`get_forward_backward_func`) move
-  activations between stages with `P2PCommunicator` (pipeline_parallel/p2p_communication.py),
-  which allocates every received activation on `torch.cuda.current_device()` (its
-  `create_tensor_recv_prev` / `_next`, and the shape exchange) and calls `torch.cuda.synchronize()`
-  after batched p2p; on a CPU build of torch `torch.cuda.current_device()` raises "Torch not
-  compiled with CUDA enabled" (measured), so gloo never gets to send. Making it run would mean
-  replacing megatron's communicator, and the schedules also own the loss (forward_step_func /
-  loss_func per micro-batch) while the roles' loss functions call the model HF-style on
-  de-duplicated rows (roll.distributed.micro_batches). Neither is done; on a GPU (nccl) the p2p path
-  is megatron's own, but the loss plumbing is the same missing piece.
+- Pipeline parallel (`pipeline_model_parallel_size`, any size dividing the number of layers):
+  each rank builds its stage of the `GPTModel` (embedding on the first stage, final norm and output
+  layer on the last, the layers megatron's split gives it: `megatron_model.layer_offset`) and
+  loads only that stage's converted weights (`megatron_convert.stage_state`). All stages of one
+  data-parallel rank see the same rows (world_size = tp * dp * pp, megatron's "tp-cp-ep-dp-pp"
+  order: stages outermost). Activations go forward and gradients back by autograd across ranks
+  (`megatron_pipeline`: torch.distributed send/recv, the last stage broadcasts the logits so every
+  stage's role code computes the same loss). The schedule is naive, one micro-batch through all
+  stages while the others wait: correct, not fast (no 1F1B, no overlap). megatron-core's own
+  schedules are not used: its `P2PCommunicator` allocates received activations on
+  `torch.cuda.current_device()` and calls `torch.cuda.synchronize()` (on a CPU build: "Torch not
+  compiled with CUDA enabled", measured), and the schedules own the loss, while roles call the
+  model HF-style. Tied embeddings: the last stage's output layer is its own copy of the embedding
+  (megatron's copy is kept equal by an all-reduce that moves it to CUDA), the two copies' gradients
+  are summed over megatron's embedding group before clipping, so both take the one weight's step.
+  The clip is by the norm of the whole gradient over tensor- and pipeline-parallel ranks (the tied
+  copy counted once); weights leave merged (`state_dict`: tensor-parallel shards merged, then each
+  stage's layers broadcast under their whole-model names, `megatron_pipeline.gather_stages`);
+  checkpoints hold one optimizer-tp<r>-pp<s>.pt per (tp, pp) rank. Tested with two CPU processes
+  (tests/distributed/test_megatron_pipeline.py): two PPO steps at PP 2 give the losses, gradient
+  norms and merged weights of PP 1 (losses to ~1e-7, untied and tied embeddings), HF -> stages ->
+  HF is bit-exact, forward-only log-probs (`megatron_infer`'s use) equal PP 1's, a PP-2 checkpoint
+  resumes; TP 2 x PP 2 and PP 2 x DP 2 over four processes against one process in
+  tests/distributed/megatron_tp_pp_check.py (.ci/run_megatron_tp). LoRA with pp > 1 stops at
+  start-up with one line (the adapters are not cut into stages).
 - `recompute_granularity` full / selective: torch's checkpoint around each layer / core attention
   (`megatron_model.recompute_`; megatron's own needs CUDA). `use_distributed_optimizer` is
   accepted and changes nothing but memory: every data-parallel rank keeps the whole optimizer.
@@ -49,7 +63,8 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   the fused A and its rows of B), from which `load_checkpoint` restores the adapters (the base is
   the `pretrain` weights, as built) and the optimizer files their moments. Tested on CPU at TP 1
   (tests/distributed/test_megatron_lora.py) and TP 2 (the .ci/run_megatron_tp lane).
-Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl), memory, speed.
+Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl, the pipeline's
+send/recv on device tensors), memory, speed.
 Not supported, one line at start-up: the critic's value model (`*ForTokenClassification`), models
 other than Llama/Qwen2 with SwiGLU and default RoPE, Transformer Engine / FP8, MoE.
 `megatron_infer` (ROLL's name for the same model run for log-probs only, e.g. the reference role)
