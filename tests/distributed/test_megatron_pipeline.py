@@ -48,12 +48,13 @@ def _strategy(model_dir: str, config: dict | None = None):
                                 strategy_config=config or {}, total_steps=4, metric_prefix="actor")
 
 
-def _logprobs(model_dir: str, config: dict | None = None) -> torch.Tensor:
+def _logprobs(model_dir: str, config: dict | None = None) -> tuple[torch.Tensor, dict]:
+    """Log-probs of the PPO batch (forward only) and the untrained weights the actor hands out."""
     from roll.distributed.workers.actor import ActorWorker
 
     actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name="megatron",
                         strategy_config=config or {})
-    return ppo_batch(actor)["old_logprobs"]
+    return ppo_batch(actor)["old_logprobs"], actor.get_weights()
 
 
 def _resume(model_dir: str, directory: str, config: dict | None = None) -> dict:
@@ -107,12 +108,17 @@ def test_stages_hold_their_share_of_the_layers(two_stages):
     assert [result["layout"] for result in two_stages[:2]] == [(0, 0, 1, 0, 0, 1), (1, 1, 1, 0, 0, 1)]
 
 
-def test_round_trip_gives_back_the_hf_weights_exactly(model_dir, two_stages):
+def test_round_trip_gives_back_the_hf_weights_exactly(model_dir, tied_model_dir, two_stages):
+    """Untied: from both ranks and the checkpoint dir rank 0 wrote; tied: the embedding comes
+    from stage 0 and stands for lm_head too (stage 1's copy is not sent)."""
     want = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     saved = AutoModelForCausalLM.from_pretrained(two_stages[2] / "untrained").state_dict()
-    for got in (two_stages[0]["untrained"], two_stages[1]["untrained"], saved):
-        assert list(got) == list(want)
-        for key, value in want.items():
+    want_tied = AutoModelForCausalLM.from_pretrained(tied_model_dir).state_dict()
+    pairs = [(got, want) for got in (two_stages[0]["untrained"], two_stages[1]["untrained"], saved)]
+    pairs += [(result["logprobs"][1], want_tied) for result in two_stages[:2]]
+    for got, wanted in pairs:
+        assert list(got) == list(wanted)
+        for key, value in wanted.items():
             assert torch.equal(got[key], value), key
     assert sorted(p.name for p in (two_stages[2] / "untrained").glob("optimizer*.pt")) == [
         "optimizer-tp0-pp0.pt", "optimizer-tp0-pp1.pt"]
@@ -135,9 +141,9 @@ def test_tied_embeddings_train_like_one_stage(tied_model_dir, two_stages, one_st
 
 
 def test_forward_only_log_probs_equal_one_stage(tied_model_dir, two_stages, one_stage):
-    want = _logprobs(tied_model_dir)
+    want, _ = _logprobs(tied_model_dir)
     for result in two_stages[:2]:
-        torch.testing.assert_close(result["logprobs"], want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(result["logprobs"][0], want, rtol=0, atol=1e-5)
 
 
 def test_checkpoint_resumes_at_two_stages(two_stages):
