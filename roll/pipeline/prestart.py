@@ -65,9 +65,6 @@ def check_megatron_layout(role: str, worker: WorkerConfig) -> None:
     except ValueError as error:
         key, why = str(error).split(": ", 1)
         raise InvalidField(f"{role}.strategy_args.{key}", why) from None
-    if options.get("pipeline_model_parallel_size", 1) > 1 and worker.model_args.lora_rank is not None:
-        raise InvalidField(f"{role}.model_args.lora_rank", "LoRA with strategy_config.pipeline_model_parallel_size "
-                           "> 1 is not built (megatron's adapters are not cut into stages)")
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
         if role == "reference" and options.get(key, 1) > 1:
             raise InvalidField(f"{role}.strategy_args.strategy_config.{key}",

@@ -195,13 +195,6 @@ MALFORMED = [
         "tensor_model_parallel_size * pipeline_model_parallel_size = 2",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=megatron_train", "+actor_train.world_size=2",
-         "+actor_train.model_args.lora_rank=4",
-         "+actor_train.strategy_args.strategy_config={pipeline_model_parallel_size: 2}"],
-        "actor_train.model_args.lora_rank: LoRA with strategy_config.pipeline_model_parallel_size > 1 is not "
-        "built (megatron's adapters are not cut into stages)",
-    ),
-    (
         ["actor_train.strategy_args.strategy_name=megatron_train",
          "+actor_train.strategy_args.strategy_config={expert_model_parallel_size: 2}"],
         "actor_train.strategy_args.strategy_config.expert_model_parallel_size: expert parallel needs a MoE "

@@ -313,8 +313,8 @@ def test_parallel_layouts_not_built_stop_at_start_naming_the_key(model_dir, mega
 
 def test_pipeline_parallel_is_accepted_and_its_layer_split_checked():
     """The old refusal is gone: 2 stages on 2 ranks pass the config check. Stages that cannot
-    hold the layers evenly (more stages than layers, or not dividing them), and LoRA with several
-    stages, stop with one line naming the key (the model's layers are known when it is built)."""
+    hold the layers evenly (more stages than layers, or not dividing them) stop with one line
+    naming the key (the model's layers are known when it is built)."""
     from roll.distributed.strategies.megatron_parallel import check_parallel_config, check_pipeline_stages
 
     check_parallel_config(2, pipeline_model_parallel_size=2)
@@ -324,10 +324,6 @@ def test_pipeline_parallel_is_accepted_and_its_layer_split_checked():
         with pytest.raises(ValueError, match=f"^strategy_config.pipeline_model_parallel_size: {stages} does not "
                                              "divide the model's 2 decoder layers"):
             check_pipeline_stages(stages, num_layers=2)
-    with pytest.raises(ValueError, match=r"^strategy_config.pipeline_model_parallel_size: LoRA \(model_args."
-                                         r"lora_rank\) with pipeline parallel is not built"):
-        check_pipeline_stages(2, num_layers=2, lora=True)
-    check_pipeline_stages(1, num_layers=2, lora=True)
 
 
 def test_pipeline_stages_by_hand(hf_model):

@@ -6,7 +6,9 @@ embedding and layer 0, stage 1 layer 1, the final norm and the output layer
   the first and last stage sum): the losses, gradient norms and merged weights of PP 1;
 - log-probs of the forward-only path (`megatron_infer`'s use) equal PP 1's;
 - a checkpoint saved at PP 2 (one optimizer file per stage) resumes: the next step is the step
-  the saving strategy takes.
+  the saving strategy takes;
+- LoRA on every linear (megatron_lora_tp_check's run, at PP 2 instead of TP 2): PP 1's losses,
+  gradient norms, merged weights and parameter counts, the same adapter in the checkpoint, resume.
 The pure stage split (`stage_state` / `from_stage`) and the one-line refusals are in
 test_megatron.py.
 """
@@ -24,6 +26,7 @@ from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.registry import build_train_strategy
 
+from megatron_lora_tp_check import assert_same_lora_training, run as lora_run
 from ppo_cases import VOCAB, assert_same_training, lm_loss, lm_minibatch, ppo_batch, train_two_steps
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
@@ -83,7 +86,8 @@ def _rank(rank: int, model_dir: str, tied_dir: str, port: int, out_dir: str) -> 
     del strategy
     results = {"layout": layout, "untrained": untrained, "logprobs": _logprobs(tied_dir, PP2),
                "ppo": train_two_steps(model_dir, "megatron", PP2), "tied_ppo": train_two_steps(tied_dir, "megatron", PP2),
-               "resume": _resume(model_dir, os.path.join(out_dir, "resume"), PP2)}
+               "resume": _resume(model_dir, os.path.join(out_dir, "resume"), PP2),
+               "lora": lora_run(model_dir, PP2, os.path.join(out_dir, "lora"))}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -157,3 +161,11 @@ def test_checkpoint_resumes_at_two_stages(two_stages):
         want, got = result["resume"]["weights"]
         for key, value in want.items():
             torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_lora_trains_like_one_stage(model_dir, two_stages, one_stage, tmp_path):
+    """Stage 1 draws its adapters after stage 0's layer (as one stage draws them in order), so both
+    start from PP 1's adapters; the saved adapter is gathered from both stages."""
+    want = lora_run(model_dir, {}, str(tmp_path / "lora"))
+    assert_same_lora_training([result["lora"] for result in two_stages[:2]], want, str(two_stages[2] / "lora"),
+                              str(tmp_path / "lora"))

@@ -240,16 +240,18 @@ def merge_tensor_parallel(shards: list[Mapping[str, torch.Tensor]]) -> Tensors:
 
 
 # ---- pipeline stages ------------------------------------------------------------------------
-def _renumber_layers(state: Mapping[str, torch.Tensor], shift: int, keep: range | None = None) -> Tensors:
+LAYERS_PREFIX = MC_LAYER.split("{")[0]
+
+
+def renumber_layers(state: Mapping[str, torch.Tensor], shift: int, keep: range | None = None) -> Tensors:
     """`state`'s `decoder.layers.{i}.*` entries renamed to layer i + shift (those with i in `keep`
     only, when given); other entries dropped."""
     out: Tensors = {}
-    prefix = MC_LAYER.split("{")[0]
     for name, tensor in state.items():
-        if name.startswith(prefix):
-            index, rest = name.removeprefix(prefix).split(".", 1)
+        if name.startswith(LAYERS_PREFIX):
+            index, rest = name.removeprefix(LAYERS_PREFIX).split(".", 1)
             if keep is None or int(index) in keep:
-                out[f"{prefix}{int(index) + shift}.{rest}"] = tensor
+                out[f"{LAYERS_PREFIX}{int(index) + shift}.{rest}"] = tensor
     return out
 
 
@@ -258,7 +260,7 @@ def stage_state(mc: Mapping[str, torch.Tensor], arch: DecoderArch, offset: int, 
     """A whole (all layers) `GPTModel` state dict -> one pipeline stage's (module docstring): layers
     offset .. offset + num_stage_layers - 1 renamed from 0, the embedding if `first`, the final norm
     and output layer if `last` (with tied embeddings and `last` but not `first`: the embedding)."""
-    out = _renumber_layers(mc, -offset, range(offset, offset + num_stage_layers))
+    out = renumber_layers(mc, -offset, range(offset, offset + num_stage_layers))
     if first:
         out[EMBEDDING] = mc[EMBEDDING]
     if last:
@@ -274,7 +276,7 @@ def stage_state(mc: Mapping[str, torch.Tensor], arch: DecoderArch, offset: int, 
 def from_stage(stage: Mapping[str, torch.Tensor], offset: int, arch: DecoderArch) -> Tensors:
     """Inverse of `stage_state` for one stage: its entries under whole-model names (layers shifted
     by `offset`; a tied output copy dropped, the first stage's embedding stands for it)."""
-    out = _renumber_layers(stage, offset)
+    out = renumber_layers(stage, offset)
     out.update({name: tensor for name, tensor in stage.items()
-                if not name.startswith(MC_LAYER.split("{")[0]) and not (name == OUTPUT and arch.tied_embeddings)})
+                if not name.startswith(LAYERS_PREFIX) and not (name == OUTPUT and arch.tied_embeddings)})
     return out

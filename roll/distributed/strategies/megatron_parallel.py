@@ -62,17 +62,13 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
                          f"by tensor_model_parallel_size * pipeline_model_parallel_size = {model_parallel}")
 
 
-def check_pipeline_stages(pipeline_model_parallel_size: int, num_layers: int, lora: bool = False) -> None:
+def check_pipeline_stages(pipeline_model_parallel_size: int, num_layers: int) -> None:
     """A one-line ValueError naming the key unless `pipeline_model_parallel_size` stages can hold
-    `num_layers` decoder layers evenly (megatron's default split: num_layers / pp each, at least
-    one) and LoRA is off with more than one stage (its adapters are not cut into stages)."""
+    `num_layers` decoder layers evenly (megatron's default split: num_layers / pp each, at least one)."""
     pp = pipeline_model_parallel_size
     if num_layers % pp:
         raise ValueError(f"strategy_config.pipeline_model_parallel_size: {pp} does not divide the model's "
                          f"{num_layers} decoder layers (num_hidden_layers); each stage holds num_layers / pp")
-    if lora and pp > 1:
-        raise ValueError("strategy_config.pipeline_model_parallel_size: LoRA (model_args.lora_rank) with "
-                         "pipeline parallel is not built; use pipeline_model_parallel_size 1 or no lora_rank")
 
 
 def gather_shards(local: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> list[dict[str, torch.Tensor]]:

@@ -49,8 +49,7 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   norms and merged weights of PP 1 (losses to ~1e-7, untied and tied embeddings), HF -> stages ->
   HF is bit-exact, forward-only log-probs (`megatron_infer`'s use) equal PP 1's, a PP-2 checkpoint
   resumes; TP 2 x PP 2 and PP 2 x DP 2 over four processes against one process in
-  tests/distributed/megatron_tp_pp_check.py (.ci/run_megatron_tp). LoRA with pp > 1 stops at
-  start-up with one line (the adapters are not cut into stages).
+  tests/distributed/megatron_tp_pp_check.py (.ci/run_megatron_tp).
 - `recompute_granularity` full / selective: torch's checkpoint around each layer / core attention
   (`megatron_model.recompute_`; megatron's own needs CUDA). `use_distributed_optimizer` is
   accepted and changes nothing but memory: every data-parallel rank keeps the whole optimizer.
@@ -61,8 +60,11 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   / r) B A, per rank, then gathered as above); a checkpoint is the merged HF dir with the adapter
   beside it in `adapter/` as a peft adapter of the HF model (exact: each q/k/v, gate/up part gets
   the fused A and its rows of B), from which `load_checkpoint` restores the adapters (the base is
-  the `pretrain` weights, as built) and the optimizer files their moments. Tested on CPU at TP 1
-  (tests/distributed/test_megatron_lora.py) and TP 2 (the .ci/run_megatron_tp lane).
+  the `pretrain` weights, as built) and the optimizer files their moments. With pipeline stages each
+  stage adapts its own layers (drawing A as if the earlier stages' layers came first, so it starts
+  from PP 1's adapters) and the saved adapter is gathered from all stages. Tested on CPU at TP 1
+  (tests/distributed/test_megatron_lora.py), TP 2 (the .ci/run_megatron_tp lane) and PP 2
+  (tests/distributed/test_megatron_pipeline.py: PP 1's losses, norms, weights, adapter, resume).
 Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl, the pipeline's
 send/recv on device tensors), memory, speed.
 Not supported, one line at start-up: the critic's value model (`*ForTokenClassification`), models
@@ -84,6 +86,7 @@ from torch import nn
 
 from roll.distributed.strategies.megatron_convert import (
     EMBEDDING,
+    LAYERS_PREFIX,
     OUTPUT,
     arch_from_hf,
     from_stage,
@@ -91,6 +94,7 @@ from roll.distributed.strategies.megatron_convert import (
     is_tensor_parallel,
     megatron_to_hf,
     merge_tensor_parallel,
+    renumber_layers,
     split_tensor_parallel,
     stage_state,
 )
@@ -160,7 +164,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
         tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
         self.arch = arch_from_hf(model.config)
-        check_pipeline_stages(pp, self.arch.num_layers, lora is not None)
+        check_pipeline_stages(pp, self.arch.num_layers)
         self.hf_class, self.hf_config = type(model), model.config
         self.generation_config = getattr(model, "generation_config", None)
         hf_state = model.state_dict()
@@ -175,8 +179,10 @@ class MegatronTrainStrategy(TorchTrainStrategy):
                                                   recompute_granularity=recompute_granularity, pipeline_parallel=pp)
         self.layer_offset = megatron_model.layer_offset(self.gpt)
         # with tied embeddings over several stages: the first stage's embedding and the last
-        # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step)
-        self.tied_copies = pp > 1 and self.arch.tied_embeddings and (self.pipeline.first or self.pipeline.last)
+        # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step);
+        # with LoRA it is frozen
+        self.tied_copies = (pp > 1 and self.arch.tied_embeddings and lora is None
+                            and (self.pipeline.first or self.pipeline.last))
         self.embedding_group = state.get_embedding_group() if self.tied_copies else None
         full = hf_to_megatron(hf_state, self.arch, megatron_model.padded_vocab_size(self.arch, tp))
         unconverted = sorted(set(self.hf_names) - set(megatron_to_hf(full, self.arch)))
@@ -187,7 +193,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         self.lora, self.lora_modules = lora, []
         if lora is not None:  # the worker seeded torch: every rank draws the same A
             self.lora_modules = apply_megatron_lora(self.gpt, **lora, tp_group=self.tp_group, tp_rank=self.tp_rank,
-                                                    tp_size=tp, seed=torch.initial_seed())
+                                                    tp_size=tp, seed=torch.initial_seed(),
+                                                    layer_offset=self.layer_offset)
         hf_params = sum(p.numel() for p in model.parameters())
         super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline),
                          device=device, **kwargs)
@@ -197,9 +204,13 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     def _param_counts(self, hf_params: int) -> dict[str, float]:
         """`model/trainable_params` and `model/total_params` of the whole model, as the other
         strategies count them: the HF model's parameters (not megatron's padded, per-rank shards)
-        plus the adapters' whole size."""
+        plus the adapters' whole size (summed over the pipeline stages: a collective over them)."""
         adapters = sum(p.numel() * (self.tp_size if is_sharded_adapter(name) else 1)
                        for name, p in adapter_state(dict(self.gpt.named_parameters())).items())
+        if self.pipeline.size > 1:
+            total = torch.tensor([adapters], dtype=torch.int64, device=self.device)
+            dist.all_reduce(total, group=self.pipeline.group)
+            adapters = int(total.item())
         trainable = adapters if self.lora is not None else hf_params
         return {"model/trainable_params": float(trainable), "model/total_params": float(hf_params + adapters)}
 
@@ -333,9 +344,13 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             self._save_adapter(directory / ADAPTER_DIR, adapter)
 
     def _whole_adapter(self) -> dict[str, torch.Tensor]:
-        """The adapters of all tensor-parallel ranks as one TP-1 adapter (a collective over them)."""
+        """The adapters of all tensor-parallel ranks and pipeline stages as one adapter of the whole
+        model (layers under their whole-model indices; collectives over the ranks)."""
         local = {k: v.detach() for k, v in adapter_state(self.gpt.state_dict()).items()}  # nccl gathers on device
-        return {k: v.cpu() for k, v in merge_adapter(gather_shards(local, self.tp_group)).items()}
+        whole = merge_adapter(gather_shards(local, self.tp_group))
+        if self.pipeline.size > 1:
+            whole = gather_stages(renumber_layers(whole, self.layer_offset), self.pipeline, self.device)
+        return {k: v.cpu() for k, v in whole.items()}
 
     def _save_adapter(self, directory: Path, adapter: dict[str, torch.Tensor]) -> None:
         """`adapter` as a peft adapter of the HF model (megatron_lora.adapter_to_hf): what peft's
@@ -353,8 +368,12 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         """This rank's shard of the adapter `_save_adapter` wrote, into the model's adapters."""
         from peft.utils import load_peft_weights
 
-        whole = adapter_from_hf(load_peft_weights(str(directory), device="cpu"), self.arch, self.lora_modules)
-        shard = split_adapter(whole, self.tp_size)[self.tp_rank]
+        # every layer's modules (a pipeline stage wraps only its own), to read the whole adapter
+        kinds = list(dict.fromkeys(name.split(".", 3)[3] for name in self.lora_modules))
+        modules = [f"{LAYERS_PREFIX}{i}.{kind}" for i in range(self.arch.num_layers) for kind in kinds]
+        whole = adapter_from_hf(load_peft_weights(str(directory), device="cpu"), self.arch, modules)
+        stage_layers = range(self.layer_offset, self.layer_offset + len(self.gpt.decoder.layers))
+        shard = split_adapter(renumber_layers(whole, -self.layer_offset, stage_layers), self.tp_size)[self.tp_rank]
         params = dict(self.gpt.named_parameters())
         with torch.no_grad():
             for name, value in shard.items():
