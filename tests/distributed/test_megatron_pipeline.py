@@ -7,6 +7,8 @@ embedding and layer 0, stage 1 layer 1, the final norm and the output layer
 - log-probs of the forward-only path (`megatron_infer`'s use) equal PP 1's;
 - a checkpoint saved at PP 2 (one optimizer file per stage) resumes: the next step is the step
   the saving strategy takes;
+- recomputation (full, selective) changes no gradient norm at PP 2 (layers rerun inside a stage's
+  backward, between its receive and send);
 - LoRA on every linear (megatron_lora_tp_check's run, at PP 2 instead of TP 2): PP 1's losses,
   gradient norms, merged weights and parameter counts, the same adapter in the checkpoint, resume.
 The pure stage split (`stage_state` / `from_stage`) and the one-line refusals are in
@@ -87,7 +89,9 @@ def _rank(rank: int, model_dir: str, tied_dir: str, port: int, out_dir: str) -> 
     results = {"layout": layout, "untrained": untrained, "logprobs": _logprobs(tied_dir, PP2),
                "ppo": train_two_steps(model_dir, "megatron", PP2), "tied_ppo": train_two_steps(tied_dir, "megatron", PP2),
                "resume": _resume(model_dir, os.path.join(out_dir, "resume"), PP2),
-               "lora": lora_run(model_dir, PP2, os.path.join(out_dir, "lora"))}
+               "lora": lora_run(model_dir, PP2, os.path.join(out_dir, "lora")),
+               "recompute": [_strategy(model_dir, PP2 | {"recompute_granularity": granularity}).train_step(
+                   lm_minibatch(0), lm_loss())["actor/grad_norm"] for granularity in (None, "full", "selective")]}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -169,3 +173,10 @@ def test_lora_trains_like_one_stage(model_dir, two_stages, one_stage, tmp_path):
     want = lora_run(model_dir, {}, str(tmp_path / "lora"))
     assert_same_lora_training([result["lora"] for result in two_stages[:2]], want, str(two_stages[2] / "lora"),
                               str(tmp_path / "lora"))
+
+
+def test_recomputation_changes_no_gradient_at_two_stages(two_stages):
+    for result in two_stages[:2]:
+        plain, full, selective = result["recompute"]
+        assert plain > 0.5  # clipping active
+        assert full == pytest.approx(plain, rel=1e-6) and selective == pytest.approx(plain, rel=1e-6)
