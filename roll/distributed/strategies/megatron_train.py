@@ -295,8 +295,9 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         return gather_stages(from_stage(local, self.layer_offset, self.arch), self.pipeline, self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named full CPU copies of the weights, in the HF model's key order. With tensor
-        parallelism every rank of the group must call it (the shards are gathered); all get them."""
+        """HF-named full CPU copies of the weights, in the HF model's key order. With tensor or
+        pipeline parallelism every rank of the model-parallel group must call it (shards and stages
+        are gathered); all get them."""
         hf_state = megatron_to_hf(self._megatron_weights(), self.arch)
         return {name: hf_state[name].detach().to("cpu", copy=True).contiguous() for name in self.hf_names}
 
@@ -319,9 +320,9 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         return "optimizer.pt" if self.tp_size == 1 else f"optimizer-tp{self.tp_rank}.pt"
 
     def save_checkpoint(self, directory: str | Path) -> None:
-        """HF model dir of the merged weights + scheduler.pt on rank 0, and each tensor-parallel
+        """HF model dir of the merged weights + scheduler.pt on rank 0, and each (tensor, pipeline)
         rank's optimizer file (`_optimizer_file`, Megatron layout) from data-parallel rank 0.
-        Every rank must call it (the shards are gathered).
+        Every rank must call it (the shards and stages are gathered).
 
         The HF model that writes the dir lives on the meta device: it holds no memory, and
         `save_pretrained` writes the tensors it is given (sharding and tied weights as HF does)."""
