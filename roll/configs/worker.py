@@ -123,9 +123,9 @@ class WorkerConfig(ConfigModel):
     number of CPU processes with `device_mapping: null` (default 1). Ranks split every batch by
     rows and train on shares of every mini-batch (`roll.pipeline.ranks`); `actor_train` and
     `critic` need a strategy that averages gradients over ranks (`deepspeed`, `fsdp2`,
-    `megatron`). With megatron's `tensor_model_parallel_size` tp, the processes are world_size / tp
-    data-parallel ranks of tp processes each, which see the same rows (`roll.distributed.ranks.
-    data_parallel_ranks`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
+    `megatron`). With megatron's `tensor_model_parallel_size` tp and `pipeline_model_parallel_size`
+    pp, the processes are world_size / (tp * pp) data-parallel ranks of tp * pp processes each, which
+    see the same rows (`roll.distributed.ranks.data_parallel_ranks`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
     pg_variant: Literal["vanilla", "ppo", "tis", "topr", "cispo", "kimi15"] = "ppo"
     """`actor_train` only: the policy-gradient loss (`roll.algorithms.pg_variants`): "ppo" the clipped
     surrogate, "vanilla" REINFORCE, "tis" truncated IS, "topr" tapered off-policy REINFORCE,

@@ -66,17 +66,15 @@ def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
     torch.save(run(model_dir, TP2, os.path.join(out_dir, "ckpt")), os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def main(model_dir: str) -> None:
+def assert_same_lora_training(results: list[dict], want: dict, checkpoint: str, want_checkpoint: str) -> None:
+    """Every rank's `run` equals one process's `want` (module docstring); `checkpoint`'s adapter
+    (written by the ranks) equals `want_checkpoint`'s and its merged weights are rank 0's."""
     from peft.utils import load_peft_weights
     from transformers import AutoModelForCausalLM
 
-    with tempfile.TemporaryDirectory() as out_dir:
-        want = run(model_dir, {}, os.path.join(out_dir, "ckpt1"))
-        mp.spawn(_rank, args=(model_dir, free_port(), out_dir), nprocs=2, join=True)
-        results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(2)]
-        want_adapter = load_peft_weights(os.path.join(out_dir, "ckpt1", "adapter"), device="cpu")
-        got_adapter = load_peft_weights(os.path.join(out_dir, "ckpt", "adapter"), device="cpu")
-        merged = AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "ckpt")).state_dict()
+    want_adapter = load_peft_weights(os.path.join(want_checkpoint, "adapter"), device="cpu")
+    got_adapter = load_peft_weights(os.path.join(checkpoint, "adapter"), device="cpu")
+    merged = AutoModelForCausalLM.from_pretrained(checkpoint).state_dict()
     assert want["changed"] == want["adapters"]
     for got in results:
         assert got["changed"] == got["adapters"], got["changed"]  # only adapter pieces moved, all of them
@@ -90,6 +88,14 @@ def main(model_dir: str) -> None:
         torch.testing.assert_close(got_adapter[key], value, rtol=1e-4, atol=1e-4, msg=key)
     for key, value in results[0]["weights"].items():
         assert torch.equal(merged[key], value), key
+
+
+def main(model_dir: str) -> None:
+    with tempfile.TemporaryDirectory() as out_dir:
+        want = run(model_dir, {}, os.path.join(out_dir, "ckpt1"))
+        mp.spawn(_rank, args=(model_dir, free_port(), out_dir), nprocs=2, join=True)
+        results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(2)]
+        assert_same_lora_training(results, want, os.path.join(out_dir, "ckpt"), os.path.join(out_dir, "ckpt1"))
     counts = want["counts"]
     print(f"megatron LoRA TP 2 equals TP 1 (losses, grad norms, merged weights, adapter, resume): ok; "
           f"trainable/total = {counts['model/trainable_params']:.0f}/{counts['model/total_params']:.0f}")

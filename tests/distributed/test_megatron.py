@@ -298,7 +298,8 @@ def test_non_finite_loss_skips_the_update(model_dir, megatron_groups):
 @pytest.mark.parametrize("config, message", [
     ({"tensor_model_parallel_size": 2}, "tensor_model_parallel_size: world_size 1 is not divisible by "
                                         "tensor_model_parallel_size \\* pipeline_model_parallel_size = 2"),
-    ({"pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size: pipeline parallel is not built"),
+    ({"pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size: world_size 1 is not divisible by "
+                                          "tensor_model_parallel_size \\* pipeline_model_parallel_size = 2"),
     ({"expert_model_parallel_size": 2}, "expert_model_parallel_size: expert parallel needs a MoE model"),
     ({"context_parallel_size": 2}, "context_parallel_size: context parallel is not built"),
     ({"sequence_parallel": True}, "sequence_parallel: sequence parallel is not built"),
@@ -308,6 +309,39 @@ def test_non_finite_loss_skips_the_update(model_dir, megatron_groups):
 def test_parallel_layouts_not_built_stop_at_start_naming_the_key(model_dir, megatron_groups, config, message):
     with pytest.raises(ValueError, match=f"^strategy_config.{message}"):
         _strategy(model_dir, **config)
+
+
+def test_pipeline_parallel_is_accepted_and_its_layer_split_checked():
+    """The old refusal is gone: 2 stages on 2 ranks pass the config check. Stages that cannot
+    hold the layers evenly (more stages than layers, or not dividing them) stop with one line
+    naming the key (the model's layers are known when it is built)."""
+    from roll.distributed.strategies.megatron_parallel import check_parallel_config, check_pipeline_stages
+
+    check_parallel_config(2, pipeline_model_parallel_size=2)
+    check_parallel_config(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    check_pipeline_stages(2, num_layers=4)
+    for stages in (3, 4):
+        with pytest.raises(ValueError, match=f"^strategy_config.pipeline_model_parallel_size: {stages} does not "
+                                             "divide the model's 2 decoder layers"):
+            check_pipeline_stages(stages, num_layers=2)
+
+
+def test_pipeline_stages_by_hand(hf_model):
+    """Stage 1 of 2 holds layer 1 as its layer 0, the final norm and the output layer (the
+    embedding itself when tied); stage 0 the embedding and layer 0. `from_stage` names them back,
+    and the stages together are the whole model (the tied copy once)."""
+    from roll.distributed.strategies.megatron_convert import EMBEDDING, OUTPUT, from_stage, stage_state
+
+    arch = arch_from_hf(hf_model.config)
+    full = hf_to_megatron(hf_model.state_dict(), arch)
+    first, last = (stage_state(full, arch, offset, 1, offset == 0, offset == 1) for offset in (0, 1))
+    qkv = "decoder.layers.{}.self_attention.linear_qkv.weight"
+    assert torch.equal(last[qkv.format(0)], full[qkv.format(1)]) and qkv.format(1) not in last
+    assert EMBEDDING in first and EMBEDDING not in last and "decoder.final_layernorm.weight" in last
+    assert torch.equal(last[OUTPUT], full[EMBEDDING] if arch.tied_embeddings else full[OUTPUT])
+    assert not any(name.startswith("decoder.final") or name == OUTPUT for name in first)
+    back = from_stage(first, 0, arch) | from_stage(last, 1, arch)
+    assert back.keys() == full.keys() and all(torch.equal(back[k], v) for k, v in full.items())
 
 
 def test_roll_example_keys_run(model_dir, megatron_groups):

@@ -21,6 +21,11 @@ Tensor parallelism (`split_tensor_parallel` / `merge_tensor_parallel`): column-p
 (`linear_qkv`, `linear_fc1`, the vocab-parallel embedding and output layer) are cut along dim 0,
 row-parallel ones (`linear_proj`, `linear_fc2`) along dim 1, norms are replicated. `linear_fc1`
 is cut per half, so rank i holds [gate_i; up_i], the layout its local SwiGLU expects.
+
+Pipeline parallelism (`stage_state` / `from_stage`): a stage holds the decoder layers
+[offset, offset + n) under local indices 0..n-1 (megatron names a stage's layers from 0), the
+embedding on the first stage, the final norm and output layer on the last. With tied embeddings
+and more than one stage, the last stage's output layer is its own copy of the embedding.
 """
 
 from __future__ import annotations
@@ -232,3 +237,46 @@ def merge_tensor_parallel(shards: list[Mapping[str, torch.Tensor]]) -> Tensors:
         else:
             merged[name] = first
     return merged
+
+
+# ---- pipeline stages ------------------------------------------------------------------------
+LAYERS_PREFIX = MC_LAYER.split("{")[0]
+
+
+def renumber_layers(state: Mapping[str, torch.Tensor], shift: int, keep: range | None = None) -> Tensors:
+    """`state`'s `decoder.layers.{i}.*` entries renamed to layer i + shift (those with i in `keep`
+    only, when given); other entries dropped."""
+    out: Tensors = {}
+    for name, tensor in state.items():
+        if name.startswith(LAYERS_PREFIX):
+            index, rest = name.removeprefix(LAYERS_PREFIX).split(".", 1)
+            if keep is None or int(index) in keep:
+                out[f"{LAYERS_PREFIX}{int(index) + shift}.{rest}"] = tensor
+    return out
+
+
+def stage_state(mc: Mapping[str, torch.Tensor], arch: DecoderArch, offset: int, num_stage_layers: int,
+                first: bool, last: bool) -> Tensors:
+    """A whole (all layers) `GPTModel` state dict -> one pipeline stage's (module docstring): layers
+    offset .. offset + num_stage_layers - 1 renamed from 0, the embedding if `first`, the final norm
+    and output layer if `last` (with tied embeddings and `last` but not `first`: the embedding)."""
+    out = renumber_layers(mc, -offset, range(offset, offset + num_stage_layers))
+    if first:
+        out[EMBEDDING] = mc[EMBEDDING]
+    if last:
+        for name in TOP_RENAMES.values():
+            out[name] = mc[name]
+        if not arch.tied_embeddings:
+            out[OUTPUT] = mc[OUTPUT]
+        elif not first:
+            out[OUTPUT] = mc[EMBEDDING]
+    return out
+
+
+def from_stage(stage: Mapping[str, torch.Tensor], offset: int, arch: DecoderArch) -> Tensors:
+    """Inverse of `stage_state` for one stage: its entries under whole-model names (layers shifted
+    by `offset`; a tied output copy dropped, the first stage's embedding stands for it)."""
+    out = renumber_layers(stage, offset)
+    out.update({name: tensor for name, tensor in stage.items()
+                if not name.startswith(LAYERS_PREFIX) and not (name == OUTPUT and arch.tied_embeddings)})
+    return out

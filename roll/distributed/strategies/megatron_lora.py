@@ -26,7 +26,9 @@ mappings: on a column-parallel layer A is replicated and B split by output rows 
 and B replicated. B_local @ A_local is then exactly the rank's shard of B @ A, which is why the
 merged weights (`merged_state`) are formed per rank and gathered by the strategy's existing path.
 Adapters are float32 whatever the model's dtype (as peft keeps them); A is drawn from one seeded
-generator in full and then cut, so every tensor-parallel size starts from the same adapters.
+generator in full and then cut, so every tensor-parallel size starts from the same adapters; a
+pipeline stage adapts its own layers and first draws the A of the layers before it
+(`apply_megatron_lora`'s `layer_offset`), so every pipeline size does too.
 """
 
 from __future__ import annotations
@@ -82,10 +84,8 @@ class ParallelLoRA(nn.Module):
         super().__init__()
         self.base_layer, self.row_parallel, self.tp_group = base_layer, row_parallel, tp_group
         self.scaling = alpha / rank
-        out_local, in_local = base_layer.weight.shape
-        in_full = in_local * tp_size if row_parallel else in_local
-        bound = 1 / math.sqrt(in_full)  # peft's kaiming_uniform_(a=sqrt(5)) on the whole A
-        full_a = torch.empty(rank, in_full).uniform_(-bound, bound, generator=generator)
+        out_local = base_layer.weight.shape[0]
+        full_a = _draw_whole_a(base_layer, rank, row_parallel, tp_size, generator)
         a = full_a.chunk(tp_size, dim=1)[tp_rank] if row_parallel else full_a
         device = base_layer.weight.device
         self.lora_A = nn.Parameter(a.contiguous().to(device))
@@ -113,15 +113,34 @@ class ParallelLoRA(nn.Module):
             return getattr(self.base_layer, name)
 
 
+def _draw_whole_a(base_layer: nn.Module, rank: int, row_parallel: bool, tp_size: int,
+                  generator: torch.Generator) -> torch.Tensor:
+    """The whole (all tensor-parallel ranks') A of an adapter on `base_layer`, drawn as peft's
+    kaiming_uniform_(a=sqrt(5)) draws it, from `generator`."""
+    in_local = base_layer.weight.shape[1]
+    in_full = in_local * tp_size if row_parallel else in_local
+    bound = 1 / math.sqrt(in_full)
+    return torch.empty(rank, in_full).uniform_(-bound, bound, generator=generator)
+
+
 def apply_megatron_lora(gpt: nn.Module, *, rank: int, alpha: int, target: str, tp_group, tp_rank: int,
-                        tp_size: int, seed: int) -> list[str]:
+                        tp_size: int, seed: int, layer_offset: int = 0) -> list[str]:
     """Freeze `gpt` and put a `ParallelLoRA` around each targeted module of every decoder layer;
-    returns the wrapped modules' names. A is drawn from a generator seeded with `seed`, in full
-    and in module order on every rank (then cut), so ranks and tensor-parallel sizes agree."""
+    returns the wrapped modules' names (the model's own: a pipeline stage numbers its layers from 0).
+    A is drawn from a generator seeded with `seed`, in full and in module order on every rank (then
+    cut), so ranks and tensor-parallel sizes agree; a pipeline stage whose first layer is layer
+    `layer_offset` of the model first draws (and drops) the A of the layers before it, which have
+    its layers' shapes, so every pipeline size starts from the same adapters too."""
     modules = megatron_targets(target)
     for param in gpt.parameters():
         param.requires_grad_(False)
     generator = torch.Generator().manual_seed(seed)
+    template = gpt.decoder.layers[0]
+    for _ in range(layer_offset):
+        for module in modules:
+            parent_name, child = module.split(".")
+            _draw_whole_a(getattr(getattr(template, parent_name), child), rank, module in ROW_PARALLEL, tp_size,
+                          generator)
     wrapped = []
     for index, layer in enumerate(gpt.decoder.layers):
         for module in modules:

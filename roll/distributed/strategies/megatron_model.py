@@ -18,6 +18,9 @@ unconditionally in forward (measured with 0.16.1):
 
 `MegatronCausalLM` is the adapter the roles' loss functions call HF-style:
 `model(input_ids=, attention_mask=, labels=)` -> an output with `.logits` (B, T, V) and `.loss`.
+With pipeline parallelism the `GPTModel` is this rank's stage (`build_gpt_model`) and the adapter
+receives and sends the stage's activations and the logits (roll.distributed.strategies.megatron_pipeline),
+so every stage still returns the whole model's logits.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput
 
 from roll.distributed.strategies.megatron_convert import DecoderArch
+from roll.distributed.strategies.megatron_pipeline import (
+    PipelineLinks,
+    broadcast_logits,
+    logits_from_last_stage,
+    receive_activation,
+)
 
 with warnings.catch_warnings():  # "Apex / Transformer Engine not installed": we use neither
     warnings.simplefilter("ignore", UserWarning)
@@ -64,7 +73,7 @@ def init_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1) ->
 
 
 def transformer_config(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
-                       sequence_parallel: bool = False) -> TransformerConfig:
+                       sequence_parallel: bool = False, pipeline_parallel: int = 1) -> TransformerConfig:
     """The `TransformerConfig` of an HF Llama/Qwen2 model: pre-norm RMSNorm, SwiGLU MLP without
     biases, grouped-query attention with q/k/v biases only for Qwen2, no dropout (PPO compares
     forwards of the same weights, see roll.distributed.strategies.torch_train).
@@ -87,6 +96,8 @@ def transformer_config(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: i
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        pipeline_dtype=dtype,
         sequence_parallel=sequence_parallel,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -154,13 +165,25 @@ _TE_ATTENTION_SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_AT
 
 def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
                     sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None,
-                    recompute_granularity: str | None = None) -> GPTModel:
+                    recompute_granularity: str | None = None, pipeline_parallel: int = 1) -> GPTModel:
     """A `GPTModel` with `arch`'s shape on CPU, uninitialised (load weights next). Its vocabulary is
     `arch.vocab_size` rounded up to a multiple of `tensor_parallel` (Megatron's vocab padding).
     With tensor parallelism its logits are each rank's vocabulary slice (`MegatronCausalLM`
     gathers them: megatron's own gather allocates on CUDA). `pg_collection`: the model's process
-    groups, by default those of `init_model_parallel`."""
-    config = transformer_config(arch, dtype, tensor_parallel, sequence_parallel)
+    groups, by default those of `init_model_parallel`.
+
+    With `pipeline_parallel` > 1 it is this rank's stage (megatron's pipeline rank): the embedding
+    on the first stage only, final norm and output layer on the last only, and the layers megatron
+    assigns the stage (`layer_offset`). Tied embeddings are untied then: megatron would keep the
+    last stage's copy equal by an all-reduce that moves it to CUDA (`setup_embeddings_and_output_layer`),
+    so the last stage's output layer is a weight of its own, loaded with the embedding, whose
+    gradient the strategy sums with the embedding's (megatron_train)."""
+    config = transformer_config(arch, dtype, tensor_parallel, sequence_parallel, pipeline_parallel)
+    stage_kwargs = {}
+    if pipeline_parallel > 1:
+        pp_group = (pg_collection or ProcessGroupCollection.use_mpu_process_groups()).pp
+        stage, stages = dist.get_rank(pp_group), dist.get_world_size(pp_group)
+        stage_kwargs = {"pre_process": stage == 0, "post_process": stage == stages - 1}
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     # Transformer Engine's attention switches (ROLL's configs set them in system_envs) mean nothing
@@ -170,8 +193,9 @@ def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int 
     try:
         gpt = GPTModel(config, spec, vocab_size=padded_vocab_size(arch, tensor_parallel),
                        max_sequence_length=arch.max_positions,
-                       share_embeddings_and_output_weights=arch.tied_embeddings,
-                       position_embedding_type="rope", rotary_base=arch.rope_theta, pg_collection=pg_collection)
+                       share_embeddings_and_output_weights=arch.tied_embeddings and pipeline_parallel == 1,
+                       position_embedding_type="rope", rotary_base=arch.rope_theta, pg_collection=pg_collection,
+                       **stage_kwargs)
     finally:
         for name in _TE_ATTENTION_SWITCHES:
             os.environ.pop(name, None)
@@ -247,27 +271,53 @@ class GatherVocabSlices(torch.autograd.Function):
         return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None
 
 
+def layer_offset(gpt: GPTModel) -> int:
+    """Index of the stage's first decoder layer in the whole model: megatron numbers a layer from 1
+    with its stage's offset added (`get_transformer_layer_offset`), its state-dict name from 0."""
+    return gpt.decoder.layers[0].layer_number - 1
+
+
 class MegatronCausalLM(nn.Module):
     """A `GPTModel` behind HF's causal-LM call: positions 0..T-1 on every row (HF's default when
     no `position_ids` are given), padding blocked with `blocked_attention`, logits trimmed to the
-    HF vocabulary, and HF's shifted cross-entropy when `labels` are given."""
+    HF vocabulary, and HF's shifted cross-entropy when `labels` are given. With `pipeline` (this
+    rank's stage of several, roll.distributed.strategies.megatron_pipeline) every stage is called
+    with the same rows and returns the whole model's logits."""
 
-    def __init__(self, gpt: GPTModel, vocab_size: int) -> None:
+    def __init__(self, gpt: GPTModel, vocab_size: int, pipeline: PipelineLinks | None = None) -> None:
         super().__init__()
         self.gpt = gpt
         self.vocab_size = vocab_size
         self.tp_group = gpt.pg_collection.tp
+        self.pipeline = pipeline if pipeline is not None and pipeline.size > 1 else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> CausalLMOutput:
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
-        logits = self.gpt(input_ids=input_ids, position_ids=positions, attention_mask=blocked_attention(attention_mask))
-        if dist.get_world_size(self.tp_group) > 1:
-            logits = GatherVocabSlices.apply(logits, self.tp_group)
-        logits = logits[..., : self.vocab_size]
+        pipe = self.pipeline
+        if pipe is not None and not pipe.first:  # (S, B, H): megatron's layout between layers
+            shape = (length, batch, self.gpt.config.hidden_size)
+            self.gpt.set_input_tensor(receive_activation(shape, self.gpt.config.params_dtype, input_ids.device, pipe))
+        out = self.gpt(input_ids=input_ids, position_ids=positions, attention_mask=blocked_attention(attention_mask))
+        if pipe is not None and not pipe.last:
+            self.gpt.set_input_tensor(None)
+            logits = logits_from_last_stage(out, (batch, length, self.vocab_size), pipe)
+        else:
+            logits = self._whole_vocabulary(out)
         loss = None
         if labels is not None:  # position t predicts token t + 1; mean over counted tokens
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
                                    ignore_index=IGNORE_INDEX)
         return CausalLMOutput(loss=loss, logits=logits)
+
+    def _whole_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
+        """The output layer's logits gathered over tensor-parallel ranks and trimmed to the HF
+        vocabulary; on the last of several stages, also sent to the others."""
+        if dist.get_world_size(self.tp_group) > 1:
+            logits = GatherVocabSlices.apply(logits, self.tp_group)
+        logits = logits[..., : self.vocab_size]
+        if self.pipeline is not None:
+            self.gpt.set_input_tensor(None)
+            broadcast_logits(logits, self.pipeline)
+        return logits

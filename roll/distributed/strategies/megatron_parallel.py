@@ -1,12 +1,13 @@
-"""What the `megatron` strategy's tensor-parallel ranks do together, besides the model's own
+"""What the `megatron` strategy's model-parallel ranks do together, besides the model's own
 collectives: agree on the layout from ROLL's keys, gather the weight shards, and clip by the norm
-of the whole gradient. Plain torch.distributed (no megatron import), so it is unit-tested on CPU
+of the whole gradient (over tensor- and pipeline-parallel ranks). Plain torch.distributed (no megatron import), so it is unit-tested on CPU
 with one process as with several (gloo on CPU, nccl on CUDA: tensors go to the group's device).
 
 Layout: megatron-core's default rank order "tp-cp-ep-dp-pp" puts the tensor-parallel ranks of
-one model replica next to each other, so with `world_size` = tp * dp (pp = 1) process r is
-tensor-parallel rank r % tp of data-parallel rank r // tp (`roll.distributed.ranks.data_parallel_rank_of`
-says the same to the driver, which hands every rank of one data-parallel rank the same rows).
+one model replica next to each other and the pipeline stages outermost, so with `world_size` =
+tp * dp * pp process r is tensor-parallel rank r % tp of data-parallel rank (r // tp) % dp, in
+pipeline stage r // (tp * dp) (`roll.distributed.ranks.data_parallel_ranks` says the same to the
+driver, which hands every rank of one data-parallel rank, all its stages, the same rows).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
     """A one-line ValueError naming the first key whose value is not built, else None.
 
     Built: tensor parallel of any size that divides the model (checked when the weights are
-    split), `use_distributed_optimizer` (accepted: a data-parallel rank here holds the whole
+    split), pipeline parallel of any size that divides the number of layers (checked when the
+    model is built, megatron_train), `use_distributed_optimizer` (accepted: a data-parallel rank here holds the whole
     optimizer state, which gives the same steps; only memory differs), `recompute_granularity`
     "full" or "selective" or null (megatron's activation recomputation, `TransformerConfig`).
-    Not built: pipeline parallel (megatron_train's docstring says why), expert parallel (no
-    MoE model converts), context parallel, sequence parallel."""
+    Not built: expert parallel (no MoE model converts), context parallel, sequence parallel."""
     sizes = {"tensor_model_parallel_size": tensor_model_parallel_size,
              "pipeline_model_parallel_size": pipeline_model_parallel_size,
              "expert_model_parallel_size": expert_model_parallel_size,
@@ -44,9 +45,6 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"strategy_config.{key}: must be an integer >= 1 (got {size!r})")
     refusals = {
-        "pipeline_model_parallel_size": (pipeline_model_parallel_size > 1,
-                                         "pipeline parallel is not built (megatron-core 0.16's p2p needs CUDA; "
-                                         "see megatron_train); use tensor_model_parallel_size"),
         "expert_model_parallel_size": (expert_model_parallel_size > 1,
                                        "expert parallel needs a MoE model; only dense Llama/Qwen2 convert"),
         "context_parallel_size": (context_parallel_size > 1, "context parallel is not built"),
@@ -59,8 +57,18 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
             raise ValueError(f"strategy_config.{key}: {why}")
     model_parallel = tensor_model_parallel_size * pipeline_model_parallel_size
     if world_size % model_parallel:
-        raise ValueError(f"strategy_config.tensor_model_parallel_size: world_size {world_size} is not divisible "
+        key = "tensor_model_parallel_size" if tensor_model_parallel_size > 1 else "pipeline_model_parallel_size"
+        raise ValueError(f"strategy_config.{key}: world_size {world_size} is not divisible "
                          f"by tensor_model_parallel_size * pipeline_model_parallel_size = {model_parallel}")
+
+
+def check_pipeline_stages(pipeline_model_parallel_size: int, num_layers: int) -> None:
+    """A one-line ValueError naming the key unless `pipeline_model_parallel_size` stages can hold
+    `num_layers` decoder layers evenly (megatron's default split: num_layers / pp each, at least one)."""
+    pp = pipeline_model_parallel_size
+    if num_layers % pp:
+        raise ValueError(f"strategy_config.pipeline_model_parallel_size: {pp} does not divide the model's "
+                         f"{num_layers} decoder layers (num_hidden_layers); each stage holds num_layers / pp")
 
 
 def gather_shards(local: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> list[dict[str, torch.Tensor]]:
@@ -79,15 +87,18 @@ def gather_shards(local: dict[str, torch.Tensor], group: dist.ProcessGroup | Non
 
 
 def clip_grad_norm_tensor_parallel_(params: Iterable[tuple[nn.Parameter, bool]], max_norm: float,
-                                    group: dist.ProcessGroup | None) -> float:
+                                    group: dist.ProcessGroup | None, pipeline_group: dist.ProcessGroup | None = None,
+                                    copies: Iterable[nn.Parameter] = ()) -> float:
     """Clip the gradients of one tensor-parallel model replica by the L2 norm of the WHOLE
     gradient, as `torch.nn.utils.clip_grad_norm_` does for an unsplit model: squares of sharded
     gradients are summed over the ranks, replicated ones counted once (on rank 0 of `group`).
     Same clip coefficient as torch's, max_norm / (norm + 1e-6) capped at 1. `params`: (parameter,
     whether it is split over the ranks) pairs; megatron marks split ones `tensor_model_parallel`
     only when it initialises them, which a model loaded from converted weights skips, so the
-    caller says it (`megatron_convert.is_tensor_parallel`). Returns the norm (inf or nan when a
-    gradient is non-finite; nothing is scaled then)."""
+    caller says it (`megatron_convert.is_tensor_parallel`). `pipeline_group`: the stages of a
+    pipeline, each holding other parameters, whose squares are summed too; `copies`: parameters
+    whose gradient another stage counts (the last stage's copy of tied embeddings): scaled, not
+    counted. Returns the norm (inf or nan when a gradient is non-finite; nothing is scaled then)."""
     grads = [(p.grad, sharded) for p, sharded in params if p.grad is not None]
     first_rank = dist.get_rank(group) == 0
     device = grads[0][0].device if grads else torch.device("cpu")
@@ -96,10 +107,12 @@ def clip_grad_norm_tensor_parallel_(params: Iterable[tuple[nn.Parameter, bool]],
         if sharded or first_rank:
             squares += grad.detach().double().pow(2).sum()
     dist.all_reduce(squares, group=group)
+    if pipeline_group is not None and dist.get_world_size(pipeline_group) > 1:
+        dist.all_reduce(squares, group=pipeline_group)
     norm = float(squares.sqrt())
     if math.isfinite(norm):
         coef = min(1.0, max_norm / (norm + 1e-6))
         if coef < 1.0:
-            for grad, _ in grads:
+            for grad in [grad for grad, _ in grads] + [p.grad for p in copies if p.grad is not None]:
                 grad.mul_(coef)
     return norm

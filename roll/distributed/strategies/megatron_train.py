@@ -26,17 +26,30 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   rank 0 writes the HF dir, each tensor-parallel rank its optimizer-tp<r>.pt). Tested with two
   CPU processes (tests/distributed/test_megatron_two_ranks.py): two PPO steps at TP 2 give the
   losses, gradient norms and merged weights of TP 1; HF -> shards -> HF is bit-exact.
-- Pipeline parallel is not built: `pipeline_model_parallel_size` > 1 stops at start-up with one
-  line. Why, on CPU: megatron-core 0.16.1's pipeline schedules (`get_forward_backward_func`) move
-  activations between stages with `P2PCommunicator` (pipeline_parallel/p2p_communication.py),
-  which allocates every received activation on `torch.cuda.current_device()` (its
-  `create_tensor_recv_prev` / `_next`, and the shape exchange) and calls `torch.cuda.synchronize()`
-  after batched p2p; on a CPU build of torch `torch.cuda.current_device()` raises "Torch not
-  compiled with CUDA enabled" (measured), so gloo never gets to send. Making it run would mean
-  replacing megatron's communicator, and the schedules also own the loss (forward_step_func /
-  loss_func per micro-batch) while the roles' loss functions call the model HF-style on
-  de-duplicated rows (roll.distributed.micro_batches). Neither is done; on a GPU (nccl) the p2p path
-  is megatron's own, but the loss plumbing is the same missing piece.
+- Pipeline parallel (`pipeline_model_parallel_size`, any size dividing the number of layers):
+  each rank builds its stage of the `GPTModel` (embedding on the first stage, final norm and output
+  layer on the last, the layers megatron's split gives it: `megatron_model.layer_offset`) and
+  loads only that stage's converted weights (`megatron_convert.stage_state`). All stages of one
+  data-parallel rank see the same rows (world_size = tp * dp * pp, megatron's "tp-cp-ep-dp-pp"
+  order: stages outermost). Activations go forward and gradients back by autograd across ranks
+  (`megatron_pipeline`: torch.distributed send/recv, the last stage broadcasts the logits so every
+  stage's role code computes the same loss). The schedule is naive, one micro-batch through all
+  stages while the others wait: correct, not fast (no 1F1B, no overlap). megatron-core's own
+  schedules are not used: its `P2PCommunicator` allocates received activations on
+  `torch.cuda.current_device()` and calls `torch.cuda.synchronize()` (on a CPU build: "Torch not
+  compiled with CUDA enabled", measured), and the schedules own the loss, while roles call the
+  model HF-style. Tied embeddings: the last stage's output layer is its own copy of the embedding
+  (megatron's copy is kept equal by an all-reduce that moves it to CUDA), the two copies' gradients
+  are summed over megatron's embedding group before clipping, so both take the one weight's step.
+  The clip is by the norm of the whole gradient over tensor- and pipeline-parallel ranks (the tied
+  copy counted once); weights leave merged (`state_dict`: tensor-parallel shards merged, then each
+  stage's layers broadcast under their whole-model names, `megatron_pipeline.gather_stages`);
+  checkpoints hold one optimizer-tp<r>-pp<s>.pt per (tp, pp) rank. Tested with two CPU processes
+  (tests/distributed/test_megatron_pipeline.py): two PPO steps at PP 2 give the losses, gradient
+  norms and merged weights of PP 1 (losses to ~1e-7, untied and tied embeddings), HF -> stages ->
+  HF is bit-exact, forward-only log-probs (`megatron_infer`'s use) equal PP 1's, a PP-2 checkpoint
+  resumes; TP 2 x PP 2 and PP 2 x DP 2 over four processes against one process in
+  tests/distributed/megatron_tp_pp_check.py (.ci/run_megatron_tp).
 - `recompute_granularity` full / selective: torch's checkpoint around each layer / core attention
   (`megatron_model.recompute_`; megatron's own needs CUDA). `use_distributed_optimizer` is
   accepted and changes nothing but memory: every data-parallel rank keeps the whole optimizer.
@@ -47,9 +60,13 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   / r) B A, per rank, then gathered as above); a checkpoint is the merged HF dir with the adapter
   beside it in `adapter/` as a peft adapter of the HF model (exact: each q/k/v, gate/up part gets
   the fused A and its rows of B), from which `load_checkpoint` restores the adapters (the base is
-  the `pretrain` weights, as built) and the optimizer files their moments. Tested on CPU at TP 1
-  (tests/distributed/test_megatron_lora.py) and TP 2 (the .ci/run_megatron_tp lane).
-Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl), memory, speed.
+  the `pretrain` weights, as built) and the optimizer files their moments. With pipeline stages each
+  stage adapts its own layers (drawing A as if the earlier stages' layers came first, so it starts
+  from PP 1's adapters) and the saved adapter is gathered from all stages. Tested on CPU at TP 1
+  (tests/distributed/test_megatron_lora.py), TP 2 (the .ci/run_megatron_tp lane) and PP 2
+  (tests/distributed/test_megatron_pipeline.py: PP 1's losses, norms, weights, adapter, resume).
+Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl, the pipeline's
+send/recv on device tensors), memory, speed.
 Not supported, one line at start-up: the critic's value model (`*ForTokenClassification`), models
 other than Llama/Qwen2 with SwiGLU and default RoPE, Transformer Engine / FP8, MoE.
 `megatron_infer` (ROLL's name for the same model run for log-probs only, e.g. the reference role)
@@ -68,12 +85,18 @@ import torch.distributed as dist
 from torch import nn
 
 from roll.distributed.strategies.megatron_convert import (
+    EMBEDDING,
+    LAYERS_PREFIX,
+    OUTPUT,
     arch_from_hf,
+    from_stage,
     hf_to_megatron,
     is_tensor_parallel,
     megatron_to_hf,
     merge_tensor_parallel,
+    renumber_layers,
     split_tensor_parallel,
+    stage_state,
 )
 from roll.distributed.strategies.megatron_lora import (
     adapter_from_hf,
@@ -89,9 +112,11 @@ from roll.distributed.strategies.megatron_lora import (
 )
 from roll.distributed.strategies.megatron_parallel import (
     check_parallel_config,
+    check_pipeline_stages,
     clip_grad_norm_tensor_parallel_,
     gather_shards,
 )
+from roll.distributed.strategies.megatron_pipeline import gather_stages, pipeline_links
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import ADAPTER_DIR, TorchTrainStrategy, restore_schedule
 
@@ -137,50 +162,80 @@ class MegatronTrainStrategy(TorchTrainStrategy):
                              "needs torch, deepspeed or fsdp2")
         from roll.distributed.strategies import megatron_model
 
-        tp = tensor_model_parallel_size
+        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
         self.arch = arch_from_hf(model.config)
+        check_pipeline_stages(pp, self.arch.num_layers)
         self.hf_class, self.hf_config = type(model), model.config
         self.generation_config = getattr(model, "generation_config", None)
         hf_state = model.state_dict()
         self.hf_names = list(hf_state)  # a tied model lists lm_head.weight too; keep HF's names and order
-        megatron_model.init_model_parallel(tp)
+        megatron_model.init_model_parallel(tp, pp)
         state = megatron_model.parallel_state
         self.tp_group, self.tp_rank, self.tp_size = (state.get_tensor_model_parallel_group(),
                                                      state.get_tensor_model_parallel_rank(), tp)
+        self.pipeline = pipeline_links(state.get_pipeline_model_parallel_group())
         self.data_parallel_group = state.get_data_parallel_group()
         self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype, tensor_parallel=tp,
-                                                  recompute_granularity=recompute_granularity)
+                                                  recompute_granularity=recompute_granularity, pipeline_parallel=pp)
+        self.layer_offset = megatron_model.layer_offset(self.gpt)
+        # with tied embeddings over several stages: the first stage's embedding and the last
+        # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step);
+        # with LoRA it is frozen
+        self.tied_copies = (pp > 1 and self.arch.tied_embeddings and lora is None
+                            and (self.pipeline.first or self.pipeline.last))
+        self.embedding_group = state.get_embedding_group() if self.tied_copies else None
         full = hf_to_megatron(hf_state, self.arch, megatron_model.padded_vocab_size(self.arch, tp))
         unconverted = sorted(set(self.hf_names) - set(megatron_to_hf(full, self.arch)))
         if unconverted:  # a weight the conversion does not know would be lost silently
             raise ValueError(f'strategy "megatron" cannot convert {unconverted[0]} of {self.hf_class.__name__}')
-        megatron_model.load_megatron_state(self.gpt, split_tensor_parallel(full, self.arch, tp)[self.tp_rank])
+        megatron_model.load_megatron_state(self.gpt, self._rank_weights(full))
         del hf_state, full
         self.lora, self.lora_modules = lora, []
         if lora is not None:  # the worker seeded torch: every rank draws the same A
             self.lora_modules = apply_megatron_lora(self.gpt, **lora, tp_group=self.tp_group, tp_rank=self.tp_rank,
-                                                    tp_size=tp, seed=torch.initial_seed())
+                                                    tp_size=tp, seed=torch.initial_seed(),
+                                                    layer_offset=self.layer_offset)
         hf_params = sum(p.numel() for p in model.parameters())
-        super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size), device=device, **kwargs)
+        super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline),
+                         device=device, **kwargs)
         self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
         self.param_counts = self._param_counts(hf_params)
 
     def _param_counts(self, hf_params: int) -> dict[str, float]:
         """`model/trainable_params` and `model/total_params` of the whole model, as the other
         strategies count them: the HF model's parameters (not megatron's padded, per-rank shards)
-        plus the adapters' whole size."""
+        plus the adapters' whole size (summed over the pipeline stages: a collective over them)."""
         adapters = sum(p.numel() * (self.tp_size if is_sharded_adapter(name) else 1)
                        for name, p in adapter_state(dict(self.gpt.named_parameters())).items())
+        if self.pipeline.size > 1:
+            total = torch.tensor([adapters], dtype=torch.int64, device=self.device)
+            dist.all_reduce(total, group=self.pipeline.group)
+            adapters = int(total.item())
         trainable = adapters if self.lora is not None else hf_params
         return {"model/trainable_params": float(trainable), "model/total_params": float(hf_params + adapters)}
 
-    # ---- data and tensor parallel -------------------------------------------------------------
+    def _rank_weights(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's part of a whole (TP-1, all layers) Megatron state dict: its tensor-parallel
+        shard of its pipeline stage."""
+        shard = split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank]
+        if self.pipeline.size == 1:
+            return shard
+        return stage_state(shard, self.arch, self.layer_offset, len(self.gpt.decoder.layers),
+                           self.pipeline.first, self.pipeline.last)
+
+    # ---- data, tensor and pipeline parallel ---------------------------------------------------
     def _clip_and_step(self, finite: bool) -> tuple[float, bool]:
         finite = self._average_gradients(finite)
-        if self.tp_size == 1:
+        if self.tp_size == 1 and self.pipeline.size == 1:
             return super()._clip_and_step(finite)
-        params = [(p, is_tensor_parallel(name) or is_sharded_adapter(name)) for name, p in self.gpt.named_parameters()]
-        grad_norm = clip_grad_norm_tensor_parallel_(params, self.max_grad_norm, self.tp_group)
+        copies = []
+        if self.tied_copies:
+            tied = self._sum_tied_gradients()
+            copies = [tied] if self.pipeline.last else []
+        params = [(p, is_tensor_parallel(name) or is_sharded_adapter(name)) for name, p in self.gpt.named_parameters()
+                  if not any(p is copy for copy in copies)]
+        grad_norm = clip_grad_norm_tensor_parallel_(params, self.max_grad_norm, self.tp_group, self.pipeline.group,
+                                                    copies)
         skipped = not (finite and math.isfinite(grad_norm))
         if not skipped:
             self.optimizer.step()
@@ -205,6 +260,17 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             param.grad = grad.view_as(param)
         return bool(all_finite.item())
 
+    def _sum_tied_gradients(self) -> nn.Parameter:
+        """Sum the gradients of the tied embedding's two copies (first stage: the embedding, last
+        stage: the output layer) over megatron's embedding group, so both hold the gradient of the
+        one weight of a single-stage model and take the same optimizer step. Returns this stage's copy."""
+        params = dict(self.gpt.named_parameters())
+        tied = params[EMBEDDING] if self.pipeline.first else params[OUTPUT]
+        grad = tied.grad if tied.grad is not None else torch.zeros_like(tied)
+        dist.all_reduce(grad, group=self.embedding_group)
+        tied.grad = grad
+        return tied
+
     def _reduce_over_ranks(self, values: list[float], op) -> list[float]:
         """Over the data-parallel ranks only: the tensor-parallel ranks of one data-parallel rank
         hold the same rows and metrics, and summing them would count each row tp times."""
@@ -216,18 +282,22 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
     # ---- weights and checkpoints ------------------------------------------------------------
     def _megatron_weights(self) -> dict[str, torch.Tensor]:
-        """The whole (TP-1) Megatron state dict: this rank's parameters (views) with one rank, the
-        merged shards of every tensor-parallel rank with several (a collective over them)."""
+        """The whole (TP-1, all layers) Megatron state dict: this rank's parameters (views) with one
+        rank; with several, the merged shards of every tensor-parallel rank and the stages' layers
+        under their whole-model indices (collectives over the tensor- then pipeline-parallel group)."""
         local = {k: v for k, v in self.gpt.state_dict().items() if torch.is_tensor(v)}
         if self.lora is not None:  # B_local A_local is the rank's shard of B A (megatron_lora)
             local = merged_state(local, self.lora["alpha"] / self.lora["rank"])
-        if self.tp_size == 1:
+        if self.tp_size > 1:
+            local = merge_tensor_parallel(gather_shards(local, self.tp_group))
+        if self.pipeline.size == 1:
             return local
-        return merge_tensor_parallel(gather_shards(local, self.tp_group))
+        return gather_stages(from_stage(local, self.layer_offset, self.arch), self.pipeline, self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named full CPU copies of the weights, in the HF model's key order. With tensor
-        parallelism every rank of the group must call it (the shards are gathered); all get them."""
+        """HF-named full CPU copies of the weights, in the HF model's key order. With tensor or
+        pipeline parallelism every rank of the model-parallel group must call it (shards and stages
+        are gathered); all get them."""
         hf_state = megatron_to_hf(self._megatron_weights(), self.arch)
         return {name: hf_state[name].detach().to("cpu", copy=True).contiguous() for name in self.hf_names}
 
@@ -236,20 +306,23 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         is left as it is). With LoRA they are the frozen base weights; the adapters stay as they are."""
         from roll.distributed.strategies.megatron_model import load_megatron_state, padded_vocab_size
 
-        full = hf_to_megatron(state_dict, self.arch, padded_vocab_size(self.arch, self.tp_size))
-        shard = split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank]
+        shard = self._rank_weights(hf_to_megatron(state_dict, self.arch, padded_vocab_size(self.arch, self.tp_size)))
         if self.lora is not None:
             shard = with_base_layer_names(shard, self.lora_modules) | adapter_state(self.gpt.state_dict())
         load_megatron_state(self.gpt, shard)
 
     def _optimizer_file(self) -> str:
-        """optimizer.pt, or optimizer-tp<r>.pt per tensor-parallel rank (moments of its shard)."""
+        """optimizer.pt, or optimizer-tp<r>.pt per tensor-parallel rank (moments of its shard), or
+        optimizer-tp<r>-pp<s>.pt per tensor-parallel rank and pipeline stage (the TP-only names
+        stay as they were without pipeline parallelism, so older checkpoints resume)."""
+        if self.pipeline.size > 1:
+            return f"optimizer-tp{self.tp_rank}-pp{self.pipeline.stage}.pt"
         return "optimizer.pt" if self.tp_size == 1 else f"optimizer-tp{self.tp_rank}.pt"
 
     def save_checkpoint(self, directory: str | Path) -> None:
-        """HF model dir of the merged weights + scheduler.pt on rank 0, and each tensor-parallel
+        """HF model dir of the merged weights + scheduler.pt on rank 0, and each (tensor, pipeline)
         rank's optimizer file (`_optimizer_file`, Megatron layout) from data-parallel rank 0.
-        Every rank must call it (the shards are gathered).
+        Every rank must call it (the shards and stages are gathered).
 
         The HF model that writes the dir lives on the meta device: it holds no memory, and
         `save_pretrained` writes the tensors it is given (sharding and tied weights as HF does)."""
@@ -272,9 +345,13 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             self._save_adapter(directory / ADAPTER_DIR, adapter)
 
     def _whole_adapter(self) -> dict[str, torch.Tensor]:
-        """The adapters of all tensor-parallel ranks as one TP-1 adapter (a collective over them)."""
+        """The adapters of all tensor-parallel ranks and pipeline stages as one adapter of the whole
+        model (layers under their whole-model indices; collectives over the ranks)."""
         local = {k: v.detach() for k, v in adapter_state(self.gpt.state_dict()).items()}  # nccl gathers on device
-        return {k: v.cpu() for k, v in merge_adapter(gather_shards(local, self.tp_group)).items()}
+        whole = merge_adapter(gather_shards(local, self.tp_group))
+        if self.pipeline.size > 1:
+            whole = gather_stages(renumber_layers(whole, self.layer_offset), self.pipeline, self.device)
+        return {k: v.cpu() for k, v in whole.items()}
 
     def _save_adapter(self, directory: Path, adapter: dict[str, torch.Tensor]) -> None:
         """`adapter` as a peft adapter of the HF model (megatron_lora.adapter_to_hf): what peft's
@@ -292,8 +369,12 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         """This rank's shard of the adapter `_save_adapter` wrote, into the model's adapters."""
         from peft.utils import load_peft_weights
 
-        whole = adapter_from_hf(load_peft_weights(str(directory), device="cpu"), self.arch, self.lora_modules)
-        shard = split_adapter(whole, self.tp_size)[self.tp_rank]
+        # every layer's modules (a pipeline stage wraps only its own), to read the whole adapter
+        kinds = list(dict.fromkeys(name.split(".", 3)[3] for name in self.lora_modules))
+        modules = [f"{LAYERS_PREFIX}{i}.{kind}" for i in range(self.arch.num_layers) for kind in kinds]
+        whole = adapter_from_hf(load_peft_weights(str(directory), device="cpu"), self.arch, modules)
+        stage_layers = range(self.layer_offset, self.layer_offset + len(self.gpt.decoder.layers))
+        shard = split_adapter(renumber_layers(whole, -self.layer_offset, stage_layers), self.tp_size)[self.tp_rank]
         params = dict(self.gpt.named_parameters())
         with torch.no_grad():
             for name, value in shard.items():
