@@ -82,6 +82,8 @@ class SokobanEnv(TextEnv):
     are solvable. `episode_metrics`: `boxes_on_target`, `num_boxes` and `min_moves` (the optimal
     solution length from the start).
     `scripted_action` plays an optimal plan (`solver.solve_room`) from the current room.
+    `show_neighbours=True` adds a line after the room: for each action, the cell a move leads to
+    and the one behind it (`Room.neighbour_line`), facts of the grid put next to the action words.
     """
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
@@ -103,6 +105,7 @@ class SokobanEnv(TextEnv):
         action_pattern: str | None = None,
         env_instruction: str | None = None,
         grid_lookup: Mapping[int, str] | None = None,
+        show_neighbours: bool = False,
     ) -> None:
         super().__init__(format_penalty=format_penalty, render_mode=render_mode,
                          action_pattern=action_pattern, env_instruction=env_instruction)
@@ -115,6 +118,7 @@ class SokobanEnv(TextEnv):
         self.num_boxes = num_boxes
         self.search_depth = search_depth
         self.max_steps = max_steps
+        self.show_neighbours = show_neighbours
         self.symbols = check_symbols(grid_vocab)
         self.instruction = _instruction(self.symbols)
         extra = "".join(sorted(set(self.symbols.values()) - set(CHARSET)))
@@ -149,12 +153,12 @@ class SokobanEnv(TextEnv):
             )
         self._remember(room, plan)
         self._room, self._moves, self._min_moves = room, 0, len(plan)
-        return room.render(self.symbols)
+        return self._observe(room)
 
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         before = self._room
         if before.is_solved:  # the episode is over: absorbing, as in FrozenLake
-            return before.render(self.symbols), 0.0, True, False
+            return self._observe(before), 0.0, True, False
         self._moves += 1
         self._room = after = before.push(action)
         on_target_change = after.boxes_on_target - before.boxes_on_target
@@ -162,7 +166,11 @@ class SokobanEnv(TextEnv):
         if after.is_solved:
             reward += SOLVED_REWARD
         truncated = not after.is_solved and self._moves >= self.max_steps
-        return after.render(self.symbols), reward, after.is_solved, truncated
+        return self._observe(after), reward, after.is_solved, truncated
+
+    def _observe(self, room: Room) -> str:
+        text = room.render(self.symbols)
+        return f"{text}\n{room.neighbour_line(self.symbols, self.actions)}" if self.show_neighbours else text
 
     def _remember(self, room: Room, plan: list[str] | None) -> None:
         """Cache the next move of `plan` for every room along it (None: no plan from `room`)."""
@@ -187,4 +195,5 @@ class SokobanEnv(TextEnv):
         """The (rows * 32, cols * 32, 3) uint8 image of `frame`. Colours follow the default
         symbols (a classmethod cannot know an instance's `grid_vocab`): other characters are
         grey cells that still show the character."""
-        return draw_grid(frame, PALETTE)
+        grid = "\n".join(line for line in frame.split("\n") if " " not in line)  # no neighbour line
+        return draw_grid(grid, PALETTE)

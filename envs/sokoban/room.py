@@ -92,6 +92,18 @@ class Room:
             lines.append("".join(symbols[self._cell_name((r, c))] for c in range(self.shape[1])))
         return "\n".join(lines)
 
+    def neighbour_line(self, symbols: Mapping[str, str], actions: Sequence[str]) -> str:
+        """For each action, the cell a move leads to and the one behind it (where a pushed box
+        would go), e.g. `Up _ _ Down X O Left # # Right _ #`; off the grid reads as a wall."""
+        parts = []
+        for action in actions:
+            (dr, dc), (r, c) = DIRECTIONS[action], self.player
+            cells = [(r + dr, c + dc), (r + 2 * dr, c + 2 * dc)]
+            names = [self._cell_name(x) if 0 <= x[0] < self.shape[0] and 0 <= x[1] < self.shape[1] else "wall"
+                     for x in cells]
+            parts.append(" ".join([action, *(symbols[n] for n in names)]))
+        return " ".join(parts)
+
     def _cell_name(self, cell: Cell) -> str:
         on_target = cell in self.targets
         if cell == self.player:

@@ -291,3 +291,20 @@ def test_bad_params(config, why):
 def test_bad_rooms(room, why):
     with pytest.raises(ValueError, match=why):
         SokobanEnv().reset(options={"room": room})
+
+
+def test_show_neighbours_names_two_cells_each_way():
+    env = SokobanEnv(show_neighbours=True, render_mode="rgb_array")
+    obs, _ = env.reset(seed=0, options={"room": AROUND})
+    # player (2, 1): floor then the wall up and down, the wall left, the box then floor right
+    assert obs == "######\n#____#\n#PX__#\n#__O_#\n######\nUp _ # Down _ # Left # # Right X _"
+    obs = env.step(answer("Right"))[0]  # the push: box at (2, 3), player at (2, 2)
+    assert obs.split("\n")[-1] == "Up _ # Down _ # Left _ # Right X _"
+    plain = SokobanEnv()
+    plain.reset(seed=0, options={"room": AROUND})
+    plain_obs = plain.step(answer("Right"))[0]
+    assert obs.rsplit("\n", 1)[0] == plain_obs
+    assert np.array_equal(env.render(), SokobanEnv.frame_to_rgb(plain_obs))
+    # off the grid reads as a wall: ONE_PUSH's player has the grid's edge two cells up
+    env.reset(seed=0, options={"room": ONE_PUSH})
+    assert env.step(answer("Left"))[0].split("\n")[-1] == "Up # # Down # # Left # # Right X O"
