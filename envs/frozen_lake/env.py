@@ -159,8 +159,7 @@ class FrozenLakeEnv(TextEnv):
     @classmethod
     def frame_to_rgb(cls, frame: str) -> np.ndarray:
         """The frame as a grid of coloured 32-pixel cells (see `PALETTE`)."""
-        grid = "\n".join(line for line in frame.split("\n") if " " not in line)  # no neighbour line
-        return draw_grid(grid, PALETTE)
+        return draw_grid(frame, PALETTE)
 
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         if self._cell in "HG":  # the episode is over: absorbing, as in gymnasium

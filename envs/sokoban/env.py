@@ -195,5 +195,4 @@ class SokobanEnv(TextEnv):
         """The (rows * 32, cols * 32, 3) uint8 image of `frame`. Colours follow the default
         symbols (a classmethod cannot know an instance's `grid_vocab`): other characters are
         grey cells that still show the character."""
-        grid = "\n".join(line for line in frame.split("\n") if " " not in line)  # no neighbour line
-        return draw_grid(grid, PALETTE)
+        return draw_grid(frame, PALETTE)

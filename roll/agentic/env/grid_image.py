@@ -33,11 +33,12 @@ def draw_grid(frame: str, palette: Mapping[str, RGB], cell_px: int = 32) -> np.n
 
     Each cell is filled with `palette[char]` (grey for a character not in it) and shows the
     character itself in the middle, so an image stays readable without a legend. Short rows are
-    padded with unknown cells.
+    padded with unknown cells. A line holding a space is text beside the grid (an env's
+    `show_neighbours` line), not a row of cells, and is left out.
     """
     if cell_px < 8:
         raise ValueError(f"cell_px must be >= 8, got {cell_px}")
-    rows = frame.split("\n") or [""]
+    rows = [row for row in frame.split("\n") if " " not in row] or [""]
     width = max(1, max(len(row) for row in rows))
     image = Image.new("RGB", (width * cell_px, len(rows) * cell_px), UNKNOWN_FILL)
     draw = ImageDraw.Draw(image)
