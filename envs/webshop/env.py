@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import numpy as np
+
 from envs.webshop import pages
 from envs.webshop.catalog import clean_text, load_catalog
 from envs.webshop.client import ShopClient, ShopConnectionError
@@ -212,7 +214,8 @@ class WebShopEnv(TextEnv):
                 "reward_price": float(bought["price-ok"]),
                 "reward_type": float(bought["type-factor"]),
             }
-        return {"purchased": float(bought is not None), **parts,
+        score = 0.0 if bought is None else float(bought["reward"])  # the paper's score, 0 unbought
+        return {"purchased": float(bought is not None), "score": score, **parts,
                 "num_searches": float(self._num_searches)}
 
     def scripted_action(self) -> str | None:
@@ -220,6 +223,26 @@ class WebShopEnv(TextEnv):
             return None
         title = self.catalog.by_asin[self._goal.asin].title
         return expert_action(self._page, self._goal, title, self._num_searches)
+
+    def sample_valid_action(self, rng: np.random.Generator) -> str | None:
+        """On the search page a query of 2-5 consecutive words of the goal's instruction, elsewhere
+        a uniformly random click among the page's labels; None once bought (or before `reset`)."""
+        if self._goal is None or self._purchase is not None:
+            return None
+        if self._page.search_action is not None:
+            words = clean_text(self._goal.instruction).split()
+            length = min(len(words), int(rng.integers(2, 6)))
+            start = int(rng.integers(len(words) - length + 1))
+            return f"<answer>search[{' '.join(words[start:start + length])}]</answer>"
+        labels = sorted(label for label, _ in self._page.clickables.values())
+        return f"<answer>click[{labels[int(rng.integers(len(labels)))]}]</answer>"
+
+    def tokenizer_whole_words(self) -> list[str]:
+        """The product codes (ASINs), each one token of a tiny word-level tokenizer: clicking a
+        product means copying its code from the page, which a 2-layer model trained in minutes
+        does not learn for a code spelled as 10 one-character tokens (benchmarks/README,
+        learning.py: WebShop)."""
+        return [product.asin for product in self.catalog.products]
 
     def tokenizer_corpus(self) -> list[str]:
         """Every text a word-level tokenizer must cover for this catalog: the action syntax,

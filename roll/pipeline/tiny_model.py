@@ -60,14 +60,24 @@ def env_corpus(env_type: str, env_config: Mapping[str, Any], num_seeds: int = 20
     return collect_env_text(make_env(env_type, dict(env_config)), num_seeds)
 
 
+def env_corpus_and_tokens(env_type: str, env_config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """`env_corpus`, and the strings the env wants as whole tokens (`tokenizer_whole_words()`,
+    e.g. WebShop's product codes, which the model must copy from a page in one piece)."""
+    env = make_env(env_type, dict(env_config))
+    hook = getattr(env, "tokenizer_whole_words", None)
+    whole = list(hook()) if callable(hook) else []
+    return collect_env_text(env), whole
+
+
 def corpus_and_tokens(env_type: str, env_config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """The corpus and the extra whole tokens for `env_type`: an agent dataset (env_type "agent")
-    brings its rows' text and its tools' markup (`agent_corpus`), an env only its text."""
+    brings its rows' text and its tools' markup (`agent_corpus`), an env its text and its
+    `tokenizer_whole_words()` if it has that hook."""
     if env_type == "agent":
         from roll.agentic.agent_loop.dataset import agent_corpus  # the agent stack, only when asked for
 
         return agent_corpus(env_config)
-    return env_corpus(env_type, env_config), []
+    return env_corpus_and_tokens(env_type, env_config)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

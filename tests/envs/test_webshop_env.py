@@ -137,7 +137,7 @@ def test_buy_now_ends_the_episode_with_the_paper_reward(env, clicks, reward, met
     assert (got, terminated, truncated, info["success"]) == (reward, True, False, reward == 1.0)
     attributes, options, price, kind = metrics
     assert info["metrics"] == {
-        "num_actions": 3.0 + len(clicks), "num_invalid": 0.0, "purchased": 1.0,
+        "num_actions": 3.0 + len(clicks), "num_invalid": 0.0, "purchased": 1.0, "score": reward,
         "reward_attributes": attributes, "reward_options": options, "reward_price": price,
         "reward_type": kind, "num_searches": 1.0,
     }
@@ -312,3 +312,27 @@ def test_fuzzed_actions_raise_nothing(env):
         assert env.observation_space.contains(obs)
         if terminated or truncated:
             env.reset(seed=i)
+
+
+def test_sample_valid_action_is_always_accepted_and_spans_the_page(env):
+    """The format teacher's action: a 2-5 word span of the instruction on the search page, a click
+    on one of the page's labels elsewhere; always valid, and the env's state is untouched."""
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    queries = {env.sample_valid_action(rng) for _ in range(200)}
+    words = INSTRUCTION.split()
+    for query in queries:
+        inner = query.removeprefix("<answer>search[").removesuffix("]</answer>").split()
+        assert 2 <= len(inner) <= 5 and any(words[i:i + len(inner)] == inner for i in range(len(words)))
+    assert len(queries) > 20
+    play(env, ["search[ceramic]", f"click[{GOAL_ASIN}]"])
+    clicks = {env.sample_valid_action(rng) for _ in range(300)}
+    assert clicks == {f"<answer>click[{label}]</answer>" for label in (
+        "Back to Search", "< Prev", "red", "blue | white", "12 oz", "16 oz", "Description", "Features",
+        "Buy Now")}
+    for answer in sorted(clicks):  # each one is a valid action of that page
+        env.reset(seed=0)
+        play(env, ["search[ceramic]", f"click[{GOAL_ASIN}]"])
+        assert env.step(answer)[4]["action_is_valid"], answer
+    act(env, "click[Buy Now]")
+    assert env.sample_valid_action(rng) is None  # nothing is left to do once bought

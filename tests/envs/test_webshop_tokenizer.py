@@ -31,3 +31,21 @@ def test_corpus_covers_instructions_pages_and_actions():
 def test_tiny_preset_uses_the_corpus():
     assert PRESETS["webshop"] == ("webshop", {})
     assert env_corpus(*PRESETS["webshop"]) == WebShopEnv().tokenizer_corpus()
+
+
+def test_the_tiny_preset_keeps_each_product_code_one_token(tmp_path):
+    """A product click copies one token, not ten; the rest of the page still splits into words."""
+    from transformers import AutoTokenizer
+
+    from roll.pipeline.tiny_model import main as build
+
+    env = WebShopEnv()
+    asins = env.tokenizer_whole_words()
+    assert len(asins) == len(env.catalog.products) == len(set(asins))
+    env.close()
+    tokenizer = AutoTokenizer.from_pretrained(build(["--preset", "webshop", "--output_dir", str(tmp_path / "m")]))
+    click = f"click[{asins[7]}]</answer>"
+    assert tokenizer.tokenize(click) == ["click", "[", asins[7], "]", "</answer>"]
+    assert tokenizer.tokenize("size: 16 oz") == ["size", ":", "1", "6", "oz"]
+    assert tokenizer.decode(tokenizer.encode(f"[{asins[3]}] $12.99", add_special_tokens=False)).replace(" ", "") \
+        == f"[{asins[3]}]$12.99"

@@ -144,6 +144,14 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         env has no scripted agent. Must not change the env's state or consume `np_random`."""
         return None
 
+    def sample_valid_action(self, rng: np.random.Generator) -> str | None:
+        """Raw model text for a uniformly random action the current state accepts (a format
+        teacher with no preference among moves: `roll.pipeline.warm_start`), or None when the env
+        cannot list its actions. Draws only from `rng`; must not change the env's state."""
+        if not self.actions:
+            return None
+        return f"<answer>{self.actions[int(rng.integers(len(self.actions)))]}</answer>"
+
     @classmethod
     def frame_to_rgb(cls, frame: str) -> np.ndarray | None:
         """An (H, W, 3) uint8 image of the text `frame`, or None for an env without images.
