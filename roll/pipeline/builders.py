@@ -289,7 +289,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     sampling = sampling_params(cfg.generating_args_for(manager_cfg), tokenizer)
     workers, slots = [], []
     for w, tags in enumerate(chunks):
-        specs = [_env_spec(cfg, tag, manager_cfg) for tag in tags]
+        specs = [env_spec(cfg, tag, manager_cfg) for tag in tags]
         workers.append(ray.remote(EnvWorker).options(**_env_worker_options(manager_cfg.system_envs)).remote(
             specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
             sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
@@ -310,7 +310,8 @@ def _env_worker_options(system_envs: dict[str, str]) -> dict:
     return options
 
 
-def _env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
+def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
+    """`custom_envs.<tag>` as the env managers take it, with `manager_cfg`'s defaults."""
     env = cfg.custom_envs[tag]
     env_config = dict(env.env_config)
     penalty = getattr(manager_cfg, "format_penalty", None)

@@ -87,11 +87,11 @@ def test_an_env_managers_system_envs_reach_its_env_workers():
 
 
 def test_rolls_native_step_manager_maps_to_ours(model_dir):
-    from roll.pipeline.builders import _env_spec
+    from roll.pipeline.builders import env_spec
 
     cfg = load(model_dir, "native_step")
     assert cfg.train_env_manager.env_manager_type == "step"  # one sample per step
-    assert _env_spec(cfg, "NativeBox", cfg.train_env_manager).native_chat  # the prompt is the env's chat
+    assert env_spec(cfg, "NativeBox", cfg.train_env_manager).native_chat  # the prompt is the env's chat
     assert cfg.reward_normalization.norm_std_type == "batch"  # with step_reinforce: its returns
     assert cfg.actor_train.strategy_args.strategy_config["bias_activation_fusion"] is True
 
