@@ -1,4 +1,5 @@
-"""Learning curves of the examples: validation success against wall time and env steps, N seeds.
+"""Learning curves of the examples: validation success (WebShop: score) against wall time and env
+steps, N seeds.
 
 Each (env, seed) is one run of the example's config through the CLI, exactly what a user runs,
 with only `seed` and `output_dir` changed (and `max_steps` / `eval_steps` when given), so the
@@ -41,6 +42,11 @@ ENVS = {
     "sokoban": ("sokoban", "agent_val_sokoban", "sokoban"),
     "webshop": ("webshop", "agent_val_webshop", "webshop"),
 }
+# env -> the validation metric of its curve: success, or WebShop's score (the paper's mean purchase
+# reward: success alone is all-or-nothing, 1.0 only for the right product with every option)
+METRIC = {"frozen_lake": "val/success", "sokoban": "val/success", "webshop": "val/env/score"}
+# envs whose tiny model gets the example's warm start (`roll.pipeline.warm_start`) before RL
+WARM_START = {"webshop"}
 # two-sided 95% Student t quantiles t_{0.975, df} for df = 1..10; larger df use the normal 1.96
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
@@ -48,7 +54,8 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 @dataclass(frozen=True)
 class Point:
     """One validation of one run: after `step` training steps, `wall_s` training seconds and
-    `env_steps` training actions, greedy validation success `success`."""
+    `env_steps` training actions, the greedy validation metric `success` (`METRIC`: success, or
+    WebShop's score)."""
 
     step: int
     wall_s: float
@@ -84,14 +91,14 @@ def mean_ci95(values: list[float]) -> tuple[float, float]:
     return mean, t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def curve(records: list[dict]) -> list[Point]:
-    """The validation points of one run's metrics.jsonl records (in step order)."""
+def curve(records: list[dict], metric: str = "val/success") -> list[Point]:
+    """The validation points (`metric`) of one run's metrics.jsonl records (in step order)."""
     points, wall, env_steps = [], 0.0, 0.0
     for record in records:
         wall += record.get("time/step_s", 0.0)
         env_steps += record.get("train/num_actions", 0.0) * record.get("rollout/kept_trajectories", 0.0)
-        if "val/success" in record:
-            points.append(Point(int(record["step"]), wall, env_steps, float(record["val/success"])))
+        if metric in record:
+            points.append(Point(int(record["step"]), wall, env_steps, float(record[metric])))
     return points
 
 
@@ -111,11 +118,22 @@ def aggregate(curves: list[list[Point]]) -> list[Band]:
     return bands
 
 
-def build_model(preset: str, out: Path) -> Path:
+def build_model(preset: str, out: Path, warm: bool = False) -> Path:
+    """The example's model: the tiny model of `preset`, warm-started when `warm` (as the example's
+    run script builds it); a warm model already built is reused."""
     path = out / "models" / f"tiny-{preset}"
     subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
                    cwd=REPO, check=True, capture_output=True)
-    return path
+    if not warm:
+        return path
+    warm_path = out / "models" / f"tiny-{preset}-warm"
+    if not (warm_path / "warm_start.json").exists():
+        print(f"warm-starting {preset} ...", file=sys.stderr, flush=True)
+        config_path, config_name, _ = next(v for v in ENVS.values() if v[2] == preset)
+        subprocess.run([sys.executable, "-m", "roll.pipeline.warm_start", "--config_path", config_path,
+                        "--config_name", config_name, "--output_dir", str(warm_path), f"pretrain={path}"],
+                       cwd=REPO, check=True, capture_output=True)
+    return warm_path
 
 
 def read_records(path: Path) -> list[dict]:
@@ -155,7 +173,7 @@ def plot(results: dict[str, list[Band]], path: Path) -> None:
                             label="95% CI (cut to [0, 1])")
             ax.plot(xs, [b.minimum for b in bands], ":", color="gray", linewidth=0.8, label="seed min/max")
             ax.plot(xs, [b.maximum for b in bands], ":", color="gray", linewidth=0.8)
-            ax.set(xlabel=label, ylabel="val success", title=env, ylim=(-0.02, 1.02))
+            ax.set(xlabel=label, ylabel=METRIC[env], title=env, ylim=(-0.02, 1.02))
             ax.grid(alpha=0.3)
         row[0].legend(loc="lower right", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,9 +195,9 @@ def main() -> None:
 
     results, table, result = {}, [], []
     for env in args.envs:
-        model = build_model(ENVS[env][2], args.out)
+        model = build_model(ENVS[env][2], args.out, warm=env in WARM_START)
         runs = [run(env, seed, model, args.out, overrides) for seed in args.seeds]
-        curves = [curve(records) for records, _ in runs]
+        curves = [curve(records, METRIC[env]) for records, _ in runs]
         bands = aggregate(curves)
         results[env] = bands
         last = bands[-1]
@@ -193,7 +211,7 @@ def main() -> None:
         result += [f"{env}_final={mean:.3f}", f"{env}_ci95={half:.3f}"]
     plot(results, args.plot)
 
-    header = ("env", "seeds", "steps", "val success at 0", "final (mean ± 95% CI)", "per seed",
+    header = ("env", "seeds", "steps", "val metric at 0", "final (mean ± 95% CI)", "per seed",
               "best mean", "train s", "run wall s", "env steps")
     print(f"overrides: {' '.join(overrides) or '(the examples as shipped)'}; plot: {args.plot}")
     for row in (header, tuple("---" for _ in header), *table):

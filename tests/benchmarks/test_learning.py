@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import Point, aggregate, curve, mean_ci95  # noqa: E402
+from learning import METRIC, Point, aggregate, curve, mean_ci95  # noqa: E402
 
 
 def test_mean_ci95_uses_student_t():
@@ -25,6 +25,16 @@ def test_curve_accumulates_wall_time_and_env_steps():
          "val/success": 0.5},
     ]
     assert curve(records) == [Point(0, 0.0, 0.0, 0.0), Point(2, 5.0, 52.0, 0.5)]
+
+
+def test_curve_reads_the_env_metric():
+    """WebShop's curve is its score; a record without that metric is no validation point."""
+    records = [{"step": 0, "val/success": 0.0, "val/env/score": 0.125},
+               {"step": 1, "time/step_s": 2.0},
+               {"step": 2, "time/step_s": 3.0, "val/success": 0.0, "val/env/score": 0.4375},
+               {"step": 3, "time/step_s": 1.0, "val/success": 1.0}]
+    assert METRIC["webshop"] == "val/env/score"
+    assert curve(records, METRIC["webshop"]) == [Point(0, 0.0, 0.0, 0.125), Point(2, 5.0, 0.0, 0.4375)]
 
 
 def test_aggregate_keeps_common_steps_and_averages_x():
