@@ -29,6 +29,7 @@ _KNOBS = {"name", "train_groups", "group_size", "val_group_size", "sequence_leng
           "max_tokens_per_step", "micro_batch", "gradient_accumulation_steps", "dtype"}
 _PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                   "context_parallel_size")
+_STAGE_KEYS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
 
 
 def configs_search_path() -> str:
@@ -137,7 +138,12 @@ def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list
                      f"its strategy_config is dropped)")
     options = strategy.get("strategy_config")
     if isinstance(options, dict) and name in ("megatron_train", "megatron_infer", "megatron"):
+        several_stages = options.get("pipeline_model_parallel_size", 1) != 1
         for key in _PARALLEL_KEYS:  # one CPU process per role
             if options.get(key, 1) != 1:
                 smoke.set(f"{role}.strategy_args.strategy_config.{key}", 1)
+        if several_stages:  # one stage now: no uneven split
+            for key in _STAGE_KEYS:
+                if options.get(key) is not None:
+                    smoke.set(f"{role}.strategy_args.strategy_config.{key}", None)
     return notes

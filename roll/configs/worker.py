@@ -34,6 +34,7 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     # roll.configs.dialect)
     "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                  "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity",
+                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "max_grad_norm", *MEGATRON_FUSIONS),
     "vllm": None,
     "sglang": None,

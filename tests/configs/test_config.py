@@ -184,7 +184,8 @@ MALFORMED = [
          "+actor_train.strategy_args.strategy_config={tensor_parallel_size: 2}"],
         "actor_train.strategy_args.strategy_config.tensor_parallel_size: not an option of strategy 'megatron' "
         "(options: tensor_model_parallel_size, pipeline_model_parallel_size, expert_model_parallel_size, "
-        "context_parallel_size, sequence_parallel, use_distributed_optimizer, recompute_granularity, max_grad_norm, "
+        "context_parallel_size, sequence_parallel, use_distributed_optimizer, recompute_granularity, "
+        "num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage, max_grad_norm, "
         "bias_activation_fusion, bias_dropout_fusion, apply_rope_fusion, masked_softmax_fusion, "
         "gradient_accumulation_fusion, persist_layer_norm)",
     ),

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from roll.configs import ConfigError, load_config
 
@@ -71,6 +72,25 @@ def test_cpu_smoke_profile_shrinks_and_command_line_wins(model_dir, capsys):
     assert cfg.actor_train.training_args.learning_rate == 3e-5
     assert cfg.custom_envs["Lake"].agent_template.startswith("Turn")  # kept
     assert cfg.actor_train.model_args.dtype == "float32"
+
+
+def test_cpu_smoke_profile_makes_one_megatron_stage_and_drops_its_uneven_split():
+    """A YAML's pipeline stages become one (one CPU process per role), so its uneven split, which
+    needs two stages, is dropped too; a role without one keeps its keys."""
+    from roll.configs.profile import apply_profile
+
+    split = {"pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 1,
+             "num_layers_in_last_pipeline_stage": 3, "recompute_granularity": "full"}
+    profile = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "profile" / "cpu_smoke.yaml").read_text())
+    data = {"profile": profile,
+            "actor_train": {"strategy_args": {"strategy_name": "megatron_train", "strategy_config": dict(split)}},
+            "reference": {"strategy_args": {"strategy_name": "megatron_infer",
+                                            "strategy_config": {"tensor_model_parallel_size": 1}}}}
+    apply_profile(data, [])
+    assert data["actor_train"]["strategy_args"]["strategy_config"] == {
+        "pipeline_model_parallel_size": 1, "num_layers_in_first_pipeline_stage": None,
+        "num_layers_in_last_pipeline_stage": None, "recompute_granularity": "full"}
+    assert data["reference"]["strategy_args"]["strategy_config"] == {"tensor_model_parallel_size": 1}
 
 
 @pytest.mark.parametrize("overrides, expected", [

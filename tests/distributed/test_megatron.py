@@ -6,6 +6,7 @@ Two ranks (tensor and data parallel) are in test_megatron_two_ranks.py."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -324,6 +325,29 @@ def test_pipeline_parallel_is_accepted_and_its_layer_split_checked():
         with pytest.raises(ValueError, match=f"^strategy_config.pipeline_model_parallel_size: {stages} does not "
                                              "divide the model's 2 decoder layers"):
             check_pipeline_stages(stages, num_layers=2)
+
+
+def test_uneven_pipeline_stages_are_split_as_megatron_splits_them():
+    """`num_layers_in_first/last_pipeline_stage` fix the ends, the rest is shared equally between;
+    a split that cannot be made is one line naming the key."""
+    from roll.distributed.strategies.megatron_parallel import check_pipeline_stages
+
+    assert check_pipeline_stages(2, 4) == [2, 2]
+    assert check_pipeline_stages(2, 3, first=1) == [1, 2]
+    assert check_pipeline_stages(2, 3, last=1) == [2, 1]
+    assert check_pipeline_stages(4, 10, first=2, last=2) == [2, 3, 3, 2]
+    assert check_pipeline_stages(3, 7, first=1) == [1, 3, 3]
+    bad = [((2, 3), {"first": 1, "last": 1}, "num_layers_in_first_pipeline_stage: the other 0 stage(s) cannot "
+                                            "share the remaining 1 of 3"),
+           ((3, 6), {"last": 1}, "num_layers_in_last_pipeline_stage: the other 2 stage(s) cannot share the "
+                                 "remaining 5 of 6"),
+           ((2, 2), {"first": 2}, "num_layers_in_first_pipeline_stage: the other 1 stage(s) cannot share the "
+                                  "remaining 0 of 2"),
+           ((1, 2), {"first": 1}, "num_layers_in_first_pipeline_stage: needs pipeline_model_parallel_size >= 2"),
+           ((2, 4), {"last": 0}, "num_layers_in_last_pipeline_stage: must be an integer >= 1 (got 0)")]
+    for args, kwargs, message in bad:
+        with pytest.raises(ValueError, match="^" + re.escape(f"strategy_config.{message}")):
+            check_pipeline_stages(*args, **kwargs)
 
 
 def test_pipeline_stages_by_hand(hf_model):

@@ -10,7 +10,9 @@ embedding and layer 0, stage 1 layer 1, the final norm and the output layer
 - recomputation (full, selective) changes no gradient norm at PP 2 (layers rerun inside a stage's
   backward, between its receive and send);
 - LoRA on every linear (megatron_lora_tp_check's run, at PP 2 instead of TP 2): PP 1's losses,
-  gradient norms, merged weights and parameter counts, the same adapter in the checkpoint, resume.
+  gradient norms, merged weights and parameter counts, the same adapter in the checkpoint, resume;
+- an uneven split (3 layers, `num_layers_in_first_pipeline_stage: 1`): the layers each stage
+  holds, HF weights back bit for bit, PP 1's two PPO steps.
 The pure stage split (`stage_state` / `from_stage`) and the one-line refusals are in
 test_megatron.py.
 """
@@ -34,6 +36,20 @@ from ppo_cases import VOCAB, assert_same_training, lm_loss, lm_minibatch, ppo_ba
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, max_grad_norm=0.5)
 PP2 = {"pipeline_model_parallel_size": 2}
+
+
+UNEVEN = PP2 | {"num_layers_in_first_pipeline_stage": 1}
+
+
+@pytest.fixture(scope="module")
+def three_layer_dir(tmp_path_factory) -> str:
+    """The `model_dir` Llama's shape with 3 decoder layers: 2 stages cannot share them equally."""
+    path = tmp_path_factory.mktemp("llama3")
+    torch.manual_seed(5)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +91,7 @@ def _resume(model_dir: str, directory: str, config: dict | None = None) -> dict:
             "weights": (trained.state_dict(), resumed.state_dict())}
 
 
-def _rank(rank: int, model_dir: str, tied_dir: str, port: int, out_dir: str) -> None:
+def _rank(rank: int, model_dir: str, tied_dir: str, three_dir: str, port: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -92,13 +108,16 @@ def _rank(rank: int, model_dir: str, tied_dir: str, port: int, out_dir: str) -> 
                "lora": lora_run(model_dir, PP2, os.path.join(out_dir, "lora")),
                "recompute": [_strategy(model_dir, PP2 | {"recompute_granularity": granularity}).train_step(
                    lm_minibatch(0), lm_loss())["actor/grad_norm"] for granularity in (None, "full", "selective")]}
+    uneven = _strategy(three_dir, UNEVEN)
+    results["uneven"] = {"layout": (uneven.pipeline.stage, uneven.layer_offset, len(uneven.gpt.decoder.layers)),
+                         "untrained": uneven.state_dict(), "ppo": train_two_steps(three_dir, "megatron", UNEVEN)}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 @pytest.fixture(scope="module")
-def two_stages(model_dir, tied_model_dir, tmp_path_factory) -> list:
+def two_stages(model_dir, tied_model_dir, three_layer_dir, tmp_path_factory) -> list:
     out_dir = tmp_path_factory.mktemp("megatron_stages")
-    mp.spawn(_rank, args=(model_dir, tied_model_dir, free_port(), str(out_dir)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(model_dir, tied_model_dir, three_layer_dir, free_port(), str(out_dir)), nprocs=2, join=True)
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(2)] + [out_dir]
 
 
@@ -114,6 +133,19 @@ def one_stage():
 def test_stages_hold_their_share_of_the_layers(two_stages):
     # (stage, first layer, layers, tp rank, dp rank, dp size): megatron's order puts stages outermost
     assert [result["layout"] for result in two_stages[:2]] == [(0, 0, 1, 0, 0, 1), (1, 1, 1, 0, 0, 1)]
+
+
+def test_uneven_stages_hold_their_layers_and_train_like_one_stage(three_layer_dir, two_stages, one_stage):
+    """3 layers, `num_layers_in_first_pipeline_stage: 1`: stage 0 layer 0, stage 1 layers 1-2; the
+    gathered weights are the HF model's, bit for bit, and two PPO steps are PP 1's."""
+    assert [r["uneven"]["layout"] for r in two_stages[:2]] == [(0, 0, 1), (1, 1, 2)]
+    want = AutoModelForCausalLM.from_pretrained(three_layer_dir).state_dict()
+    for result in two_stages[:2]:
+        got = result["uneven"]["untrained"]
+        assert list(got) == list(want) and all(torch.equal(got[k], v) for k, v in want.items())
+    reference = train_two_steps(three_layer_dir, "megatron")
+    for result in two_stages[:2]:
+        assert_same_training(result["uneven"]["ppo"], reference)
 
 
 def test_round_trip_gives_back_the_hf_weights_exactly(model_dir, tied_model_dir, two_stages):

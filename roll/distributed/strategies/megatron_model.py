@@ -73,7 +73,8 @@ def init_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1) ->
 
 
 def transformer_config(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
-                       sequence_parallel: bool = False, pipeline_parallel: int = 1) -> TransformerConfig:
+                       sequence_parallel: bool = False, pipeline_parallel: int = 1,
+                       stage_layers: tuple[int | None, int | None] = (None, None)) -> TransformerConfig:
     """The `TransformerConfig` of an HF Llama/Qwen2 model: pre-norm RMSNorm, SwiGLU MLP without
     biases, grouped-query attention with q/k/v biases only for Qwen2, no dropout (PPO compares
     forwards of the same weights, see roll.distributed.strategies.torch_train).
@@ -97,6 +98,8 @@ def transformer_config(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: i
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        num_layers_in_first_pipeline_stage=stage_layers[0],
+        num_layers_in_last_pipeline_stage=stage_layers[1],
         pipeline_dtype=dtype,
         sequence_parallel=sequence_parallel,
         params_dtype=dtype,
@@ -165,7 +168,8 @@ _TE_ATTENTION_SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_AT
 
 def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
                     sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None,
-                    recompute_granularity: str | None = None, pipeline_parallel: int = 1) -> GPTModel:
+                    recompute_granularity: str | None = None, pipeline_parallel: int = 1,
+                    stage_layers: tuple[int | None, int | None] = (None, None)) -> GPTModel:
     """A `GPTModel` with `arch`'s shape on CPU, uninitialised (load weights next). Its vocabulary is
     `arch.vocab_size` rounded up to a multiple of `tensor_parallel` (Megatron's vocab padding).
     With tensor parallelism its logits are each rank's vocabulary slice (`MegatronCausalLM`
@@ -174,11 +178,12 @@ def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int 
 
     With `pipeline_parallel` > 1 it is this rank's stage (megatron's pipeline rank): the embedding
     on the first stage only, final norm and output layer on the last only, and the layers megatron
-    assigns the stage (`layer_offset`). Tied embeddings are untied then: megatron would keep the
+    assigns the stage (`layer_offset`; `stage_layers`: the first and last stage's counts when
+    uneven, None: an equal share). Tied embeddings are untied then: megatron would keep the
     last stage's copy equal by an all-reduce that moves it to CUDA (`setup_embeddings_and_output_layer`),
     so the last stage's output layer is a weight of its own, loaded with the embedding, whose
     gradient the strategy sums with the embedding's (megatron_train)."""
-    config = transformer_config(arch, dtype, tensor_parallel, sequence_parallel, pipeline_parallel)
+    config = transformer_config(arch, dtype, tensor_parallel, sequence_parallel, pipeline_parallel, stage_layers)
     stage_kwargs = {}
     if pipeline_parallel > 1:
         pp_group = (pg_collection or ProcessGroupCollection.use_mpu_process_groups()).pp

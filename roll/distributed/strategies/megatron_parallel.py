@@ -62,13 +62,34 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
                          f"by tensor_model_parallel_size * pipeline_model_parallel_size = {model_parallel}")
 
 
-def check_pipeline_stages(pipeline_model_parallel_size: int, num_layers: int) -> None:
-    """A one-line ValueError naming the key unless `pipeline_model_parallel_size` stages can hold
-    `num_layers` decoder layers evenly (megatron's default split: num_layers / pp each, at least one)."""
+def check_pipeline_stages(pipeline_model_parallel_size: int, num_layers: int, first: int | None = None,
+                          last: int | None = None) -> list[int]:
+    """The decoder layers of each pipeline stage, as megatron splits them: `first` / `last`
+    (`num_layers_in_first_pipeline_stage` / `..._last_...`, None: an equal share) on the first and
+    last stage, the rest in equal shares over the stages between. A one-line ValueError naming
+    the key when the split cannot be made (every stage holds at least one layer)."""
     pp = pipeline_model_parallel_size
-    if num_layers % pp:
-        raise ValueError(f"strategy_config.pipeline_model_parallel_size: {pp} does not divide the model's "
-                         f"{num_layers} decoder layers (num_hidden_layers); each stage holds num_layers / pp")
+    for key, value in (("num_layers_in_first_pipeline_stage", first), ("num_layers_in_last_pipeline_stage", last)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"strategy_config.{key}: must be an integer >= 1 (got {value!r})")
+        if pp < 2:
+            raise ValueError(f"strategy_config.{key}: needs pipeline_model_parallel_size >= 2 (got {pp})")
+    if first is None and last is None:
+        if num_layers % pp:
+            raise ValueError(f"strategy_config.pipeline_model_parallel_size: {pp} does not divide the model's "
+                             f"{num_layers} decoder layers (num_hidden_layers); each stage holds num_layers / pp, "
+                             "or set num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage")
+        return [num_layers // pp] * pp
+    rest = num_layers - (first or 0) - (last or 0)
+    middle = pp - (first is not None) - (last is not None)
+    key = "num_layers_in_first_pipeline_stage" if first is not None else "num_layers_in_last_pipeline_stage"
+    if rest < middle or (middle == 0 and rest) or (middle and rest % middle):
+        raise ValueError(f"strategy_config.{key}: the other {middle} stage(s) cannot share the remaining {rest} "
+                         f"of {num_layers} decoder layers equally (at least one each)")
+    share = rest // middle if middle else 0
+    return [first or share] + [share] * (pp - 2) + [last or share]
 
 
 def gather_shards(local: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> list[dict[str, torch.Tensor]]:

@@ -26,7 +26,8 @@ What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
   rank 0 writes the HF dir, each tensor-parallel rank its optimizer-tp<r>.pt). Tested with two
   CPU processes (tests/distributed/test_megatron_two_ranks.py): two PPO steps at TP 2 give the
   losses, gradient norms and merged weights of TP 1; HF -> shards -> HF is bit-exact.
-- Pipeline parallel (`pipeline_model_parallel_size`, any size dividing the number of layers):
+- Pipeline parallel (`pipeline_model_parallel_size`, any size dividing the number of layers, or
+  any split given by `num_layers_in_first_pipeline_stage` / `num_layers_in_last_pipeline_stage`):
   each rank builds its stage of the `GPTModel` (embedding on the first stage, final norm and output
   layer on the last, the layers megatron's split gives it: `megatron_model.layer_offset`) and
   loads only that stage's converted weights (`megatron_convert.stage_state`). All stages of one
@@ -147,6 +148,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     def __init__(self, model: nn.Module, *, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
                  expert_model_parallel_size: int = 1, context_parallel_size: int = 1, sequence_parallel: bool = False,
                  use_distributed_optimizer: bool = False, recompute_granularity: str | None = None,
+                 num_layers_in_first_pipeline_stage: int | None = None,
+                 num_layers_in_last_pipeline_stage: int | None = None,
                  recompute: bool = False, lora: dict | None = None, device: str | torch.device = "cpu",
                  **kwargs) -> None:
         if recompute and recompute_granularity is None:
@@ -164,7 +167,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
         tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
         self.arch = arch_from_hf(model.config)
-        check_pipeline_stages(pp, self.arch.num_layers)
+        stage_layers = (num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage)
+        check_pipeline_stages(pp, self.arch.num_layers, *stage_layers)
         self.hf_class, self.hf_config = type(model), model.config
         self.generation_config = getattr(model, "generation_config", None)
         hf_state = model.state_dict()
@@ -176,7 +180,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         self.pipeline = pipeline_links(state.get_pipeline_model_parallel_group())
         self.data_parallel_group = state.get_data_parallel_group()
         self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype, tensor_parallel=tp,
-                                                  recompute_granularity=recompute_granularity, pipeline_parallel=pp)
+                                                  recompute_granularity=recompute_granularity, pipeline_parallel=pp,
+                                                  stage_layers=stage_layers)
         self.layer_offset = megatron_model.layer_offset(self.gpt)
         # with tied embeddings over several stages: the first stage's embedding and the last
         # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step);
