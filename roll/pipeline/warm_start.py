@@ -30,13 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from roll.agentic.env_manager.native_env_manager import NativeStepEnvManager
-from roll.agentic.env_manager.step_env_manager import StepEnvManager
-from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.episode import EpisodeSpec
 from roll.configs import ConfigError, load_config
 from roll.core.records import GenerateOutput, Trajectory
-from roll.core.enums import SampleMode
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.templates import apply_template
 
@@ -59,18 +56,6 @@ class Teacher:
                              "while the episode was still running")
         ids = self.tokenizer.encode(answer.removeprefix(self.prefix), add_special_tokens=False)
         return GenerateOutput(request.request_id, ids, [0.0] * len(ids), "stop", 0)
-
-
-def make_manager(spec, tokenizer, generate, sampling, sequence_length: int, mode: SampleMode,
-                 history_length: int):
-    """The env manager the env workers would build for `spec` (`EnvWorker._make_manager`)."""
-    args = (spec, tokenizer, generate, sampling, sequence_length, None, None)
-    if mode == SampleMode.STEP and spec.native_chat:
-        return NativeStepEnvManager(*args)
-    if mode == SampleMode.STEP:
-        return StepEnvManager(*args, history_length=history_length if spec.history_length is None
-                              else spec.history_length)
-    return TrajEnvManager(*args)
 
 
 def samples_of(traj: Trajectory) -> list[dict]:
@@ -193,9 +178,10 @@ def main(argv: Sequence[str] | None = None) -> str:
     tokenizer = apply_template(load_tokenizer(cfg.pretrain), cfg.actor_infer.data_args.template)
     manager_cfg = cfg.train_env_manager
     teacher = Teacher(tokenizer, spec.response_prefix, np.random.default_rng(args.seed), args.expert_prob)
-    manager = make_manager(spec, tokenizer, teacher.generate,
-                           sampling_params(cfg.generating_args_for(manager_cfg), tokenizer), cfg.sequence_length,
-                           manager_cfg.env_manager_type, manager_cfg.history_length)
+    manager = make_env_manager(spec, tokenizer, teacher.generate,
+                               sampling_params(cfg.generating_args_for(manager_cfg), tokenizer), cfg.sequence_length,
+                               mode=manager_cfg.env_manager_type, history_length=manager_cfg.history_length,
+                               step_timeout_s=None, generate_timeout_s=None)
     try:
         samples = teacher_samples(manager, teacher, range(args.episodes))
     except ValueError as err:

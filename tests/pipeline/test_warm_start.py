@@ -11,6 +11,7 @@ import torch
 import envs  # noqa: F401  registers the built-ins
 from roll.agentic.env import TextEnv
 from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.env_manager.factory import make_env_manager
 from roll.core.enums import SampleMode
 from roll.core.records import SamplingParams
 from roll.models.loading import load_causal_lm, load_tokenizer
@@ -36,8 +37,8 @@ def tokenizer(model_dir):
 
 def play(tokenizer, mode, seeds, seed=7):
     teacher = warm_start.Teacher(tokenizer, "<answer>", np.random.default_rng(seed))
-    manager = warm_start.make_manager(SPEC, tokenizer, teacher.generate, SamplingParams(max_new_tokens=4),
-                                      2048, mode, history_length=0)
+    manager = make_env_manager(SPEC, tokenizer, teacher.generate, SamplingParams(max_new_tokens=4), 2048,
+                               mode=mode, history_length=0)
     return warm_start.teacher_samples(manager, teacher, seeds), manager
 
 

@@ -13,7 +13,7 @@ import torch
 from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
 from roll.agentic.env_manager.base import EnvSpec
-from roll.agentic.env_manager.native_env_manager import NativeStepEnvManager
+from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.episode import EpisodeSpec
@@ -74,13 +74,9 @@ class EnvWorker:
         if spec.env_type == AGENT_ENV_TYPE:  # dataset rows played by agent loops (traj-wise samples)
             return AgentManager(spec, self._agent_pool)
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
-        args = (spec, self.tokenizer, self._generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
-        if self._manager_type == SampleMode.STEP and spec.native_chat:
-            return NativeStepEnvManager(*args)
-        if self._manager_type == SampleMode.STEP:
-            history = self._history_length if spec.history_length is None else spec.history_length
-            return StepEnvManager(*args, history_length=history)
-        return TrajEnvManager(*args)
+        return make_env_manager(spec, self.tokenizer, self._generate, sampling, sequence_length,
+                                mode=self._manager_type, history_length=self._history_length,
+                                step_timeout_s=step_timeout_s, generate_timeout_s=generate_timeout_s)
 
     async def _generate(self, request):
         return await self._gateway.generate(request)
