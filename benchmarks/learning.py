@@ -118,18 +118,18 @@ def aggregate(curves: list[list[Point]]) -> list[Band]:
     return bands
 
 
-def build_model(preset: str, out: Path, warm: bool = False) -> Path:
-    """The example's model: the tiny model of `preset`, warm-started when `warm` (as the example's
-    run script builds it); a warm model already built is reused."""
+def build_model(env: str, out: Path) -> Path:
+    """The example's model: the tiny model of its preset, warm-started for `WARM_START` envs (as
+    the example's run script builds it; a warm model already built is reused)."""
+    config_path, config_name, preset = ENVS[env]
     path = out / "models" / f"tiny-{preset}"
     subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
                    cwd=REPO, check=True, capture_output=True)
-    if not warm:
+    if env not in WARM_START:
         return path
     warm_path = out / "models" / f"tiny-{preset}-warm"
     if not (warm_path / "warm_start.json").exists():
         print(f"warm-starting {preset} ...", file=sys.stderr, flush=True)
-        config_path, config_name, _ = next(v for v in ENVS.values() if v[2] == preset)
         subprocess.run([sys.executable, "-m", "roll.pipeline.warm_start", "--config_path", config_path,
                         "--config_name", config_name, "--output_dir", str(warm_path), f"pretrain={path}"],
                        cwd=REPO, check=True, capture_output=True)
@@ -195,7 +195,7 @@ def main() -> None:
 
     results, table, result = {}, [], []
     for env in args.envs:
-        model = build_model(ENVS[env][2], args.out, warm=env in WARM_START)
+        model = build_model(env, args.out)
         runs = [run(env, seed, model, args.out, overrides) for seed in args.seeds]
         curves = [curve(records, METRIC[env]) for records, _ in runs]
         bands = aggregate(curves)
