@@ -27,8 +27,8 @@ whatever these say (`megatron_model.transformer_config`), so they change no numb
 true or false."""
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "hf": ("max_batch_size", "max_cached_tokens", "num_replicas", "continuous_batching", "batch_wait_ms"),
-    "torch": (),
-    "fsdp2": ("reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
+    "torch": ("torch_compile",),
+    "fsdp2": ("torch_compile", "reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
     # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py (max_grad_norm:
     # roll.configs.dialect)
@@ -309,7 +309,8 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
     if name == "fsdp2":
         _check_fsdp2_options(role, worker)
-    for key in MEGATRON_FUSIONS if name == "megatron" else ():
+    switches = MEGATRON_FUSIONS if name == "megatron" else ("torch_compile",) if name in ("torch", "fsdp2") else ()
+    for key in switches:
         value = worker.strategy_args.strategy_config.get(key, False)
         if not isinstance(value, bool):
             raise InvalidField(f"{role}.strategy_args.strategy_config.{key}", f"expected true or false (got {value!r})")

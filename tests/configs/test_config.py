@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from roll.configs import ConfigError, GeneratingArgs, load_config, validate_config
+from roll.configs.worker import STRATEGY_OPTIONS
 from roll.core.records import SamplingParams
 from roll.pipeline.prestart import check_before_start
 
@@ -219,13 +220,23 @@ MALFORMED = [
     (
         ["+actor_train.strategy_args.strategy_config={reshard_after_forward: true}"],
         "actor_train.strategy_args.strategy_config.reshard_after_forward: not an option of strategy "
-        "'torch' (options: none)",
+        "'torch' (options: torch_compile)",
     ),
     (
         ["actor_train.strategy_args.strategy_name=fsdp2",
          "+actor_train.strategy_args.strategy_config={reshard: true}"],
         "actor_train.strategy_args.strategy_config.reshard: not an option of strategy 'fsdp2' "
-        "(options: reshard_after_forward, fsdp_size, param_dtype, reduce_dtype, offload_policy)",
+        "(options: torch_compile, reshard_after_forward, fsdp_size, param_dtype, reduce_dtype, offload_policy)",
+    ),
+    (
+        ["+actor_train.strategy_args.strategy_config={torch_compile: sometimes}"],
+        "actor_train.strategy_args.strategy_config.torch_compile: expected true or false (got 'sometimes')",
+    ),
+    (
+        ["actor_train.strategy_args.strategy_name=megatron",
+         "+actor_train.strategy_args.strategy_config={torch_compile: true}"],
+        "actor_train.strategy_args.strategy_config.torch_compile: not an option of strategy 'megatron' (options: "
+        + ", ".join(STRATEGY_OPTIONS["megatron"]) + ")",
     ),
     (
         ["actor_train.strategy_args.strategy_name=fsdp2",

@@ -84,6 +84,8 @@ def deepspeed_config(ds_config: dict[str, Any], *, micro_batch_size: int, max_gr
 class DeepSpeedTrainStrategy(TorchTrainStrategy):
     """`TorchTrainStrategy` whose model and optimizer live in a DeepSpeed engine."""
 
+    FUSED_ADAMW = False  # ZeRO swaps in its flat partitions (and may move them to the CPU)
+
     def __init__(self, model: nn.Module, *, ds_config: dict[str, Any] | None = None, **kwargs) -> None:
         super().__init__(model, **kwargs)  # AdamW and the LR schedule, as in every strategy
         deepspeed = _import_deepspeed()

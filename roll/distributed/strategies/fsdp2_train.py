@@ -84,6 +84,8 @@ def shard_model(model: nn.Module, device: torch.device, reshard_after_forward: b
 class FSDP2TrainStrategy(TorchTrainStrategy):
     """`TorchTrainStrategy` over an FSDP2-sharded model (see module docstring)."""
 
+    FUSED_ADAMW = False  # measured on an H100: not faster on the sharded parameters (benchmarks/README)
+
     def __init__(self, model: nn.Module, *, reshard_after_forward: bool = True, fsdp_size: int | None = None,
                  param_dtype: str | None = None, reduce_dtype: str | None = None, offload_policy: bool = False,
                  device="cpu", **kwargs) -> None:

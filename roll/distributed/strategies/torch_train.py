@@ -26,6 +26,11 @@ Features that `build_train_strategy` switches on for every engine: LoRA (roll.mo
 the adapters are in the optimizer; `state_dict` and checkpoints give the merged HF weights, the
 adapter is saved beside them), gradient checkpointing, and dynamic batching (`train_budget`,
 `infer_budget`: micro-batches by tokens, roll.distributed.dynamic_batching).
+
+`torch_compile` (strategy_config of `torch` and `fsdp2`, default false) compiles the model's forward
+with `nn.Module.compile` (TorchInductor): fused normalisation, activation and loss kernels, the
+same numbers to float tolerance. It costs a compile at the first step and at new shapes (torch
+makes the sizes dynamic after the second); measured on an H100 in benchmarks/README (GPU lane).
 """
 
 from __future__ import annotations
@@ -76,6 +81,12 @@ class TorchTrainStrategy:
     exists to measure what deduplication saves (benchmarks/train_dedupe.py).
     """
 
+    FUSED_ADAMW = True
+    """On CUDA, torch's fused AdamW kernel (one launch for all parameters) instead of the per-list
+    `foreach` one; the same update to float rounding. False where another library owns the step's
+    parameters (DeepSpeed's flat ZeRO partitions) or where it was not faster (FSDP2's DTensors,
+    benchmarks/README's GPU lane)."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -94,6 +105,7 @@ class TorchTrainStrategy:
         dedupe_rows: bool = True,
         train_budget: TokenBudget | None = None,
         infer_budget: TokenBudget | None = None,
+        torch_compile: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.dedupe_rows = dedupe_rows
@@ -103,6 +115,8 @@ class TorchTrainStrategy:
         self.train_module: nn.Module = self.model  # what loss_fn calls: an engine may wrap the model
         self.model.train()
         _disable_dropout(self.model)
+        if torch_compile:  # in place: the module, its parameters and state_dict keys stay the same
+            self.model.compile()
         self.max_grad_norm = max_grad_norm
         self.micro_batch_size = micro_batch_size
         self.train_budget, self.infer_budget = train_budget, infer_budget  # dynamic batching, None: off
@@ -118,6 +132,7 @@ class TorchTrainStrategy:
             betas=adam_betas,
             eps=adam_epsilon,
             weight_decay=weight_decay,
+            fused=fused_adamw(self.device, self.FUSED_ADAMW),
         )
         self.scheduler = get_scheduler(
             _HF_SCHEDULER[lr_scheduler_type],
@@ -365,6 +380,12 @@ def restore_schedule(scheduler, state: dict) -> None:
     for group, base, lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, lrs):
         group["initial_lr"], group["lr"] = base, lr
     scheduler._last_lr = lrs
+
+
+def fused_adamw(device: torch.device, allowed: bool) -> bool | None:
+    """AdamW's `fused` argument: True on CUDA where the engine allows it, else None (torch's default:
+    `foreach` on CUDA, the for-loop on CPU, which has no fused kernel for every dtype)."""
+    return True if allowed and device.type == "cuda" else None
 
 
 def _as_float(norm: torch.Tensor) -> float:
