@@ -5,14 +5,16 @@ What it runs, on a random-init Qwen2-shaped model (`--size 0.5b`: Qwen2-0.5B's s
 parameters, tied embeddings) in bf16 with sdpa attention (flash_attention_2 when the
 `flash_attn` package imports):
 - training, per strategy (torch, fsdp2, deepspeed ZeRO-2 and ZeRO-3, megatron) and variant
-  (plain, gradient checkpointing, LoRA): `--steps` optimizer steps of a causal-LM loss on random
+  (plain, gradient checkpointing, LoRA, compile): `--steps` optimizer steps of a causal-LM loss on random
   tokens after one warm-up step -> training tokens/s, MFU and peak memory;
 - generation with the `hf` engine (roll.distributed.strategies.hf_infer) -> generated tokens/s.
 A variant a strategy cannot run is printed and recorded as "skipped: <why>", never dropped.
 How the variants are switched: gradient checkpointing by HF's `gradient_checkpointing_enable()`
 on the model before the strategy takes it (megatron: `recompute_granularity: full`); LoRA by
 `build_train_strategy(lora=...)`, as `lora_rank: 16, lora_alpha: 32` on the attention and MLP
-projections switch it on (peft on the HF model; megatron: its own adapters on the fused layers).
+projections switch it on (peft on the HF model; megatron: its own adapters on the fused layers);
+compile by `strategy_config: {torch_compile: true}` (torch and fsdp2; its compile happens in the
+warm-up step, outside the timing).
 
 MFU = model FLOPs per second / the bf16 matmul peak measured on the same GPU in the same run
 (`matmul_peak_flops`: the best of several 8192^3 matmuls), not a datasheet figure. Model FLOPs of
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib
 import importlib.util
 import json
 import math
@@ -46,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 STRATEGIES = ("torch", "fsdp2", "deepspeed_zero2", "deepspeed_zero3", "megatron")
-VARIANTS = ("plain", "gradient_checkpointing", "lora")
+VARIANTS = ("plain", "gradient_checkpointing", "lora", "compile")
 SIZES = {  # Qwen2-0.5B's shape; a tiny one for the CPU smoke run
     "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                  num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
@@ -138,7 +141,12 @@ def unsupported(strategy: str, variant: str) -> str | None:
         return f"{module} is not installed"
     if variant == "lora" and importlib.util.find_spec("peft") is None:
         return "peft is not installed"
+    if variant == "compile" and strategy not in COMPILED:
+        return "torch_compile is an option of the torch and fsdp2 strategies"
     return None
+
+
+COMPILED = ("torch", "fsdp2")
 
 
 LORA = {"rank": 16, "alpha": 32, "target": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
@@ -156,6 +164,8 @@ def prepare_model(model, strategy: str, variant: str):
             options["recompute_granularity"] = "full"
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if variant == "compile":
+        options["torch_compile"] = True
     return model, name, options, LORA if variant == "lora" else None
 
 
@@ -219,24 +229,28 @@ def generate(settings: LaneSettings) -> dict:
 
 
 # ---- the lane ---------------------------------------------------------------------------------
-def lane_settings(smoke: bool, steps: int | None) -> LaneSettings | None:
+def lane_settings(smoke: bool, steps: int | None, batch: int | None = None,
+                  seq_len: int | None = None) -> LaneSettings | None:
     """The run's settings: the CPU smoke run, the GPU run, or None (no CUDA, no smoke)."""
     if smoke:
-        return LaneSettings("tiny", torch.float32, torch.device("cpu"), batch=2, seq_len=16, steps=steps or 2,
-                            gen_prompts=2, gen_tokens=4)
+        return LaneSettings("tiny", torch.float32, torch.device("cpu"), batch=batch or 2, seq_len=seq_len or 16,
+                            steps=steps or 2, gen_prompts=2, gen_tokens=4)
     if not torch.cuda.is_available():
         return None
-    return LaneSettings("0.5b", torch.bfloat16, torch.device("cuda", 0), batch=8, seq_len=1024, steps=steps or 10,
-                        gen_prompts=32, gen_tokens=256)
+    return LaneSettings("0.5b", torch.bfloat16, torch.device("cuda", 0), batch=batch or 8, seq_len=seq_len or 1024,
+                        steps=steps or 10, gen_prompts=32, gen_tokens=256)
 
 
-def run_lane(settings: LaneSettings, strategies=STRATEGIES, variants=VARIANTS) -> dict:
+def run_lane(settings: LaneSettings, strategies=STRATEGIES, variants=VARIANTS, save=lambda record: None,
+             generation: bool = True) -> dict:
     """Every (strategy, variant) and generation; a failure is recorded with its error and the
-    lane goes on (the exit status says it failed), a variant a strategy cannot run is skipped."""
+    lane goes on (the exit status says it failed), a variant a strategy cannot run is skipped.
+    `save(record)` runs after each entry, so a lane stopped part way keeps what it measured."""
     device = settings.device
     peak = matmul_peak_flops(device, settings.dtype, n=8192 if device.type == "cuda" else 256)
     record = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})",
               "date": datetime.date.today().isoformat(), "torch": torch.__version__, "model": settings.size,
+              "transformers": importlib.import_module("transformers").__version__,
               "dtype": str(settings.dtype).removeprefix("torch."), "attention": attention_implementation(device),
               "batch": settings.batch, "seq_len": settings.seq_len, "steps": settings.steps,
               "matmul_peak_tflops": peak / 1e12, "training": [], "generation": None, "failures": []}
@@ -255,6 +269,9 @@ def run_lane(settings: LaneSettings, strategies=STRATEGIES, variants=VARIANTS) -
                 record["failures"].append(f"{strategy}/{variant}")
             record["training"].append(result)
             print(format_training(result), flush=True)
+            save(record)
+    if not generation:
+        return record
     record["generation"] = generate(settings)
     print(f"hf generation: {record['generation']['tokens_per_s']:.1f} tokens/s", flush=True)
     return record
@@ -275,17 +292,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=None, help="JSON record path (default results/gpu-<date>.json on a GPU)")
+    parser.add_argument("--no_generation", action="store_true", help="training only")
+    parser.add_argument("--batch", type=int, default=None, help="sequences per step (GPU default 8)")
+    parser.add_argument("--seq_len", type=int, default=None, help="tokens per sequence (GPU default 1024)")
     args = parser.parse_args(argv)
-    settings = lane_settings(args.smoke, args.steps)
+    settings = lane_settings(args.smoke, args.steps, args.batch, args.seq_len)
     if settings is None:
         print("no CUDA device: skipped (training strategies, MFU, generation); nothing written. "
               "`--smoke` runs the same code on CPU with a tiny model")
         return 0
-    record = run_lane(settings, args.strategies.split(","), args.variants.split(","))
-    out = args.out or (None if args.smoke else REPO / "benchmarks" / "results" / f"gpu-{record['date']}.json")
+    today = datetime.date.today().isoformat()
+    out = args.out or (None if args.smoke else REPO / "benchmarks" / "results" / f"gpu-{today}.json")
+
+    def save(record: dict) -> None:
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps(record, indent=1) + "\n")
+
+    record = run_lane(settings, args.strategies.split(","), args.variants.split(","), save, not args.no_generation)
+    save(record)
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {out}")
     return 1 if record["failures"] else 0
 
