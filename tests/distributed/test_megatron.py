@@ -241,6 +241,24 @@ def test_labels_give_the_hf_loss(llama, megatron_groups):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
+def test_a_bf16_model_is_bf16_throughout_as_megatrons_float16_module_makes_it(llama, megatron_groups):
+    """megatron-core builds RMSNorm weights in float32 whatever `params_dtype` says (then its
+    norms take a slow mixed-dtype path on CUDA, seen in the GPU lane); Megatron-LM's Float16Module
+    casts them, so does `build_gpt_model`. The RoPE frequencies (a buffer) stay float32."""
+    arch = arch_from_hf(llama.config)
+    gpt = megatron_model.build_gpt_model(arch, torch.bfloat16)
+    assert {param.dtype for param in gpt.parameters()} == {torch.bfloat16}
+    assert gpt.decoder.layers[0].input_layernorm.weight.dtype == torch.bfloat16
+    assert gpt.rotary_pos_emb.inv_freq.dtype == torch.float32
+    hf16 = AutoModelForCausalLM.from_pretrained(llama.name_or_path, dtype=torch.bfloat16).eval()
+    megatron_model.load_megatron_state(gpt, hf_to_megatron(hf16.state_dict(), arch))
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf16(input_ids=ids, labels=ids).loss
+        got = megatron_model.MegatronCausalLM(gpt, arch.vocab_size).eval()(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-2)  # bf16 rounding in different op orders
+
+
 # ---- the strategy against the torch strategy ---------------------------------------------
 def test_ppo_steps_match_the_torch_strategy(model_dir, megatron_groups):
     """Two PPO steps (2 epochs x 2 mini-batches x 2 micro-batches each, clipped): the same losses,

@@ -208,6 +208,8 @@ def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int 
     gpt.rotary_pos_emb = BufferRotaryEmbedding(
         kv_channels=config.kv_channels, rotary_percent=1.0, rotary_interleaved=config.rotary_interleaved,
         rotary_base=arch.rope_theta, use_cpu_initialization=True, cp_group=gpt.pg_collection.cp)
+    for param in gpt.parameters():  # megatron builds its RMSNorm weights in float32 whatever params_dtype
+        param.data = param.data.to(dtype)  # says; Megatron-LM's Float16Module casts them (buffers: RoPE stays fp32)
     recompute_(gpt, recompute_granularity)
     return gpt
 
@@ -311,9 +313,10 @@ class MegatronCausalLM(nn.Module):
         else:
             logits = self._whole_vocabulary(out)
         loss = None
-        if labels is not None:  # position t predicts token t + 1; mean over counted tokens
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                   ignore_index=IGNORE_INDEX)
+        if labels is not None:  # position t predicts token t + 1; mean over counted tokens. The labels
+            # shift, not the logits: slicing (B, T, V) logits would copy them (HF does the same)
+            targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return CausalLMOutput(loss=loss, logits=logits)
 
     def _whole_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
