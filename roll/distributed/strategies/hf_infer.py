@@ -114,12 +114,13 @@ class HFInferStrategy:
                     use_cache=True,
                 ).logits[:, -1, :].float()
             tokens, logprobs = sampler.sample(logits)
+            row_tokens, row_logprobs = tokens.tolist(), logprobs.tolist()  # one device sync a step, not 2n
             for i in range(n):
                 if not active[i]:
                     continue
-                tok = int(tokens[i])
+                tok = row_tokens[i]
                 out_ids[i].append(tok)
-                out_lps[i].append(float(logprobs[i]))
+                out_lps[i].append(row_logprobs[i])
                 if tok in stop_sets[i]:
                     active[i], finish[i] = False, "stop"
                 elif len(out_ids[i]) >= max_new[i]:
