@@ -2,12 +2,15 @@
 TorchInductor and training gives the same losses and weights as without it; the module, its
 parameter names and its checkpoints stay those of the HF model. On CUDA the engines pick fused
 AdamW where it is theirs to pick (`fused_adamw`); CI has no CUDA, so the choice is tested as a
-function and the GPU lane (benchmarks/gpu_lane.py) runs it."""
+function, and the fused kernel itself runs here on CPU (torch has one there too) with the choice
+forced: the same steps as torch's default, through a resume and an offload."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+import roll.distributed.strategies.torch_train as torch_train
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
@@ -57,3 +60,40 @@ def test_the_cpu_optimizer_keeps_torchs_default(model_dir):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     strategy = build_train_strategy(model, ARGS, total_steps=1, metric_prefix="actor")
     assert strategy.optimizer.defaults["fused"] is None
+
+
+def _steps(strategy, seeds) -> None:
+    for seed in seeds:
+        strategy.train_step(lm_minibatch(seed), lm_loss())
+
+
+def _fused(group_owner) -> list:
+    return [group["fused"] for group in group_owner.optimizer.param_groups]
+
+
+def test_fused_adamw_trains_resumes_and_offloads_as_the_default_kernel(model_dir, tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+
+    def build():
+        return build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), ARGS, total_steps=4,
+                                    metric_prefix="actor")
+
+    plain = build()
+    _steps(plain, (0, 1))
+    plain.save_checkpoint(tmp_path / "ckpt")  # written by the default kernel (fused None)
+    monkeypatch.setattr(torch_train, "fused_adamw", lambda device, allowed: True if allowed else None)
+    fused = build()
+    assert _fused(fused) == [True]
+    _steps(fused, (0, 1))
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(fused.state_dict()[name], value, **WEIGHT_TOL)
+
+    resumed = build()
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert _fused(resumed) == [True]  # not the checkpoint's None: resumes on this engine's kernel
+    resumed.offload()
+    resumed.reload()
+    _steps(resumed, (2,))
+    _steps(plain, (2,))
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, **WEIGHT_TOL)

@@ -165,46 +165,60 @@ class MegatronTrainStrategy(TorchTrainStrategy):
                              "needs torch, deepspeed or fsdp2")
         from roll.distributed.strategies import megatron_model
 
-        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
         self.arch = arch_from_hf(model.config)
         stage_layers = (num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage)
-        check_pipeline_stages(pp, self.arch.num_layers, *stage_layers)
+        check_pipeline_stages(pipeline_model_parallel_size, self.arch.num_layers, *stage_layers)
         self.hf_class, self.hf_config = type(model), model.config
         self.generation_config = getattr(model, "generation_config", None)
-        hf_state = model.state_dict()
-        self.hf_names = list(hf_state)  # a tied model lists lm_head.weight too; keep HF's names and order
+        self._join_parallel_groups(tensor_model_parallel_size, pipeline_model_parallel_size)
+        self.gpt = megatron_model.build_gpt_model(
+            self.arch, next(model.parameters()).dtype, tensor_parallel=self.tp_size,
+            recompute_granularity=recompute_granularity, pipeline_parallel=self.pipeline.size,
+            stage_layers=stage_layers)
+        self.layer_offset = megatron_model.layer_offset(self.gpt)
+        # with tied embeddings over several stages: the first stage's embedding and the last
+        # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step);
+        # with LoRA it is frozen
+        self.tied_copies = (self.pipeline.size > 1 and self.arch.tied_embeddings and lora is None
+                            and (self.pipeline.first or self.pipeline.last))
+        self.embedding_group = megatron_model.parallel_state.get_embedding_group() if self.tied_copies else None
+        self._load_hf_weights(model.state_dict())
+        self.lora, self.lora_modules = lora, []
+        if lora is not None:  # the worker seeded torch: every rank draws the same A
+            self.lora_modules = apply_megatron_lora(self.gpt, **lora, tp_group=self.tp_group, tp_rank=self.tp_rank,
+                                                    tp_size=self.tp_size, seed=torch.initial_seed(),
+                                                    layer_offset=self.layer_offset)
+        hf_params = sum(p.numel() for p in model.parameters())
+        super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline),
+                         device=device, **kwargs)
+        self.dp_rank, self.dp_size = self._dp_rank_and_size
+        self.param_counts = self._param_counts(hf_params)
+
+    def _join_parallel_groups(self, tp: int, pp: int) -> None:
+        """Megatron's tensor-, pipeline- and data-parallel groups over the default group; this
+        rank's place in them."""
+        from roll.distributed.strategies import megatron_model
+
         megatron_model.init_model_parallel(tp, pp)
         state = megatron_model.parallel_state
         self.tp_group, self.tp_rank, self.tp_size = (state.get_tensor_model_parallel_group(),
                                                      state.get_tensor_model_parallel_rank(), tp)
         self.pipeline = pipeline_links(state.get_pipeline_model_parallel_group())
         self.data_parallel_group = state.get_data_parallel_group()
-        self.gpt = megatron_model.build_gpt_model(self.arch, next(model.parameters()).dtype, tensor_parallel=tp,
-                                                  recompute_granularity=recompute_granularity, pipeline_parallel=pp,
-                                                  stage_layers=stage_layers)
-        self.layer_offset = megatron_model.layer_offset(self.gpt)
-        # with tied embeddings over several stages: the first stage's embedding and the last
-        # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step);
-        # with LoRA it is frozen
-        self.tied_copies = (pp > 1 and self.arch.tied_embeddings and lora is None
-                            and (self.pipeline.first or self.pipeline.last))
-        self.embedding_group = state.get_embedding_group() if self.tied_copies else None
-        full = hf_to_megatron(hf_state, self.arch, megatron_model.padded_vocab_size(self.arch, tp))
+        # set after TorchTrainStrategy.__init__, which starts every engine at one rank
+        self._dp_rank_and_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
+
+    def _load_hf_weights(self, hf_state: dict[str, torch.Tensor]) -> None:
+        """Convert the HF weights and load this rank's shard of its stage; a weight the conversion
+        does not know stops the build (it would be lost silently)."""
+        from roll.distributed.strategies import megatron_model
+
+        self.hf_names = list(hf_state)  # a tied model lists lm_head.weight too; keep HF's names and order
+        full = hf_to_megatron(hf_state, self.arch, megatron_model.padded_vocab_size(self.arch, self.tp_size))
         unconverted = sorted(set(self.hf_names) - set(megatron_to_hf(full, self.arch)))
-        if unconverted:  # a weight the conversion does not know would be lost silently
+        if unconverted:
             raise ValueError(f'strategy "megatron" cannot convert {unconverted[0]} of {self.hf_class.__name__}')
         megatron_model.load_megatron_state(self.gpt, self._rank_weights(full))
-        del hf_state, full
-        self.lora, self.lora_modules = lora, []
-        if lora is not None:  # the worker seeded torch: every rank draws the same A
-            self.lora_modules = apply_megatron_lora(self.gpt, **lora, tp_group=self.tp_group, tp_rank=self.tp_rank,
-                                                    tp_size=tp, seed=torch.initial_seed(),
-                                                    layer_offset=self.layer_offset)
-        hf_params = sum(p.numel() for p in model.parameters())
-        super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline),
-                         device=device, **kwargs)
-        self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
-        self.param_counts = self._param_counts(hf_params)
 
     def _param_counts(self, hf_params: int) -> dict[str, float]:
         """`model/trainable_params` and `model/total_params` of the whole model, as the other
@@ -396,6 +410,6 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             saved = self.hf_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
             self.load_state_dict(saved.state_dict())
             del saved
-        self.optimizer.load_state_dict(
+        self._load_optimizer_state(
             torch.load(directory / self._optimizer_file(), weights_only=True, map_location=self.device))
         restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))
