@@ -40,6 +40,8 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "sglang": None,
 }
 """`strategy_config` keys each engine accepts (None: the engine's own config, checked by it)."""
+BOOLEAN_OPTIONS = {"torch": ("torch_compile",), "fsdp2": ("torch_compile",), "megatron": MEGATRON_FUSIONS}
+"""The keys of `STRATEGY_OPTIONS` that take true or false."""
 CPU_OPTIONS = ("num_threads", "cpu_affinity")
 """`strategy_config` keys of every engine, read by the pipeline and never passed to the engine
 (`engine_options`): `num_threads`, the torch threads of each of the role's processes (an int
@@ -309,11 +311,13 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
     if name == "fsdp2":
         _check_fsdp2_options(role, worker)
-    switches = MEGATRON_FUSIONS if name == "megatron" else ("torch_compile",) if name in ("torch", "fsdp2") else ()
-    for key in switches:
+    for key in BOOLEAN_OPTIONS.get(name, ()):
         value = worker.strategy_args.strategy_config.get(key, False)
         if not isinstance(value, bool):
             raise InvalidField(f"{role}.strategy_args.strategy_config.{key}", f"expected true or false (got {value!r})")
+    if role == "reference" and "torch_compile" in worker.strategy_args.strategy_config:
+        raise InvalidField(f"{role}.strategy_args.strategy_config.torch_compile", "the reference computes its "
+                           "log-probs with the HF model, uncompiled; torch_compile applies to actor_train and critic")
     if role == "reference" and worker.model_args.lora_rank is not None:
         raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
                            "and critic (actor_infer serves actor_train's merged weights)")

@@ -233,6 +233,11 @@ MALFORMED = [
         "actor_train.strategy_args.strategy_config.torch_compile: expected true or false (got 'sometimes')",
     ),
     (
+        ["init_kl_coef=0.1", "+reference={strategy_args: {strategy_name: torch, strategy_config: {torch_compile: true}}}"],
+        "reference.strategy_args.strategy_config.torch_compile: the reference computes its log-probs with the "
+        "HF model, uncompiled; torch_compile applies to actor_train and critic",
+    ),
+    (
         ["actor_train.strategy_args.strategy_name=megatron",
          "+actor_train.strategy_args.strategy_config={torch_compile: true}"],
         "actor_train.strategy_args.strategy_config.torch_compile: not an option of strategy 'megatron' (options: "
