@@ -38,6 +38,7 @@ import importlib.util
 import json
 import math
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -133,6 +134,9 @@ def build_model(settings: LaneSettings, seed: int = 0):
     return Qwen2ForCausalLM(config).to(settings.dtype)
 
 
+COMPILED = ("torch", "fsdp2")  # the engines with `torch_compile`
+
+
 def unsupported(strategy: str, variant: str) -> str | None:
     """Why `strategy` cannot run `variant`, or None when it can (see module docstring)."""
     needs = {"fsdp2": None, "megatron": "megatron.core", "deepspeed_zero2": "deepspeed", "deepspeed_zero3": "deepspeed"}
@@ -145,8 +149,6 @@ def unsupported(strategy: str, variant: str) -> str | None:
         return "torch_compile is an option of the torch and fsdp2 strategies"
     return None
 
-
-COMPILED = ("torch", "fsdp2")
 
 
 LORA = {"rank": 16, "alpha": 32, "target": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
@@ -202,7 +204,8 @@ def train_one(settings: LaneSettings, strategy: str, variant: str, peak_flops: f
     record = {"strategy": strategy, "variant": variant, "tokens_per_s": tokens_per_s,
               "mfu": tokens_per_s * train_flops_per_token(config, settings.seq_len) / peak_flops,
               "peak_memory_gib": peak_memory_gib(settings.device), "step_s": seconds / settings.steps,
-              "grad_norms_finite": all(math.isfinite(g) for g in norms)}
+              "grad_norms_finite": all(math.isfinite(g) for g in norms),
+              "fused_adamw": any(group.get("fused") for group in getattr(engine.optimizer, "param_groups", []))}
     del engine, model
     return record
 
@@ -249,7 +252,8 @@ def run_lane(settings: LaneSettings, strategies=STRATEGIES, variants=VARIANTS, s
     device = settings.device
     peak = matmul_peak_flops(device, settings.dtype, n=8192 if device.type == "cuda" else 256)
     record = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})",
-              "date": datetime.date.today().isoformat(), "torch": torch.__version__, "model": settings.size,
+              "date": datetime.date.today().isoformat(), "commit": source_commit(), "torch": torch.__version__,
+              "model": settings.size,
               "transformers": importlib.import_module("transformers").__version__,
               "dtype": str(settings.dtype).removeprefix("torch."), "attention": attention_implementation(device),
               "batch": settings.batch, "seq_len": settings.seq_len, "steps": settings.steps,
@@ -285,6 +289,26 @@ def format_training(result: dict) -> str:
     return f"{head} {result['tokens_per_s']:10.1f} tokens/s, MFU {100 * result['mfu']:.1f}%{memory}"
 
 
+def new_record_path(results: Path, today: str | None = None) -> Path:
+    """results/gpu-<date>.json, or -2, -3, ... after it: a second run on the same day keeps the first's
+    record (the record is rewritten after every entry)."""
+    today = today or datetime.date.today().isoformat()
+    path, n = results / f"gpu-{today}.json", 1
+    while path.exists():
+        n += 1
+        path = results / f"gpu-{today}-{n}.json"
+    return path
+
+
+def source_commit() -> str | None:
+    """The checkout's commit (None where the tree travelled without .git, as to a lent machine)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny model, float32, CPU, 2 steps (CI)")
@@ -301,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: skipped (training strategies, MFU, generation); nothing written. "
               "`--smoke` runs the same code on CPU with a tiny model")
         return 0
-    today = datetime.date.today().isoformat()
-    out = args.out or (None if args.smoke else REPO / "benchmarks" / "results" / f"gpu-{today}.json")
+    out = args.out or (None if args.smoke else new_record_path(REPO / "benchmarks" / "results"))
 
     def save(record: dict) -> None:
         if out:

@@ -51,8 +51,8 @@ def test_without_cuda_the_wrapper_says_what_it_skipped():
 
 def test_smoke_run_trains_every_variant_or_says_why_not(tmp_path):
     """torch and megatron (the other strategies run the same `train_one`; CI time), each plain, with
-    gradient checkpointing and with LoRA, then hf
-    generation; the record holds finite figures."""
+    gradient checkpointing, with LoRA and compiled (megatron: skipped, saying why), then hf
+    generation; the record holds finite figures, the commit and the optimizer's kernel."""
     pytest.importorskip("megatron.core")
     pytest.importorskip("peft")
     out = tmp_path / "smoke.json"
@@ -66,6 +66,8 @@ def test_smoke_run_trains_every_variant_or_says_why_not(tmp_path):
         "skipped": "torch_compile is an option of the torch and fsdp2 strategies"}
     for key, run in runs.items():
         assert run["tokens_per_s"] > 0 and 0 < run["mfu"] and run["grad_norms_finite"], key
+        assert run["fused_adamw"] is False, key  # CPU: torch's default kernel
+    assert len(record["commit"]) == 40
     assert record["generation"]["generated_tokens"] == 2 * 4 and record["generation"]["tokens_per_s"] > 0
 
 
@@ -89,3 +91,11 @@ def test_each_entry_is_saved_as_it_comes_and_the_sizes_are_options(tmp_path, mon
     record = json.loads(out.read_text())
     assert (record["batch"], record["seq_len"], record["generation"]) == (3, 5, None)
     assert [r["variant"] for r in record["training"]] == ["plain", "lora"]
+
+
+def test_a_second_record_of_the_day_does_not_overwrite_the_first(tmp_path):
+    assert gpu_lane.new_record_path(tmp_path, "2026-11-26") == tmp_path / "gpu-2026-11-26.json"
+    (tmp_path / "gpu-2026-11-26.json").write_text("{}")
+    assert gpu_lane.new_record_path(tmp_path, "2026-11-26") == tmp_path / "gpu-2026-11-26-2.json"
+    (tmp_path / "gpu-2026-11-26-2.json").write_text("{}")
+    assert gpu_lane.new_record_path(tmp_path, "2026-11-26") == tmp_path / "gpu-2026-11-26-3.json"
