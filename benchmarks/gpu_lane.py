@@ -150,7 +150,6 @@ def unsupported(strategy: str, variant: str) -> str | None:
     return None
 
 
-
 LORA = {"rank": 16, "alpha": 32, "target": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
 
 

@@ -191,7 +191,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         hf_params = sum(p.numel() for p in model.parameters())
         super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline),
                          device=device, **kwargs)
-        self.dp_rank, self.dp_size = self._dp_rank_and_size
+        state = megatron_model.parallel_state  # TorchTrainStrategy.__init__ starts every engine at one rank
+        self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
         self.param_counts = self._param_counts(hf_params)
 
     def _join_parallel_groups(self, tp: int, pp: int) -> None:
@@ -205,8 +206,6 @@ class MegatronTrainStrategy(TorchTrainStrategy):
                                                      state.get_tensor_model_parallel_rank(), tp)
         self.pipeline = pipeline_links(state.get_pipeline_model_parallel_group())
         self.data_parallel_group = state.get_data_parallel_group()
-        # set after TorchTrainStrategy.__init__, which starts every engine at one rank
-        self._dp_rank_and_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
 
     def _load_hf_weights(self, hf_state: dict[str, torch.Tensor]) -> None:
         """Convert the HF weights and load this rank's shard of its stage; a weight the conversion

@@ -363,17 +363,13 @@ class TorchTrainStrategy:
         self._load_optimizer_state(torch.load(directory / "optimizer.pt", weights_only=True, map_location=self.device))
         restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))
 
-
     def _load_optimizer_state(self, state: dict) -> None:
-        """Adam's moments and steps from a checkpoint, under this engine's kernel choice: torch's
-        `load_state_dict` also takes the saved groups' `fused` / `foreach`, so a checkpoint written
-        on CPU (or before fused AdamW) would otherwise resume on CUDA unfused."""
+        """Adam's moments and steps from a checkpoint, under this engine's kernel choice (the
+        optimizer's `defaults`): torch's `load_state_dict` also takes the saved groups' `fused` /
+        `foreach`, so a checkpoint written on CPU (or before fused AdamW) would resume unfused."""
         self.optimizer.load_state_dict(state)
-        fused = fused_adamw(self.device, self.FUSED_ADAMW)
         for group in self.optimizer.param_groups:
-            group["fused"] = fused
-            if fused:
-                group["foreach"] = None
+            group["fused"], group["foreach"] = self.optimizer.defaults["fused"], self.optimizer.defaults["foreach"]
         move_optimizer_state_(self.optimizer, self.device)  # fused: the step counters live on the device
 
 
