@@ -3,7 +3,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 requirements = [
-    line.strip() for line in Path(__file__).with_name("requirements.txt").read_text().splitlines()
+    line.strip()
+    for line in Path(__file__).with_name("requirements.txt").read_text().splitlines()
     if line.strip() and not line.startswith("#")
 ]
 
@@ -23,8 +24,15 @@ setup(
         # LangGraph agents (roll/agentic/agent_loop/graph.py); tested with langgraph 1.2.22, langchain-core 1.7.2.
         "agents": ["langgraph>=1.2,<2", "langchain-core>=1.7,<2"],
         # The test suite runs every engine and agent path that works on CPU, so it needs their extras.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "deepspeed>=0.19.8,<0.20", "megatron-core>=0.16,<0.17",
-                 "langgraph>=1.2,<2", "langchain-core>=1.7,<2", "math-verify>=0.9,<1"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "deepspeed>=0.19.8,<0.20",
+            "megatron-core>=0.16,<0.17",
+            "langgraph>=1.2,<2",
+            "langchain-core>=1.7,<2",
+            "math-verify>=0.9,<1",
+        ],
         # The math agent example (examples/math_agent): math-verify rewards; pyarrow reads
         # MATH-lighteval's parquet files in preprocess.py.
         "math": ["math-verify>=0.9,<1", "pyarrow>=15"],

@@ -34,19 +34,33 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LATENCY_ENV = "benchmarks.latency_env:SlowFrozenLakeEnv"
-MODES = {"sync (k=0)": ["async_generation_ratio=0"],
-         "async (k=1)": ["async_generation_ratio=1", "off_policy_correction.level=token"]}
+MODES = {
+    "sync (k=0)": ["async_generation_ratio=0"],
+    "async (k=1)": ["async_generation_ratio=1", "off_policy_correction.level=token"],
+}
 
 
 def run(mode: str, args, model: str, out: Path) -> list[dict]:
     """One training run; its metrics.jsonl rows."""
     env = "custom_envs.FrozenLake"
     latency = [f"{env}.env_type='{LATENCY_ENV}'", f"{env}.env_config.median_ms={args.median_ms}"]
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
-           "--config_name", "agent_val_frozen_lake", f"pretrain={model}", f"output_dir={out}",
-           f"max_steps={args.steps}", f"eval_steps={args.eval_steps}", "save_steps=0",
-           f"val_batch_size={args.val_maps}", f"val_env_manager.num_env_groups={args.val_maps}",
-           *MODES[mode], *(latency if args.median_ms > 0 else [])]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "frozen_lake",
+        "--config_name",
+        "agent_val_frozen_lake",
+        f"pretrain={model}",
+        f"output_dir={out}",
+        f"max_steps={args.steps}",
+        f"eval_steps={args.eval_steps}",
+        "save_steps=0",
+        f"val_batch_size={args.val_maps}",
+        f"val_env_manager.num_env_groups={args.val_maps}",
+        *MODES[mode],
+        *(latency if args.median_ms > 0 else []),
+    ]
     env_vars = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     print(f"running {mode} -> {out}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env_vars)
@@ -58,9 +72,13 @@ def run(mode: str, args, model: str, out: Path) -> list[dict]:
 def summarize(rows: list[dict]) -> dict:
     steps = [r for r in rows if r["step"] > 1]  # step 1 has nothing generated ahead of it
     mean = lambda key: statistics.fmean(r[key] for r in steps)  # noqa: E731
-    return {"step_s": mean("time/step_s"), "rollout_s": mean("time/rollout_s"), "train_s": mean("time/train_s"),
-            "staleness": mean("rollout/staleness_mean"),
-            "val": [(r["step"], r["val/success"]) for r in rows if "val/success" in r]}
+    return {
+        "step_s": mean("time/step_s"),
+        "rollout_s": mean("time/rollout_s"),
+        "train_s": mean("time/train_s"),
+        "staleness": mean("rollout/staleness_mean"),
+        "val": [(r["step"], r["val/success"]) for r in rows if "val/success" in r],
+    }
 
 
 def main() -> None:
@@ -74,16 +92,30 @@ def main() -> None:
     load = os.getloadavg()
     results: dict[str, list[dict]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", "frozen_lake", "--output_dir",
-                        f"{tmp}/model"], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "roll.pipeline.tiny_model",
+                "--preset",
+                "frozen_lake",
+                "--output_dir",
+                f"{tmp}/model",
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         order = list(MODES)
         for repeat in range(args.repeats):
             for mode in order:
                 rows = run(mode, args, f"{tmp}/model", Path(tmp) / f"{mode.split()[0]}-{repeat}")
                 results[mode].append(summarize(rows))
             order.reverse()
-    print(f"FrozenLake step-wise example, {args.steps} steps, env.step latency median {args.median_ms:g} ms, "
-          f"{os.cpu_count()} cores, load average {load[0]:.2f} at start, {args.repeats} repeat(s)")
+    print(
+        f"FrozenLake step-wise example, {args.steps} steps, env.step latency median {args.median_ms:g} ms, "
+        f"{os.cpu_count()} cores, load average {load[0]:.2f} at start, {args.repeats} repeat(s)"
+    )
     print(f"{'mode':13}{'step s':>8}{'rollout s':>11}{'train s':>9}{'staleness':>11}  val success (step: value)")
     median_step_s = {}
     for mode, runs in results.items():
@@ -91,11 +123,15 @@ def main() -> None:
         median_step_s[mode] = step_s
         first = runs[0]
         curve = " ".join(f"{s}:{v:.3f}" for s, v in first["val"])
-        print(f"{mode:13}{step_s:8.2f}{statistics.median(r['rollout_s'] for r in runs):11.2f}"
-              f"{statistics.median(r['train_s'] for r in runs):9.2f}{first['staleness']:11.2f}  {curve}")
+        print(
+            f"{mode:13}{step_s:8.2f}{statistics.median(r['rollout_s'] for r in runs):11.2f}"
+            f"{statistics.median(r['train_s'] for r in runs):9.2f}{first['staleness']:11.2f}  {curve}"
+        )
     sync, async_ = (results[m][0]["val"][-1][1] for m in MODES)
-    print(f"RESULT async_speedup={median_step_s['sync (k=0)'] / median_step_s['async (k=1)']:.2f} "
-          f"val_success_sync={sync:.3f} val_success_async={async_:.3f}")
+    print(
+        f"RESULT async_speedup={median_step_s['sync (k=0)'] / median_step_s['async (k=1)']:.2f} "
+        f"val_success_sync={sync:.3f} val_success_async={async_:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,10 @@ async def serve(worker: InferenceWorker, timed: list[tuple[float, GenerateReques
 
 def run_mode(model_dir: str, mode: tuple[bool, float], timed, threads: int) -> dict:
     continuous, wait_ms = mode
-    worker = InferenceWorker(model_dir, num_threads=threads, max_batch_size=256, continuous_batching=continuous,
-                             batch_wait_ms=wait_ms)
+    worker = InferenceWorker(
+        model_dir, num_threads=threads, max_batch_size=256, continuous_batching=continuous, batch_wait_ms=wait_ms
+    )
+
     async def warm_then_measure():  # one event loop: the worker's asyncio objects belong to it
         await serve(worker, timed[:1])  # warm-up, not counted
         before = worker.get_stats()
@@ -84,13 +86,18 @@ def run_mode(model_dir: str, mode: tuple[bool, float], timed, threads: int) -> d
     before, (wall, latencies, outputs), after = asyncio.run(warm_then_measure())
     cpu = time.process_time() - cpu_start  # includes the warm-up request: a few forwards
     tokens = sum(len(o.token_ids) for o in outputs)
-    return {"tokens_per_s": tokens / wall, "p50_s": float(np.percentile(latencies, 50)),
-            "p99_s": float(np.percentile(latencies, 99)), "wall_s": wall, "tokens": tokens,
-            "engine_calls": after["engine_calls"] - before["engine_calls"],
-            "decode_steps": after["decode_steps"] - before["decode_steps"],
-            "prefill_calls": after["prefill_calls"] - before["prefill_calls"],
-            "tokens_per_cpu_s": tokens / cpu,
-            "outputs": [o.token_ids for o in outputs]}
+    return {
+        "tokens_per_s": tokens / wall,
+        "p50_s": float(np.percentile(latencies, 50)),
+        "p99_s": float(np.percentile(latencies, 99)),
+        "wall_s": wall,
+        "tokens": tokens,
+        "engine_calls": after["engine_calls"] - before["engine_calls"],
+        "decode_steps": after["decode_steps"] - before["decode_steps"],
+        "prefill_calls": after["prefill_calls"] - before["prefill_calls"],
+        "tokens_per_cpu_s": tokens / cpu,
+        "outputs": [o.token_ids for o in outputs],
+    }
 
 
 def main() -> None:
@@ -101,8 +108,12 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch_wait_ms", type=float, default=0.0,
-                        help="> 0 adds a continuous row with this batch_wait_ms (a joiner waits for company)")
+    parser.add_argument(
+        "--batch_wait_ms",
+        type=float,
+        default=0.0,
+        help="> 0 adds a continuous row with this batch_wait_ms (a joiner waits for company)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = build_tiny(["--preset", "frozen_lake", "--output_dir", tempfile.mkdtemp() + "/tiny"])
@@ -120,22 +131,34 @@ def main() -> None:
     identical = all(r["outputs"] == runs["batch-at-a-time"][0]["outputs"] for rs in runs.values() for r in rs)
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "outputs"} for m, rs in runs.items()}
 
-    print(f"\n{args.requests} requests, Poisson arrivals at {args.rate}/s over "
-          f"{timed[-1][0]:.2f} s, prompts ~{args.prompt_len} ids, 1..{args.max_new_tokens} new tokens, "
-          f"{args.threads} torch threads; median of {args.repeats}; load {load_start:.1f} -> {load_end:.1f}")
-    print(f"{'mode':<20}{'tokens/s':>10}{'tok/cpu-s':>10}{'p50 s':>9}{'p99 s':>9}{'wall s':>9}{'calls':>7}"
-          f"{'prefills':>9}{'steps':>7}")
+    print(
+        f"\n{args.requests} requests, Poisson arrivals at {args.rate}/s over "
+        f"{timed[-1][0]:.2f} s, prompts ~{args.prompt_len} ids, 1..{args.max_new_tokens} new tokens, "
+        f"{args.threads} torch threads; median of {args.repeats}; load {load_start:.1f} -> {load_end:.1f}"
+    )
+    print(
+        f"{'mode':<20}{'tokens/s':>10}{'tok/cpu-s':>10}{'p50 s':>9}{'p99 s':>9}{'wall s':>9}{'calls':>7}"
+        f"{'prefills':>9}{'steps':>7}"
+    )
     for mode, m in med.items():
-        print(f"{mode:<20}{m['tokens_per_s']:>10.1f}{m['tokens_per_cpu_s']:>10.1f}{m['p50_s']:>9.3f}{m['p99_s']:>9.3f}"
-              f"{m['wall_s']:>9.2f}{m['engine_calls']:>7.0f}{m['prefill_calls']:>9.0f}{m['decode_steps']:>7.0f}")
+        print(
+            f"{mode:<20}{m['tokens_per_s']:>10.1f}{m['tokens_per_cpu_s']:>10.1f}{m['p50_s']:>9.3f}{m['p99_s']:>9.3f}"
+            f"{m['wall_s']:>9.2f}{m['engine_calls']:>7.0f}{m['prefill_calls']:>9.0f}{m['decode_steps']:>7.0f}"
+        )
     base, result = med["batch-at-a-time"], []
     for mode in list(modes)[1:]:
         m, label = med[mode], mode.replace("-", "_").replace("+", "_wait").replace(".", "_")
-        ratios = {"tokens_per_s": m["tokens_per_s"] / base["tokens_per_s"],
-                  "tokens_per_cpu_s": m["tokens_per_cpu_s"] / base["tokens_per_cpu_s"],
-                  "p50_latency": base["p50_s"] / m["p50_s"], "p99_latency": base["p99_s"] / m["p99_s"]}
-        print(f"{mode} vs batch-at-a-time: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
-              + " (latency: batch / this, higher is better)")
+        ratios = {
+            "tokens_per_s": m["tokens_per_s"] / base["tokens_per_s"],
+            "tokens_per_cpu_s": m["tokens_per_cpu_s"] / base["tokens_per_cpu_s"],
+            "p50_latency": base["p50_s"] / m["p50_s"],
+            "p99_latency": base["p99_s"] / m["p99_s"],
+        }
+        print(
+            f"{mode} vs batch-at-a-time: "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+            + " (latency: batch / this, higher is better)"
+        )
         result += [f"{label}_vs_batch_{k}={v:.3f}" for k, v in ratios.items()]
     print(f"outputs identical token for token across modes and repeats: {identical}")
     print("\nRESULT " + " ".join(result) + f" identical_outputs={int(identical)} load_start={load_start:.1f}")

@@ -27,8 +27,8 @@ from tensordict import TensorDict
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from roll.configs.worker import TrainingArgs
-from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.dynamic_batching import TokenBudget, bin_by_tokens, padding_fraction, round_up, row_lengths
+from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.registry import build_train_strategy
 
 
@@ -40,10 +40,15 @@ def multi_turn_batch(args: argparse.Namespace, vocab: int) -> TensorDict:
     positions = torch.arange(width)
     length = torch.tensor(lengths)[:, None]
     mask = (positions < length).long()
-    return TensorDict({"input_ids": torch.randint(1, vocab, (args.rows, width), generator=generator) * mask,
-                       "attention_mask": mask,
-                       "response_mask": ((positions >= args.prompt) & (positions < length)).float(),
-                       "advantages": torch.randn(args.rows, width, generator=generator)}, batch_size=[args.rows])
+    return TensorDict(
+        {
+            "input_ids": torch.randint(1, vocab, (args.rows, width), generator=generator) * mask,
+            "attention_mask": mask,
+            "response_mask": ((positions >= args.prompt) & (positions < length)).float(),
+            "advantages": torch.randn(args.rows, width, generator=generator),
+        },
+        batch_size=[args.rows],
+    )
 
 
 def loss_fn(model, micro):
@@ -73,9 +78,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     vocab = 2048
-    config = Qwen2Config(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                         num_key_value_heads=max(1, args.hidden // 256), max_position_embeddings=4096)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=max(1, args.hidden // 256),
+        max_position_embeddings=4096,
+    )
     batch = multi_turn_batch(args, vocab)
     lengths = row_lengths(batch["attention_mask"])
     budget = TokenBudget(args.micro_batch * round_up(max(lengths), args.round), args.round)
@@ -84,8 +95,9 @@ def main() -> None:
     for name, dynamic in (("fixed", None), ("dynamic", budget)):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config)
-        strategies[name] = build_train_strategy(model, training, total_steps=args.repeats, metric_prefix="actor",
-                                                train_budget=dynamic, infer_budget=dynamic)
+        strategies[name] = build_train_strategy(
+            model, training, total_steps=args.repeats, metric_prefix="actor", train_budget=dynamic, infer_budget=dynamic
+        )
     times = {(name, phase): float("inf") for name in strategies for phase in ("train", "logprobs")}
     losses = {}
     for _ in range(args.repeats):
@@ -98,21 +110,30 @@ def main() -> None:
             times[name, "train"] = min(times[name, "train"], time.perf_counter() - start)
     tokens = sum(lengths)
     bins = bin_by_tokens(lengths, budget)
-    padding = {"fixed": fixed_padding(lengths, args.micro_batch), "dynamic": padding_fraction(lengths, bins, args.round)}
+    padding = {
+        "fixed": fixed_padding(lengths, args.micro_batch),
+        "dynamic": padding_fraction(lengths, bins, args.round),
+    }
     micros = {"fixed": -(-args.rows // args.micro_batch), "dynamic": len(bins)}
-    print(f"batch: {args.rows} rows, lengths {min(lengths)}..{max(lengths)} (mean {tokens / len(lengths):.0f}); "
-          f"budget {budget.max_tokens} tokens, round {args.round}; model {args.layers} layers x {args.hidden}; "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(
+        f"batch: {args.rows} rows, lengths {min(lengths)}..{max(lengths)} (mean {tokens / len(lengths):.0f}); "
+        f"budget {budget.max_tokens} tokens, round {args.round}; model {args.layers} layers x {args.hidden}; "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
     print("| micro-batches | count | padding | train tok/s | log-prob tok/s | first-step loss |")
     print("|---|---|---|---|---|---|")
     for name in strategies:
-        print(f"| {name} | {micros[name]} | {padding[name]:.1%} | {tokens / times[name, 'train']:.0f} | "
-              f"{tokens / times[name, 'logprobs']:.0f} | {losses[name]:.6f} |")
+        print(
+            f"| {name} | {micros[name]} | {padding[name]:.1%} | {tokens / times[name, 'train']:.0f} | "
+            f"{tokens / times[name, 'logprobs']:.0f} | {losses[name]:.6f} |"
+        )
     train_ratio = times["fixed", "train"] / times["dynamic", "train"]
     infer_ratio = times["fixed", "logprobs"] / times["dynamic", "logprobs"]
-    print(f"RESULT dynamic_over_fixed_train_tokens_per_s={train_ratio:.2f} "
-          f"dynamic_over_fixed_logprob_tokens_per_s={infer_ratio:.2f} "
-          f"padding_fixed={padding['fixed']:.3f} padding_dynamic={padding['dynamic']:.3f}")
+    print(
+        f"RESULT dynamic_over_fixed_train_tokens_per_s={train_ratio:.2f} "
+        f"dynamic_over_fixed_logprob_tokens_per_s={infer_ratio:.2f} "
+        f"padding_fixed={padding['fixed']:.3f} padding_dynamic={padding['dynamic']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from roll.core.records import GenerateRequest, SamplingParams
 from roll.configs.worker import TrainingArgs
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.models.loading import load_causal_lm, load_tokenizer
@@ -51,8 +51,12 @@ TRAIN_STRATEGIES = {
 def requests(vocab_size: int, n: int, prompt_len: int, max_new_tokens: int) -> list[GenerateRequest]:
     generator = torch.Generator().manual_seed(0)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
-    return [GenerateRequest(f"r{i}", torch.randint(3, vocab_size, (prompt_len,), generator=generator).tolist(),
-                            params, seed=i) for i in range(n)]
+    return [
+        GenerateRequest(
+            f"r{i}", torch.randint(3, vocab_size, (prompt_len,), generator=generator).tolist(), params, seed=i
+        )
+        for i in range(n)
+    ]
 
 
 def best_tokens_per_s(engine, reqs: list[GenerateRequest], repeats: int) -> float:
@@ -88,16 +92,24 @@ def lm_loss(model, micro: TensorDict):
 def train_rows(model_dir: str, args) -> dict[str, float | str]:
     vocab = len(load_tokenizer(model_dir))
     ids = torch.randint(3, vocab, (args.train_rows, args.train_len), generator=torch.Generator().manual_seed(0))
-    batch = TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                        "response_mask": torch.ones(ids.shape)}, batch_size=[args.train_rows])
+    batch = TensorDict(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": torch.ones(ids.shape)},
+        batch_size=[args.train_rows],
+    )
     training_args = TrainingArgs(learning_rate=1e-6, per_device_train_batch_size=4)
     rows: dict[str, float | str] = {}
     for label, (name, config) in TRAIN_STRATEGIES.items():
         if name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
             rows[label] = "not installed"
             continue
-        strategy = build_train_strategy(load_causal_lm(model_dir), training_args, strategy_name=name,
-                                        strategy_config=config, total_steps=args.repeats + 1, metric_prefix="b")
+        strategy = build_train_strategy(
+            load_causal_lm(model_dir),
+            training_args,
+            strategy_name=name,
+            strategy_config=config,
+            total_steps=args.repeats + 1,
+            metric_prefix="b",
+        )
         strategy.train_step(batch, lm_loss)  # warm-up
         times = []
         for _ in range(args.repeats):
@@ -142,12 +154,22 @@ def main() -> None:
     # Training first: DeepSpeed keeps handles to the first process group it saw, and an in-process
     # vLLM engine tears the group down when it goes (in a run they live in separate workers).
     for label, model_dir in models.items():
-        train = print_table(f"{label}: one training step, {args.train_rows} rows x {args.train_len} tokens",
-                            "s/step", train_rows(model_dir, args), "torch", higher_is_better=False)
+        train = print_table(
+            f"{label}: one training step, {args.train_rows} rows x {args.train_len} tokens",
+            "s/step",
+            train_rows(model_dir, args),
+            "torch",
+            higher_is_better=False,
+        )
         result += [f"{label}_{k}_vs_torch={v:.3f}" for k, v in train.items() if k != "torch"]
     for label, model_dir in models.items():
-        rollout = print_table(f"{label}: rollout, {args.prompts} prompts x {args.max_new_tokens} new tokens",
-                              "tokens/s", rollout_rows(model_dir, args), "hf", higher_is_better=True)
+        rollout = print_table(
+            f"{label}: rollout, {args.prompts} prompts x {args.max_new_tokens} new tokens",
+            "tokens/s",
+            rollout_rows(model_dir, args),
+            "hf",
+            higher_is_better=True,
+        )
         result += [f"{label}_{k}_vs_hf={v:.3f}" for k, v in rollout.items() if k != "hf"]
     print("\nRESULT " + " ".join(result))
 

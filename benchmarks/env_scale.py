@@ -93,7 +93,7 @@ class Clock:
     """Wall-clock and process CPU seconds of a `with` block. On a shared machine the CPU time
     is the steadier measure: it leaves out the time other jobs held the cores."""
 
-    def __enter__(self) -> "Clock":
+    def __enter__(self) -> Clock:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         return self
 
@@ -135,7 +135,7 @@ async def _worker(envs: list, rounds: int, inline: bool) -> tuple[float, float]:
             caller.inline.clear()
     texts = action_texts(envs[0], rounds * len(envs), seed=0)
     with Clock() as clock:
-        await asyncio.gather(*(_worker_episode(c, texts[i::len(envs)], len(envs) + i) for i, c in enumerate(callers)))
+        await asyncio.gather(*(_worker_episode(c, texts[i :: len(envs)], len(envs) + i) for i, c in enumerate(callers)))
     return clock.rates(rounds * len(envs))
 
 
@@ -154,8 +154,16 @@ def speed_cell(env_type: str, count: int, rounds: int, repeats: int) -> dict[str
         loop = plain_loop(build_envs(env_type, count), rounds)
         threads = worker_loop(build_envs(env_type, count), rounds, inline=False)
         worker = worker_loop(build_envs(env_type, count), rounds)
-        runs.append({"loop": loop[0], "threads": threads[0], "worker": worker[0],
-                     "loop_cpu": loop[1], "threads_cpu": threads[1], "worker_cpu": worker[1]})
+        runs.append(
+            {
+                "loop": loop[0],
+                "threads": threads[0],
+                "worker": worker[0],
+                "loop_cpu": loop[1],
+                "threads_cpu": threads[1],
+                "worker_cpu": worker[1],
+            }
+        )
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
@@ -165,36 +173,48 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", choices=sorted(ENV_CONFIGS), default=list(ENV_CONFIGS))
     parser.add_argument("--min_steps", type=int, default=4096, help="steps per cell, at least 4 per env")
     parser.add_argument("--repeats", type=int, default=3, help="median of this many interleaved runs per cell")
-    parser.add_argument("--protocol", choices=["scale", "roll"], default="scale",
-                        help="roll: resets/s and steps/s as measured for ROLL's envs (roll_protocol.py)")
+    parser.add_argument(
+        "--protocol",
+        choices=["scale", "roll"],
+        default="scale",
+        help="roll: resets/s and steps/s as measured for ROLL's envs (roll_protocol.py)",
+    )
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     if args.protocol == "roll":
         from roll_protocol import main as roll_main  # benchmarks/ is on sys.path when run as a script
+
         roll_main()
         return
     # lazy imports, module-level caches and WebShop's server, outside the measurements
     warm = [build_envs(env_type, 1) for env_type in args.envs]  # noqa: F841 (kept alive on purpose)
-    print(f"{'env':12}{'envs':>6}{'KB/env':>8}{'spaces KB':>10}{'steps/s loop':>14}{'threads':>9}{'worker':>9}"
-          f"{'threads/loop':>14}{'worker/loop':>13}{'(per CPU s)':>13}")
+    print(
+        f"{'env':12}{'envs':>6}{'KB/env':>8}{'spaces KB':>10}{'steps/s loop':>14}{'threads':>9}{'worker':>9}"
+        f"{'threads/loop':>14}{'worker/loop':>13}{'(per CPU s)':>13}"
+    )
     frozen_ratios, frozen_cpu_ratios, frozen_kb = [], [], []
     for env_type in args.envs:
         for count in args.counts:
             held, spaces = memory_per_env(env_type, count)
             got = speed_cell(env_type, count, max(4, args.min_steps // count), args.repeats)
             ratio, cpu_ratio = got["worker"] / got["loop"], got["worker_cpu"] / got["loop_cpu"]
-            print(f"{env_type:12}{count:6d}{held / 1024:8.1f}{spaces / 1024:10.1f}{got['loop']:14.0f}"
-                  f"{got['threads']:9.0f}{got['worker']:9.0f}{got['threads'] / got['loop']:13.2f}x"
-                  f"{ratio:12.2f}x{cpu_ratio:12.2f}x", flush=True)
+            print(
+                f"{env_type:12}{count:6d}{held / 1024:8.1f}{spaces / 1024:10.1f}{got['loop']:14.0f}"
+                f"{got['threads']:9.0f}{got['worker']:9.0f}{got['threads'] / got['loop']:13.2f}x"
+                f"{ratio:12.2f}x{cpu_ratio:12.2f}x",
+                flush=True,
+            )
             if env_type == "frozen_lake":
                 frozen_ratios.append(ratio)
                 frozen_cpu_ratios.append(cpu_ratio)
                 frozen_kb.append(held / 1024)
     if frozen_ratios:
-        print(f"RESULT env_scale frozen_lake_worker_over_loop_min={min(frozen_ratios):.2f} "
-              f"frozen_lake_worker_over_loop_cpu_min={min(frozen_cpu_ratios):.2f} "
-              f"frozen_lake_kb_per_env_max={max(frozen_kb):.1f}")
+        print(
+            f"RESULT env_scale frozen_lake_worker_over_loop_min={min(frozen_ratios):.2f} "
+            f"frozen_lake_worker_over_loop_cpu_min={min(frozen_cpu_ratios):.2f} "
+            f"frozen_lake_kb_per_env_max={max(frozen_kb):.1f}"
+        )
 
 
 if __name__ == "__main__":

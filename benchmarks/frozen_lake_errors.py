@@ -99,10 +99,13 @@ def evaluate(checkpoint: str, num_maps: int, seed: int, show_neighbours: bool = 
                 break
         successes += desc[pos[0]][pos[1]] == "G"
     total, total_near = sum(kinds.values()), sum(near_hole.values())
-    out = {"greedy_success": successes / num_maps, "states": float(total),
-           "next_to_hole_share": total_near / total,
-           "hole_error_next_to_hole": near_hole["hole"] / total_near,
-           "p_hole_move_when_wrong": float(np.mean(sure)) if sure else 0.0}
+    out = {
+        "greedy_success": successes / num_maps,
+        "states": float(total),
+        "next_to_hole_share": total_near / total,
+        "hole_error_next_to_hole": near_hole["hole"] / total_near,
+        "p_hole_move_when_wrong": float(np.mean(sure)) if sure else 0.0,
+    }
     out.update({f"share_{k}": kinds[k] / total for k in ("optimal", "hole", "detour", "bump", "invalid")})
     return out
 
@@ -112,21 +115,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--maps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=123)
-    parser.add_argument("--show_neighbours", action="store_true",
-                        help="prompts with the neighbour line (env_config show_neighbours, the example's default)")
+    parser.add_argument(
+        "--show_neighbours",
+        action="store_true",
+        help="prompts with the neighbour line (env_config show_neighbours, the example's default)",
+    )
     args = parser.parse_args(argv)
-    print("| checkpoint | greedy success | optimal | hole | detour | bump | invalid | hole errors next to a hole "
-          "| P(hole move) when wrong |")
+    print(
+        "| checkpoint | greedy success | optimal | hole | detour | bump | invalid | hole errors next to a hole "
+        "| P(hole move) when wrong |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     result = []
     for checkpoint in args.checkpoints:
         m = evaluate(checkpoint, args.maps, args.seed, args.show_neighbours)
         label = "_".join(Path(checkpoint).parts[-3:]).replace("-", "_")
-        print(f"| {checkpoint} | {m['greedy_success']:.3f} | {m['share_optimal']:.3f} | {m['share_hole']:.3f} "
-              f"| {m['share_detour']:.3f} | {m['share_bump']:.3f} | {m['share_invalid']:.3f} "
-              f"| {m['hole_error_next_to_hole']:.3f} | {m['p_hole_move_when_wrong']:.2f} |")
-        result += [f"{label}_greedy_success={m['greedy_success']:.3f}",
-                   f"{label}_hole_error_next_to_hole={m['hole_error_next_to_hole']:.3f}"]
+        print(
+            f"| {checkpoint} | {m['greedy_success']:.3f} | {m['share_optimal']:.3f} | {m['share_hole']:.3f} "
+            f"| {m['share_detour']:.3f} | {m['share_bump']:.3f} | {m['share_invalid']:.3f} "
+            f"| {m['hole_error_next_to_hole']:.3f} | {m['p_hole_move_when_wrong']:.2f} |"
+        )
+        result += [
+            f"{label}_greedy_success={m['greedy_success']:.3f}",
+            f"{label}_hole_error_next_to_hole={m['hole_error_next_to_hole']:.3f}",
+        ]
     print("RESULT " + " ".join(result))
 
 

@@ -44,8 +44,8 @@ from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.tiny_model import env_corpus
 from roll.pipeline.builders import init_ray
+from roll.pipeline.tiny_model import env_corpus
 
 MODES = ("engine", "generate_many", "generate")
 
@@ -65,7 +65,7 @@ def make_requests(tokenizer, count: int, max_new_tokens: int, tag: str) -> list[
 def run_engine(engine: HFInferStrategy, requests: list[GenerateRequest], max_batch_size: int) -> list[GenerateOutput]:
     outputs = []
     for first in range(0, len(requests), max_batch_size):
-        outputs += engine.generate_batch(requests[first:first + max_batch_size])
+        outputs += engine.generate_batch(requests[first : first + max_batch_size])
     return outputs
 
 
@@ -107,8 +107,10 @@ def print_rows(max_new_tokens: int, results: dict[str, tuple[float, list, int]])
         seconds, outputs, calls = results[mode]
         same = all(a.token_ids == b.token_ids for a, b in zip(outputs, engine_out))
         overheads[mode] = 1.0 - engine_s / seconds
-        print(f"{max_new_tokens:>8}{mode:>15}{calls:>7}{seconds:9.3f}{tokens / seconds:11.0f}"
-              f"{100 * overheads[mode]:+10.1f}%{same!s:>10}")
+        print(
+            f"{max_new_tokens:>8}{mode:>15}{calls:>7}{seconds:9.3f}{tokens / seconds:11.0f}"
+            f"{100 * overheads[mode]:+10.1f}%{same!s:>10}"
+        )
     return overheads
 
 
@@ -130,15 +132,27 @@ def main() -> None:
         init_ray(None)
         try:
             # the actor options of roll.pipeline.builders.build_workers
-            worker = ray.remote(InferenceWorker).options(num_cpus=0).remote(
-                path, max_batch_size=args.max_batch_size, num_threads=args.threads)
-            results = {n: measure(engine, worker, make_requests(tokenizer, args.requests, n, f"n{n}"),
-                                  args.max_batch_size, args.repeats)
-                       for n in dict.fromkeys((args.max_new_tokens, 1))}
+            worker = (
+                ray.remote(InferenceWorker)
+                .options(num_cpus=0)
+                .remote(path, max_batch_size=args.max_batch_size, num_threads=args.threads)
+            )
+            results = {
+                n: measure(
+                    engine,
+                    worker,
+                    make_requests(tokenizer, args.requests, n, f"n{n}"),
+                    args.max_batch_size,
+                    args.repeats,
+                )
+                for n in dict.fromkeys((args.max_new_tokens, 1))
+            }
         finally:
             ray.shutdown()
-    print(f"{args.requests} requests, FrozenLake prompts, best of {args.repeats}; {torch.get_num_threads()} torch "
-          f"threads, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    print(
+        f"{args.requests} requests, FrozenLake prompts, best of {args.repeats}; {torch.get_num_threads()} torch "
+        f"threads, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+    )
     print(f"{'new tok':>8}{'mode':>15}{'calls':>7}{'wall s':>9}{'tokens/s':>11}{'overhead':>11}{'same ids':>10}")
     overheads = {n: print_rows(n, res) for n, res in results.items()}
     main_row = overheads[args.max_new_tokens]

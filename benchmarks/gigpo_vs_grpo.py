@@ -38,8 +38,12 @@ ESTIMATORS = ("grpo", "gigpo")
 
 def build_model(preset: str, out: Path) -> Path:
     path = out / "models" / f"tiny-{preset}"
-    subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -50,10 +54,22 @@ def run(env: str, estimator: str, seed: int, steps: int, eval_steps: int, model:
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     if not rows or rows[-1]["step"] != steps:
         config_path, config_name, _ = ENVS[env]
-        cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", config_path,
-               "--config_name", config_name, f"pretrain={model}", f"output_dir={run_dir}",
-               f"adv_estimator={estimator}", f"seed={seed}", f"max_steps={steps}", f"eval_steps={eval_steps}",
-               "save_steps=0", "resume_from_checkpoint=false"]
+        cmd = [
+            sys.executable,
+            "examples/start_agentic_pipeline.py",
+            "--config_path",
+            config_path,
+            "--config_name",
+            config_name,
+            f"pretrain={model}",
+            f"output_dir={run_dir}",
+            f"adv_estimator={estimator}",
+            f"seed={seed}",
+            f"max_steps={steps}",
+            f"eval_steps={eval_steps}",
+            "save_steps=0",
+            "resume_from_checkpoint=false",
+        ]
         print(f"running {env} {estimator} seed {seed} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -87,12 +103,20 @@ def main() -> None:
         model = build_model(ENVS[env][2], args.out)
         finals = {}
         for estimator in ESTIMATORS:
-            cells = [summarize(run(env, estimator, s, args.steps, args.eval_steps, model, args.out))
-                     for s in args.seeds]
+            cells = [
+                summarize(run(env, estimator, s, args.steps, args.eval_steps, model, args.out)) for s in args.seeds
+            ]
             finals[estimator] = statistics.fmean(c["final"] for c in cells)
-            table.append((env, estimator, mean_std([c["final"] for c in cells]),
-                          " ".join(f"{c['final']:.3f}" for c in cells), mean_std([c["best"] for c in cells]),
-                          f"{statistics.fmean(c['anchor'] for c in cells):.3f}"))
+            table.append(
+                (
+                    env,
+                    estimator,
+                    mean_std([c["final"] for c in cells]),
+                    " ".join(f"{c['final']:.3f}" for c in cells),
+                    mean_std([c["best"] for c in cells]),
+                    f"{statistics.fmean(c['anchor'] for c in cells):.3f}",
+                )
+            )
         result.append(f"{env}_gigpo_minus_grpo={finals['gigpo'] - finals['grpo']:+.3f}")
 
     header = ("env", "estimator", "final val success", "per seed", "best val success", "anchor rows")

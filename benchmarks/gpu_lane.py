@@ -52,10 +52,24 @@ sys.path.insert(0, str(REPO))
 STRATEGIES = ("torch", "fsdp2", "deepspeed_zero2", "deepspeed_zero3", "megatron")
 VARIANTS = ("plain", "gradient_checkpointing", "lora", "compile")
 SIZES = {  # Qwen2-0.5B's shape; a tiny one for the CPU smoke run
-    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -158,8 +172,13 @@ def prepare_model(model, strategy: str, variant: str):
     `build_train_strategy`'s `lora` argument."""
     name, options = strategy, {}
     if strategy.startswith("deepspeed_zero"):
-        name, options = "deepspeed", {"zero_optimization": {"stage": int(strategy[-1])}, "bf16": {
-            "enabled": next(model.parameters()).dtype == torch.bfloat16}}
+        name, options = (
+            "deepspeed",
+            {
+                "zero_optimization": {"stage": int(strategy[-1])},
+                "bf16": {"enabled": next(model.parameters()).dtype == torch.bfloat16},
+            },
+        )
     if variant == "gradient_checkpointing":
         if strategy == "megatron":
             options["recompute_granularity"] = "full"
@@ -179,8 +198,10 @@ def random_minibatch(settings: LaneSettings, vocab: int, seed: int):
     from tensordict import TensorDict
 
     ids = torch.randint(0, vocab, (settings.batch, settings.seq_len), generator=torch.Generator().manual_seed(seed))
-    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                       "response_mask": torch.ones(ids.shape)}, batch_size=[settings.batch])
+    return TensorDict(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": torch.ones(ids.shape)},
+        batch_size=[settings.batch],
+    )
 
 
 def train_one(settings: LaneSettings, strategy: str, variant: str, peak_flops: float) -> dict:
@@ -192,19 +213,36 @@ def train_one(settings: LaneSettings, strategy: str, variant: str, peak_flops: f
     model, name, options, lora = prepare_model(build_model(settings), strategy, variant)
     config = model.config
     args = TrainingArgs(learning_rate=1e-5, per_device_train_batch_size=settings.batch, max_grad_norm=1.0)
-    engine = build_train_strategy(model, args, strategy_name=name, strategy_config=options, total_steps=1,
-                                  metric_prefix="actor", device=settings.device, lora=lora)
+    engine = build_train_strategy(
+        model,
+        args,
+        strategy_name=name,
+        strategy_config=options,
+        total_steps=1,
+        metric_prefix="actor",
+        device=settings.device,
+        lora=lora,
+    )
     engine.train_step(random_minibatch(settings, config.vocab_size, 0), lm_loss)  # warm-up
     norms = []
-    seconds = timed(lambda: norms.extend(engine.train_step(random_minibatch(settings, config.vocab_size, 1 + i),
-                                                           lm_loss)["actor/grad_norm"]
-                                         for i in range(settings.steps)), settings.device)
+    seconds = timed(
+        lambda: norms.extend(
+            engine.train_step(random_minibatch(settings, config.vocab_size, 1 + i), lm_loss)["actor/grad_norm"]
+            for i in range(settings.steps)
+        ),
+        settings.device,
+    )
     tokens_per_s = settings.batch * settings.seq_len * settings.steps / seconds
-    record = {"strategy": strategy, "variant": variant, "tokens_per_s": tokens_per_s,
-              "mfu": tokens_per_s * train_flops_per_token(config, settings.seq_len) / peak_flops,
-              "peak_memory_gib": peak_memory_gib(settings.device), "step_s": seconds / settings.steps,
-              "grad_norms_finite": all(math.isfinite(g) for g in norms),
-              "fused_adamw": any(group.get("fused") for group in getattr(engine.optimizer, "param_groups", []))}
+    record = {
+        "strategy": strategy,
+        "variant": variant,
+        "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * train_flops_per_token(config, settings.seq_len) / peak_flops,
+        "peak_memory_gib": peak_memory_gib(settings.device),
+        "step_s": seconds / settings.steps,
+        "grad_norms_finite": all(math.isfinite(g) for g in norms),
+        "fused_adamw": any(group.get("fused") for group in getattr(engine.optimizer, "param_groups", [])),
+    }
     del engine, model
     return record
 
@@ -220,43 +258,76 @@ def generate(settings: LaneSettings) -> dict:
     engine = HFInferStrategy(model, pad_token_id=0, eos_token_ids=[])
     params = SamplingParams(max_new_tokens=settings.gen_tokens, temperature=1.0)
     prompt = torch.randint(1, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
-    requests = [GenerateRequest(f"r{i}", prompt[i % 8:] + prompt[: i % 8], params, seed=i)
-                for i in range(settings.gen_prompts)]
+    requests = [
+        GenerateRequest(f"r{i}", prompt[i % 8 :] + prompt[: i % 8], params, seed=i) for i in range(settings.gen_prompts)
+    ]
     engine.generate_batch(requests[:1])  # warm-up
     outputs = []
     seconds = timed(lambda: outputs.extend(engine.generate_batch(requests)), settings.device)
     generated = sum(len(out.token_ids) for out in outputs)
-    return {"prompts": settings.gen_prompts, "generated_tokens": generated, "tokens_per_s": generated / seconds,
-            "peak_memory_gib": peak_memory_gib(settings.device)}
+    return {
+        "prompts": settings.gen_prompts,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / seconds,
+        "peak_memory_gib": peak_memory_gib(settings.device),
+    }
 
 
 # ---- the lane ---------------------------------------------------------------------------------
-def lane_settings(smoke: bool, steps: int | None, batch: int | None = None,
-                  seq_len: int | None = None) -> LaneSettings | None:
+def lane_settings(
+    smoke: bool, steps: int | None, batch: int | None = None, seq_len: int | None = None
+) -> LaneSettings | None:
     """The run's settings: the CPU smoke run, the GPU run, or None (no CUDA, no smoke)."""
     if smoke:
-        return LaneSettings("tiny", torch.float32, torch.device("cpu"), batch=batch or 2, seq_len=seq_len or 16,
-                            steps=steps or 2, gen_prompts=2, gen_tokens=4)
+        return LaneSettings(
+            "tiny",
+            torch.float32,
+            torch.device("cpu"),
+            batch=batch or 2,
+            seq_len=seq_len or 16,
+            steps=steps or 2,
+            gen_prompts=2,
+            gen_tokens=4,
+        )
     if not torch.cuda.is_available():
         return None
-    return LaneSettings("0.5b", torch.bfloat16, torch.device("cuda", 0), batch=batch or 8, seq_len=seq_len or 1024,
-                        steps=steps or 10, gen_prompts=32, gen_tokens=256)
+    return LaneSettings(
+        "0.5b",
+        torch.bfloat16,
+        torch.device("cuda", 0),
+        batch=batch or 8,
+        seq_len=seq_len or 1024,
+        steps=steps or 10,
+        gen_prompts=32,
+        gen_tokens=256,
+    )
 
 
-def run_lane(settings: LaneSettings, strategies=STRATEGIES, variants=VARIANTS, save=lambda record: None,
-             generation: bool = True) -> dict:
+def run_lane(
+    settings: LaneSettings, strategies=STRATEGIES, variants=VARIANTS, save=lambda record: None, generation: bool = True
+) -> dict:
     """Every (strategy, variant) and generation; a failure is recorded with its error and the
     lane goes on (the exit status says it failed), a variant a strategy cannot run is skipped.
     `save(record)` runs after each entry, so a lane stopped part way keeps what it measured."""
     device = settings.device
     peak = matmul_peak_flops(device, settings.dtype, n=8192 if device.type == "cuda" else 256)
-    record = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})",
-              "date": datetime.date.today().isoformat(), "commit": source_commit(), "torch": torch.__version__,
-              "model": settings.size,
-              "transformers": importlib.import_module("transformers").__version__,
-              "dtype": str(settings.dtype).removeprefix("torch."), "attention": attention_implementation(device),
-              "batch": settings.batch, "seq_len": settings.seq_len, "steps": settings.steps,
-              "matmul_peak_tflops": peak / 1e12, "training": [], "generation": None, "failures": []}
+    record = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})",
+        "date": datetime.date.today().isoformat(),
+        "commit": source_commit(),
+        "torch": torch.__version__,
+        "model": settings.size,
+        "transformers": importlib.import_module("transformers").__version__,
+        "dtype": str(settings.dtype).removeprefix("torch."),
+        "attention": attention_implementation(device),
+        "batch": settings.batch,
+        "seq_len": settings.seq_len,
+        "steps": settings.steps,
+        "matmul_peak_tflops": peak / 1e12,
+        "training": [],
+        "generation": None,
+        "failures": [],
+    }
     print(f"device: {record['device']}; measured {record['dtype']} matmul peak {peak / 1e12:.1f} TFLOP/s", flush=True)
     for strategy in strategies:
         for variant in variants:
@@ -321,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = lane_settings(args.smoke, args.steps, args.batch, args.seq_len)
     if settings is None:
-        print("no CUDA device: skipped (training strategies, MFU, generation); nothing written. "
-              "`--smoke` runs the same code on CPU with a tiny model")
+        print(
+            "no CUDA device: skipped (training strategies, MFU, generation); nothing written. "
+            "`--smoke` runs the same code on CPU with a tiny model"
+        )
         return 0
     out = args.out or (None if args.smoke else new_record_path(REPO / "benchmarks" / "results"))
 

@@ -41,14 +41,26 @@ def child(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                         num_key_value_heads=max(1, args.hidden // 256), max_position_embeddings=args.seq_len)
+    config = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=max(1, args.hidden // 256),
+        max_position_embeddings=args.seq_len,
+    )
     model = Qwen2ForCausalLM(config)
     model.config._attn_implementation = "sdpa"
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    strategy = build_train_strategy(model, TrainingArgs(per_device_train_batch_size=args.rows), total_steps=1,
-                                    metric_prefix="actor", device=device, gradient_checkpointing=args.checkpointing)
+    strategy = build_train_strategy(
+        model,
+        TrainingArgs(per_device_train_batch_size=args.rows),
+        total_steps=1,
+        metric_prefix="actor",
+        device=device,
+        gradient_checkpointing=args.checkpointing,
+    )
     module = strategy.train_module
     ids = torch.randint(1, args.vocab, (args.rows, args.seq_len), generator=torch.Generator().manual_seed(1)).to(device)
 
@@ -69,8 +81,12 @@ def child(args: argparse.Namespace) -> dict:
         peak = torch.cuda.max_memory_allocated()
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return {"seconds": time.perf_counter() - start, "peak_mib": (peak - before) / 2**20, "device": device,
-            "method": "cuda max_memory_allocated" if device == "cuda" else "ru_maxrss - rss before"}
+    return {
+        "seconds": time.perf_counter() - start,
+        "peak_mib": (peak - before) / 2**20,
+        "device": device,
+        "method": "cuda max_memory_allocated" if device == "cuda" else "ru_maxrss - rss before",
+    }
 
 
 def main() -> None:
@@ -96,8 +112,10 @@ def main() -> None:
             out = subprocess.run(command, capture_output=True, text=True, check=True, env=os.environ)
             runs[checkpointing].append(json.loads(out.stdout.strip().splitlines()[-1]))
     load = os.getloadavg()[0]
-    print(f"model: Qwen2-style, {args.layers} layers, hidden {args.hidden}; batch {args.rows} x {args.seq_len} tokens; "
-          f"device {runs[False][0]['device']} ({runs[False][0]['method']}); load at end {load:.1f}")
+    print(
+        f"model: Qwen2-style, {args.layers} layers, hidden {args.hidden}; batch {args.rows} x {args.seq_len} tokens; "
+        f"device {runs[False][0]['device']} ({runs[False][0]['method']}); load at end {load:.1f}"
+    )
     print("| checkpointing | peak activation MiB (median) | fwd+bwd s (median) | all peaks |")
     print("|---|---|---|---|")
     median = {}

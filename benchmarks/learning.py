@@ -112,9 +112,18 @@ def aggregate(curves: list[list[Point]]) -> list[Band]:
         points = [d[step] for d in by_step]
         values = [p.success for p in points]
         mean, half = mean_ci95(values)
-        bands.append(Band(step, statistics.fmean(p.wall_s for p in points),
-                          statistics.fmean(p.env_steps for p in points), mean, mean - half, mean + half,
-                          min(values), max(values)))
+        bands.append(
+            Band(
+                step,
+                statistics.fmean(p.wall_s for p in points),
+                statistics.fmean(p.env_steps for p in points),
+                mean,
+                mean - half,
+                mean + half,
+                min(values),
+                max(values),
+            )
+        )
     return bands
 
 
@@ -123,16 +132,34 @@ def build_model(env: str, out: Path) -> Path:
     the example's run script builds it; a warm model already built is reused)."""
     config_path, config_name, preset = ENVS[env]
     path = out / "models" / f"tiny-{preset}"
-    subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     if env not in WARM_START:
         return path
     warm_path = out / "models" / f"tiny-{preset}-warm"
     if not (warm_path / "warm_start.json").exists():
         print(f"warm-starting {preset} ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "roll.pipeline.warm_start", "--config_path", config_path,
-                        "--config_name", config_name, "--output_dir", str(warm_path), f"pretrain={path}"],
-                       cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "roll.pipeline.warm_start",
+                "--config_path",
+                config_path,
+                "--config_name",
+                config_name,
+                "--output_dir",
+                str(warm_path),
+                f"pretrain={path}",
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
     return warm_path
 
 
@@ -147,9 +174,21 @@ def run(env: str, seed: int, model: Path, out: Path, overrides: list[str]) -> tu
     if done.exists() and json.loads(done.read_text())["overrides"] == overrides:
         return read_records(run_dir / "metrics.jsonl"), json.loads(done.read_text())["wall_s"]
     config_path, config_name, _ = ENVS[env]
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", config_path,
-           "--config_name", config_name, f"pretrain={model}", f"output_dir={run_dir}", f"seed={seed}",
-           "save_steps=0", "resume_from_checkpoint=false", "overwrite_output_dir=true", *overrides]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        config_path,
+        "--config_name",
+        config_name,
+        f"pretrain={model}",
+        f"output_dir={run_dir}",
+        f"seed={seed}",
+        "save_steps=0",
+        "resume_from_checkpoint=false",
+        "overwrite_output_dir=true",
+        *overrides,
+    ]
     print(f"running {env} seed {seed} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -169,8 +208,13 @@ def plot(results: dict[str, list[Band]], path: Path) -> None:
         for ax, (attr, label) in zip(row, (("wall_s", "training wall time (s)"), ("env_steps", "env steps"))):
             xs = [getattr(b, attr) for b in bands]
             ax.plot(xs, [b.mean for b in bands], marker="o", markersize=3, label="mean")
-            ax.fill_between(xs, [max(b.low, 0.0) for b in bands], [min(b.high, 1.0) for b in bands], alpha=0.25,
-                            label="95% CI (cut to [0, 1])")
+            ax.fill_between(
+                xs,
+                [max(b.low, 0.0) for b in bands],
+                [min(b.high, 1.0) for b in bands],
+                alpha=0.25,
+                label="95% CI (cut to [0, 1])",
+            )
             ax.plot(xs, [b.minimum for b in bands], ":", color="gray", linewidth=0.8, label="seed min/max")
             ax.plot(xs, [b.maximum for b in bands], ":", color="gray", linewidth=0.8)
             ax.set(xlabel=label, ylabel=METRIC[env], title=env, ylim=(-0.02, 1.02))
@@ -190,8 +234,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "output" / "bench_learning")
     parser.add_argument("--plot", type=Path, default=REPO / "benchmarks" / "learning.png")
     args = parser.parse_args()
-    overrides = [*([f"max_steps={args.steps}"] if args.steps else []),
-                 *([f"eval_steps={args.eval_steps}"] if args.eval_steps else []), *args.extra]
+    overrides = [
+        *([f"max_steps={args.steps}"] if args.steps else []),
+        *([f"eval_steps={args.eval_steps}"] if args.eval_steps else []),
+        *args.extra,
+    ]
 
     results, table, result = {}, [], []
     for env in args.envs:
@@ -204,15 +251,35 @@ def main() -> None:
         finals = [c[-1].success for c in curves]
         mean, half = mean_ci95(finals)
         walls = [w for _, w in runs if w is not None]
-        table.append((env, len(args.seeds), last.step, f"{bands[0].mean:.3f}", f"{mean:.3f} ± {half:.3f}",
-                      " ".join(f"{v:.3f}" for v in finals), f"{max(b.mean for b in bands):.3f}",
-                      f"{last.wall_s:.0f}", f"{statistics.fmean(walls):.0f}" if walls else "reused",
-                      f"{last.env_steps:,.0f}"))
+        table.append(
+            (
+                env,
+                len(args.seeds),
+                last.step,
+                f"{bands[0].mean:.3f}",
+                f"{mean:.3f} ± {half:.3f}",
+                " ".join(f"{v:.3f}" for v in finals),
+                f"{max(b.mean for b in bands):.3f}",
+                f"{last.wall_s:.0f}",
+                f"{statistics.fmean(walls):.0f}" if walls else "reused",
+                f"{last.env_steps:,.0f}",
+            )
+        )
         result += [f"{env}_final={mean:.3f}", f"{env}_ci95={half:.3f}"]
     plot(results, args.plot)
 
-    header = ("env", "seeds", "steps", "val metric at 0", "final (mean ± 95% CI)", "per seed",
-              "best mean", "train s", "run wall s", "env steps")
+    header = (
+        "env",
+        "seeds",
+        "steps",
+        "val metric at 0",
+        "final (mean ± 95% CI)",
+        "per seed",
+        "best mean",
+        "train s",
+        "run wall s",
+        "env steps",
+    )
     print(f"overrides: {' '.join(overrides) or '(the examples as shipped)'}; plot: {args.plot}")
     for row in (header, tuple("---" for _ in header), *table):
         print("| " + " | ".join(str(cell) for cell in row) + " |")

@@ -55,8 +55,10 @@ def first_turns(chat: ChatFormatter, sessions: int) -> tuple[list[list[int]], li
 
 
 def timed_turn(engine: HFInferStrategy, prompts: list[list[int]], turn: int) -> tuple[list[GenerateOutput], float]:
-    requests = [GenerateRequest(f"s{s}/{turn}", p, SAMPLING, derive_seed(s, turn), session_id=f"s{s}")
-                for s, p in enumerate(prompts)]
+    requests = [
+        GenerateRequest(f"s{s}/{turn}", p, SAMPLING, derive_seed(s, turn), session_id=f"s{s}")
+        for s, p in enumerate(prompts)
+    ]
     start = time.perf_counter()
     outputs = engine.generate_batch(requests)
     return outputs, time.perf_counter() - start
@@ -74,8 +76,10 @@ def run(sessions: int, turns: int) -> None:
         plain, reuse, chat = build_engines(os.path.join(tmp, "tiny"))
     prompts, boards = first_turns(chat, sessions)
     print(f"{sessions} sessions x {turns} turns, 1 generated id per turn, {torch.get_num_threads()} threads")
-    print(f"{'turn':>4} {'avg prompt':>10} {'max prompt':>10} {'no reuse s':>10} {'reuse s':>8} "
-          f"{'ratio':>6} {'same ids':>8} {'max |dlogp|':>11}")
+    print(
+        f"{'turn':>4} {'avg prompt':>10} {'max prompt':>10} {'no reuse s':>10} {'reuse s':>8} "
+        f"{'ratio':>6} {'same ids':>8} {'max |dlogp|':>11}"
+    )
     totals = [0.0, 0.0]
     for turn in range(turns):
         outs_plain, t_plain = timed_turn(plain, prompts, turn)
@@ -84,14 +88,17 @@ def run(sessions: int, turns: int) -> None:
         totals[0] += t_plain
         totals[1] += t_reuse
         lengths = [len(p) for p in prompts]
-        print(f"{turn:>4} {sum(lengths) / len(lengths):>10.1f} {max(lengths):>10} {t_plain:>10.3f} "
-              f"{t_reuse:>8.3f} {t_plain / t_reuse:>6.2f} {same!s:>8} {diff:>11.2e}")
-        prompts = [p + o.token_ids + chat.next_turn(b, o.token_ids)
-                   for p, o, b in zip(prompts, outs_plain, boards)]
+        print(
+            f"{turn:>4} {sum(lengths) / len(lengths):>10.1f} {max(lengths):>10} {t_plain:>10.3f} "
+            f"{t_reuse:>8.3f} {t_plain / t_reuse:>6.2f} {same!s:>8} {diff:>11.2e}"
+        )
+        prompts = [p + o.token_ids + chat.next_turn(b, o.token_ids) for p, o, b in zip(prompts, outs_plain, boards)]
     print(f"{'all':>4} {'':>10} {'':>10} {totals[0]:>10.3f} {totals[1]:>8.3f} {totals[0] / totals[1]:>6.2f}")
     for name, engine in (("no reuse", plain), ("reuse", reuse)):
-        print(f"{name:>8}: prefill_tokens={engine.stats['prefill_tokens']} "
-              f"prefix_tokens_reused={engine.stats['prefix_tokens_reused']}")
+        print(
+            f"{name:>8}: prefill_tokens={engine.stats['prefill_tokens']} "
+            f"prefix_tokens_reused={engine.stats['prefix_tokens_reused']}"
+        )
 
 
 def main() -> None:

@@ -87,8 +87,10 @@ def _training(model_dir: str, share: CpuShare, batch: int, seconds: float, start
 def run_layout(model_dir: str, shares: tuple[CpuShare, CpuShare], batch: int, seconds: float) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(3), ctx.Queue()
-    procs = [ctx.Process(target=fn, args=(model_dir, share, batch, seconds, start, out))
-             for fn, share in zip((_inference, _training), shares)]
+    procs = [
+        ctx.Process(target=fn, args=(model_dir, share, batch, seconds, start, out))
+        for fn, share in zip((_inference, _training), shares)
+    ]
     for p in procs:
         p.start()
     start.wait()
@@ -109,20 +111,42 @@ def main() -> None:
     print(f"{len(cores)} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in layouts(cores)}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", "frozen_lake", "--output_dir",
-                        f"{tmp}/model"], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "roll.pipeline.tiny_model",
+                "--preset",
+                "frozen_lake",
+                "--output_dir",
+                f"{tmp}/model",
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         for _ in range(args.repeats):
             for name, shares in layouts(cores).items():
                 runs[name].append(run_layout(f"{tmp}/model", shares, args.batch, args.seconds))
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("inference", "training")} for name, rs in runs.items()}
+    med = {
+        name: {k: statistics.median(r[k] for r in rs) for k in ("inference", "training")} for name, rs in runs.items()
+    }
     base = med["shared"]
     print(f"{'layout':12}{'infer tok/s':>13}{'train steps/s':>15}{'infer/shared':>14}{'train/shared':>14}")
     for name, m in med.items():
-        print(f"{name:12}{m['inference']:13.0f}{m['training']:15.2f}{m['inference'] / base['inference']:13.2f}x"
-              f"{m['training'] / base['training']:13.2f}x")
-    print("RESULT role_cores " + " ".join(
-        f"{what}_{name.replace('-', '_')}_over_shared={med[name][key] / base[key]:.2f}"
-        for name in med if name != "shared" for what, key in (("infer", "inference"), ("train", "training"))))
+        print(
+            f"{name:12}{m['inference']:13.0f}{m['training']:15.2f}{m['inference'] / base['inference']:13.2f}x"
+            f"{m['training'] / base['training']:13.2f}x"
+        )
+    print(
+        "RESULT role_cores "
+        + " ".join(
+            f"{what}_{name.replace('-', '_')}_over_shared={med[name][key] / base[key]:.2f}"
+            for name in med
+            if name != "shared"
+            for what, key in (("infer", "inference"), ("train", "training"))
+        )
+    )
 
 
 if __name__ == "__main__":

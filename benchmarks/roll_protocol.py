@@ -26,6 +26,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 from env_scale import Clock
+
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.env_calls import EnvCaller
 
@@ -36,10 +37,24 @@ CYCLE = ("Left", "Down", "Right", "Up")
 ACTION_PATTERN = "<answer>(.*?)</answer>"
 # name: (env_type, env_config, ROLL's resets/s, ROLL's steps/s)
 ENVS = {
-    "FrozenLake": ("frozen_lake", {"size": 4, "is_slippery": False, "max_steps": 10, "format_penalty": -0.01,
-                                   "action_pattern": ACTION_PATTERN}, 2440, 30142),
-    "SimpleSokoban": ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 10, "format_penalty": -0.15,
-                                  "action_pattern": ACTION_PATTERN}, 547, 353),
+    "FrozenLake": (
+        "frozen_lake",
+        {"size": 4, "is_slippery": False, "max_steps": 10, "format_penalty": -0.01, "action_pattern": ACTION_PATTERN},
+        2440,
+        30142,
+    ),
+    "SimpleSokoban": (
+        "sokoban",
+        {
+            "dim_room": [6, 6],
+            "num_boxes": 1,
+            "max_steps": 10,
+            "format_penalty": -0.15,
+            "action_pattern": ACTION_PATTERN,
+        },
+        547,
+        353,
+    ),
 }
 TEXTS = [f"<answer>{CYCLE[i % len(CYCLE)]}</answer>" for i in range(ACTIONS)]
 
@@ -85,9 +100,11 @@ async def _worker_steps(call: EnvCaller) -> tuple[float, float]:
 def worker(measure, env) -> tuple[float, float]:
     """`measure` (a `_worker_*`) through an `EnvCaller` in a fresh event loop with EnvWorker's
     executor for one env."""
+
     async def run():
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
         return await measure(EnvCaller(env, timeout_s=60.0))
+
     return asyncio.run(run())
 
 
@@ -98,26 +115,40 @@ def measure(env_type: str, env_config: dict) -> dict[str, float]:
     plain_steps(env)  # warm: lazy imports, caches
     runs: dict[str, list[float]] = {}
     for _ in range(REPEATS):
-        for key, (wall, cpu) in (("plain_resets", plain_resets(env)), ("worker_resets", worker(_worker_resets, env)),
-                                 ("plain_steps", plain_steps(env)), ("worker_steps", worker(_worker_steps, env))):
+        for key, (wall, cpu) in (
+            ("plain_resets", plain_resets(env)),
+            ("worker_resets", worker(_worker_resets, env)),
+            ("plain_steps", plain_steps(env)),
+            ("worker_steps", worker(_worker_steps, env)),
+        ):
             runs.setdefault(key, []).append(wall)
             runs.setdefault(key + "_cpu", []).append(cpu)
     return {key: statistics.median(values) for key, values in runs.items()}
 
 
 def main() -> None:
-    print(f"ROLL's protocol: resets/s over {SEEDS} seeds, steps/s over {ACTIONS} actions cycling "
-          f"{'/'.join(CYCLE)}, median of {REPEATS}; ROLL's figures from issue 21 (2-core machine)")
-    print(f"{'env':15}{'':8}{'ours plain':>12}{'ours worker':>13}{'ROLL':>9}{'plain/ROLL':>12}{'worker/ROLL':>13}"
-          f"{'worker/plain':>14}{'worker per CPU s':>18}{'/ROLL':>7}")
+    print(
+        f"ROLL's protocol: resets/s over {SEEDS} seeds, steps/s over {ACTIONS} actions cycling "
+        f"{'/'.join(CYCLE)}, median of {REPEATS}; ROLL's figures from issue 21 (2-core machine)"
+    )
+    print(
+        f"{'env':15}{'':8}{'ours plain':>12}{'ours worker':>13}{'ROLL':>9}{'plain/ROLL':>12}{'worker/ROLL':>13}"
+        f"{'worker/plain':>14}{'worker per CPU s':>18}{'/ROLL':>7}"
+    )
     result = []
     for name, (env_type, env_config, roll_resets, roll_steps) in ENVS.items():
         got = measure(env_type, env_config)
         for what, roll in (("resets", roll_resets), ("steps", roll_steps)):
             plain, work = got[f"plain_{what}"], got[f"worker_{what}"]
             work_cpu = got[f"worker_{what}_cpu"]
-            print(f"{name:15}{what + '/s':8}{plain:12.0f}{work:13.0f}{roll:9d}{plain / roll:11.1f}x"
-                  f"{work / roll:12.1f}x{work / plain:13.2f}x{work_cpu:18.0f}{work_cpu / roll:6.1f}x", flush=True)
-            result += [f"{name}_{what}_worker={work:.0f}", f"{name}_{what}_worker_over_roll={work / roll:.1f}",
-                       f"{name}_{what}_worker_cpu_over_roll={work_cpu / roll:.1f}"]
+            print(
+                f"{name:15}{what + '/s':8}{plain:12.0f}{work:13.0f}{roll:9d}{plain / roll:11.1f}x"
+                f"{work / roll:12.1f}x{work / plain:13.2f}x{work_cpu:18.0f}{work_cpu / roll:6.1f}x",
+                flush=True,
+            )
+            result += [
+                f"{name}_{what}_worker={work:.0f}",
+                f"{name}_{what}_worker_over_roll={work / roll:.1f}",
+                f"{name}_{what}_worker_cpu_over_roll={work_cpu / roll:.1f}",
+            ]
     print("RESULT env_scale_roll " + " ".join(result))

@@ -56,18 +56,18 @@ import ray
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.core.records import GenerateRequest
 from roll.configs.loader import load_config
+from roll.core.records import GenerateRequest
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.tiny_model import env_corpus
 from roll.pipeline.builders import (
     build_rollout,
     build_workers,
     init_ray,
     sampling_params,
 )
+from roll.pipeline.tiny_model import env_corpus
 from roll.utils.seeding import derive_seed
 
 CONFIG_DIR = REPO / "examples" / "frozen_lake"
@@ -100,15 +100,20 @@ def bench_config(args, model_path: str, median_ms: float, output_dir: str, redun
     flight stay at most `concurrent_envs`."""
     env = f"custom_envs.{TAG}"
     overrides = [
-        f"pretrain={model_path}", f"output_dir={output_dir}", "eval_steps=0", "save_steps=0",
+        f"pretrain={model_path}",
+        f"output_dir={output_dir}",
+        "eval_steps=0",
+        "save_steps=0",
         f"rollout_batch_size={args.trajectories}",
         f"train_env_manager.group_size={args.group_size}",
         f"train_env_manager.num_env_groups={args.concurrent_envs // (args.group_size + redundancy)}",
         f"train_env_manager.group_size_redundancy={redundancy}",
         f"train_env_manager.max_env_num_per_worker={args.envs_per_worker}",
         f"actor_infer.strategy_args.strategy_config.max_batch_size={args.max_batch_size}",
-        f"{env}.env_type='{LATENCY_ENV}'", f"{env}.max_steps={args.max_turns}",
-        f"{env}.env_config.median_ms={median_ms}", f"{env}.env_config.sigma={args.sigma}",
+        f"{env}.env_type='{LATENCY_ENV}'",
+        f"{env}.max_steps={args.max_turns}",
+        f"{env}.env_config.median_ms={median_ms}",
+        f"{env}.env_config.sigma={args.sigma}",
     ]
     return load_config(str(CONFIG_DIR), CONFIG_NAME, overrides)
 
@@ -120,9 +125,18 @@ def build_inference(cfg, engine_threads: int) -> dict:
     if engine_threads == 0:
         return build_workers(cfg)
     infer = cfg.actor_infer
-    return {"inference": [ray.remote(InferenceWorker).options(num_cpus=0).remote(
-        infer.model_args.model_name_or_path, dtype=infer.model_args.dtype, num_threads=engine_threads,
-        max_batch_size=int(infer.strategy_args.strategy_config["max_batch_size"]))]}
+    return {
+        "inference": [
+            ray.remote(InferenceWorker)
+            .options(num_cpus=0)
+            .remote(
+                infer.model_args.model_name_or_path,
+                dtype=infer.model_args.dtype,
+                num_threads=engine_threads,
+                max_batch_size=int(infer.strategy_args.strategy_config["max_batch_size"]),
+            )
+        ]
+    }
 
 
 def engine_counts(inference) -> tuple[int, int]:
@@ -139,8 +153,15 @@ def run_async(mode: str, scheduler, inference, step: int, num_groups: int) -> Ru
     if dropped:
         raise RuntimeError(f"{mode}: {len(dropped)} trajectories dropped, e.g. {dropped[0]}")
     calls_after, requests_after = engine_counts(inference)
-    return Run(mode, seconds, len(trajs), sum(t.num_generated_tokens for t in trajs),
-               sum(t.num_actions for t in trajs), calls_after - calls, requests_after - requests)
+    return Run(
+        mode,
+        seconds,
+        len(trajs),
+        sum(t.num_generated_tokens for t in trajs),
+        sum(t.num_actions for t in trajs),
+        calls_after - calls,
+        requests_after - requests,
+    )
 
 
 class SyncRollout:
@@ -164,23 +185,32 @@ class SyncRollout:
 
     def collect(self, scheduler, step: int, num_groups: int) -> Run:
         """The same groups as `scheduler.collect(step, num_groups)`, a batch of envs at a time."""
-        episodes = [scheduler.group_spec(step, j, False).episode(m)
-                    for j in range(num_groups) for m in range(self.group_size)]
+        episodes = [
+            scheduler.group_spec(step, j, False).episode(m) for j in range(num_groups) for m in range(self.group_size)
+        ]
         calls, requests = engine_counts(self.inference)
         tokens = env_steps = 0
         self.generate_s = 0.0
         start = time.perf_counter()
         for first in range(0, len(episodes), len(self.envs)):
-            batch_tokens, batch_steps = self._play_batch(episodes[first:first + len(self.envs)])
+            batch_tokens, batch_steps = self._play_batch(episodes[first : first + len(self.envs)])
             tokens, env_steps = tokens + batch_tokens, env_steps + batch_steps
         seconds = time.perf_counter() - start
         calls_after, requests_after = engine_counts(self.inference)
-        return Run("sync", seconds, len(episodes), tokens, env_steps, calls_after - calls, requests_after - requests,
-                   self.generate_s)
+        return Run(
+            "sync",
+            seconds,
+            len(episodes),
+            tokens,
+            env_steps,
+            calls_after - calls,
+            requests_after - requests,
+            self.generate_s,
+        )
 
     def _play_batch(self, episodes) -> tuple[int, int]:
         """Play one batch of episodes turn by turn; (generated tokens, env steps)."""
-        envs = self.envs[:len(episodes)]
+        envs = self.envs[: len(episodes)]
         resets = list(self.pool.map(lambda env, ep: env.reset(seed=ep.env_seed), envs, episodes))
         prompts = [self.chat.initial_prompt(self._instruction(info), obs) for obs, info in resets]
         live, tokens, env_steps = list(range(len(episodes))), 0, 0
@@ -188,9 +218,16 @@ class SyncRollout:
             live = [i for i in live if len(prompts[i]) <= self.budget]
             if not live:
                 break
-            requests = [GenerateRequest(f"{episodes[i].traj_id}/{turn}", prompts[i], self.sampling,
-                                        derive_seed(episodes[i].sample_seed, turn), session_id=episodes[i].traj_id)
-                        for i in live]
+            requests = [
+                GenerateRequest(
+                    f"{episodes[i].traj_id}/{turn}",
+                    prompts[i],
+                    self.sampling,
+                    derive_seed(episodes[i].sample_seed, turn),
+                    session_id=episodes[i].traj_id,
+                )
+                for i in live
+            ]
             start = time.perf_counter()
             outs = ray.get(self.inference.generate_many.remote(requests))
             self.generate_s += time.perf_counter() - start
@@ -220,8 +257,10 @@ def env_only_seconds(args, samples: int = 200) -> tuple[float, float]:
     """
     rng = np.random.default_rng(0)
     slots, groups = args.concurrent_envs // args.group_size, args.trajectories // args.group_size
-    batches = [min(args.concurrent_envs, args.trajectories - first)
-               for first in range(0, args.trajectories, args.concurrent_envs)]
+    batches = [
+        min(args.concurrent_envs, args.trajectories - first)
+        for first in range(0, args.trajectories, args.concurrent_envs)
+    ]
 
     def latency(*shape: int) -> np.ndarray:
         return args.median_ms / 1000 * np.exp(args.sigma * rng.standard_normal(shape))
@@ -238,29 +277,43 @@ def env_only_seconds(args, samples: int = 200) -> tuple[float, float]:
 
 def print_table(runs: dict[str, list[Run]], args, load: tuple[float, float, float]) -> dict[str, Run]:
     """The best repeat of each mode, every repeat's wall time next to it; returns the best."""
-    print(f"{args.trajectories} trajectories (groups of {args.group_size}), <= {args.max_turns} turns, "
-          f"{args.concurrent_envs} envs in flight, env.step log-normal median {args.median_ms:g} ms "
-          f"sigma {args.sigma:g}; best of {args.repeats}; engine threads {args.engine_threads or os.cpu_count()}, "
-          f"{os.cpu_count()} cores, "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
-    print(f"{'mode':8}{'wall s':>9}{'traj/s':>9}{'gen tok/s':>11}{'steps/s':>9}{'engine calls':>14}"
-          f"{'req/call':>10}  every repeat's wall s")
+    print(
+        f"{args.trajectories} trajectories (groups of {args.group_size}), <= {args.max_turns} turns, "
+        f"{args.concurrent_envs} envs in flight, env.step log-normal median {args.median_ms:g} ms "
+        f"sigma {args.sigma:g}; best of {args.repeats}; engine threads {args.engine_threads or os.cpu_count()}, "
+        f"{os.cpu_count()} cores, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+    )
+    print(
+        f"{'mode':8}{'wall s':>9}{'traj/s':>9}{'gen tok/s':>11}{'steps/s':>9}{'engine calls':>14}"
+        f"{'req/call':>10}  every repeat's wall s"
+    )
     best = {mode: min(mode_runs, key=lambda r: r.seconds) for mode, mode_runs in runs.items()}
     for mode, run in best.items():
         every = " ".join(f"{r.seconds:.2f}" for r in runs[mode])
-        print(f"{mode:8}{run.seconds:9.2f}{run.traj_per_s:9.1f}{run.generated_tokens / run.seconds:11.1f}"
-              f"{run.env_steps / run.seconds:9.1f}{run.engine_calls:14d}{run.requests / max(run.engine_calls, 1):10.1f}"
-              f"  {every}")
+        print(
+            f"{mode:8}{run.seconds:9.2f}{run.traj_per_s:9.1f}{run.generated_tokens / run.seconds:11.1f}"
+            f"{run.env_steps / run.seconds:9.1f}{run.engine_calls:14d}{run.requests / max(run.engine_calls, 1):10.1f}"
+            f"  {every}"
+        )
     a, s, b = best["async"], best["sync"], best["bound"]
-    print(f"sync split: {s.generate_s:.2f} s in generate_many, {s.seconds - s.generate_s:.2f} s stepping envs "
-          "(each turn as long as its slowest env)")
+    print(
+        f"sync split: {s.generate_s:.2f} s in generate_many, {s.seconds - s.generate_s:.2f} s stepping envs "
+        "(each turn as long as its slowest env)"
+    )
     env_async, env_sync = env_only_seconds(args)
-    print(f"env latency alone (Monte-Carlo, no engine time): async critical path {env_async:.2f} s "
-          f"(bound's whole run: {b.seconds:.2f} s), sync {env_sync:.2f} s")
-    print(f"async/sync : {a.traj_per_s / s.traj_per_s:.2f}x trajectories/s, "
-          f"{(a.generated_tokens / a.seconds) / (s.generated_tokens / s.seconds):.2f}x tokens/s   (target >= 2)")
-    print(f"async/bound: {a.traj_per_s / b.traj_per_s:.2f}x trajectories/s, "
-          f"{(a.generated_tokens / a.seconds) / (b.generated_tokens / b.seconds):.2f}x tokens/s   (target >= 0.9)")
+    print(
+        f"env latency alone (Monte-Carlo, no engine time): async critical path {env_async:.2f} s "
+        f"(bound's whole run: {b.seconds:.2f} s), sync {env_sync:.2f} s"
+    )
+    print(
+        f"async/sync : {a.traj_per_s / s.traj_per_s:.2f}x trajectories/s, "
+        f"{(a.generated_tokens / a.seconds) / (s.generated_tokens / s.seconds):.2f}x tokens/s   (target >= 2)"
+    )
+    print(
+        f"async/bound: {a.traj_per_s / b.traj_per_s:.2f}x trajectories/s, "
+        f"{(a.generated_tokens / a.seconds) / (b.generated_tokens / b.seconds):.2f}x tokens/s   (target >= 0.9)"
+    )
     return best
 
 
@@ -295,13 +348,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max_turns", type=int, default=8, help="custom_envs.FrozenLake.max_steps")
     parser.add_argument("--median_ms", type=float, default=50.0)
     parser.add_argument("--sigma", type=float, default=1.0, help="log-normal shape: the tail")
-    parser.add_argument("--envs_per_worker", type=int, default=0,
-                        help="train_env_manager.max_env_num_per_worker (0: one env worker)")
+    parser.add_argument(
+        "--envs_per_worker", type=int, default=0, help="train_env_manager.max_env_num_per_worker (0: one env worker)"
+    )
     parser.add_argument("--max_batch_size", type=int, default=256, help="engine rows per call")
-    parser.add_argument("--engine_threads", type=int, default=1,
-                        help="torch threads of the inference worker; 0: the pipeline's (every core)")
-    parser.add_argument("--redundancy", type=int, default=0,
-                        help="async only: train_env_manager.group_size_redundancy (extra envs per group)")
+    parser.add_argument(
+        "--engine_threads",
+        type=int,
+        default=1,
+        help="torch threads of the inference worker; 0: the pipeline's (every core)",
+    )
+    parser.add_argument(
+        "--redundancy",
+        type=int,
+        default=0,
+        help="async only: train_env_manager.group_size_redundancy (extra envs per group)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     if args.trajectories % args.group_size or args.concurrent_envs % args.group_size:
@@ -321,8 +383,10 @@ def main() -> None:
             tokenizer = load_tokenizer(model)
             workers = build_inference(slow, args.engine_threads)
             inference = workers["inference"][0]
-            schedulers = {"async": build_rollout(slow, slow.train_env_manager, inference, tokenizer, "train"),
-                          "bound": build_rollout(fast, fast.train_env_manager, inference, tokenizer, "train")}
+            schedulers = {
+                "async": build_rollout(slow, slow.train_env_manager, inference, tokenizer, "train"),
+                "bound": build_rollout(fast, fast.train_env_manager, inference, tokenizer, "train"),
+            }
             runs = measure(args, schedulers, SyncRollout(slow, tokenizer, inference, args.concurrent_envs), inference)
         finally:
             ray.shutdown()

@@ -120,9 +120,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_path = build_tiny_model(tmp)
         workers = {
-            dedupe: ActorWorker(
-                model_path, training_args, total_train_steps=args.repeats, seed=0, dedupe_rows=dedupe
-            )
+            dedupe: ActorWorker(model_path, training_args, total_train_steps=args.repeats, seed=0, dedupe_rows=dedupe)
             for dedupe in (True, False)
         }
     vocab_size = workers[True].strategy.model.config.vocab_size

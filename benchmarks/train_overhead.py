@@ -44,8 +44,8 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
 from roll.models.loading import load_causal_lm
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.tiny_model import env_corpus
 from roll.pipeline.builders import init_ray
+from roll.pipeline.tiny_model import env_corpus
 
 SEED = 0
 PPO = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.01, "loss_agg_mode": "token-mean"}
@@ -59,11 +59,16 @@ def conversation_batch(rows: int, min_len: int, max_len: int, turn_len: int, voc
     attention_mask = (positions[None, :] < lengths[:, None]).long()
     input_ids = torch.randint(1, vocab_size, (rows, max_len), generator=gen) * attention_mask
     response_mask = ((positions % turn_len == turn_len - 1)[None, :] & attention_mask.bool()).float()
-    return TensorDict({
-        "input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-        "advantages": torch.randn(rows, 1, generator=gen) * response_mask,
-        "old_logprobs": -torch.rand(rows, max_len, generator=gen) * 4 * response_mask,
-    }, batch_size=[rows])
+    return TensorDict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "response_mask": response_mask,
+            "advantages": torch.randn(rows, 1, generator=gen) * response_mask,
+            "old_logprobs": -torch.rand(rows, max_len, generator=gen) * 4 * response_mask,
+        },
+        batch_size=[rows],
+    )
 
 
 class RawTorchStep:
@@ -71,9 +76,13 @@ class RawTorchStep:
 
     def __init__(self, model_path: str, args: TrainingArgs):
         self.model = load_causal_lm(model_path).train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.learning_rate,
-                                           betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-                                           weight_decay=args.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            weight_decay=args.weight_decay,
+        )
         self.micro_batch = args.per_device_train_batch_size
         self.max_grad_norm = args.max_grad_norm
 
@@ -82,7 +91,7 @@ class RawTorchStep:
         (minibatch,) = shuffled_minibatches(batch, len(batch), SEED, "minibatch", step, 0)
         total_tokens = minibatch["response_mask"].sum()
         for start in range(0, len(minibatch), self.micro_batch):
-            micro = minibatch[start:start + self.micro_batch]
+            micro = minibatch[start : start + self.micro_batch]
             length = int(micro["attention_mask"].sum(dim=1).max())
             micro = micro.apply(lambda x, n=length: x[:, :n])
             loss = self._token_loss_sum(micro) / total_tokens
@@ -141,16 +150,27 @@ def main() -> None:
     parser.add_argument("--no_ray", action="store_true", help="skip the Ray actor row")
     args = parser.parse_args()
     load = os.getloadavg()
-    training_args = TrainingArgs(learning_rate=1e-4, per_device_train_batch_size=args.micro_batch,
-                                 gradient_accumulation_steps=-(-args.rows // args.micro_batch))
+    training_args = TrainingArgs(
+        learning_rate=1e-4,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=-(-args.rows // args.micro_batch),
+    )
     total_steps = args.repeats + 1
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "tiny", corpus=env_corpus("frozen_lake", {}))
-        workers = {dedupe: ActorWorker(path, training_args, total_train_steps=total_steps, seed=SEED,
-                                       num_threads=args.threads, dedupe_rows=dedupe) for dedupe in (False, True)}
+        workers = {
+            dedupe: ActorWorker(
+                path,
+                training_args,
+                total_train_steps=total_steps,
+                seed=SEED,
+                num_threads=args.threads,
+                dedupe_rows=dedupe,
+            )
+            for dedupe in (False, True)
+        }
         raw = RawTorchStep(path, training_args)
-        batch = conversation_batch(args.rows, args.min_len, args.max_len, args.turn_len,
-                                   raw.model.config.vocab_size)
+        batch = conversation_batch(args.rows, args.min_len, args.max_len, args.turn_len, raw.model.config.vocab_size)
         variants = {
             "raw torch": raw.train,
             "ActorWorker, dedupe off": lambda b, s: workers[False].train(b, ppo_epochs=1, step=s, **PPO),
@@ -159,28 +179,44 @@ def main() -> None:
         if not args.no_ray:
             init_ray(None)
             # the actor options of roll.pipeline.builders.build_workers
-            actor = ray.remote(ActorWorker).options(num_cpus=0).remote(
-                path, training_args, total_train_steps=total_steps, seed=SEED, num_threads=args.threads,
-                dedupe_rows=False)
+            actor = (
+                ray.remote(ActorWorker)
+                .options(num_cpus=0)
+                .remote(
+                    path,
+                    training_args,
+                    total_train_steps=total_steps,
+                    seed=SEED,
+                    num_threads=args.threads,
+                    dedupe_rows=False,
+                )
+            )
             variants["ActorWorker via Ray, dedupe off"] = lambda b, s: ray.get(
-                actor.train.remote(b, ppo_epochs=1, step=s, **PPO))
+                actor.train.remote(b, ppo_epochs=1, step=s, **PPO)
+            )
         try:
             best = measure(variants, batch, args.repeats)
         finally:
             if not args.no_ray:
                 ray.shutdown()
     tokens = int(batch["attention_mask"].sum())
-    print(f"{args.rows} rows ({tokens} tokens, {args.min_len}..{args.max_len} per row), micro-batches of "
-          f"{args.micro_batch}, one optimizer step; best of {args.repeats}; {torch.get_num_threads()} torch threads, "
-          f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    print(
+        f"{args.rows} rows ({tokens} tokens, {args.min_len}..{args.max_len} per row), micro-batches of "
+        f"{args.micro_batch}, one optimizer step; best of {args.repeats}; {torch.get_num_threads()} torch threads, "
+        f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+    )
     print(f"{'variant':34}{'step s':>9}{'tokens/s':>10}{'vs raw':>9}")
     for name, seconds in best.items():
         print(f"{name:34}{seconds:9.3f}{tokens / seconds:10.0f}{seconds / best['raw torch']:8.2f}x")
-    print(f"max |weight difference| raw vs ActorWorker (dedupe off) after {total_steps} identical steps: "
-          f"{max_weight_diff(raw, workers[False]):.2e}")
+    print(
+        f"max |weight difference| raw vs ActorWorker (dedupe off) after {total_steps} identical steps: "
+        f"{max_weight_diff(raw, workers[False]):.2e}"
+    )
     raw_s = best["raw torch"]
-    print(f"RESULT train_overhead={best['ActorWorker, dedupe off'] / raw_s - 1:.3f} "
-          f"train_overhead_dedupe={best['ActorWorker, dedupe on'] / raw_s - 1:.3f}")
+    print(
+        f"RESULT train_overhead={best['ActorWorker, dedupe off'] / raw_s - 1:.3f} "
+        f"train_overhead_dedupe={best['ActorWorker, dedupe on'] / raw_s - 1:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """`python examples/start_agentic_pipeline.py --config_path DIR --config_name NAME [key=val ...]`"""
+
 import os
 import sys
 

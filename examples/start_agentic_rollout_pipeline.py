@@ -3,6 +3,7 @@
 ROLL's rollout-only entry point: `actor_infer` plays `train_env_manager`'s envs for `max_steps`
 steps and nothing trains (roll.pipeline.rollout_pipeline), whether or not the config has
 `actor_train` (a config without it runs this way from start_agentic_pipeline.py too)."""
+
 import os
 import sys
 

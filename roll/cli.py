@@ -53,19 +53,18 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
         print(f"config error: {err}", file=sys.stderr)
         return 2
     # Imported only now: torch and Ray take seconds, a config error should not wait for them.
+    import ray
     from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
     from roll.agentic.rollout.scheduler import RolloutFailed
     from roll.core.errors import EngineFailed
     from roll.distributed.placement import PlacementError
     from roll.pipeline.agentic_pipeline import AgenticPipeline
-    from roll.pipeline.recorded_rollout import RecordingMissing
-    from roll.pipeline.rollout_pipeline import AgenticRolloutPipeline
     from roll.pipeline.checkpoint import CheckpointDamaged
     from roll.pipeline.cluster import ClusterError, joined, lost_nodes
     from roll.pipeline.guards import TrainingDiverged
-
-    import ray
+    from roll.pipeline.recorded_rollout import RecordingMissing
+    from roll.pipeline.rollout_pipeline import AgenticRolloutPipeline
 
     ray_was_up = ray.is_initialized()  # a caller's Ray (a notebook, a test) is left running
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -75,8 +74,10 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     except (Terminated, SystemError) as err:
         if not _terminated(err):  # a SystemError of its own: a bug, keep its traceback
             raise
-        print("training stopped: SIGTERM; resume from the last checkpoint with resume_from_checkpoint=true",
-              file=sys.stderr)
+        print(
+            "training stopped: SIGTERM; resume from the last checkpoint with resume_from_checkpoint=true",
+            file=sys.stderr,
+        )
         return 128 + signal.SIGTERM
     except (PlacementError, CheckpointDamaged) as err:  # a device_mapping this machine cannot hold,
         # a resume_from_checkpoint path that is not an intact checkpoint: config errors here
@@ -88,22 +89,27 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     except (TrainingDiverged, RolloutFailed, EngineFailed, RecordingMissing) as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
-    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt,
-            RayTaskError) as err:
+    except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt, RayTaskError) as err:
         # a cluster node gone takes its workers; its death may be reported a little after theirs,
         # and a rank on a surviving node may fail first (gloo: "Connection closed by peer")
         lost = lost_nodes(wait_s=30.0 if joined() and not isinstance(err, KeyboardInterrupt) else 0.0)
         if isinstance(err, RayTaskError) and not lost:
             raise  # an error inside a worker with every node alive: a bug, keep its traceback
         if lost:
-            print(f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
-                  "resume with resume_from_checkpoint=true once the cluster has room again", file=sys.stderr)
+            print(
+                f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
+                "resume with resume_from_checkpoint=true once the cluster has room again",
+                file=sys.stderr,
+            )
             return 1
         if isinstance(err, KeyboardInterrupt):
             raise
         # e.g. the inference or actor worker's process was killed
-        print(f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
-              f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}", file=sys.stderr)
+        print(
+            f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
+            f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}",
+            file=sys.stderr,
+        )
         return 1
     finally:
         if in_main_thread:

@@ -120,8 +120,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-RANKS = {"core": 0, "configs": 1, "algorithms": 2, "models": 2, "agentic": 3, "distributed": 3,
-         "tracking": 4, "envs": 4, "pipeline": 5}
+RANKS = {
+    "core": 0,
+    "configs": 1,
+    "algorithms": 2,
+    "models": 2,
+    "agentic": 3,
+    "distributed": 3,
+    "tracking": 4,
+    "envs": 4,
+    "pipeline": 5,
+}
 """Height of each floor: a floor imports only floors below it (docs/architecture.md)."""
 
 

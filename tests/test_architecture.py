@@ -28,8 +28,9 @@ def _within(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def violations(graph, importers: tuple[str, ...], forbidden: tuple[str, ...] = (), *,
-               allowed: tuple[str, ...] | None = None) -> list[str]:
+def violations(
+    graph, importers: tuple[str, ...], forbidden: tuple[str, ...] = (), *, allowed: tuple[str, ...] | None = None
+) -> list[str]:
     """`a -> b` for every import of a module under `importers` that is under `forbidden`, or (with
     `allowed`) that is a roll module outside `allowed`."""
     found = []
@@ -37,8 +38,11 @@ def violations(graph, importers: tuple[str, ...], forbidden: tuple[str, ...] = (
         if not _within(module, importers):
             continue
         for target in sorted(targets):
-            bad = (_within(target, forbidden) if allowed is None
-                   else _within(target, ("roll", "envs")) and not _within(target, allowed))
+            bad = (
+                _within(target, forbidden)
+                if allowed is None
+                else _within(target, ("roll", "envs")) and not _within(target, allowed)
+            )
             if bad:
                 found.append(f"{module} -> {target}")
     return found

@@ -16,8 +16,11 @@ def calls(path: Path):
             func = node.func
             name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
             # owner: None for a bare name (eval(...)), the object's name for x.f(...), "" otherwise
-            owner = None if isinstance(func, ast.Name) else (
-                func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else "")
+            owner = (
+                None
+                if isinstance(func, ast.Name)
+                else (func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else "")
+            )
             yield node, owner, name
 
 
@@ -30,10 +33,14 @@ def test_no_eval_exec_pickle_or_unsafe_torch_load(path):
     for node, owner, name in calls(path):
         where = f"{path.relative_to(REPO)}:{node.lineno}"
         assert not (owner is None and name in {"eval", "exec"}), f"{where}: {name}()"
-        assert not (owner in {"pickle", "cloudpickle", "dill"} and name in {"load", "loads"}), f"{where}: {owner}.{name}"
+        assert not (owner in {"pickle", "cloudpickle", "dill"} and name in {"load", "loads"}), (
+            f"{where}: {owner}.{name}"
+        )
         if owner == "torch" and name == "load":
-            safe = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
-                       for k in node.keywords)
+            safe = any(
+                k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in node.keywords
+            )
             assert safe, f"{where}: torch.load without weights_only=True"
 
 

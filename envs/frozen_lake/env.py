@@ -44,8 +44,12 @@ PALETTE: dict[str, RGB] = {
 }
 
 
-def observation_text(desc: Sequence[str], pos: tuple[int, int], show_neighbours: bool = False,
-                     actions: Sequence[str] = ("Left", "Down", "Right", "Up")) -> str:
+def observation_text(
+    desc: Sequence[str],
+    pos: tuple[int, int],
+    show_neighbours: bool = False,
+    actions: Sequence[str] = ("Left", "Down", "Right", "Up"),
+) -> str:
     """What the player at `pos` on map `desc` (rows of S/F/H/G) sees: the grid of symbols, and with
     `show_neighbours` a last line naming the cell each action leads to (`#`: off the map)."""
     rows = []
@@ -110,8 +114,12 @@ class FrozenLakeEnv(TextEnv):
         max_steps: int | None = None,
         show_neighbours: bool = False,
     ) -> None:
-        super().__init__(format_penalty=format_penalty, render_mode=render_mode,
-                         action_pattern=action_pattern, env_instruction=env_instruction)
+        super().__init__(
+            format_penalty=format_penalty,
+            render_mode=render_mode,
+            action_pattern=action_pattern,
+            env_instruction=env_instruction,
+        )
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.max_steps = max_steps  # ROLL's key: truncate after this many actions (None: never)
@@ -142,9 +150,7 @@ class FrozenLakeEnv(TextEnv):
         if "desc" in options:
             self._desc = _check_desc(options["desc"])
         else:
-            self._desc = generate_map(
-                self.np_random, self.size, self.hole_prob, self.max_path_length
-            )
+            self._desc = generate_map(self.np_random, self.size, self.hole_prob, self.max_path_length)
         self._pos = find_cell(self._desc, "S")
         self._to_goal = goal_distances(self._desc)
         self._shortest_path = self._to_goal[self._pos]

@@ -75,12 +75,15 @@ def check_map_params(size: int, hole_prob: float, max_path_length: int | None) -
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
         raise ValueError(f"size must be an int, got {size!r}")
     if not 2 <= size <= MAX_SIZE:
-        raise ValueError(f"size must be in [2, {MAX_SIZE}] (start and goal need two cells; the map is "
-                         f"text the model reads), got {size}")
+        raise ValueError(
+            f"size must be in [2, {MAX_SIZE}] (start and goal need two cells; the map is "
+            f"text the model reads), got {size}"
+        )
     if isinstance(hole_prob, bool) or not isinstance(hole_prob, (int, float)) or not 0.0 <= hole_prob <= 1.0:
         raise ValueError(f"hole_prob must be a number in [0, 1], got {hole_prob!r}")
-    if max_path_length is not None and (isinstance(max_path_length, bool) or not isinstance(max_path_length, int)
-                                        or max_path_length < 1):
+    if max_path_length is not None and (
+        isinstance(max_path_length, bool) or not isinstance(max_path_length, int) or max_path_length < 1
+    ):
         raise ValueError(f"max_path_length must be an int >= 1 or None, got {max_path_length!r}")
 
 

@@ -38,8 +38,7 @@ PALETTE = {
 }
 
 
-ROLL_CELL_CODES = {0: "wall", 1: "empty", 2: "target", 3: "box_on_target", 4: "box", 5: "player",
-                   6: "player_on_target"}
+ROLL_CELL_CODES = {0: "wall", 1: "empty", 2: "target", 3: "box_on_target", 4: "box", 5: "player", 6: "player_on_target"}
 """ROLL's Sokoban cell codes (`grid_lookup` keys) -> our symbol names."""
 
 
@@ -107,8 +106,12 @@ class SokobanEnv(TextEnv):
         grid_lookup: Mapping[int, str] | None = None,
         show_neighbours: bool = False,
     ) -> None:
-        super().__init__(format_penalty=format_penalty, render_mode=render_mode,
-                         action_pattern=action_pattern, env_instruction=env_instruction)
+        super().__init__(
+            format_penalty=format_penalty,
+            render_mode=render_mode,
+            action_pattern=action_pattern,
+            env_instruction=env_instruction,
+        )
         if grid_lookup is not None:  # ROLL's form: cell code -> symbol; its grid_vocab describes symbols
             grid_vocab = roll_grid_lookup(grid_lookup)
         self.dim_room = _check_dim_room(dim_room)
@@ -148,9 +151,7 @@ class SokobanEnv(TextEnv):
             if plan is None:
                 raise ValueError(f"room has no solution: {list(options['room'])}")
         else:
-            room, plan = generate_room(
-                self.np_random, self.dim_room, self.num_boxes, self.search_depth
-            )
+            room, plan = generate_room(self.np_random, self.dim_room, self.num_boxes, self.search_depth)
         self._remember(room, plan)
         self._room, self._moves, self._min_moves = room, 0, len(plan)
         return self._observe(room)

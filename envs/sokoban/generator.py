@@ -37,15 +37,15 @@ MAX_SEARCH_DEPTH = 1000
 def check_room_params(dim_room: tuple[int, int], num_boxes: int, search_depth: int) -> None:
     """Reject parameters for which `generate_room` could never succeed."""
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in (num_boxes, search_depth)):
-        raise ValueError(
-            f"num_boxes and search_depth must be ints, got {num_boxes!r}, {search_depth!r}"
-        )
+        raise ValueError(f"num_boxes and search_depth must be ints, got {num_boxes!r}, {search_depth!r}")
     rows, cols = dim_room
     if rows < 3 or cols < 3 or max(rows, cols) < 5:
         raise ValueError(f"dim_room must be >= 3 x 3 with a side >= 5, got {dim_room}")
     if max(rows, cols) > MAX_ROOM_SIDE:
-        raise ValueError(f"dim_room sides must be at most {MAX_ROOM_SIDE} (room generation and the "
-                         f"solver grow with the room), got {dim_room}")
+        raise ValueError(
+            f"dim_room sides must be at most {MAX_ROOM_SIDE} (room generation and the "
+            f"solver grow with the room), got {dim_room}"
+        )
     if not 1 <= num_boxes <= (rows - 2) * (cols - 2) - 2:
         raise ValueError(f"num_boxes must be in [1, inner cells - 2], got {num_boxes}")
     if not 1 <= search_depth <= MAX_SEARCH_DEPTH:
@@ -71,16 +71,12 @@ def carve_floor(rng: np.random.Generator, dim_room: tuple[int, int]) -> list[Cel
     return sorted(floor)
 
 
-def _solved_room(
-    rng: np.random.Generator, dim_room: tuple[int, int], floor: list[Cell], num_boxes: int
-) -> Room:
+def _solved_room(rng: np.random.Generator, dim_room: tuple[int, int], floor: list[Cell], num_boxes: int) -> Room:
     """Boxes on `num_boxes` distinct rng-chosen targets, the player on another floor cell."""
     chosen = rng.choice(len(floor), size=num_boxes + 1, replace=False)
     targets = frozenset(floor[i] for i in chosen[:num_boxes])
     open_cells = set(floor)
-    walls = frozenset(
-        (r, c) for r in range(dim_room[0]) for c in range(dim_room[1]) if (r, c) not in open_cells
-    )
+    walls = frozenset((r, c) for r in range(dim_room[0]) for c in range(dim_room[1]) if (r, c) not in open_cells)
     return Room(tuple(dim_room), walls, targets, targets, floor[chosen[-1]])
 
 
@@ -127,6 +123,4 @@ def generate_room(
         plan = None if room is None else solve_room(room, MAX_STATES)
         if plan:
             return room, plan
-    raise RuntimeError(
-        f"no room for dim_room={dim_room}, num_boxes={num_boxes} in {MAX_ATTEMPTS} attempts"
-    )
+    raise RuntimeError(f"no room for dim_room={dim_room}, num_boxes={num_boxes} in {MAX_ATTEMPTS} attempts")

@@ -16,15 +16,21 @@ from typing import Any
 
 from envs.sokoban.env import SokobanEnv
 
-SYSTEM_TEMPLATE = "You're a helpful assistant. You are a good game player. You are aiming to get high reward in the game."
-INVALID_TIP = ("\n\n<system-reminder>\n(IMPORTANT TIPS: the last action is not valid, your new response *must* "
-               "strictly adhere to the format according system-reminder.)</system-reminder>\n\n")
+SYSTEM_TEMPLATE = (
+    "You're a helpful assistant. You are a good game player. You are aiming to get high reward in the game."
+)
+INVALID_TIP = (
+    "\n\n<system-reminder>\n(IMPORTANT TIPS: the last action is not valid, your new response *must* "
+    "strictly adhere to the format according system-reminder.)</system-reminder>\n\n"
+)
 
 
 def _suffix(actions: tuple[str, ...]) -> str:
-    return ("\n\n<system-reminder>\nIMPORTANT: Ensure that your response is the format of '<answer> [your answer] "
-            "</answer>',  with no extra text, eg. <answer>Right</answer>.\nYour available actions are:\n"
-            f"{', '.join(actions)}\n. </system-reminder>\n\nDecide the next action:\n")
+    return (
+        "\n\n<system-reminder>\nIMPORTANT: Ensure that your response is the format of '<answer> [your answer] "
+        "</answer>',  with no extra text, eg. <answer>Right</answer>.\nYour available actions are:\n"
+        f"{', '.join(actions)}\n. </system-reminder>\n\nDecide the next action:\n"
+    )
 
 
 class SokobanNativeEnv(SokobanEnv):
@@ -32,8 +38,14 @@ class SokobanNativeEnv(SokobanEnv):
     the system message; `observation_suffix` follows every state (None: ROLL's reminder of the
     answer format and the actions)."""
 
-    def __init__(self, *, max_steps: int = 10, system_template: str | None = None,
-                 observation_suffix: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        max_steps: int = 10,
+        system_template: str | None = None,
+        observation_suffix: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(max_steps=max_steps, **kwargs)
         self.system_template = SYSTEM_TEMPLATE if system_template is None else system_template
         self.observation_suffix = _suffix(self.actions) if observation_suffix is None else observation_suffix
@@ -50,6 +62,8 @@ class SokobanNativeEnv(SokobanEnv):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = super().step(action)
         tip = "" if info["action_is_valid"] else INVALID_TIP
-        self.messages += [{"role": "assistant", "content": action},
-                          {"role": "user", "content": f"{tip}Current state:\n{obs}\n\n{self.observation_suffix}"}]
+        self.messages += [
+            {"role": "assistant", "content": action},
+            {"role": "user", "content": f"{tip}Current state:\n{obs}\n\n{self.observation_suffix}"},
+        ]
         return obs, reward, terminated, truncated, {**info, "messages": [dict(m) for m in self.messages]}

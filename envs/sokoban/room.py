@@ -81,9 +81,7 @@ class Room:
         if not boxes or len(boxes) != len(targets):
             raise ValueError(f"room needs >= 1 box and as many targets as boxes: {rows}")
         shape = (len(rows), len(rows[0]))
-        return cls(
-            shape, frozenset(cells["wall"]), frozenset(targets), frozenset(boxes), players.pop()
-        )
+        return cls(shape, frozenset(cells["wall"]), frozenset(targets), frozenset(boxes), players.pop())
 
     def render(self, symbols: Mapping[str, str] = DEFAULT_SYMBOLS) -> str:
         """The room as text, one row per line, no separators (`DEFAULT_SYMBOLS` for the legend)."""
@@ -99,8 +97,9 @@ class Room:
         for action in actions:
             (dr, dc), (r, c) = DIRECTIONS[action], self.player
             cells = [(r + dr, c + dc), (r + 2 * dr, c + 2 * dc)]
-            names = [self._cell_name(x) if 0 <= x[0] < self.shape[0] and 0 <= x[1] < self.shape[1] else "wall"
-                     for x in cells]
+            names = [
+                self._cell_name(x) if 0 <= x[0] < self.shape[0] and 0 <= x[1] < self.shape[1] else "wall" for x in cells
+            ]
             parts.append(" ".join([action, *(symbols[n] for n in names)]))
         return " ".join(parts)
 

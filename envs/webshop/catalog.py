@@ -49,9 +49,7 @@ def clean_text(text: Any) -> str:
     """`text` as one line of charset-safe text: accents folded (é -> e), characters outside
     `CHARSET` dropped, runs of whitespace made one space."""
     folded = unicodedata.normalize("NFKD", str(text))
-    kept = "".join(
-        ch if ch in _ALLOWED else " " for ch in folded if not unicodedata.combining(ch)
-    )
+    kept = "".join(ch if ch in _ALLOWED else " " for ch in folded if not unicodedata.combining(ch))
     return " ".join(kept.split())
 
 
@@ -165,8 +163,10 @@ def _product(raw: Any, meta_by_asin: dict[str, dict[str, Any]], contents: str | 
     bullets = _text_list(_field(raw, "small_description", "BulletPoints"), "BulletPoints")
     description = clean_text(_field(raw, "full_description", "Description") or "")
     options = _options(raw)
-    search_text = contents if contents is not None else " ".join(
-        [title, *bullets, description, *(v for _, values in options for v in values)]
+    search_text = (
+        contents
+        if contents is not None
+        else " ".join([title, *bullets, description, *(v for _, values in options for v in values)])
     )
     instruction = meta.get("instruction")
     given_options = meta.get("instruction_options")
@@ -185,9 +185,9 @@ def _product(raw: Any, meta_by_asin: dict[str, dict[str, Any]], contents: str | 
         search_text=search_text,
         instruction=clean_text(instruction) if instruction else None,
         instruction_attributes=_text_list(meta.get("instruction_attributes"), "attributes"),
-        instruction_options=None if given_options is None else tuple(
-            map(_option_value, _text_list(given_options, "instruction_options"))
-        ),
+        instruction_options=None
+        if given_options is None
+        else tuple(map(_option_value, _text_list(given_options, "instruction_options"))),
     )
 
 

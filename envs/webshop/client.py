@@ -52,9 +52,7 @@ class ShopClient:
                     ) from None
                 time.sleep(0.05 * 2**attempt)
         if status != 200:
-            raise ShopConnectionError(
-                f"WebShop server {self.base_url}: {method} {path} -> {status}"
-            )
+            raise ShopConnectionError(f"WebShop server {self.base_url}: {method} {path} -> {status}")
         return text
 
     def get(self, path: str) -> str:

@@ -42,8 +42,7 @@ from roll.agentic.env.base import MAX_TEXT_CHARS
 
 TASK = "You are shopping on WebShop. Find and buy the product that the instruction asks for."
 ACTION_FORMAT = (
-    "Answer with one action, like <answer>search[red running shoes]</answer> or "
-    "<answer>click[Buy Now]</answer>."
+    "Answer with one action, like <answer>search[red running shoes]</answer> or <answer>click[Buy Now]</answer>."
 )
 MAX_QUERY_CHARS = 200
 _ACTION = re.compile(r"\s*(search|click)\s*\[(.*)\]\s*", re.IGNORECASE | re.DOTALL)
@@ -51,9 +50,7 @@ _env_numbers = itertools.count()
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
-        high is not None and value > high
-    ):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
 
@@ -115,9 +112,7 @@ class WebShopEnv(TextEnv):
         self._num_searches = 0
 
     # --- gymnasium API ---------------------------------------------------------------------
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """`TextEnv.reset`, plus `info["goal"]` (the goal as plain data)."""
         obs, info = super().reset(seed=seed, options=options)
         info["goal"] = self._goal.as_info()
@@ -204,9 +199,7 @@ class WebShopEnv(TextEnv):
     def episode_metrics(self) -> dict[str, float]:
         bought = self._purchase
         if bought is None:
-            parts = dict.fromkeys(
-                ("reward_attributes", "reward_options", "reward_price", "reward_type"), 0.0
-            )
+            parts = dict.fromkeys(("reward_attributes", "reward_options", "reward_price", "reward_type"), 0.0)
         else:
             parts = {
                 "reward_attributes": _share(bought["attributes-matched"], bought["num-attributes"]),
@@ -215,8 +208,12 @@ class WebShopEnv(TextEnv):
                 "reward_type": float(bought["type-factor"]),
             }
         score = 0.0 if bought is None else float(bought["reward"])  # the paper's score, 0 unbought
-        return {"purchased": float(bought is not None), "score": score, **parts,
-                "num_searches": float(self._num_searches)}
+        return {
+            "purchased": float(bought is not None),
+            "score": score,
+            **parts,
+            "num_searches": float(self._num_searches),
+        }
 
     def scripted_action(self) -> str | None:
         if self._goal is None:
@@ -233,7 +230,7 @@ class WebShopEnv(TextEnv):
             words = clean_text(self._goal.instruction).split()
             length = min(len(words), int(rng.integers(2, 6)))
             start = int(rng.integers(len(words) - length + 1))
-            return f"<answer>search[{' '.join(words[start:start + length])}]</answer>"
+            return f"<answer>search[{' '.join(words[start : start + length])}]</answer>"
         labels = sorted(label for label, _ in self._page.clickables.values())
         return f"<answer>click[{labels[int(rng.integers(len(labels)))]}]</answer>"
 

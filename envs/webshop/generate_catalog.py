@@ -40,69 +40,162 @@ class ProductType:
 
 
 TYPES = (
-    ProductType("running shoes", "fashion", "Clothing, Shoes & Jewelry › Men › Shoes › Athletic",
-                ("lightweight", "non slip", "rubber sole", "breathable", "memory foam",
-                 "machine washable"),
-                (("color", COLORS[:5]), ("size", ("7", "8", "9", "10", "11", "12"))),
-                (25, 130), "daily runs and long walks"),
-    ProductType("t-shirt", "fashion", "Clothing, Shoes & Jewelry › Women › Clothing › Tops",
-                ("cotton", "short sleeve", "machine washable", "slim fit", "moisture wicking",
-                 "relaxed fit"),
-                (("color", COLORS), ("size", ("small", "medium", "large", "x-large"))),
-                (9, 35), "everyday wear"),
-    ProductType("backpack", "fashion", "Clothing, Shoes & Jewelry › Luggage › Backpacks",
-                ("water resistant", "padded laptop sleeve", "lightweight", "adjustable straps",
-                 "large capacity"),
-                (("color", COLORS[:4]),), (20, 90), "school, work and travel"),
-    ProductType("shampoo", "beauty", "Beauty & Personal Care › Hair Care › Shampoo",
-                ("sulfate free", "paraben free", "natural ingredients", "for dry hair",
-                 "cruelty free", "long lasting"),
-                (("size", ("8 fl oz", "16 fl oz", "32 fl oz")),
-                 ("scent", ("lavender", "coconut", "unscented", "citrus"))),
-                (6, 30), "soft and healthy hair"),
-    ProductType("face moisturizer", "beauty", "Beauty & Personal Care › Skin Care › Face",
-                ("fragrance free", "for sensitive skin", "hyaluronic acid", "oil free",
-                 "cruelty free", "spf 30"),
-                (("size", ("1.7 oz", "3.4 oz")),), (8, 45), "smooth skin all day"),
-    ProductType("wireless headphones", "electronics",
-                "Electronics › Headphones, Earbuds & Accessories › Headphones",
-                ("noise cancelling", "bluetooth", "long battery life", "built-in microphone",
-                 "over ear", "fast charging"),
-                (("color", ("black", "white", "silver", "blue")),), (30, 250), "music and calls"),
-    ProductType("charging cable", "electronics", "Electronics › Accessories › Cables",
-                ("fast charging", "braided", "usb c", "durable", "tangle free"),
-                (("length", ("3 ft", "6 ft", "10 ft")), ("color", ("black", "white", "red"))),
-                (5, 25), "phones, tablets and laptops"),
-    ProductType("portable speaker", "electronics", "Electronics › Portable Audio › Speakers",
-                ("waterproof", "bluetooth", "long battery life", "portable", "deep bass"),
-                (("color", ("black", "blue", "red", "grey")),), (20, 160), "parties and trips"),
-    ProductType("coffee beans", "food", "Grocery & Gourmet Food › Beverages › Coffee",
-                ("organic", "dark roast", "medium roast", "fair trade", "whole bean", "low acid"),
-                (("size", ("12 oz", "2 lb", "5 lb")),), (9, 60), "a rich morning cup"),
-    ProductType("green tea", "food", "Grocery & Gourmet Food › Beverages › Tea",
-                ("organic", "non gmo", "individually wrapped", "gluten free", "sugar free"),
-                (("flavor", ("jasmine", "mint", "lemon", "original")),
-                 ("size", ("20 count", "50 count", "100 count"))), (4, 25), "a calm afternoon"),
-    ProductType("protein bars", "food", "Grocery & Gourmet Food › Snacks › Bars",
-                ("gluten free", "high protein", "low sugar", "keto friendly", "plant based"),
-                (("flavor", ("chocolate", "peanut butter", "vanilla", "lemon")),
-                 ("size", ("12 count", "24 count"))), (12, 45), "snacks on the go"),
-    ProductType("office chair", "furniture", "Home & Kitchen › Furniture › Office Furniture",
-                ("ergonomic", "adjustable height", "lumbar support", "easy assembly",
-                 "breathable mesh", "swivel"),
-                (("color", ("black", "grey", "white", "blue")),), (60, 400), "long work days"),
-    ProductType("bookshelf", "furniture", "Home & Kitchen › Furniture › Living Room › Bookcases",
-                ("solid wood", "easy assembly", "space saving", "sturdy", "wall mounted"),
-                (("color", ("walnut", "white", "oak", "black")), ("size", ("3 tier", "5 tier"))),
-                (40, 300), "books, plants and photos"),
+    ProductType(
+        "running shoes",
+        "fashion",
+        "Clothing, Shoes & Jewelry › Men › Shoes › Athletic",
+        ("lightweight", "non slip", "rubber sole", "breathable", "memory foam", "machine washable"),
+        (("color", COLORS[:5]), ("size", ("7", "8", "9", "10", "11", "12"))),
+        (25, 130),
+        "daily runs and long walks",
+    ),
+    ProductType(
+        "t-shirt",
+        "fashion",
+        "Clothing, Shoes & Jewelry › Women › Clothing › Tops",
+        ("cotton", "short sleeve", "machine washable", "slim fit", "moisture wicking", "relaxed fit"),
+        (("color", COLORS), ("size", ("small", "medium", "large", "x-large"))),
+        (9, 35),
+        "everyday wear",
+    ),
+    ProductType(
+        "backpack",
+        "fashion",
+        "Clothing, Shoes & Jewelry › Luggage › Backpacks",
+        ("water resistant", "padded laptop sleeve", "lightweight", "adjustable straps", "large capacity"),
+        (("color", COLORS[:4]),),
+        (20, 90),
+        "school, work and travel",
+    ),
+    ProductType(
+        "shampoo",
+        "beauty",
+        "Beauty & Personal Care › Hair Care › Shampoo",
+        ("sulfate free", "paraben free", "natural ingredients", "for dry hair", "cruelty free", "long lasting"),
+        (("size", ("8 fl oz", "16 fl oz", "32 fl oz")), ("scent", ("lavender", "coconut", "unscented", "citrus"))),
+        (6, 30),
+        "soft and healthy hair",
+    ),
+    ProductType(
+        "face moisturizer",
+        "beauty",
+        "Beauty & Personal Care › Skin Care › Face",
+        ("fragrance free", "for sensitive skin", "hyaluronic acid", "oil free", "cruelty free", "spf 30"),
+        (("size", ("1.7 oz", "3.4 oz")),),
+        (8, 45),
+        "smooth skin all day",
+    ),
+    ProductType(
+        "wireless headphones",
+        "electronics",
+        "Electronics › Headphones, Earbuds & Accessories › Headphones",
+        ("noise cancelling", "bluetooth", "long battery life", "built-in microphone", "over ear", "fast charging"),
+        (("color", ("black", "white", "silver", "blue")),),
+        (30, 250),
+        "music and calls",
+    ),
+    ProductType(
+        "charging cable",
+        "electronics",
+        "Electronics › Accessories › Cables",
+        ("fast charging", "braided", "usb c", "durable", "tangle free"),
+        (("length", ("3 ft", "6 ft", "10 ft")), ("color", ("black", "white", "red"))),
+        (5, 25),
+        "phones, tablets and laptops",
+    ),
+    ProductType(
+        "portable speaker",
+        "electronics",
+        "Electronics › Portable Audio › Speakers",
+        ("waterproof", "bluetooth", "long battery life", "portable", "deep bass"),
+        (("color", ("black", "blue", "red", "grey")),),
+        (20, 160),
+        "parties and trips",
+    ),
+    ProductType(
+        "coffee beans",
+        "food",
+        "Grocery & Gourmet Food › Beverages › Coffee",
+        ("organic", "dark roast", "medium roast", "fair trade", "whole bean", "low acid"),
+        (("size", ("12 oz", "2 lb", "5 lb")),),
+        (9, 60),
+        "a rich morning cup",
+    ),
+    ProductType(
+        "green tea",
+        "food",
+        "Grocery & Gourmet Food › Beverages › Tea",
+        ("organic", "non gmo", "individually wrapped", "gluten free", "sugar free"),
+        (("flavor", ("jasmine", "mint", "lemon", "original")), ("size", ("20 count", "50 count", "100 count"))),
+        (4, 25),
+        "a calm afternoon",
+    ),
+    ProductType(
+        "protein bars",
+        "food",
+        "Grocery & Gourmet Food › Snacks › Bars",
+        ("gluten free", "high protein", "low sugar", "keto friendly", "plant based"),
+        (("flavor", ("chocolate", "peanut butter", "vanilla", "lemon")), ("size", ("12 count", "24 count"))),
+        (12, 45),
+        "snacks on the go",
+    ),
+    ProductType(
+        "office chair",
+        "furniture",
+        "Home & Kitchen › Furniture › Office Furniture",
+        ("ergonomic", "adjustable height", "lumbar support", "easy assembly", "breathable mesh", "swivel"),
+        (("color", ("black", "grey", "white", "blue")),),
+        (60, 400),
+        "long work days",
+    ),
+    ProductType(
+        "bookshelf",
+        "furniture",
+        "Home & Kitchen › Furniture › Living Room › Bookcases",
+        ("solid wood", "easy assembly", "space saving", "sturdy", "wall mounted"),
+        (("color", ("walnut", "white", "oak", "black")), ("size", ("3 tier", "5 tier"))),
+        (40, 300),
+        "books, plants and photos",
+    ),
 )
-BRANDS = ("Acorna", "Brisko", "Calvo", "Dunlo", "Elmira", "Fennix", "Gardo", "Helio", "Istra",
-          "Jovano", "Kestro", "Lumen", "Marlo", "Norvik", "Oskar", "Pravo", "Quilla", "Rennet",
-          "Solano", "Tavik", "Umbra", "Velora", "Wendal", "Xylo", "Yarra", "Zephir")
+BRANDS = (
+    "Acorna",
+    "Brisko",
+    "Calvo",
+    "Dunlo",
+    "Elmira",
+    "Fennix",
+    "Gardo",
+    "Helio",
+    "Istra",
+    "Jovano",
+    "Kestro",
+    "Lumen",
+    "Marlo",
+    "Norvik",
+    "Oskar",
+    "Pravo",
+    "Quilla",
+    "Rennet",
+    "Solano",
+    "Tavik",
+    "Umbra",
+    "Velora",
+    "Wendal",
+    "Xylo",
+    "Yarra",
+    "Zephir",
+)
 QUALIFIERS = ("", "for Men", "for Women", "Classic", "Pro", "Plus", "Everyday", "Premium")
 OPENERS = ("i am looking for", "i need", "find me", "i want to buy", "please find")
-BENEFITS = ("made to last", "easy to care for", "loved by customers", "tested for quality",
-            "great value for money", "backed by a one year warranty")
+BENEFITS = (
+    "made to last",
+    "easy to care for",
+    "loved by customers",
+    "tested for quality",
+    "great value for money",
+    "backed by a one year warranty",
+)
 _ASIN_CHARS = np.array(list("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789"))
 
 
@@ -122,8 +215,7 @@ def _options(rng: np.random.Generator, kind: ProductType) -> dict[str, list[dict
     """WebShop's customization_options: a random non-empty subset of each option's values."""
     options = {}
     for name, values in kind.options:
-        chosen = sorted(rng.choice(len(values), size=int(rng.integers(2, len(values) + 1)),
-                                   replace=False))
+        chosen = sorted(rng.choice(len(values), size=int(rng.integers(2, len(values) + 1)), replace=False))
         options[name] = [{"value": values[i], "image": None} for i in chosen]
     return options
 
@@ -190,14 +282,14 @@ def write_catalog(output_dir: Path, num_products: int = NUM_PRODUCTS) -> tuple[P
     products_path = output_dir / PRODUCTS_NAME
     products_path.write_text(f"[\n{lines}\n]\n", encoding="utf-8")
     attributes_path = output_dir / ATTRIBUTES_NAME
-    attributes_path.write_text(json.dumps(attributes, sort_keys=True, indent=0) + "\n",
-                               encoding="utf-8")
+    attributes_path.write_text(json.dumps(attributes, sort_keys=True, indent=0) + "\n", encoding="utf-8")
     return products_path, attributes_path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m envs.webshop.generate_catalog",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m envs.webshop.generate_catalog", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--output_dir", type=Path, default=DATA_DIR)
     parser.add_argument("--num_products", type=int, default=NUM_PRODUCTS)
     args = parser.parse_args(argv)

@@ -81,10 +81,7 @@ def _goal_options(product: Product, rng: np.random.Generator) -> dict[str, str]:
             if name is not None and name not in chosen:
                 chosen[name] = wanted
         return chosen
-    return {
-        name: values[int(rng.integers(len(values)))]
-        for name, values in sorted(product.options)
-    }
+    return {name: values[int(rng.integers(len(values)))] for name, values in sorted(product.options)}
 
 
 def sample_goal(catalog: Catalog, rng: np.random.Generator) -> Goal:

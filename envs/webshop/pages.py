@@ -28,8 +28,18 @@ THANKS = "Thank you for shopping with us!"
 SCORE = "Your score (min 0.0, max 1.0):"
 # Fixed words of the pages, for a tokenizer's vocabulary (`WebShopEnv.tokenizer_corpus`).
 CHROME = (
-    "WebShop", "Instruction:", "Search", *BUTTONS, "Page", "(Total results:", ")",
-    "No results.", "Price:", SELECTED, THANKS, SCORE,
+    "WebShop",
+    "Instruction:",
+    "Search",
+    *BUTTONS,
+    "Page",
+    "(Total results:",
+    ")",
+    "No results.",
+    "Price:",
+    SELECTED,
+    THANKS,
+    SCORE,
 )
 _STYLE = "body{font-family:sans-serif;max-width:50em;margin:2em auto}a{margin-right:.6em}"
 
@@ -48,8 +58,7 @@ def home_url(sid: str) -> str:
     return f"/s/{sid}/"
 
 
-def item_url(sid: str, asin: str, query: str, page: int, chosen: Mapping[str, str],
-             sub_page: str = "") -> str:
+def item_url(sid: str, asin: str, query: str, page: int, chosen: Mapping[str, str], sub_page: str = "") -> str:
     """The item page (or its `sub_page`, "description" / "features") reached from the results
     of `query` page `page`, with options `chosen`."""
     params = [("q", query), ("page", page), *((OPTION_PREFIX + n, v) for n, v in chosen.items())]
@@ -73,24 +82,26 @@ def document(kind: str, body: Sequence[str], **data: str) -> str:
     lines = "\n".join(body)
     return (
         f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>WebShop</title>'
-        f"<style>{_STYLE}</style></head>\n<body data-page=\"{kind}\"{attrs}>\n{lines}\n"
+        f'<style>{_STYLE}</style></head>\n<body data-page="{kind}"{attrs}>\n{lines}\n'
         "</body></html>\n"
     )
 
 
 def search_page(sid: str, instruction: str) -> str:
-    return document("search", [
-        "<h1>WebShop</h1>",
-        f'<div id="instruction">Instruction: {escape(instruction)}</div>',
-        f'<form action="{search_url(sid)}" method="get"><input name="q" size="40">'
-        '<button type="submit">Search</button></form>',
-    ])
+    return document(
+        "search",
+        [
+            "<h1>WebShop</h1>",
+            f'<div id="instruction">Instruction: {escape(instruction)}</div>',
+            f'<form action="{search_url(sid)}" method="get"><input name="q" size="40">'
+            '<button type="submit">Search</button></form>',
+        ],
+    )
 
 
-def results_page(sid: str, query: str, page: int, per_page: int,
-                 results: Sequence[Product]) -> str:
+def results_page(sid: str, query: str, page: int, per_page: int, results: Sequence[Product]) -> str:
     """Page `page` (1-based) of `results`, `per_page` per page."""
-    shown = results[(page - 1) * per_page: page * per_page]
+    shown = results[(page - 1) * per_page : page * per_page]
     nav = [_link(PREV, search_url(sid, query, page - 1))] if page > 1 else []
     if page * per_page < len(results):
         nav.append(_link(NEXT, search_url(sid, query, page + 1)))
@@ -112,8 +123,7 @@ def _nav(sid: str, back_href: str) -> str:
     return f"<div>{_link(BACK_TO_SEARCH, home_url(sid))} {_link(PREV, back_href)}</div>"
 
 
-def item_page(sid: str, product: Product, query: str, page: int,
-              chosen: Mapping[str, str]) -> str:
+def item_page(sid: str, product: Product, query: str, page: int, chosen: Mapping[str, str]) -> str:
     """The product with its options (a click selects one) and its buttons; `< Prev` goes back to
     the results page the item was opened from."""
     body = [
@@ -128,26 +138,20 @@ def item_page(sid: str, product: Product, query: str, page: int,
             selected = chosen.get(name) == value
             links.append(_link(value, href, selected) + (f" {SELECTED}" if selected else ""))
         body.append(f"<div>{escape(name)}: {' '.join(links)}</div>")
-    buttons = [
-        _link(label, item_url(sid, product.asin, query, page, chosen, sub))
-        for sub, label in SUB_PAGES.items()
-    ]
+    buttons = [_link(label, item_url(sid, product.asin, query, page, chosen, sub)) for sub, label in SUB_PAGES.items()]
     buttons.append(_link(BUY_NOW, buy_url(sid, product.asin, chosen)))
     body.append(f"<div>{' '.join(buttons)}</div>")
     return document("item", body, asin=product.asin)
 
 
-def sub_page(sid: str, product: Product, query: str, page: int, chosen: Mapping[str, str],
-             which: str) -> str:
+def sub_page(sid: str, product: Product, query: str, page: int, chosen: Mapping[str, str], which: str) -> str:
     """The product's description or features (first few bullet points), cut short."""
     back = item_url(sid, product.asin, query, page, chosen)
     if which == "description":
         content = f"<p>{escape(clip(product.description, DESCRIPTION_CHARS))}</p>"
     else:
         bullets = product.bullet_points[:NUM_FEATURES]
-        content = "<ul>" + "".join(
-            f"<li>{escape(clip(b, FEATURE_CHARS))}</li>" for b in bullets
-        ) + "</ul>"
+        content = "<ul>" + "".join(f"<li>{escape(clip(b, FEATURE_CHARS))}</li>" for b in bullets) + "</ul>"
     return document(which, [_nav(sid, back), content], asin=product.asin)
 
 
@@ -163,10 +167,14 @@ def done_page(asin: str, reward: PurchaseReward) -> str:
         "type-factor": repr(reward.type_factor),
     }
     attrs = "".join(f' data-{k}="{v}"' for k, v in parts.items())
-    return document("done", [
-        f"<h2>{THANKS}</h2>",
-        f'<div id="reward"{attrs}>{SCORE} {reward.total:.2f}</div>',
-    ], asin=asin)
+    return document(
+        "done",
+        [
+            f"<h2>{THANKS}</h2>",
+            f'<div id="reward"{attrs}>{SCORE} {reward.total:.2f}</div>',
+        ],
+        asin=asin,
+    )
 
 
 def error_page(message: str) -> str:

@@ -90,15 +90,11 @@ def type_factor(goal_product: Product, bought: Product) -> float:
     if score < 0.1:
         return 0.1
     same_query = bool(goal_product.query) and goal_product.query == bought.query
-    shared = _category_levels(goal_product.product_category) & _category_levels(
-        bought.product_category
-    )
+    shared = _category_levels(goal_product.product_category) & _category_levels(bought.product_category)
     return 1.0 if same_query or len(shared) >= 2 or score > 0.2 else 0.5
 
 
-def purchase_reward(
-    goal: Goal, goal_product: Product, bought: Product, chosen: Mapping[str, str]
-) -> PurchaseReward:
+def purchase_reward(goal: Goal, goal_product: Product, bought: Product, chosen: Mapping[str, str]) -> PurchaseReward:
     """The reward for buying `bought` (at its `price`) with options `chosen` (name -> value)."""
     chosen_values = {_normalised(v) for v in chosen.values()}
     return PurchaseReward(

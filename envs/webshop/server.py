@@ -50,8 +50,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = READ_TIMEOUT_S
     server: _ShopHTTPServer
 
-    def _send(self, status: int, body: str, content_type: str = "text/html",
-              location: str | None = None) -> None:
+    def _send(self, status: int, body: str, content_type: str = "text/html", location: str | None = None) -> None:
         data = body.encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", f"{content_type}; charset=utf-8")
@@ -122,15 +121,14 @@ class ShopServer:
         try:
             self._httpd = _ShopHTTPServer(port, shop, verbose)
         except OSError as e:
-            raise ServerStartError(
-                f"WebShop server could not start on {HOST}:{port}: {e.strerror or e}"
-            ) from None
+            raise ServerStartError(f"WebShop server could not start on {HOST}:{port}: {e.strerror or e}") from None
         self.shop = shop
         self.address = self._httpd.server_address[:2]
         self.url = f"http://{self.address[0]}:{self.address[1]}"
         # serve_forever checks for shutdown every 0.1 s, so stop() takes at most that long.
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.1,),
-                                        name=f"webshop-{self.address[1]}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.1,), name=f"webshop-{self.address[1]}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -139,9 +137,13 @@ class ShopServer:
         self._thread.join()
 
 
-def start_server(products_file: str | None = None, attributes_file: str | None = None,
-                 num_products: int | None = None, port: int = 0,
-                 verbose: bool = False) -> ShopServer:
+def start_server(
+    products_file: str | None = None,
+    attributes_file: str | None = None,
+    num_products: int | None = None,
+    port: int = 0,
+    verbose: bool = False,
+) -> ShopServer:
     """Load the catalog (cached), index it and serve it on 127.0.0.1:`port` (0: a free port)."""
     catalog = load_catalog(products_file, attributes_file, num_products)
     return ShopServer(Shop(catalog, SearchIndex(catalog)), port, verbose)
@@ -183,8 +185,9 @@ def _stop_all() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m envs.webshop.server",
-                                     description="Serve the WebShop on 127.0.0.1 for a browser.")
+    parser = argparse.ArgumentParser(
+        prog="python -m envs.webshop.server", description="Serve the WebShop on 127.0.0.1 for a browser."
+    )
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--products_file")
     parser.add_argument("--attributes_file")
@@ -193,13 +196,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        server = start_server(args.products_file, args.attributes_file, args.num_products,
-                              args.port, verbose=not args.quiet)
+        server = start_server(
+            args.products_file, args.attributes_file, args.num_products, args.port, verbose=not args.quiet
+        )
     except (CatalogError, ServerStartError) as e:
         sys.exit(f"python -m envs.webshop.server: {e}")
     took = time.perf_counter() - started
-    print(f"WebShop ({len(server.shop.catalog.products)} products) at {server.url}/ "
-          f"(started in {took:.2f}s); Ctrl-C stops it", flush=True)
+    print(
+        f"WebShop ({len(server.shop.catalog.products)} products) at {server.url}/ "
+        f"(started in {took:.2f}s); Ctrl-C stops it",
+        flush=True,
+    )
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

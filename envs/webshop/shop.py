@@ -74,8 +74,7 @@ def _int(query: Query, key: str, default: str, low: int, high: int) -> int:
 
 def _chosen(query: Query, product: Product) -> dict[str, str]:
     """The options in the query (`option:<name>=<value>`), checked against the product's."""
-    chosen = {k[len(pages.OPTION_PREFIX):]: v[0] for k, v in query.items()
-              if k.startswith(pages.OPTION_PREFIX)}
+    chosen = {k[len(pages.OPTION_PREFIX) :]: v[0] for k, v in query.items() if k.startswith(pages.OPTION_PREFIX)}
     offered = product.option_dict
     for name, value in chosen.items():
         if value not in offered.get(name, ()):

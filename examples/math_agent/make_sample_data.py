@@ -32,39 +32,67 @@ def _add(r):
 def _story(r):
     name, item, a, b = r.choice(NAMES), r.choice(ITEMS), r.randint(5, 60), r.randint(2, 40)
     if r.random() < 0.5:
-        return (f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
-                f"{name} has ${a} + {b} = \\boxed{{{a + b}}}$ {item}.", 1, "Prealgebra")
+        return (
+            f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+            f"{name} has ${a} + {b} = \\boxed{{{a + b}}}$ {item}.",
+            1,
+            "Prealgebra",
+        )
     a += b
-    return (f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
-            f"There are ${a} - {b} = \\boxed{{{a - b}}}$ {item} left.", 1, "Prealgebra")
+    return (
+        f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
+        f"There are ${a} - {b} = \\boxed{{{a - b}}}$ {item} left.",
+        1,
+        "Prealgebra",
+    )
 
 
 def _boxes(r):
     item, a, b = r.choice(ITEMS), r.randint(2, 12), r.randint(2, 12)
-    return (f"A box holds {a} {item}. How many {item} are in {b} boxes?",
-            f"There are ${a} \\times {b} = \\boxed{{{a * b}}}$ {item}.", 2, "Prealgebra")
+    return (
+        f"A box holds {a} {item}. How many {item} are in {b} boxes?",
+        f"There are ${a} \\times {b} = \\boxed{{{a * b}}}$ {item}.",
+        2,
+        "Prealgebra",
+    )
 
 
 def _linear(r):
     a, x = r.randint(2, 9), r.randint(-9, 12)
     b = r.randint(1, 20)
     if r.random() < 0.5:
-        return (f"Solve for $x$: ${a}x + {b} = {a * x + b}$.",
-                f"Subtract ${b}$ from both sides: ${a}x = {a * x}$, so $x = \\boxed{{{x}}}$.", 2, "Algebra")
-    return (f"Solve for $x$: ${a}x - {b} = {a * x - b}$.",
-            f"Add ${b}$ to both sides: ${a}x = {a * x}$, so $x = \\boxed{{{x}}}$.", 2, "Algebra")
+        return (
+            f"Solve for $x$: ${a}x + {b} = {a * x + b}$.",
+            f"Subtract ${b}$ from both sides: ${a}x = {a * x}$, so $x = \\boxed{{{x}}}$.",
+            2,
+            "Algebra",
+        )
+    return (
+        f"Solve for $x$: ${a}x - {b} = {a * x - b}$.",
+        f"Add ${b}$ to both sides: ${a}x = {a * x}$, so $x = \\boxed{{{x}}}$.",
+        2,
+        "Algebra",
+    )
 
 
 def _mixed(r):
     a, b, c = r.randint(2, 20), r.randint(2, 12), r.randint(1, 50)
-    return (f"What is ${a} \\times {b} - {c}$?",
-            f"${a} \\times {b} - {c} = {a * b} - {c} = \\boxed{{{a * b - c}}}$.", 2, "Prealgebra")
+    return (
+        f"What is ${a} \\times {b} - {c}$?",
+        f"${a} \\times {b} - {c} = {a * b} - {c} = \\boxed{{{a * b - c}}}$.",
+        2,
+        "Prealgebra",
+    )
 
 
 def _fraction(r):
     x, y = Fraction(r.randint(1, 5), r.randint(2, 6)), Fraction(r.randint(1, 5), r.randint(2, 6))
-    return (f"What is ${_frac(x)} + {_frac(y)}$? Express your answer as a common fraction.",
-            f"${_frac(x)} + {_frac(y)} = \\boxed{{{_frac(x + y)}}}$.", 3, "Prealgebra")
+    return (
+        f"What is ${_frac(x)} + {_frac(y)}$? Express your answer as a common fraction.",
+        f"${_frac(x)} + {_frac(y)} = \\boxed{{{_frac(x + y)}}}$.",
+        3,
+        "Prealgebra",
+    )
 
 
 KINDS = (_add, _story, _boxes, _linear, _mixed, _fraction)

@@ -30,9 +30,14 @@ def to_agent_row(row: dict, agent_name: str, agent_cfg_path: str) -> dict | None
     answer = last_boxed(str(row.get("solution", "")))
     if answer is None:
         return None
-    return {"prompt": f"{row['problem']}\n{INSTRUCTION}", "answer": answer.strip(),
-            "level": row.get("level", ""), "type": row.get("type", ""),
-            "agent_name": agent_name, "agent_cfg_path": agent_cfg_path}
+    return {
+        "prompt": f"{row['problem']}\n{INSTRUCTION}",
+        "answer": answer.strip(),
+        "level": row.get("level", ""),
+        "type": row.get("type", ""),
+        "agent_name": agent_name,
+        "agent_cfg_path": agent_cfg_path,
+    }
 
 
 def preprocess(src: str, output: str, agent_name: str, agent_cfg: str) -> tuple[int, int]:

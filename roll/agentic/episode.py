@@ -64,5 +64,9 @@ class TokenLedger:
 
     def sample_fields(self) -> dict:
         """The `Trajectory` fields of a trajectory-wise sample."""
-        return {"token_ids": self.token_ids, "response_mask": self.response_mask,
-                "infer_logprobs": self.logprobs, "turn_end_positions": list(self.turn_ends)}
+        return {
+            "token_ids": self.token_ids,
+            "response_mask": self.response_mask,
+            "infer_logprobs": self.logprobs,
+            "turn_end_positions": list(self.turn_ends),
+        }

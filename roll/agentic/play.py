@@ -101,8 +101,10 @@ def random_agent(seed: int) -> Agent:
 def scripted_agent(env: TextEnv) -> Agent:
     """The env's `scripted_action()`; a ValueError up front when the env has none."""
     if type(env).scripted_action is TextEnv.scripted_action:
-        raise ValueError(f"{type(env).__name__} has no scripted agent (it does not implement "
-                         "scripted_action); use --agent random or human")
+        raise ValueError(
+            f"{type(env).__name__} has no scripted agent (it does not implement "
+            "scripted_action); use --agent random or human"
+        )
     return lambda env, obs: env.scripted_action()
 
 
@@ -113,9 +115,7 @@ def _show_info(info: dict[str, Any]) -> str:
     return f"info: {rest}\nmetrics: {shown or '-'}"
 
 
-def play_episode(
-    env: gym.Env, agent: Agent, seed: int, max_steps: int, out: TextIO
-) -> EpisodeSummary:
+def play_episode(env: gym.Env, agent: Agent, seed: int, max_steps: int, out: TextIO) -> EpisodeSummary:
     """One episode from `reset(seed=seed)` for at most `max_steps` actions, printed to `out`.
     `env` is a `TextEnv`, possibly wrapped (`make_env` with `fault_injection`)."""
     obs, info = env.reset(seed=seed)
@@ -149,7 +149,12 @@ def play_episode(
 
 
 def play(
-    env: gym.Env, agent: Agent, *, episodes: int = 1, seed: int = 0, max_steps: int = 100,
+    env: gym.Env,
+    agent: Agent,
+    *,
+    episodes: int = 1,
+    seed: int = 0,
+    max_steps: int = 100,
     out: TextIO = sys.stdout,
 ) -> list[EpisodeSummary]:
     """Play `episodes` episodes (episode k with env seed `seed + k`); stops early when the human
@@ -160,8 +165,10 @@ def play(
         s = play_episode(env, agent, seed + k, max_steps, out)
         summaries.append(s)
         outcome = "success" if s.success else "failure"
-        out.write(f"=== episode {k + 1}: {outcome}, reward {s.reward:g} in {s.steps} steps "
-                  f"({s.invalid_actions} invalid), ended by {s.end} ===\n")
+        out.write(
+            f"=== episode {k + 1}: {outcome}, reward {s.reward:g} in {s.steps} steps "
+            f"({s.invalid_actions} invalid), ended by {s.end} ===\n"
+        )
         if s.end == "quit":
             break
     wins = sum(s.success for s in summaries)
@@ -180,9 +187,7 @@ def make_agent(name: str, env: TextEnv, seed: int, stdin: TextIO, out: TextIO) -
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m roll.agentic.play", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m roll.agentic.play", description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", required=True, help="registered id, alias or module:Class")
     parser.add_argument("--agent", choices=AGENTS, default="human")
     parser.add_argument("--seed", type=int, default=0, help="env seed of the first episode")
@@ -202,9 +207,7 @@ def _env_config(text: str) -> dict[str, Any]:
     return config
 
 
-def main(
-    argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout
-) -> int:
+def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
     """The command line: 0 after playing, 2 with one line on stderr for a bad env or argument."""
     args = _parse_args(argv)
     try:

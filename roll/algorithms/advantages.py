@@ -54,7 +54,11 @@ def _check_rewards_on_generated_tokens(token_rewards: Tensor, response_mask: Ten
 
 @torch.no_grad()
 def compute_gae(
-    token_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float, lambd: float,
+    token_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float,
+    lambd: float,
     bootstrap_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Token-level GAE over the generated tokens of each row, skipping observation tokens.
@@ -130,9 +134,7 @@ def compute_grpo_advantages(
 
 
 @torch.no_grad()
-def compute_reinforce_returns(
-    token_rewards: Tensor, response_mask: Tensor, gamma: float
-) -> tuple[Tensor, Tensor]:
+def compute_reinforce_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
     """Discounted reward-to-go over generated tokens; advantages are the returns (no baseline).
 
     token_rewards (B, T): as in `compute_gae`, 0 off the mask. response_mask (B, T).
@@ -188,9 +190,7 @@ def _grpo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
 
 
 def _reinforce(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    return compute_reinforce_returns(
-        inputs.need("reinforce", "token_rewards"), inputs.response_mask, inputs.gamma
-    )
+    return compute_reinforce_returns(inputs.need("reinforce", "token_rewards"), inputs.response_mask, inputs.gamma)
 
 
 ADV_ESTIMATORS: dict[str, Callable[[AdvantageInputs], tuple[Tensor, Tensor]]] = {

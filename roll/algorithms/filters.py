@@ -49,9 +49,7 @@ def _reward_std(member_scores: Tensor) -> float:
     return float(member_scores.double().std())
 
 
-def _group_stds(
-    scores: Tensor, group_ids: Sequence[Hashable] | Tensor
-) -> tuple[list[list[int]], list[float]]:
+def _group_stds(scores: Tensor, group_ids: Sequence[Hashable] | Tensor) -> tuple[list[list[int]], list[float]]:
     """(rows of each group, std of each group), groups in order of first appearance."""
     if scores.dim() != 1:
         raise ValueError(f"scores must be 1-D (one per sample), got shape {tuple(scores.shape)}")

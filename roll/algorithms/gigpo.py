@@ -127,9 +127,7 @@ def _per_trajectory(values: Tensor, trajs: Tensor, what: str) -> Tensor:
     return highest
 
 
-def _episode_advantages(
-    scores: Tensor, groups: Tensor, trajs: Tensor, norm_std: bool, eps: float
-) -> Tensor:
+def _episode_advantages(scores: Tensor, groups: Tensor, trajs: Tensor, norm_std: bool, eps: float) -> Tensor:
     """A_E per row (S,): each trajectory's score centred over the trajectories of its group.
 
     Statistics are taken on one entry per trajectory, then read back onto its rows, so a long
@@ -152,9 +150,7 @@ def _check_complete(trajs: Tensor, steps: Tensor) -> None:
         or _num_groups(_pair_codes(trajs, steps)) != steps.numel()
         or bool((last != lengths - 1).any())
     ):
-        raise ValueError(
-            "each trajectory must have all its rows in the batch, with steps 0..L-1 each once"
-        )
+        raise ValueError("each trajectory must have all its rows in the batch, with steps 0..L-1 each once")
 
 
 def _step_returns(rewards: Tensor, trajs: Tensor, steps: Tensor, gamma: float) -> Tensor:

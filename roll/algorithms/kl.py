@@ -111,8 +111,7 @@ class AdaptiveKLController:
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
         if init_kl_coef < 0 or target_kl <= 0 or horizon <= 0:
             raise ValueError(
-                "need init_kl_coef >= 0, target_kl > 0 and horizon > 0, got "
-                f"{init_kl_coef}, {target_kl}, {horizon}"
+                f"need init_kl_coef >= 0, target_kl > 0 and horizon > 0, got {init_kl_coef}, {target_kl}, {horizon}"
             )
         self.value = float(init_kl_coef)
         self.target_kl = float(target_kl)

@@ -142,4 +142,3 @@ def value_loss(
         "losses/value_clipfrac": masked_mean(clipped_taken.to(values.dtype), response_mask).item(),
     }
     return loss, metrics
-

@@ -112,8 +112,11 @@ def topr_token_loss(logprobs, ratio, advantages, mask, opts, episode_scores) -> 
         raise ValueError('pg_variant "topr" needs the episode score of every row')
     positive = (episode_scores > 0).unsqueeze(-1).expand_as(logprobs)
     truncated = torch.clamp(ratio, 0.0, 1.0).detach()
-    loss = torch.where(positive, opts.topr_positive_weight * -advantages * logprobs,
-                       opts.topr_negative_weight * -truncated * advantages * logprobs)
+    loss = torch.where(
+        positive,
+        opts.topr_positive_weight * -advantages * logprobs,
+        opts.topr_negative_weight * -truncated * advantages * logprobs,
+    )
     return loss, {
         "actor/topr_positive_ratio": float((episode_scores > 0).float().mean()),
         "actor/topr_negative_ratio": float((episode_scores <= 0).float().mean()),
@@ -185,7 +188,8 @@ def policy_gradient_loss(
     log_ratio = logprobs - old_logprobs.detach()
     ratio = torch.exp(log_ratio)
     token_loss, metrics = PG_VARIANTS[variant](
-        logprobs, ratio, advantages.detach(), response_mask, options, episode_scores)
+        logprobs, ratio, advantages.detach(), response_mask, options, episode_scores
+    )
     if weights is not None:
         token_loss = token_loss * weights.detach()
     loss = agg_loss(token_loss, response_mask, loss_agg_mode)

@@ -42,7 +42,6 @@ import torch
 from torch import Tensor
 
 from roll.algorithms.advantages import group_index
-
 from roll.configs.reward_norm import (  # the method table is config data; re-exported for callers here
     ASYM_CLIP_RANGE,
     NORM_TYPES,

@@ -55,17 +55,29 @@ def ratios_and_diffs(old_logprobs: Tensor, infer_logprobs: Tensor, mask: Tensor)
         return reduce(x, mask, dim=-1).unsqueeze(-1).expand_as(x)
 
     return {
-        "ratio": {"token": log_ratio.exp(), "segment": segment_mean(log_ratio, mask).exp(),
-                  "geometric": per_row(log_ratio, masked_mean).exp(), "sequence": per_row(log_ratio, masked_sum).exp()},
-        "diff": {"token": diff, "segment": segment_mean(diff, mask),
-                 "geometric": per_row(diff, masked_mean), "sequence": per_row(diff, masked_sum)},
+        "ratio": {
+            "token": log_ratio.exp(),
+            "segment": segment_mean(log_ratio, mask).exp(),
+            "geometric": per_row(log_ratio, masked_mean).exp(),
+            "sequence": per_row(log_ratio, masked_sum).exp(),
+        },
+        "diff": {
+            "token": diff,
+            "segment": segment_mean(diff, mask),
+            "geometric": per_row(diff, masked_mean),
+            "sequence": per_row(diff, masked_sum),
+        },
     }
 
 
 @torch.no_grad()
 def train_infer_correction(
-    old_logprobs: Tensor, infer_logprobs: Tensor, mask: Tensor, *,
-    is_weight: dict[str, Any] | None, filters: Sequence[dict[str, Any]],
+    old_logprobs: Tensor,
+    infer_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    is_weight: dict[str, Any] | None,
+    filters: Sequence[dict[str, Any]],
 ) -> tuple[Tensor | None, Tensor, dict[str, float]]:
     """(weights or None, keep-mask (B, T) of 0/1, metrics).
 
@@ -74,8 +86,11 @@ def train_infer_correction(
     diff_high (only the enabled filters are passed)."""
     mask = mask.to(old_logprobs.dtype)
     stats = ratios_and_diffs(old_logprobs, infer_logprobs, mask)
-    metrics = {f"actor/train_infer_{kind}_{level}_mean": float(masked_mean(stats[kind][level], mask))
-               for kind in ("ratio", "diff") for level in LEVELS}
+    metrics = {
+        f"actor/train_infer_{kind}_{level}_mean": float(masked_mean(stats[kind][level], mask))
+        for kind in ("ratio", "diff")
+        for level in LEVELS
+    }
     weights = None
     if is_weight is not None:
         weights = stats["ratio"][is_weight["weight_type"]]

@@ -69,8 +69,10 @@ class ModelArgs(ConfigModel):
     @classmethod
     def _no_sequence_parallelism(cls, size: int | None) -> int | None:
         if size is not None and size > 1:
-            raise ValueError(f"{size}: Ulysses sequence parallelism (ROLL's fsdp2) is not built in roll; use 1 "
-                             "(+profile=cpu_smoke sets it)")
+            raise ValueError(
+                f"{size}: Ulysses sequence parallelism (ROLL's fsdp2) is not built in roll; use 1 "
+                "(+profile=cpu_smoke sets it)"
+            )
         return size
 
     @field_validator("model_name_or_path")
@@ -97,8 +99,11 @@ class ModelArgs(ConfigModel):
             data = dict(data)
             older = data.pop("flash_attn")
             if data.get("attn_implementation") not in (None, older):
-                raise InvalidField("flash_attn", f"is the older spelling of attn_implementation, which says "
-                                   f"{data['attn_implementation']!r}; keep one of them")
+                raise InvalidField(
+                    "flash_attn",
+                    f"is the older spelling of attn_implementation, which says "
+                    f"{data['attn_implementation']!r}; keep one of them",
+                )
             data["attn_implementation"] = older
         return data
 
@@ -116,8 +121,11 @@ class ModelArgs(ConfigModel):
         (alpha and target filled in), or None when LoRA is off."""
         if self.lora_rank is None:
             return None
-        return {"rank": self.lora_rank, "alpha": self.lora_alpha or 2 * self.lora_rank,
-                "target": self.lora_target or "all-linear"}
+        return {
+            "rank": self.lora_rank,
+            "alpha": self.lora_alpha or 2 * self.lora_rank,
+            "target": self.lora_target or "all-linear",
+        }
 
 
 ROLL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -235,9 +243,11 @@ def check_model_dir(path: str) -> str:
     """
     if not os.path.isfile(os.path.join(path, "config.json")):
         if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
-            raise ValueError(f"{path!r} looks like a hub id; roll loads local model directories only and no "
-                             "hub is reached from here: download the model where there is network "
-                             "(huggingface-cli download / modelscope download) and pass its local dir")
+            raise ValueError(
+                f"{path!r} looks like a hub id; roll loads local model directories only and no "
+                "hub is reached from here: download the model where there is network "
+                "(huggingface-cli download / modelscope download) and pass its local dir"
+            )
         raise ValueError(
             f"{path!r} is not a local model directory (no config.json); build the tiny model "
             "with `python -m roll.pipeline.tiny_model --output_dir DIR` and point to DIR"

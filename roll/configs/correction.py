@@ -92,5 +92,9 @@ class TrainInferCorrection(ConfigModel):
         rules = [f.model_dump(exclude={"enabled"}) for f in self.filters if f.enabled]
         if not weight.enabled and not rules:
             return None
-        return {"is_weight": {"weight_type": weight.weight_type, "upper_bound": weight.upper_bound}
-                if weight.enabled else None, "filters": rules}
+        return {
+            "is_weight": {"weight_type": weight.weight_type, "upper_bound": weight.upper_bound}
+            if weight.enabled
+            else None,
+            "filters": rules,
+        }

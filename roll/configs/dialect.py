@@ -33,9 +33,13 @@ ENV_MANAGER_CLASSES = {
     "native": "step",
 }
 """`custom_envs.<Tag>.env_manager_cls` -> our env manager type."""
-NATIVE_ENV_MANAGERS = frozenset({
-    "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager",
-    "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager", "native"})
+NATIVE_ENV_MANAGERS = frozenset(
+    {
+        "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager",
+        "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager",
+        "native",
+    }
+)
 """Of those, the step-wise managers whose prompt is the env's own chat (`native_env_manager`)."""
 
 WORKER_CLASSES = {
@@ -161,21 +165,35 @@ class RollDialect(ConfigModel):
     single_prompt_agent_template: str | None = None
     """ROLL env-library variable (single-prompt envs)."""
 
-
     @field_validator("profiler_memory", "profiler_timeline")
     @classmethod
     def _no_profiler(cls, on: bool, info) -> bool:
         if on:
             what = {"profiler_memory": "CUDA memory snapshots", "profiler_timeline": "a torch-profiler timeline"}
-            raise ValueError(f"ROLL's profiler of {what[info.field_name]}; roll has no such profiler (set false; "
-                             "roll's step timings are the time/*_s metrics)")
+            raise ValueError(
+                f"ROLL's profiler of {what[info.field_name]}; roll has no such profiler (set false; "
+                "roll's step timings are the time/*_s metrics)"
+            )
         return on
 
 
-ENV_LIBRARY_VARIABLES = frozenset({
-    "custom_env", "action_pattern", "think_action_pattern", "all_response_pattern", "max_actions_per_traj",
-    "max_tokens_per_step", "default_history_length", "env_manager_cls", "agent_runner_cls", "agent_system_template",
-    "agent_template", "single_prompt_agent_system_template", "single_prompt_agent_template"})
+ENV_LIBRARY_VARIABLES = frozenset(
+    {
+        "custom_env",
+        "action_pattern",
+        "think_action_pattern",
+        "all_response_pattern",
+        "max_actions_per_traj",
+        "max_tokens_per_step",
+        "default_history_length",
+        "env_manager_cls",
+        "agent_runner_cls",
+        "agent_system_template",
+        "agent_template",
+        "single_prompt_agent_system_template",
+        "single_prompt_agent_template",
+    }
+)
 """`RollDialect`'s fields that are hydra variables of ROLL's env library, read by no code."""
 
 
@@ -184,14 +202,24 @@ def strip_variables(data: dict[str, Any], referenced: set[str], fields) -> dict[
     names): keys the YAML interpolates (`${key...}`), ROLL's `<env>_format_penalty` numbers, and
     env libraries like `custom_env` under other names (ROLL's `gem_games`: a mapping of tags to
     env definitions, each with an `env_type`, from which `custom_envs` may copy)."""
-    return {key: value for key, value in data.items()
-            if key in fields or not (key in referenced or _is_env_library(value)
-                                     or (_FORMAT_PENALTY_VARIABLE.fullmatch(key) and isinstance(value, (int, float))))}
+    return {
+        key: value
+        for key, value in data.items()
+        if key in fields
+        or not (
+            key in referenced
+            or _is_env_library(value)
+            or (_FORMAT_PENALTY_VARIABLE.fullmatch(key) and isinstance(value, (int, float)))
+        )
+    }
 
 
 def _is_env_library(value: Any) -> bool:
-    return (isinstance(value, dict) and bool(value)
-            and all(isinstance(env, dict) and "env_type" in env for env in value.values()))
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(env, dict) and "env_type" in env for env in value.values())
+    )
 
 
 def map_role_strategies(data: dict[str, Any]) -> None:
@@ -201,8 +229,12 @@ def map_role_strategies(data: dict[str, Any]) -> None:
     torch / megatron / deepspeed there (`actor_infer` keeps them, and is checked as usual).
     Megatron's `max_grad_norm` option is ROLL's way to pass the clip: it becomes the role's
     `training_args.max_grad_norm`."""
-    forward_only = {"hf_infer": "torch", "megatron_infer": "megatron",
-                    "deepspeed_infer": "deepspeed", "fsdp2_infer": "fsdp2"}
+    forward_only = {
+        "hf_infer": "torch",
+        "megatron_infer": "megatron",
+        "deepspeed_infer": "deepspeed",
+        "fsdp2_infer": "fsdp2",
+    }
     for role in ("actor_train", "reference", "critic"):
         worker = data.get(role)
         strategy = worker.get("strategy_args") if isinstance(worker, dict) else None
@@ -227,21 +259,31 @@ def check_dialect(cfg) -> None:
             worker.training_args.max_grad_norm = cfg.max_grad_norm
     for tag, env in cfg.custom_envs.items():
         if env.env_manager_cls is not None and env.env_manager_cls not in ENV_MANAGER_CLASSES:
-            raise InvalidField(f"custom_envs.{tag}.env_manager_cls",
-                               f"unknown class path {env.env_manager_cls!r}; known: {', '.join(ENV_MANAGER_CLASSES)}")
+            raise InvalidField(
+                f"custom_envs.{tag}.env_manager_cls",
+                f"unknown class path {env.env_manager_cls!r}; known: {', '.join(ENV_MANAGER_CLASSES)}",
+            )
     for name, manager in cfg.env_managers.items():
         _manager_type_from_tags(name, manager, cfg.custom_envs)
     if cfg.num_gpus_per_node is not None and cfg.ray_address is None:
         for role, worker in cfg.workers.items():
             too_high = [d for d in worker.device_mapping or [] if d >= cfg.num_gpus_per_node]
             if too_high:
-                raise InvalidField(f"{role}.device_mapping", f"GPU {too_high[0]} is not on a node of "
-                                   f"num_gpus_per_node={cfg.num_gpus_per_node} (a local run is one node)")
+                raise InvalidField(
+                    f"{role}.device_mapping",
+                    f"GPU {too_high[0]} is not on a node of "
+                    f"num_gpus_per_node={cfg.num_gpus_per_node} (a local run is one node)",
+                )
     _check_tracker(cfg.track_with)
-    if cfg.train_infer_correction is not None and cfg.train_infer_correction.loss_options() is not None \
-            and cfg.off_policy_correction is not None:
-        raise InvalidField("train_infer_correction", "and off_policy_correction both weight the loss by the "
-                           "trainer/engine ratio; keep one of them")
+    if (
+        cfg.train_infer_correction is not None
+        and cfg.train_infer_correction.loss_options() is not None
+        and cfg.off_policy_correction is not None
+    ):
+        raise InvalidField(
+            "train_infer_correction",
+            "and off_policy_correction both weight the loss by the trainer/engine ratio; keep one of them",
+        )
 
 
 def _check_worker_cls(role: str, path: str | None) -> None:
@@ -257,16 +299,20 @@ def _check_worker_cls(role: str, path: str | None) -> None:
 def _manager_type_from_tags(name: str, manager, custom_envs) -> None:
     """A manager's type follows its tags' `env_manager_cls` (ROLL picks the class per tag) unless
     `env_manager_type` is set; one manager runs one type."""
-    types = {tag: ENV_MANAGER_CLASSES[custom_envs[tag].env_manager_cls]
-             for tag in manager.tags if tag in custom_envs and custom_envs[tag].env_manager_cls is not None}
+    types = {
+        tag: ENV_MANAGER_CLASSES[custom_envs[tag].env_manager_cls]
+        for tag in manager.tags
+        if tag in custom_envs and custom_envs[tag].env_manager_cls is not None
+    }
     if not types:
         return
     if len(set(types.values())) > 1:
         raise InvalidField(f"{name}.tags", f"mix env manager classes {types}; one manager runs one type")
     kind = next(iter(types.values()))
     if "env_manager_type" in manager.model_fields_set and manager.env_manager_type != kind:
-        raise InvalidField(f"{name}.env_manager_type", f"{manager.env_manager_type!r}, but the tags' "
-                           f"env_manager_cls say {kind!r}")
+        raise InvalidField(
+            f"{name}.env_manager_type", f"{manager.env_manager_type!r}, but the tags' env_manager_cls say {kind!r}"
+        )
     manager.env_manager_type = kind
 
 
@@ -274,5 +320,7 @@ def _check_tracker(track_with: str) -> None:
     import importlib.util
 
     if track_with in ("wandb", "mlflow") and importlib.util.find_spec(track_with) is None:
-        raise InvalidField("track_with", f"{track_with!r} needs the {track_with} package (pip install "
-                           f"{track_with}); or use tensorboard or stdout")
+        raise InvalidField(
+            "track_with",
+            f"{track_with!r} needs the {track_with} package (pip install {track_with}); or use tensorboard or stdout",
+        )

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from roll.configs.templates import check_agent_template
 from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.templates import check_agent_template
 from roll.configs.worker import GeneratingArgs
 from roll.core.enums import SampleMode
 
@@ -157,8 +157,11 @@ class EnvManagerConfig(ConfigModel):
         partition = self.num_groups_partition
         if partition is None:
             if self.num_env_groups < len(self.tags):
-                raise InvalidField("num_env_groups", f"{self.num_env_groups} cannot be divided among "
-                                   f"{len(self.tags)} tags {self.tags} (each needs a group)")
+                raise InvalidField(
+                    "num_env_groups",
+                    f"{self.num_env_groups} cannot be divided among "
+                    f"{len(self.tags)} tags {self.tags} (each needs a group)",
+                )
             return self
         if len(partition) != len(self.tags):
             raise InvalidField(

@@ -28,9 +28,9 @@ from pydantic import BaseModel, ValidationError
 
 from roll.configs.base import ConfigError, InvalidField
 from roll.configs.dialect import map_role_strategies, strip_variables
+from roll.configs.pipeline import PipelineConfig
 from roll.configs.profile import apply_profile, configs_search_path
 from roll.configs.unsupported import refuse_unsupported
-from roll.configs.pipeline import PipelineConfig
 
 
 def load_config(
@@ -54,8 +54,10 @@ def load_config(
     if rollout_only:
         dropped = [role for role in ("actor_train", "critic", "reference") if data.pop(role, None) is not None]
         if dropped:
-            print(f"rollout-only run: {', '.join(dropped)} not used (ROLL's rollout pipeline trains nothing)",
-                  file=sys.stderr)
+            print(
+                f"rollout-only run: {', '.join(dropped)} not used (ROLL's rollout pipeline trains nothing)",
+                file=sys.stderr,
+            )
     return validate_config(data, referenced)
 
 
@@ -119,8 +121,11 @@ def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: li
             key = getattr(cause, "full_key", None)
             # the missing key may be the override's own key or a section above it (`critic` for
             # `critic.strategy_args.strategy_name=torch` when the YAML has no critic)
-            related = [i for i, k in enumerate(changed_keys)
-                       if key is not None and k is not None and (k == key or k.startswith(key + "."))]
+            related = [
+                i
+                for i, k in enumerate(changed_keys)
+                if key is not None and k is not None and (k == key or k.startswith(key + "."))
+            ]
             if not related or "not in struct" not in str(cause):
                 raise
             index = related[0]
@@ -149,8 +154,11 @@ def _into_library_entries(config_dir: str, config_name: str, overrides: list[str
     entry: hydra would otherwise replace the interpolation by a dict holding only the overridden
     key (`custom_envs.FrozenLake.env_config.size=5` -> `custom_env.TinyFrozenLake.env_config.size=5`,
     which also reaches any other tag made from that entry)."""
-    inside = [i for i, o in enumerate(overrides) if _override_key(o).startswith("custom_envs.")
-              and _override_key(o).count(".") >= 2]
+    inside = [
+        i
+        for i, o in enumerate(overrides)
+        if _override_key(o).startswith("custom_envs.") and _override_key(o).count(".") >= 2
+    ]
     if not inside:
         return overrides
     # the YAML's tags, with only the overrides that set a whole tag (others may need the schema retry)
@@ -193,9 +201,7 @@ def _parse_override(override: str) -> str | None:
     return parsed.key_or_group if parsed.type is OverrideType.CHANGE else None
 
 
-def _missing_file_error(
-    err: MissingConfigException, config_dir: str, config_name: str
-) -> ConfigError:
+def _missing_file_error(err: MissingConfigException, config_dir: str, config_name: str) -> ConfigError:
     missing = err.missing_cfg_file or config_name
     if missing == config_name:
         return ConfigError("config_name", f"no {config_name!r} config in {config_dir}")

@@ -21,8 +21,8 @@ from roll.configs.reward_norm import RewardNormalization
 from roll.configs.worker import (
     GeneratingArgs,
     WorkerConfig,
-    check_token_budgets,
     check_strategy_for_role,
+    check_token_budgets,
 )
 from roll.core.enums import SampleMode
 
@@ -202,9 +202,7 @@ class PipelineConfig(RollDialect):
             return value
         if isinstance(value, str) and os.path.isdir(value):
             return value
-        raise ValueError(
-            f"expected true, false or an existing checkpoint directory (got {value!r})"
-        )
+        raise ValueError(f"expected true, false or an existing checkpoint directory (got {value!r})")
 
     @model_validator(mode="after")
     def _check_and_fill(self) -> PipelineConfig:
@@ -217,9 +215,7 @@ class PipelineConfig(RollDialect):
         for name, manager in self.env_managers.items():
             for tag in manager.tags:
                 if tag not in self.custom_envs:
-                    raise InvalidField(
-                        f"{name}.tags", f"{tag!r} is not in custom_envs {sorted(self.custom_envs)}"
-                    )
+                    raise InvalidField(f"{name}.tags", f"{tag!r} is not in custom_envs {sorted(self.custom_envs)}")
         self._check_agent_tags()
         self._fill_model_paths()
         for role, worker in self.workers.items():  # needs the model paths: after filling them
@@ -231,16 +227,18 @@ class PipelineConfig(RollDialect):
         for name, manager in self.env_managers.items():
             agent_tags = [t for t in manager.tags if self.custom_envs[t].env_type == "agent"]
             if agent_tags and manager.env_manager_type != SampleMode.TRAJ:
-                raise InvalidField(f"{name}.env_manager_type", f'tags {agent_tags} have env_type "agent", '
-                                   'which needs "traj" (agent loops give one sample per trajectory)')
+                raise InvalidField(
+                    f"{name}.env_manager_type",
+                    f'tags {agent_tags} have env_type "agent", '
+                    'which needs "traj" (agent loops give one sample per trajectory)',
+                )
 
     def _check_batches(self) -> None:
         group_size = self.train_env_manager.group_size
         if self.rollout_batch_size % group_size:
             raise InvalidField(
                 "rollout_batch_size",
-                f"{self.rollout_batch_size} is not a multiple of "
-                f"train_env_manager.group_size={group_size}",
+                f"{self.rollout_batch_size} is not a multiple of train_env_manager.group_size={group_size}",
             )
         if self.rollout_only:
             return
@@ -253,21 +251,24 @@ class PipelineConfig(RollDialect):
             if self.val_batch_size % group_size:
                 raise InvalidField(
                     "val_batch_size",
-                    f"{self.val_batch_size} is not a multiple of "
-                    f"val_env_manager.group_size={group_size}",
+                    f"{self.val_batch_size} is not a multiple of val_env_manager.group_size={group_size}",
                 )
 
     def _check_required_roles(self) -> None:
         step_wise = self.sample_mode == SampleMode.STEP
         if step_wise and self.adv_estimator in ("gae", "reinforce"):
-            raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs env_manager_type "traj"; '
-                               'step-wise samples take "grpo", "gigpo" or "step_reinforce"')
+            raise InvalidField(
+                "adv_estimator",
+                f'"{self.adv_estimator}" needs env_manager_type "traj"; '
+                'step-wise samples take "grpo", "gigpo" or "step_reinforce"',
+            )
         if step_wise and self.uses_kl_penalty:
             key, off = ("init_kl_coef", "use 0") if self.init_kl_coef > 0 else ("target_kl", "use null")
             raise InvalidField(key, f"the KL penalty is not available for step-wise samples yet; {off}")
         if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
-            raise InvalidField("adv_estimator", f'"{self.adv_estimator}" needs '
-                               'train_env_manager.env_manager_type "step"')
+            raise InvalidField(
+                "adv_estimator", f'"{self.adv_estimator}" needs train_env_manager.env_manager_type "step"'
+            )
         if self.adv_estimator == "gae" and self.critic is None:
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:
@@ -311,10 +312,12 @@ class PipelineConfig(RollDialect):
         """What `roll.distributed.placement` plans from, for the roles the pipeline builds: each
         role's `device_mapping`, engine and `world_size`, and the inference replicas."""
         roles = self.built_roles
-        return {"mappings": {role: worker.device_mapping for role, worker in roles.items()},
-                "strategies": {role: worker.strategy_args.strategy_name for role, worker in roles.items()},
-                "world_sizes": {role: worker.world_size for role, worker in roles.items()},
-                "inference_replicas": self.inference_replicas}
+        return {
+            "mappings": {role: worker.device_mapping for role, worker in roles.items()},
+            "strategies": {role: worker.strategy_args.strategy_name for role, worker in roles.items()},
+            "world_sizes": {role: worker.world_size for role, worker in roles.items()},
+            "inference_replicas": self.inference_replicas,
+        }
 
     @property
     def rollout_only(self) -> bool:

@@ -25,10 +25,24 @@ ROLES = ("actor_train", "actor_infer", "reference", "critic")
 CUDA_ONLY_ENGINES = {"vllm": "hf", "sglang": "hf"}
 """Inference engines that need CUDA here (no CPU build installed) -> their CPU counterpart."""
 FLASH_ATTENTION = {"fa2", "flash_attn", "flash_attention_2", "flash-attention-2", "flash_attention_3"}
-_KNOBS = {"name", "train_groups", "group_size", "val_group_size", "sequence_length", "max_actions",
-          "max_tokens_per_step", "micro_batch", "gradient_accumulation_steps", "dtype"}
-_PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                  "context_parallel_size")
+_KNOBS = {
+    "name",
+    "train_groups",
+    "group_size",
+    "val_group_size",
+    "sequence_length",
+    "max_actions",
+    "max_tokens_per_step",
+    "micro_batch",
+    "gradient_accumulation_steps",
+    "dtype",
+}
+_PARALLEL_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "expert_model_parallel_size",
+    "context_parallel_size",
+)
 _STAGE_KEYS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
 
 
@@ -103,11 +117,14 @@ def _shrink_managers(smoke: _Setter, data: dict, profile: dict) -> None:
         if not isinstance(env, dict):
             continue
         smoke.set(f"custom_envs.{tag}.max_steps", min(env.get("max_steps", 10), profile["max_actions"]))
-        smoke.set(f"custom_envs.{tag}.max_tokens_per_step",
-                  min(env.get("max_tokens_per_step", 64), profile["max_tokens_per_step"]))
+        smoke.set(
+            f"custom_envs.{tag}.max_tokens_per_step",
+            min(env.get("max_tokens_per_step", 64), profile["max_tokens_per_step"]),
+        )
         if isinstance(env.get("env_config"), dict) and "max_steps" in env["env_config"]:
-            smoke.set(f"custom_envs.{tag}.env_config.max_steps",
-                      min(env["env_config"]["max_steps"], profile["max_actions"]))
+            smoke.set(
+                f"custom_envs.{tag}.env_config.max_steps", min(env["env_config"]["max_steps"], profile["max_actions"])
+            )
 
 
 def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list[str]:
@@ -124,8 +141,10 @@ def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list
     training = worker.get("training_args")
     if isinstance(training, dict) or role in ("actor_train", "critic"):
         training = training or {}
-        smoke.set(f"{role}.training_args.per_device_train_batch_size",
-                  min(training.get("per_device_train_batch_size", 8), profile["micro_batch"]))
+        smoke.set(
+            f"{role}.training_args.per_device_train_batch_size",
+            min(training.get("per_device_train_batch_size", 8), profile["micro_batch"]),
+        )
         smoke.set(f"{role}.training_args.gradient_accumulation_steps", profile["gradient_accumulation_steps"])
     if worker.get("infer_batch_size") is not None:
         smoke.set(f"{role}.infer_batch_size", min(worker["infer_batch_size"], profile["micro_batch"]))
@@ -134,8 +153,9 @@ def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list
     if role == "actor_infer" and name in CUDA_ONLY_ENGINES:
         swap = CUDA_ONLY_ENGINES[name]
         smoke.set(f"{role}.strategy_args", {"strategy_name": swap, "strategy_config": {}})
-        notes.append(f"{role}.strategy_args.strategy_name {name} -> {swap} ({name} needs CUDA; "
-                     f"its strategy_config is dropped)")
+        notes.append(
+            f"{role}.strategy_args.strategy_name {name} -> {swap} ({name} needs CUDA; its strategy_config is dropped)"
+        )
     options = strategy.get("strategy_config")
     if isinstance(options, dict) and name in ("megatron_train", "megatron_infer", "megatron"):
         several_stages = options.get("pipeline_model_parallel_size", 1) != 1

@@ -21,7 +21,11 @@ def norm_types_for_method(method: NormMethod, grouping: str) -> tuple[NormType, 
     (`_resolve_reward_norm_defaults`): batch statistics for grouping "batch", else the group's."""
     kind: NormType = "batch" if grouping == "batch" else "group"
     table: dict[str, tuple[NormType, NormType]] = {
-        "identity": (None, None), "mean": (kind, None), "mean_std": (kind, kind), "asym_clip": (kind, kind)}
+        "identity": (None, None),
+        "mean": (kind, None),
+        "mean_std": (kind, kind),
+        "asym_clip": (kind, kind),
+    }
     if method not in table:
         raise ValueError(f"unknown reward normalisation method {method!r}; choose one of {sorted(table)}")
     return table[method]

@@ -13,13 +13,37 @@ from typing import Literal
 
 from roll.configs.base import ConfigModel
 
-ROLLOUT_KEYS = frozenset({
-    "exp_name", "seed", "logging_dir", "output_dir", "render_save_dir", "trace_rollouts",
-    "trace_samples_to_tensorboard", "trace_to_mlflow", "max_steps", "logging_steps", "overwrite_output_dir",
-    "pretrain", "rollout_batch_size", "sequence_length", "ray_address", "actor_infer", "train_env_manager",
-    "custom_envs", "system_envs", "track_with", "tracker_kwargs", "num_gpus_per_node", "rollout_dump_dir",
-    "rollout_mock", "rpc_timeout", "profiler_memory", "profiler_timeline",
-})
+ROLLOUT_KEYS = frozenset(
+    {
+        "exp_name",
+        "seed",
+        "logging_dir",
+        "output_dir",
+        "render_save_dir",
+        "trace_rollouts",
+        "trace_samples_to_tensorboard",
+        "trace_to_mlflow",
+        "max_steps",
+        "logging_steps",
+        "overwrite_output_dir",
+        "pretrain",
+        "rollout_batch_size",
+        "sequence_length",
+        "ray_address",
+        "actor_infer",
+        "train_env_manager",
+        "custom_envs",
+        "system_envs",
+        "track_with",
+        "tracker_kwargs",
+        "num_gpus_per_node",
+        "rollout_dump_dir",
+        "rollout_mock",
+        "rpc_timeout",
+        "profiler_memory",
+        "profiler_timeline",
+    }
+)
 """Top-level keys a rollout-only run reads."""
 
 

@@ -18,8 +18,15 @@ def check_template_name(name: str) -> str:
 
 
 TRAJ_FIELDS = ("observation", "turn_idx", "actions_left", "max_response_length", "suffix")
-STEP_FIELDS = ("env_instruction", "history", "step_count", "history_length", "current_step",
-               "current_observation", "max_response_length")
+STEP_FIELDS = (
+    "env_instruction",
+    "history",
+    "step_count",
+    "history_length",
+    "current_step",
+    "current_observation",
+    "max_response_length",
+)
 
 
 def placeholders(template: str) -> set[str]:
@@ -34,5 +41,7 @@ def check_agent_template(template: str) -> None:
         raise ValueError(f"not a str.format template: {err}") from None
     unknown = sorted(fields - set(TRAJ_FIELDS) - set(STEP_FIELDS))
     if unknown:
-        raise ValueError(f"unknown placeholder {{{unknown[0]}}}; trajectory-wise: "
-                         f"{', '.join(TRAJ_FIELDS)}; step-wise: {', '.join(STEP_FIELDS)}")
+        raise ValueError(
+            f"unknown placeholder {{{unknown[0]}}}; trajectory-wise: "
+            f"{', '.join(TRAJ_FIELDS)}; step-wise: {', '.join(STEP_FIELDS)}"
+        )

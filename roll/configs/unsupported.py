@@ -14,29 +14,28 @@ from roll.configs.base import ConfigError
 
 _ROLL_MANAGERS = "roll.pipeline.agentic.env_manager."
 ENV_MANAGERS = {
-    _ROLL_MANAGERS + "vl_traj_env_manager.VLTrajEnvManager":
-        "ROLL's vision-language env manager (image observations, a VL model's processor); roll trains "
-        "text-only causal LMs",
-    _ROLL_MANAGERS + "proxy_env_manager.ProxyEnvManager":
-        "ROLL's agent-runner env manager (an agent runner drives the env and calls the policy through an "
-        "HTTP LLM proxy); roll's managers play the env themselves: without env_manager_cls and "
-        "agent_runner_cls the same env runs trajectory-wise",
-    _ROLL_MANAGERS + "step_concat_env_manager.StepConcatEnvManager":
-        "ROLL's step manager for GEM's concatenated observations; roll runs no GEM envs",
+    _ROLL_MANAGERS
+    + "vl_traj_env_manager.VLTrajEnvManager": "ROLL's vision-language env manager (image observations, a VL model's processor); roll trains "
+    "text-only causal LMs",
+    _ROLL_MANAGERS
+    + "proxy_env_manager.ProxyEnvManager": "ROLL's agent-runner env manager (an agent runner drives the env and calls the policy through an "
+    "HTTP LLM proxy); roll's managers play the env themselves: without env_manager_cls and "
+    "agent_runner_cls the same env runs trajectory-wise",
+    _ROLL_MANAGERS
+    + "step_concat_env_manager.StepConcatEnvManager": "ROLL's step manager for GEM's concatenated observations; roll runs no GEM envs",
 }
 """ROLL env manager classes roll does not have, and why."""
 
 _SANDBOX = "needs a ROCK sandbox service, which roll has no client for"
 ENV_TYPES = {
     "sokoban_sandbox": f"ROLL's Sokoban played inside a ROCK sandbox: {_SANDBOX} (the same game runs "
-                       "locally as env_type sokoban)",
+    "locally as env_type sokoban)",
     "rock_tb_native_env": f"ROLL's terminal-bench / SWE tasks run by an agent inside a ROCK sandbox: {_SANDBOX}",
     "sokoban_mcp": "ROLL's Sokoban behind an MCP server: needs that server (the same game runs locally as "
-                   "env_type sokoban)",
+    "env_type sokoban)",
     "openreward_env": "ROLL's OpenReward env: needs the OpenReward API service",
     "atropos_env": "ROLL's Atropos env: needs a running Atropos server",
-    "deepeyes": "ROLL's DeepEyes env: image observations for a vision-language model; roll trains text-only "
-                "causal LMs",
+    "deepeyes": "ROLL's DeepEyes env: image observations for a vision-language model; roll trains text-only causal LMs",
     "roll_math": "ROLL's GEM math env: GEM envs and their hub data sets are not supported",
     "roll_code": "ROLL's GEM code env: GEM envs and their hub data sets are not supported",
     "roll_qa": "ROLL's GEM QA env: GEM envs and their hub data sets are not supported",
@@ -47,9 +46,9 @@ GEM_NAMESPACES = ("game:", "rg:", "math:", "qa:", "code:", "eval:")
 
 ENV_KEYS = {
     "agent_runner_cls": "ROLL's agent runner (GEM / ROCK agents playing the env through an HTTP LLM proxy); roll's "
-                        "env managers play the env themselves: leave it null",
+    "env managers play the env themselves: leave it null",
     "tool_wrapper": "ROLL's GEM tool wrapper (python code, search or MCP tools around a GEM env); roll's tool "
-                    "use is env_type \"agent\" with its own tools (roll.agentic.agent_loop)",
+    'use is env_type "agent" with its own tools (roll.agentic.agent_loop)',
     "pre_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
     "next_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
 }
@@ -57,14 +56,14 @@ ENV_KEYS = {
 
 WORKER_KEYS = {
     ("model_args", "freeze_module_prefix"): "ROLL's partial fine-tuning (freeze modules by name prefix, e.g. a "
-                                            "VL model's vision tower) is not built in roll; train every "
-                                            "parameter or use LoRA (lora_rank)",
+    "VL model's vision tower) is not built in roll; train every "
+    "parameter or use LoRA (lora_rank)",
 }
 """Keys inside a role's sections that belong to a refused feature."""
 
 STRATEGY_KEYS = {
     "apply_expert_patch": "ROLL's fsdp2 patch of MoE expert modules (each expert its own FSDP unit); roll's "
-                          "strategies have no MoE-specific sharding",
+    "strategies have no MoE-specific sharding",
     "ep_size": "expert parallelism of MoE layers (ROLL's fsdp2); roll's strategies have no MoE-specific sharding",
 }
 """`strategy_config` options of refused features: refused when on (true, or a size above 1)."""
@@ -78,7 +77,7 @@ TOP_KEYS = {
 def refuse_unsupported(data: dict[str, Any]) -> None:
     """`ConfigError` naming the first key of a refused ROLL feature in the composed `data`."""
     envs = data.get("custom_envs")
-    for tag, env in (envs.items() if isinstance(envs, dict) else ()):  # the envs first: what a config is for
+    for tag, env in envs.items() if isinstance(envs, dict) else ():  # the envs first: what a config is for
         if isinstance(env, dict):  # (a VL or a sandbox task) says most; every tag is built-checked
             _refuse_env(f"custom_envs.{tag}", env)
     for role in ("actor_train", "actor_infer", "critic", "reference"):
@@ -107,9 +106,12 @@ def _refuse_env(where: str, env: dict[str, Any]) -> None:
     if env_type in ENV_TYPES:
         raise ConfigError(f"{where}.env_type", f"{env_type!r} is {ENV_TYPES[env_type]}")
     if isinstance(env_type, str) and env_type.startswith(GEM_NAMESPACES):
-        raise ConfigError(f"{where}.env_type", f"{env_type!r} is a GEM env id (ROLL makes it with gem.make); "
-                                               "GEM envs are not supported, roll's envs are gymnasium envs "
-                                               "(roll.agentic.env.registry)")
+        raise ConfigError(
+            f"{where}.env_type",
+            f"{env_type!r} is a GEM env id (ROLL makes it with gem.make); "
+            "GEM envs are not supported, roll's envs are gymnasium envs "
+            "(roll.agentic.env.registry)",
+        )
     for key, why in ENV_KEYS.items():
         if env.get(key) not in (None, ""):
             raise ConfigError(f"{where}.{key}", why)

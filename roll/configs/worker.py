@@ -19,8 +19,14 @@ INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 """Engines that can serve `actor_infer`."""
 TRAINING_STRATEGIES = ("torch", "deepspeed", "fsdp2", "megatron")
 """Engines that can train `actor_train`, `critic` and run `reference`."""
-MEGATRON_FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion", "masked_softmax_fusion",
-                    "gradient_accumulation_fusion", "persist_layer_norm")
+MEGATRON_FUSIONS = (
+    "bias_activation_fusion",
+    "bias_dropout_fusion",
+    "apply_rope_fusion",
+    "masked_softmax_fusion",
+    "gradient_accumulation_fusion",
+    "persist_layer_norm",
+)
 """Megatron's switches of fused kernels (`TransformerConfig`), ROLL's keys. A fused kernel computes
 what the unfused ops compute, on CUDA (some with Apex); roll's megatron runs the unfused ops
 whatever these say (`megatron_model.transformer_config`), so they change no number. Accepted as
@@ -32,10 +38,19 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
     # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py (max_grad_norm:
     # roll.configs.dialect)
-    "megatron": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                 "context_parallel_size", "sequence_parallel", "use_distributed_optimizer", "recompute_granularity",
-                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                 "max_grad_norm", *MEGATRON_FUSIONS),
+    "megatron": (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "expert_model_parallel_size",
+        "context_parallel_size",
+        "sequence_parallel",
+        "use_distributed_optimizer",
+        "recompute_granularity",
+        "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage",
+        "max_grad_norm",
+        *MEGATRON_FUSIONS,
+    ),
     "vllm": None,
     "sglang": None,
 }
@@ -189,25 +204,32 @@ class WorkerConfig(ConfigModel):
     @model_validator(mode="after")
     def _tis_bounds_in_order(self) -> WorkerConfig:
         if self.tis_lower_bound > self.tis_upper_bound:
-            raise InvalidField("tis_lower_bound", f"{self.tis_lower_bound} is above tis_upper_bound "
-                               f"{self.tis_upper_bound}")
+            raise InvalidField(
+                "tis_lower_bound", f"{self.tis_lower_bound} is above tis_upper_bound {self.tis_upper_bound}"
+            )
         return self
 
     @model_validator(mode="after")
     def _dynamic_batching_budget(self) -> WorkerConfig:
         if self.use_dynamic_batching_in_train and self.max_tokens_per_microbatch_in_train <= 0:
-            raise InvalidField("max_tokens_per_microbatch_in_train", "must be set (> 0) with use_dynamic_batching_in_train")
+            raise InvalidField(
+                "max_tokens_per_microbatch_in_train", "must be set (> 0) with use_dynamic_batching_in_train"
+            )
         if self.use_dynamic_batching_in_infer and not self.max_tokens_per_microbatch_in_infer:
-            raise InvalidField("max_tokens_per_microbatch_in_infer", "must be set (> 0) with use_dynamic_batching_in_infer")
+            raise InvalidField(
+                "max_tokens_per_microbatch_in_infer", "must be set (> 0) with use_dynamic_batching_in_infer"
+            )
         return self
 
     def dynamic_batching(self, phase: Literal["train", "infer"]) -> dict | None:
         """(max_tokens, round_to) of `phase`'s dynamic batching as `TokenBudget` arguments, or None."""
         if not getattr(self, f"use_dynamic_batching_in_{phase}"):
             return None
-        return {"max_tokens": getattr(self, f"max_tokens_per_microbatch_in_{phase}"),
-                "round_to": getattr(self, f"sequence_length_round_in_{phase}"),
-                "key": f"max_tokens_per_microbatch_in_{phase}"}
+        return {
+            "max_tokens": getattr(self, f"max_tokens_per_microbatch_in_{phase}"),
+            "round_to": getattr(self, f"sequence_length_round_in_{phase}"),
+            "key": f"max_tokens_per_microbatch_in_{phase}",
+        }
 
     @model_validator(mode="after")
     def _fill_world_size(self) -> WorkerConfig:
@@ -216,14 +238,25 @@ class WorkerConfig(ConfigModel):
             self.world_size = len(self.device_mapping) if self.device_mapping else 1
         elif self.device_mapping and self.world_size != len(self.device_mapping):
             devices = len(self.device_mapping)
-            raise InvalidField("world_size", f"{self.world_size}, but device_mapping {self.device_mapping} lists "
-                               f"{devices} (one rank per device): set it to {devices} or leave it out")
+            raise InvalidField(
+                "world_size",
+                f"{self.world_size}, but device_mapping {self.device_mapping} lists "
+                f"{devices} (one rank per device): set it to {devices} or leave it out",
+            )
         return self
 
 
-PG_VARIANT_KEYS = ("pg_variant", "tis_lower_bound", "tis_upper_bound", "topr_positive_weight",
-                   "topr_negative_weight", "cispo_epsilon_low", "cispo_epsilon_high", "cispo_use_unified_mask",
-                   "kimi15_tau")
+PG_VARIANT_KEYS = (
+    "pg_variant",
+    "tis_lower_bound",
+    "tis_upper_bound",
+    "topr_positive_weight",
+    "topr_negative_weight",
+    "cispo_epsilon_low",
+    "cispo_epsilon_high",
+    "cispo_use_unified_mask",
+    "kimi15_tau",
+)
 """The `actor_train` keys of the policy-gradient loss (ROLL keeps them on every worker config)."""
 
 
@@ -255,11 +288,18 @@ def cpu_options(role: str, worker: WorkerConfig) -> tuple[list[int] | None, int 
             cores = parse_device_mapping(cores)
         except ValueError:
             pass  # refused below, as any other bad value
-        ok = (isinstance(cores, list) and cores and len(set(cores)) == len(cores)
-              and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cores))
+        ok = (
+            isinstance(cores, list)
+            and cores
+            and len(set(cores)) == len(cores)
+            and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cores)
+        )
         if not ok:
-            raise InvalidField(f"{key}.cpu_affinity", "must be a non-empty list of distinct core ids >= 0 "
-                               f"or 'list(range(a, b))' (got {options.get('cpu_affinity')!r})")
+            raise InvalidField(
+                f"{key}.cpu_affinity",
+                "must be a non-empty list of distinct core ids >= 0 "
+                f"or 'list(range(a, b))' (got {options.get('cpu_affinity')!r})",
+            )
     return cores, threads
 
 
@@ -267,15 +307,22 @@ def _check_fsdp2_options(role: str, worker: WorkerConfig) -> None:
     """ROLL's fsdp2 `strategy_config` values (their meaning: roll.distributed.strategies.fsdp2_train)."""
     options, key = worker.strategy_args.strategy_config, f"{role}.strategy_args.strategy_config"
     for name in ("param_dtype", "reduce_dtype"):
-        if options.get(name) is not None and options[name] not in ROLL_DTYPES and options[name] not in ROLL_DTYPES.values():
+        if (
+            options.get(name) is not None
+            and options[name] not in ROLL_DTYPES
+            and options[name] not in ROLL_DTYPES.values()
+        ):
             raise InvalidField(f"{key}.{name}", f"{options[name]!r} is not a dtype; use bf16, fp16 or fp32")
     size = options.get("fsdp_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int):
             raise InvalidField(f"{key}.fsdp_size", f"expected an integer (got {size!r})")
         if 1 < size < worker.world_size and worker.world_size % size:
-            raise InvalidField(f"{key}.fsdp_size", f"{size} does not divide the role's {worker.world_size} ranks "
-                               "(HSDP shards within groups of fsdp_size and replicates across them)")
+            raise InvalidField(
+                f"{key}.fsdp_size",
+                f"{size} does not divide the role's {worker.world_size} ranks "
+                "(HSDP shards within groups of fsdp_size and replicates across them)",
+            )
     for name in ("offload_policy", "reshard_after_forward"):
         if name in options and not isinstance(options[name], bool):
             raise InvalidField(f"{key}.{name}", f"expected true or false (got {options[name]!r})")
@@ -316,14 +363,22 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
         if not isinstance(value, bool):
             raise InvalidField(f"{role}.strategy_args.strategy_config.{key}", f"expected true or false (got {value!r})")
     if role == "reference" and "torch_compile" in worker.strategy_args.strategy_config:
-        raise InvalidField(f"{role}.strategy_args.strategy_config.torch_compile", "the reference computes its "
-                           "log-probs with the HF model, uncompiled; torch_compile applies to actor_train and critic")
+        raise InvalidField(
+            f"{role}.strategy_args.strategy_config.torch_compile",
+            "the reference computes its "
+            "log-probs with the HF model, uncompiled; torch_compile applies to actor_train and critic",
+        )
     if role == "reference" and worker.model_args.lora_rank is not None:
-        raise InvalidField(f"{role}.model_args.lora_rank", "the reference is frozen: LoRA applies to actor_train "
-                           "and critic (actor_infer serves actor_train's merged weights)")
+        raise InvalidField(
+            f"{role}.model_args.lora_rank",
+            "the reference is frozen: LoRA applies to actor_train "
+            "and critic (actor_infer serves actor_train's merged weights)",
+        )
     if name == "megatron" and role == "critic":
-        raise InvalidField(f"{role}.strategy_args.strategy_name", "'megatron' trains causal LMs only; "
-                           "the critic's value model needs torch, deepspeed or fsdp2")
+        raise InvalidField(
+            f"{role}.strategy_args.strategy_name",
+            "'megatron' trains causal LMs only; the critic's value model needs torch, deepspeed or fsdp2",
+        )
     fields = WorkerConfig.model_fields
     policy_keys = [key for key in PG_VARIANT_KEYS if getattr(worker, key) != fields[key].default]
     if role != "actor_train" and policy_keys:
@@ -339,8 +394,11 @@ def check_token_budgets(role: str, worker: WorkerConfig, sequence_length: int) -
             continue
         rounded = -(-sequence_length // options["round_to"]) * options["round_to"]
         if options["max_tokens"] < rounded:
-            raise InvalidField(f"{role}.{options['key']}", f"{options['max_tokens']} is smaller than one sequence "
-                               f"(sequence_length {sequence_length}, rounded up to {rounded})")
+            raise InvalidField(
+                f"{role}.{options['key']}",
+                f"{options['max_tokens']} is smaller than one sequence "
+                f"(sequence_length {sequence_length}, rounded up to {rounded})",
+            )
 
 
 def _missing_requirement(name: str) -> str | None:
@@ -372,4 +430,6 @@ def _check_hf_batching(role: str, config: dict[str, Any]) -> None:
         raise InvalidField(f"{role}.strategy_args.strategy_config.continuous_batching", "must be true or false")
     wait = config.get("batch_wait_ms", 0)
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-        raise InvalidField(f"{role}.strategy_args.strategy_config.batch_wait_ms", f"must be a number >= 0, got {wait!r}")
+        raise InvalidField(
+            f"{role}.strategy_args.strategy_config.batch_wait_ms", f"must be a number >= 0, got {wait!r}"
+        )

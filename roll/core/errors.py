@@ -10,7 +10,7 @@ class EngineFailed(RuntimeError):
     (the CLI prints it and exits 1). Its message names the engine and the engine's own error."""
 
     @classmethod
-    def of(cls, engine_name: str, exc: BaseException) -> "EngineFailed":
+    def of(cls, engine_name: str, exc: BaseException) -> EngineFailed:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
         return cls(f"inference engine {engine_name!r} failed: {detail}")

@@ -41,8 +41,11 @@ class GpuNode:
 
 def _alive(nodes: Sequence[Mapping]) -> list[GpuNode]:
     """The alive nodes of `nodes` (`ray.nodes()` rows), each with its GPU count."""
-    return [GpuNode(n["NodeID"], n["NodeManagerAddress"], int(n.get("Resources", {}).get("GPU", 0)))
-            for n in nodes if n.get("Alive", True)]
+    return [
+        GpuNode(n["NodeID"], n["NodeManagerAddress"], int(n.get("Resources", {}).get("GPU", 0)))
+        for n in nodes
+        if n.get("Alive", True)
+    ]
 
 
 def gpu_nodes(nodes: Sequence[Mapping], per_node: int, driver_node_id: str | None = None) -> list[GpuNode]:
@@ -66,8 +69,11 @@ def gpus_per_node(nodes: Sequence[Mapping], num_gpus_per_node: int | None) -> in
         return num_gpus_per_node
     counts = sorted({n.gpus for n in _alive(nodes)} - {0})
     if len(counts) > 1:
-        raise PlacementError(NUM_GPUS_PER_NODE, f"unset, and the cluster's GPU nodes differ ({', '.join(map(str, counts))} "
-                             "GPUs): set it to the GPUs of the nodes device_mapping counts in")
+        raise PlacementError(
+            NUM_GPUS_PER_NODE,
+            f"unset, and the cluster's GPU nodes differ ({', '.join(map(str, counts))} "
+            "GPUs): set it to the GPUs of the nodes device_mapping counts in",
+        )
     return counts[0] if counts else 0
 
 
@@ -87,30 +93,53 @@ def plan_cluster_devices(
     for an index, or no GPU at all. CPU roles are left to Ray's scheduler (no node here)."""
     gpu_roles = {role: devices for role, devices in mappings.items() if devices}
     if not gpu_roles:
-        return plan_devices(mappings, strategies=strategies, inference_replicas=inference_replicas,
-                            visible_gpus=0, world_sizes=world_sizes)
+        return plan_devices(
+            mappings,
+            strategies=strategies,
+            inference_replicas=inference_replicas,
+            visible_gpus=0,
+            world_sizes=world_sizes,
+        )
     per_node = gpus_per_node(nodes, num_gpus_per_node)
     usable = gpu_nodes(nodes, per_node, driver_node_id)
     for role, devices in gpu_roles.items():
         _check_nodes(role, devices, per_node, usable, address)
-    plan = plan_devices(mappings, strategies=strategies, inference_replicas=inference_replicas,
-                        visible_gpus=per_node * len(usable), world_sizes=world_sizes)
+    plan = plan_devices(
+        mappings,
+        strategies=strategies,
+        inference_replicas=inference_replicas,
+        visible_gpus=per_node * len(usable),
+        world_sizes=world_sizes,
+    )
     processes = {}
     for role, placements in plan.processes.items():
-        processes[role] = tuple(p if p.device is None else dataclasses.replace(
-            p, cuda_visible_devices=str(p.device % per_node), node_id=usable[p.device // per_node].node_id,
-            node_ip=usable[p.device // per_node].ip) for p in placements)
+        processes[role] = tuple(
+            p
+            if p.device is None
+            else dataclasses.replace(
+                p,
+                cuda_visible_devices=str(p.device % per_node),
+                node_id=usable[p.device // per_node].node_id,
+                node_ip=usable[p.device // per_node].ip,
+            )
+            for p in placements
+        )
     return DevicePlan(processes)
 
 
 def _check_nodes(role: str, devices: list[int], per_node: int, usable: list[GpuNode], address: str) -> None:
     key = f"{role}.device_mapping"
     if per_node == 0:
-        raise PlacementError(key, f"{devices} needs GPUs, and no node of {address} has one "
-                             f"({NUM_GPUS_PER_NODE}=0); use null to run on CPU")
+        raise PlacementError(
+            key,
+            f"{devices} needs GPUs, and no node of {address} has one ({NUM_GPUS_PER_NODE}=0); use null to run on CPU",
+        )
     needed = max(devices) // per_node + 1
     if needed > len(usable):
         have = ", ".join(n.ip for n in usable) or "none"
-        raise PlacementError(key, f"GPU {max(devices)} is on GPU node {needed - 1} ({NUM_GPUS_PER_NODE}={per_node}: "
-                             f"index d is GPU d % {per_node} of node d // {per_node}), so the mapping needs {needed} "
-                             f"nodes with >= {per_node} GPUs; {address} has {len(usable)} ({have})")
+        raise PlacementError(
+            key,
+            f"GPU {max(devices)} is on GPU node {needed - 1} ({NUM_GPUS_PER_NODE}={per_node}: "
+            f"index d is GPU d % {per_node} of node d // {per_node}), so the mapping needs {needed} "
+            f"nodes with >= {per_node} GPUs; {address} has {len(usable)} ({have})",
+        )

@@ -52,8 +52,11 @@ def default_cpu_shares(cores: Sequence[int], async_training: bool) -> dict[str, 
         infer, train = roles[:split], roles[split:]
     else:
         infer = train = roles
-    return {INFERENCE: CpuShare(infer, len(infer)), TRAINING: CpuShare(train, len(train)),
-            ENV_WORKERS: CpuShare(env_core, 1)}
+    return {
+        INFERENCE: CpuShare(infer, len(infer)),
+        TRAINING: CpuShare(train, len(train)),
+        ENV_WORKERS: CpuShare(env_core, 1),
+    }
 
 
 def split_cores(share: CpuShare, processes: int) -> list[CpuShare]:
@@ -65,7 +68,7 @@ def split_cores(share: CpuShare, processes: int) -> list[CpuShare]:
         return [CpuShare(None, threads)] * processes
     cores, out = share.cores, []
     for p in range(processes):
-        mine = cores[p * len(cores) // processes:(p + 1) * len(cores) // processes] or (cores[p % len(cores)],)
+        mine = cores[p * len(cores) // processes : (p + 1) * len(cores) // processes] or (cores[p % len(cores)],)
         threads = len(mine) if share.num_threads is None else max(1, share.num_threads // processes)
         out.append(CpuShare(mine, threads))
     return out

@@ -45,8 +45,10 @@ def bin_by_tokens(lengths: list[int], budget: TokenBudget) -> list[list[int]]:
     for row in order:
         length = round_up(lengths[row], budget.round_to)
         if length > budget.max_tokens:
-            raise ValueError(f"{budget.key}: {budget.max_tokens} is smaller than one sequence "
-                             f"({lengths[row]} tokens, {length} rounded to {budget.round_to})")
+            raise ValueError(
+                f"{budget.key}: {budget.max_tokens} is smaller than one sequence "
+                f"({lengths[row]} tokens, {length} rounded to {budget.round_to})"
+            )
         if bins and (len(bins[-1]) + 1) * padded <= budget.max_tokens:
             bins[-1].append(row)
         else:

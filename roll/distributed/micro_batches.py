@@ -131,7 +131,9 @@ def iter_micro_batches(batch: TensorDict, micro_batch_size: int) -> Iterator[Ten
 
 
 def distinct_micro_batch_rows(
-    rows: DistinctRows, micro_batch_size: int, attention_mask: torch.Tensor | None = None,
+    rows: DistinctRows,
+    micro_batch_size: int,
+    attention_mask: torch.Tensor | None = None,
     budget: TokenBudget | None = None,
 ) -> Iterator[torch.Tensor]:
     """Row indices, in batch order, of each group of `micro_batch_size` distinct rows and every

@@ -78,8 +78,13 @@ class ProcessPlacement:
         served by rank 0 at `master_addr`, its own node (`roll.pipeline.builders`); `ensure_process_group`
         joins the group they describe. LOCAL_RANK names the process's device among those it sees:
         0 on a GPU (it sees only its own), the rank on CPU."""
-        return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(self.index),
-                "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0" if self.device is not None else str(self.index)}
+        return {
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "RANK": str(self.index),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": "0" if self.device is not None else str(self.index),
+        }
 
     def ray_options(self) -> dict[str, Any]:
         """Options for `ray.remote(...).options()`: none on CPU; on a GPU no Ray GPU and the
@@ -133,8 +138,11 @@ def check_device_layout(
     gpu_roles = [role for role in ROLES if mappings.get(role) is not None]
     cpu_roles = [role for role in ROLES if role in mappings and mappings[role] is None]
     if gpu_roles and cpu_roles:
-        raise PlacementError(f"{cpu_roles[0]}.device_mapping", f"null (CPU) while {gpu_roles[0]}.device_mapping "
-                             "lists GPUs; place every role on GPUs or every role on CPU (null)")
+        raise PlacementError(
+            f"{cpu_roles[0]}.device_mapping",
+            f"null (CPU) while {gpu_roles[0]}.device_mapping "
+            "lists GPUs; place every role on GPUs or every role on CPU (null)",
+        )
     _check_processes(mappings, strategies, inference_replicas, world_sizes or {})
     infer = set(mappings.get(INFERENCE_ROLE) or ())
     for role in (r for r in TRAINING_ROLES if mappings.get(r)):
@@ -144,11 +152,16 @@ def check_device_layout(
                 "async_generation_ratio",
                 f"{async_generation_ratio} needs actor_infer on GPUs of its own, but it shares {shared} with "
                 f"{role}: rollout then runs while {role} works, so neither can be offloaded for the other; "
-                "use 0 or give actor_infer other devices")
+                "use 0 or give actor_infer other devices",
+            )
 
 
-def _check_processes(mappings: Mapping[str, list[int] | None], strategies: Mapping[str, str],
-                     inference_replicas: int, world_sizes: Mapping[str, int]) -> None:
+def _check_processes(
+    mappings: Mapping[str, list[int] | None],
+    strategies: Mapping[str, str],
+    inference_replicas: int,
+    world_sizes: Mapping[str, int],
+) -> None:
     """One device per process: `num_replicas` devices for actor_infer, one per rank of a training
     role; several ranks only with an engine that averages their gradients."""
     if isinstance(inference_replicas, bool) or not isinstance(inference_replicas, int) or inference_replicas < 1:
@@ -158,17 +171,22 @@ def _check_processes(mappings: Mapping[str, list[int] | None], strategies: Mappi
         raise PlacementError(
             NUM_REPLICAS_KEY,
             f"{inference_replicas} replicas for actor_infer.device_mapping {infer}; each replica is one process "
-            f"on one device (tensor parallel is not built): set it to {len(infer)} or leave it out")
+            f"on one device (tensor parallel is not built): set it to {len(infer)} or leave it out",
+        )
     if infer is None and world_sizes.get(INFERENCE_ROLE, 1) > 1:
-        raise PlacementError(f"{INFERENCE_ROLE}.world_size", f"{world_sizes[INFERENCE_ROLE]} on CPU; the engine's "
-                             f"processes are its replicas: set {NUM_REPLICAS_KEY} instead")
+        raise PlacementError(
+            f"{INFERENCE_ROLE}.world_size",
+            f"{world_sizes[INFERENCE_ROLE]} on CPU; the engine's "
+            f"processes are its replicas: set {NUM_REPLICAS_KEY} instead",
+        )
     for role in (r for r in ("actor_train", "critic") if r in mappings):
         strategy, ranks = strategies.get(role, "torch"), _ranks(role, mappings, world_sizes)
         if ranks > 1 and strategy not in AVERAGING_STRATEGIES:
             raise PlacementError(
                 f"{role}.strategy_args.strategy_name",
                 f"{strategy!r} does not average gradients over the {ranks} ranks of {role} (world_size); "
-                f"use {', '.join(AVERAGING_STRATEGIES)}, or one rank")
+                f"use {', '.join(AVERAGING_STRATEGIES)}, or one rank",
+            )
 
 
 def _ranks(role: str, mappings: Mapping[str, list[int] | None], world_sizes: Mapping[str, int]) -> int:
@@ -202,16 +220,21 @@ def plan_devices(
         _check_visible(role, devices, visible_gpus)
         processes[role] = tuple(
             ProcessPlacement(role, i, d, entries[d] if entries and d < len(entries) else str(d))
-            for i, d in enumerate(devices))
+            for i, d in enumerate(devices)
+        )
     return DevicePlan(processes)
 
 
 def _check_visible(role: str, devices: list[int], visible_gpus: int) -> None:
     key = f"{role}.device_mapping"
     if visible_gpus == 0:
-        raise PlacementError(key, f"{devices} needs CUDA GPUs, and none is visible here; use null to run on CPU "
-                             "(or add +profile=cpu_smoke to shrink the whole config to this machine)")
+        raise PlacementError(
+            key,
+            f"{devices} needs CUDA GPUs, and none is visible here; use null to run on CPU "
+            "(or add +profile=cpu_smoke to shrink the whole config to this machine)",
+        )
     missing = [d for d in devices if d >= visible_gpus]
     if missing:
-        raise PlacementError(key, f"GPU {missing[0]} does not exist here: {visible_gpus} GPUs are visible "
-                                  f"(indices 0-{visible_gpus - 1})")
+        raise PlacementError(
+            key, f"GPU {missing[0]} does not exist here: {visible_gpus} GPUs are visible (indices 0-{visible_gpus - 1})"
+        )

@@ -72,8 +72,10 @@ class RankGroup:
 
     def _split_by_rows(self, method: str, batch: TensorDict, *args, **kwargs):
         slices = split_rows(batch.batch_size[0], max(self.data_ranks) + 1)
-        refs = [getattr(handle, method).remote(rank_input(batch, slices[rank]), *args, **kwargs)
-                for handle, rank in zip(self.handles, self.data_ranks, strict=True)]
+        refs = [
+            getattr(handle, method).remote(rank_input(batch, slices[rank]), *args, **kwargs)
+            for handle, rank in zip(self.handles, self.data_ranks, strict=True)
+        ]
         keep = [self.data_ranks.index(rank) for rank in range(len(slices))]  # first process of each
         return _merge_rows.remote([rows.stop - rows.start for rows in slices], keep, *refs)
 

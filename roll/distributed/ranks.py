@@ -82,8 +82,9 @@ def without_responses(micro: TensorDict) -> TensorDict:
     return copy
 
 
-def micro_weights(micros: list[TensorDict], weight_by: WeightBy, total: float | None = None,
-                  world_size: int = 1) -> list[float]:
+def micro_weights(
+    micros: list[TensorDict], weight_by: WeightBy, total: float | None = None, world_size: int = 1
+) -> list[float]:
     """Each micro-batch's weight in the mini-batch loss: its count over `total` times `world_size`
     (module docstring). `total` None: the micro-batches' own sum, one process's whole mini-batch.
     Nothing counted at all: uniform weights (the loss is 0 then; see `agg_loss`)."""

@@ -15,11 +15,13 @@ _PROBE = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
 _PROBE_ANSWER = "ROLL_PROBE_ANSWER"
 
 
-def render_text(tokenizer, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
-                tools: list[dict] | None = None) -> str:
+def render_text(
+    tokenizer, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool, tools: list[dict] | None = None
+) -> str:
     """`messages` rendered by the tokenizer's chat template, as text."""
-    return tokenizer.apply_chat_template([dict(m) for m in messages], tools=tools or None,
-                                         tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -55,11 +57,15 @@ def continuation_ids(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[i
     text = render_text(tokenizer, probe + [dict(m) for m in messages], add_generation_prompt=True)
     cut = text.find(_PROBE_ANSWER)
     if cut < 0:
-        raise ValueError("chat template drops the content of an assistant turn followed by "
-                         f"{messages[0]['role'] if messages else 'nothing'!r} messages")
+        raise ValueError(
+            "chat template drops the content of an assistant turn followed by "
+            f"{messages[0]['role'] if messages else 'nothing'!r} messages"
+        )
     cut += len(_PROBE_ANSWER)
     tail = encode(tokenizer, text[cut:])
     if encode(tokenizer, text[:cut]) + tail != encode(tokenizer, text):
-        raise ValueError("chat template: the text after an assistant turn does not tokenize "
-                         "apart from the turn; its ids cannot be appended to generated ids")
+        raise ValueError(
+            "chat template: the text after an assistant turn does not tokenize "
+            "apart from the turn; its ids cannot be appended to generated ids"
+        )
     return tail

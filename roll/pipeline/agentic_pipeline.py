@@ -23,15 +23,6 @@ from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.samples import (
-    adjust_batch,
-    batch_divisor,
-    build_step_batch,
-    build_traj_batch,
-    filter_groups,
-    staleness_metrics,
-    summarize_trajectories,
-)
 from roll.pipeline.builders import (
     build_pg_options,
     build_rollout,
@@ -41,6 +32,15 @@ from roll.pipeline.builders import (
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
+from roll.pipeline.samples import (
+    adjust_batch,
+    batch_divisor,
+    build_step_batch,
+    build_traj_batch,
+    filter_groups,
+    staleness_metrics,
+    summarize_trajectories,
+)
 from roll.pipeline.scoring import (
     clip_rewards,
     final_values,
@@ -65,25 +65,32 @@ class AgenticPipeline:
         # phase (a layout this machine cannot hold stops before Ray starts); Ray
         self.residency = start(cfg)
         self.tokenizer = run_tokenizer(cfg)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.pad_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        )
         self.workers = build_workers(cfg, self.residency)
         infer = inference_names(cfg)  # env workers find the inference workers by name (they may restart)
-        self.train_rollout = recorded(build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train"),
-                                      cfg.rollout_mock)
+        self.train_rollout = recorded(
+            build_rollout(cfg, cfg.train_env_manager, infer, self.tokenizer, mode="train"), cfg.rollout_mock
+        )
         self.val_rollout = None
         if cfg.eval_steps > 0:
-            self.val_rollout = recorded(build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val"),
-                                        cfg.rollout_mock)
+            self.val_rollout = recorded(
+                build_rollout(cfg, cfg.val_env_manager, infer, self.tokenizer, mode="val"), cfg.rollout_mock
+            )
         rollouts = {"train": self.train_rollout, "val": self.val_rollout}
-        placed = placement_rows(self.residency.plan, self.workers, {
-            name: r.workers for name, r in rollouts.items() if r is not None})
+        placed = placement_rows(
+            self.residency.plan, self.workers, {name: r.workers for name, r in rollouts.items() if r is not None}
+        )
         write_placement(cfg.output_dir, placed)  # where everything landed
         stop_on_loss_of(placed)  # on a cluster: losing a node of env workers only does not stop the run
         gen = cfg.actor_infer.generating_args
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
         self.step_wise = cfg.sample_mode == SampleMode.STEP
         self.build_batch = build_step_batch if self.step_wise else build_traj_batch
-        self.batch_divisor = batch_divisor(cfg, ["actor_train"] + [r for r in ("critic", "reference") if r in self.workers])
+        self.batch_divisor = batch_divisor(
+            cfg, ["actor_train"] + [r for r in ("critic", "reference") if r in self.workers]
+        )
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
         self.start_step = self._resume()
@@ -94,8 +101,11 @@ class AgenticPipeline:
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
         if self.start_step >= cfg.max_steps:  # e.g. a finished run resumed without raising max_steps
-            logger.warning("nothing to train: resumed at step %d and max_steps is %d; raise max_steps to go on",
-                           self.start_step, cfg.max_steps)
+            logger.warning(
+                "nothing to train: resumed at step %d and max_steps is %d; raise max_steps to go on",
+                self.start_step,
+                cfg.max_steps,
+            )
             self.tracker.close()
             return metrics
         progress = ProgressBar(cfg.max_steps, initial=self.start_step)
@@ -124,9 +134,15 @@ class AgenticPipeline:
             with _timer(timings, "sync"):
                 self.sync_weights(version=step)
             # 6. Log / validate / checkpoint
-            metrics = {**self.rollout_metrics(trajs, dropped, step), **filter_metrics, **score_metrics,
-                       **adjust_metrics, **train_metrics, **{f"time/{k}_s": v for k, v in timings.items()},
-                       "time/step_s": sum(timings.values())}
+            metrics = {
+                **self.rollout_metrics(trajs, dropped, step),
+                **filter_metrics,
+                **score_metrics,
+                **adjust_metrics,
+                **train_metrics,
+                **{f"time/{k}_s": v for k, v in timings.items()},
+                "time/step_s": sum(timings.values()),
+            }
             # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
             write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer)
             if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
@@ -152,18 +168,21 @@ class AgenticPipeline:
         trajectory's cause is logged too)."""
         for cause in dropped:
             logger.warning("step %d: dropped a trajectory: %s", step, cause)
-        return {**summarize_trajectories(trajs, "train"), **staleness_metrics(trajs, step - 1),
-                "rollout/dropped_trajectories": float(len(dropped)),
-                "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
-                "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories)}
+        return {
+            **summarize_trajectories(trajs, "train"),
+            **staleness_metrics(trajs, step - 1),
+            "rollout/dropped_trajectories": float(len(dropped)),
+            "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
+            "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories),
+        }
 
     def rollout(self, step: int) -> tuple[list, list[str]]:
         """The step's complete groups and the causes of dropped trajectories; then the groups of
         the next steps start (`run_ahead`)."""
         self.residency.enter("rollout")
         trajs, dropped = self.train_rollout.collect(
-            step, self.cfg.train_groups_per_step, policy_version=step - 1,
-            max_staleness=self.cfg.async_generation_ratio)
+            step, self.cfg.train_groups_per_step, policy_version=step - 1, max_staleness=self.cfg.async_generation_ratio
+        )
         self.run_ahead(step)
         return trajs, dropped
 
@@ -192,17 +211,30 @@ class AgenticPipeline:
         reward_metrics = self.shape_rewards(batch, rows)
         if self.step_wise:
             metrics = score_step_batch(
-                batch, rows, adv_estimator=cfg.adv_estimator, step_reward_gamma=cfg.step_reward_gamma,
-                episode_weight=cfg.episode_reward_weight, step_weight=cfg.step_reward_weight,
-                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo, whiten_advantages=cfg.whiten_advantages,
+                batch,
+                rows,
+                adv_estimator=cfg.adv_estimator,
+                step_reward_gamma=cfg.step_reward_gamma,
+                episode_weight=cfg.episode_reward_weight,
+                step_weight=cfg.step_reward_weight,
+                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
+                whiten_advantages=cfg.whiten_advantages,
                 advantage_clip=cfg.advantage_clip,
-                return_norm=cfg.reward_normalization if cfg.adv_estimator == "step_reinforce" else None)
+                return_norm=cfg.reward_normalization if cfg.adv_estimator == "step_reinforce" else None,
+            )
         else:
             metrics = score_batch(
-                batch, rows, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lambd=cfg.lambd,
-                kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None, kl_kind=cfg.kl_penalty,
-                whiten_advantages=cfg.whiten_advantages, norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
-                advantage_clip=cfg.advantage_clip)
+                batch,
+                rows,
+                adv_estimator=cfg.adv_estimator,
+                gamma=cfg.gamma,
+                lambd=cfg.lambd,
+                kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None,
+                kl_kind=cfg.kl_penalty,
+                whiten_advantages=cfg.whiten_advantages,
+                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
+                advantage_clip=cfg.advantage_clip,
+            )
         metrics.update(reward_metrics)
         if "critic/kl" in metrics:
             self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
@@ -229,18 +261,40 @@ class AgenticPipeline:
         cfg, metrics, tis = self.cfg, {}, self.cfg.off_policy_correction
         self.residency.enter("train")
         if "critic" in self.workers:
-            metrics.update(ray.get(self.workers["critic"].train.remote(
-                batch, ppo_epochs=cfg.ppo_epochs, value_clip=cfg.value_clip,
-                loss_agg_mode=cfg.loss_agg_mode, step=step), timeout=self.timeout_s))
-        metrics.update(ray.get(self.workers["actor"].train.remote(
-            batch, temperature=self.temperature, ppo_epochs=cfg.ppo_epochs,
-            pg_clip=cfg.pg_clip_low or cfg.pg_clip, pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
-            entropy_loss_coef=cfg.entropy_loss_coef, loss_agg_mode=cfg.loss_agg_mode, step=step,
-            tis_level=tis.level if tis else None, tis_cap=tis.cap if tis else None,
-            pg_variant=cfg.actor_train.pg_variant, pg_options=self.pg_options,
-            kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None, kl_loss_type=cfg.kl_loss_type,
-            correction=cfg.train_infer_correction.loss_options() if cfg.train_infer_correction else None),
-            timeout=self.timeout_s))
+            metrics.update(
+                ray.get(
+                    self.workers["critic"].train.remote(
+                        batch,
+                        ppo_epochs=cfg.ppo_epochs,
+                        value_clip=cfg.value_clip,
+                        loss_agg_mode=cfg.loss_agg_mode,
+                        step=step,
+                    ),
+                    timeout=self.timeout_s,
+                )
+            )
+        metrics.update(
+            ray.get(
+                self.workers["actor"].train.remote(
+                    batch,
+                    temperature=self.temperature,
+                    ppo_epochs=cfg.ppo_epochs,
+                    pg_clip=cfg.pg_clip_low or cfg.pg_clip,
+                    pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
+                    entropy_loss_coef=cfg.entropy_loss_coef,
+                    loss_agg_mode=cfg.loss_agg_mode,
+                    step=step,
+                    tis_level=tis.level if tis else None,
+                    tis_cap=tis.cap if tis else None,
+                    pg_variant=cfg.actor_train.pg_variant,
+                    pg_options=self.pg_options,
+                    kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None,
+                    kl_loss_type=cfg.kl_loss_type,
+                    correction=cfg.train_infer_correction.loss_options() if cfg.train_infer_correction else None,
+                ),
+                timeout=self.timeout_s,
+            )
+        )
         return metrics
 
     def sync_weights(self, version: int) -> None:
@@ -275,8 +329,10 @@ class AgenticPipeline:
         path = ckpt.resolve_resume(cfg.resume_from_checkpoint, cfg.checkpoint_dir)
         if path is None:
             if cfg.resume_from_checkpoint is True:
-                logger.warning("resume_from_checkpoint: no checkpoint under %s yet; starting fresh",
-                               ckpt.checkpoint_root(cfg.checkpoint_dir))
+                logger.warning(
+                    "resume_from_checkpoint: no checkpoint under %s yet; starting fresh",
+                    ckpt.checkpoint_root(cfg.checkpoint_dir),
+                )
             return 0
         state = ckpt.read_state(path)
         self.residency.enter("checkpoint")

@@ -14,22 +14,22 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
-from roll.core.records import SamplingParams
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.algorithms.pg_variants import PGOptions
+from roll.configs.dialect import NATIVE_ENV_MANAGERS
+from roll.configs.worker import engine_options
+from roll.core.records import SamplingParams
 from roll.distributed.cluster_plan import plan_cluster_devices
+from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.ranks import data_parallel_ranks
-from roll.distributed.strategies.process_group import STORE_FILE_ENV, fresh_store_file, node_rendezvous_point
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
+from roll.distributed.strategies.process_group import STORE_FILE_ENV, fresh_store_file, node_rendezvous_point
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
-from roll.configs.dialect import NATIVE_ENV_MANAGERS
-from roll.configs.worker import engine_options
-from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
 from roll.pipeline import cluster
 from roll.pipeline.cpu_shares import pin_workers, process_shares, role_share
 from roll.pipeline.residency import PhaseResidency
@@ -67,9 +67,13 @@ def place_workers(cfg) -> DevicePlan:
     `PlacementError` naming the key when the layout does not fit the GPUs there."""
     layout = cfg.device_layout
     if cluster.joined():
-        return plan_cluster_devices(**layout, nodes=ray.nodes(), num_gpus_per_node=cfg.num_gpus_per_node,
-                                    driver_node_id=ray.get_runtime_context().get_node_id(),
-                                    address=cluster.ray_target(cfg.ray_address) or "the cluster")
+        return plan_cluster_devices(
+            **layout,
+            nodes=ray.nodes(),
+            num_gpus_per_node=cfg.num_gpus_per_node,
+            driver_node_id=ray.get_runtime_context().get_node_id(),
+            address=cluster.ray_target(cfg.ray_address) or "the cluster",
+        )
     visible = 0
     if any(layout["mappings"].values()):  # a CPU run never touches CUDA
         import torch
@@ -94,25 +98,55 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     is built, so that vLLM and SGLang find free the memory they size their KV cache from."""
     residency = residency or PhaseResidency(place_workers(cfg))
     plan, total, pins = residency.plan, cfg.max_steps, []  # pins: waited for once, at the end
-    workers = {"actor": _start_role(ActorWorker, plan, "actor_train", cfg.actor_train.model_args.model_name_or_path,
-                                    cfg.actor_train.training_args, total_train_steps=total, seed=cfg.seed,
-                                    dtype=cfg.actor_train.model_args.dtype, **_strategy(cfg.actor_train),
-                                    attn_implementation=cfg.actor_train.model_args.attn_implementation,
-                                    features=training_features(cfg.actor_train),
-                                    system_envs=cfg.actor_train.system_envs, cfg=cfg, pins=pins)}
+    workers = {
+        "actor": _start_role(
+            ActorWorker,
+            plan,
+            "actor_train",
+            cfg.actor_train.model_args.model_name_or_path,
+            cfg.actor_train.training_args,
+            total_train_steps=total,
+            seed=cfg.seed,
+            dtype=cfg.actor_train.model_args.dtype,
+            **_strategy(cfg.actor_train),
+            attn_implementation=cfg.actor_train.model_args.attn_implementation,
+            features=training_features(cfg.actor_train),
+            system_envs=cfg.actor_train.system_envs,
+            cfg=cfg,
+            pins=pins,
+        )
+    }
     if "reference" in plan.processes:
         workers["reference"] = _start_role(
-            ReferenceWorker, plan, "reference", cfg.reference.model_args.model_name_or_path,
-            dtype=cfg.reference.model_args.dtype, attn_implementation=cfg.reference.model_args.attn_implementation,
+            ReferenceWorker,
+            plan,
+            "reference",
+            cfg.reference.model_args.model_name_or_path,
+            dtype=cfg.reference.model_args.dtype,
+            attn_implementation=cfg.reference.model_args.attn_implementation,
             micro_batch_size=cfg.reference.infer_batch_size or cfg.reference.training_args.per_device_train_batch_size,
-            budget=training_features(cfg.reference)["infer_budget"], system_envs=cfg.reference.system_envs, cfg=cfg,
-            pins=pins)
+            budget=training_features(cfg.reference)["infer_budget"],
+            system_envs=cfg.reference.system_envs,
+            cfg=cfg,
+            pins=pins,
+        )
     if "critic" in plan.processes:
         workers["critic"] = _start_role(
-            CriticWorker, plan, "critic", cfg.critic.model_args.model_name_or_path, cfg.critic.training_args,
-            total_train_steps=total, seed=cfg.seed, dtype=cfg.critic.model_args.dtype, **_strategy(cfg.critic),
+            CriticWorker,
+            plan,
+            "critic",
+            cfg.critic.model_args.model_name_or_path,
+            cfg.critic.training_args,
+            total_train_steps=total,
+            seed=cfg.seed,
+            dtype=cfg.critic.model_args.dtype,
+            **_strategy(cfg.critic),
             attn_implementation=cfg.critic.model_args.attn_implementation,
-            features=training_features(cfg.critic), system_envs=cfg.critic.system_envs, cfg=cfg, pins=pins)
+            features=training_features(cfg.critic),
+            system_envs=cfg.critic.system_envs,
+            cfg=cfg,
+            pins=pins,
+        )
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     workers["inference"] = build_inference(cfg, residency, pins)
@@ -127,23 +161,37 @@ def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) ->
     options = infer_cfg.strategy_args.strategy_config
     placements = plan.processes["actor_infer"]
     infer_shares = process_shares(cfg, "actor_infer", len(placements))
-    inference = [_remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs, **spot).remote(
-        infer_cfg.model_args.model_name_or_path, dtype=infer_cfg.model_args.dtype,
-        max_batch_size=int(options.get("max_batch_size", 256)),
-        max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
-        continuous_batching=bool(options.get("continuous_batching", True)),
-        batch_wait_ms=float(options.get("batch_wait_ms", 0.0)),
-        device=placement.torch_device, **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
-        num_threads=share.num_threads)
-        for placement, name, spot, share in zip(placements, inference_names(cfg), node_spots("actor_infer", placements),
-                                                infer_shares, strict=True)]
+    inference = [
+        _remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs, **spot).remote(
+            infer_cfg.model_args.model_name_or_path,
+            dtype=infer_cfg.model_args.dtype,
+            max_batch_size=int(options.get("max_batch_size", 256)),
+            max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
+            continuous_batching=bool(options.get("continuous_batching", True)),
+            batch_wait_ms=float(options.get("batch_wait_ms", 0.0)),
+            device=placement.torch_device,
+            **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
+            num_threads=share.num_threads,
+        )
+        for placement, name, spot, share in zip(
+            placements, inference_names(cfg), node_spots("actor_infer", placements), infer_shares, strict=True
+        )
+    ]
     ray.get(pins + pin_workers(inference, infer_shares))
     residency.attach("actor_infer", inference)
     return inference
 
 
-def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, str] | None = None, cfg=None,
-                pins: list | None = None, **kwargs):
+def _start_role(
+    cls,
+    plan: DevicePlan,
+    role: str,
+    *args,
+    system_envs: dict[str, str] | None = None,
+    cfg=None,
+    pins: list | None = None,
+    **kwargs,
+):
     """The actor of a one-process role, exactly as before ranks existed; for several ranks one
     actor per rank, forming one torch.distributed group, behind a `RankGroup`. GPU ranks are pinned
     to the driver's node (its GPUs); CPU ranks get a placement group of their own, packed on one
@@ -158,25 +206,33 @@ def _start_role(cls, plan: DevicePlan, role: str, *args, system_envs: dict[str, 
     if len(placements) == 1:
         threads = {"num_threads": shares[0].num_threads} if shares and shares[0].num_threads else {}
         handle = _remote(cls, placements[0], runtime_env_vars=system_envs, **node_spots(role, placements)[0]).remote(
-            *args, device=placements[0].torch_device, **threads, **kwargs)
+            *args, device=placements[0].torch_device, **threads, **kwargs
+        )
         _pinned(pin_workers([handle], shares or [CpuShare()]), pins)
         return handle
     ranks = len(placements)
     spots = _rank_spots(role, placements)
-    addr, port = ray.get(ray.remote(num_cpus=0)(node_rendezvous_point).options(
-        scheduling_strategy=spots[0]).remote(), timeout=_PLACEMENT_TIMEOUT_S)
+    addr, port = ray.get(
+        ray.remote(num_cpus=0)(node_rendezvous_point).options(scheduling_strategy=spots[0]).remote(),
+        timeout=_PLACEMENT_TIMEOUT_S,
+    )
     threads = None if placements[0].device is not None else max(1, (os.cpu_count() or 1) // ranks)
     if shares and shares[0].num_threads is not None:
         threads = shares[0].num_threads
     model_parallel = {}  # megatron's tensor/pipeline ranks of one data-parallel rank see the same rows
     if kwargs.get("strategy_name") == "megatron":
         options = kwargs.get("strategy_config") or {}
-        model_parallel = {"tensor_parallel": int(options.get("tensor_model_parallel_size", 1)),
-                          "pipeline_parallel": int(options.get("pipeline_model_parallel_size", 1))}
+        model_parallel = {
+            "tensor_parallel": int(options.get("tensor_model_parallel_size", 1)),
+            "pipeline_parallel": int(options.get("pipeline_model_parallel_size", 1)),
+        }
     store = {} if cluster.joined() else {STORE_FILE_ENV: fresh_store_file()}  # one machine: no TCP store
-    handles = [_remote(cls, p, env=p.rank_env(ranks, port, addr) | store, runtime_env_vars=system_envs,
-                       scheduling_strategy=spot).remote(
-        *args, device=p.torch_device, num_threads=threads, **kwargs) for p, spot in zip(placements, spots, strict=True)]
+    handles = [
+        _remote(
+            cls, p, env=p.rank_env(ranks, port, addr) | store, runtime_env_vars=system_envs, scheduling_strategy=spot
+        ).remote(*args, device=p.torch_device, num_threads=threads, **kwargs)
+        for p, spot in zip(placements, spots, strict=True)
+    ]
     _pinned(pin_workers(handles, shares or [CpuShare()] * ranks), pins)
     return RankGroup(handles, data_ranks=data_parallel_ranks(ranks, **model_parallel))
 
@@ -210,8 +266,10 @@ def node_spots(role: str, placements) -> list[dict]:
         return [{}] * len(placements)
     bundles = [{"GPU": _BUNDLE_GPU, f"node:{p.node_ip}": _BUNDLE_NODE} for p in placements]
     group = _reserve(role, bundles, "STRICT_PACK" if len({p.node_id for p in placements}) == 1 else "PACK")
-    return [{"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)}
-            for r in range(len(placements))]
+    return [
+        {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)}
+        for r in range(len(placements))
+    ]
 
 
 def _reserve(role: str, bundles: list[dict], strategy: str):
@@ -221,13 +279,20 @@ def _reserve(role: str, bundles: list[dict], strategy: str):
     try:
         ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(f"{role}: no room for a placement group of {len(bundles)} processes within "
-                           f"{_PLACEMENT_TIMEOUT_S:.0f} s (each asks {bundles[0]})") from None
+        raise RuntimeError(
+            f"{role}: no room for a placement group of {len(bundles)} processes within "
+            f"{_PLACEMENT_TIMEOUT_S:.0f} s (each asks {bundles[0]})"
+        ) from None
     return group
 
 
-def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None,
-            runtime_env_vars: dict[str, str] | None = None, **options):
+def _remote(
+    cls,
+    placement: ProcessPlacement,
+    env: dict[str, str] | None = None,
+    runtime_env_vars: dict[str, str] | None = None,
+    **options,
+):
     """`ray.remote(cls)` with the process's device options and extra environment `env`; a GPU
     process is pinned to the driver's node (its GPUs), unless `options` place it. `runtime_env_vars`
     only add variables (no pinning)."""
@@ -238,7 +303,8 @@ def _remote(cls, placement: ProcessPlacement, env: dict[str, str] | None = None,
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra}
     if placement.device is not None and "scheduling_strategy" not in options:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-            ray.get_runtime_context().get_node_id(), soft=False)
+            ray.get_runtime_context().get_node_id(), soft=False
+        )
     return ray.remote(cls).options(**options)
 
 
@@ -252,9 +318,12 @@ def training_features(worker_cfg) -> dict:
         options = worker_cfg.dynamic_batching(phase)
         return None if options is None else TokenBudget(**options)
 
-    return {"lora": worker_cfg.model_args.lora,
-            "gradient_checkpointing": not worker_cfg.model_args.disable_gradient_checkpointing,
-            "train_budget": budget("train"), "infer_budget": budget("infer")}
+    return {
+        "lora": worker_cfg.model_args.lora,
+        "gradient_checkpointing": not worker_cfg.model_args.disable_gradient_checkpointing,
+        "train_budget": budget("train"),
+        "infer_budget": budget("infer"),
+    }
 
 
 def _strategy(worker_cfg, offloadable: bool = False) -> dict:
@@ -283,19 +352,34 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
     slot_tags = [tag for tag, n in manager_cfg.groups_per_tag.items() for _ in range(n)]
     # max_env_num_per_worker counts envs; a worker holds whole groups (0 = everything in one worker)
     envs_per_group = manager_cfg.group_size + manager_cfg.group_size_redundancy
-    per_worker = (max(1, manager_cfg.max_env_num_per_worker // envs_per_group)
-                  if manager_cfg.max_env_num_per_worker else len(slot_tags))
-    chunks = [slot_tags[i:i + per_worker] for i in range(0, len(slot_tags), per_worker)]
+    per_worker = (
+        max(1, manager_cfg.max_env_num_per_worker // envs_per_group)
+        if manager_cfg.max_env_num_per_worker
+        else len(slot_tags)
+    )
+    chunks = [slot_tags[i : i + per_worker] for i in range(0, len(slot_tags), per_worker)]
     sampling = sampling_params(cfg.generating_args_for(manager_cfg), tokenizer)
     workers, slots = [], []
     for w, tags in enumerate(chunks):
         specs = [env_spec(cfg, tag, manager_cfg) for tag in tags]
-        workers.append(ray.remote(EnvWorker).options(**_env_worker_options(manager_cfg.system_envs)).remote(
-            specs, manager_cfg.group_size, cfg.actor_infer.model_args.model_name_or_path, inference,
-            sampling, cfg.sequence_length, manager_type=manager_cfg.env_manager_type,
-            history_length=manager_cfg.history_length, step_timeout_s=manager_cfg.env_step_timeout_s,
-            generate_timeout_s=manager_cfg.generate_timeout_s, redundancy=manager_cfg.group_size_redundancy,
-            chat_template=cfg.actor_infer.data_args.template))
+        workers.append(
+            ray.remote(EnvWorker)
+            .options(**_env_worker_options(manager_cfg.system_envs))
+            .remote(
+                specs,
+                manager_cfg.group_size,
+                cfg.actor_infer.model_args.model_name_or_path,
+                inference,
+                sampling,
+                cfg.sequence_length,
+                manager_type=manager_cfg.env_manager_type,
+                history_length=manager_cfg.history_length,
+                step_timeout_s=manager_cfg.env_step_timeout_s,
+                generate_timeout_s=manager_cfg.generate_timeout_s,
+                redundancy=manager_cfg.group_size_redundancy,
+                chat_template=cfg.actor_infer.data_args.template,
+            )
+        )
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     ray.get(pin_workers(workers, [role_share(cfg, ENV_WORKERS)] * len(workers)))  # on the env workers' cores
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
@@ -304,7 +388,9 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
 def _env_worker_options(system_envs: dict[str, str]) -> dict:
     """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies);
     the manager's `system_envs` in their environment."""
-    options = {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else dict(_ENV_WORKER_OPTIONS)
+    options = (
+        {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else dict(_ENV_WORKER_OPTIONS)
+    )
     if system_envs:
         options["runtime_env"] = {"env_vars": dict(system_envs)}
     return options
@@ -319,13 +405,21 @@ def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
         env_config["format_penalty"] = penalty  # the manager's default (ROLL's key)
     if env.env_type == "agent" and env_config.get("dataset"):  # as the driver sees it: an env
         env_config["dataset"] = os.path.abspath(env_config["dataset"])  # worker may run elsewhere
-    return EnvSpec(tag=tag, env_type=env.env_type, env_config=env_config,
-                   max_steps=env.max_steps, max_tokens_per_step=env.max_tokens_per_step,
-                   response_prefix=env.response_prefix, instruction=env.instruction,
-                   agent_system_template=env.agent_system_template, agent_template=env.agent_template,
-                   history_length=env.history_length, use_thread_lock=env.use_thread_lock,
-                   max_env_step_concurrent=env.max_env_step_concurrent,
-                   native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS)
+    return EnvSpec(
+        tag=tag,
+        env_type=env.env_type,
+        env_config=env_config,
+        max_steps=env.max_steps,
+        max_tokens_per_step=env.max_tokens_per_step,
+        response_prefix=env.response_prefix,
+        instruction=env.instruction,
+        agent_system_template=env.agent_system_template,
+        agent_template=env.agent_template,
+        history_length=env.history_length,
+        use_thread_lock=env.use_thread_lock,
+        max_env_step_concurrent=env.max_env_step_concurrent,
+        native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS,
+    )
 
 
 def _takes(env_type: str, key: str) -> bool:
@@ -339,14 +433,19 @@ def _takes(env_type: str, key: str) -> bool:
     return True
 
 
-
 def build_pg_options(cfg) -> PGOptions:
     """The actor's policy-gradient loss parameters: `actor_train`'s pg_variant keys and the PPO
     clip range (`pg_clip_low` / `pg_clip_high`, each `pg_clip` when unset)."""
     actor = cfg.actor_train
     return PGOptions(
-        clip_low=cfg.pg_clip_low or cfg.pg_clip, clip_high=cfg.pg_clip_high or cfg.pg_clip,
-        tis_lower_bound=actor.tis_lower_bound, tis_upper_bound=actor.tis_upper_bound,
-        topr_positive_weight=actor.topr_positive_weight, topr_negative_weight=actor.topr_negative_weight,
-        cispo_epsilon_low=actor.cispo_epsilon_low, cispo_epsilon_high=actor.cispo_epsilon_high,
-        cispo_use_unified_mask=actor.cispo_use_unified_mask, kimi15_tau=actor.kimi15_tau)
+        clip_low=cfg.pg_clip_low or cfg.pg_clip,
+        clip_high=cfg.pg_clip_high or cfg.pg_clip,
+        tis_lower_bound=actor.tis_lower_bound,
+        tis_upper_bound=actor.tis_upper_bound,
+        topr_positive_weight=actor.topr_positive_weight,
+        topr_negative_weight=actor.topr_negative_weight,
+        cispo_epsilon_low=actor.cispo_epsilon_low,
+        cispo_epsilon_high=actor.cispo_epsilon_high,
+        cispo_use_unified_mask=actor.cispo_use_unified_mask,
+        kimi15_tau=actor.kimi15_tau,
+    )

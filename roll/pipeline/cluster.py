@@ -62,19 +62,29 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
     if target is None:
         reaper.start()  # Ray's processes end with this driver, even after a kill -9
         with _loopback_node():
-            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                     _node_ip_address=LOOPBACK, logging_level="ERROR", **runtime_env)
+            ray.init(
+                address="local",
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                _node_ip_address=LOOPBACK,
+                logging_level="ERROR",
+                **runtime_env,
+            )
         _remember_nodes()
-        _say("ray: started a private local instance on 127.0.0.1 (a Ray already running on this machine is "
-             "not joined; set ray_address or RAY_ADDRESS to join a cluster)")
+        _say(
+            "ray: started a private local instance on 127.0.0.1 (a Ray already running on this machine is "
+            "not joined; set ray_address or RAY_ADDRESS to join a cluster)"
+        )
         return False
     source = "ray_address" if address else "RAY_ADDRESS"
     hostport = target.split("://")[-1]
     host, _, port = hostport.rpartition(":")
     silent = _nothing_listens(hostport, host, port)
     if silent:
-        raise ClusterError(f"{source}={target}: cannot join the Ray cluster: {silent}; start its head with "
-                           "`ray start --head --port=PORT` or correct the address")
+        raise ClusterError(
+            f"{source}={target}: cannot join the Ray cluster: {silent}; start its head with "
+            "`ray start --head --port=PORT` or correct the address"
+        )
     _token_mode_if_token_available()
     try:
         with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing(), _bounded_gcs_wait():
@@ -85,9 +95,11 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
     _joined = True
     nodes = _remember_nodes()
     threading.Thread(target=_watch_nodes, name="roll-node-watch", daemon=True).start()
-    _say(f"ray: joined the cluster at {target} ({source}): {len(nodes)} nodes, "
-         f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
-         f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs")
+    _say(
+        f"ray: joined the cluster at {target} ({source}): {len(nodes)} nodes, "
+        f"{sum(n['Resources'].get('CPU', 0) for n in nodes):g} CPUs, "
+        f"{sum(n['Resources'].get('GPU', 0) for n in nodes):g} GPUs"
+    )
     return True
 
 
@@ -109,7 +121,7 @@ def _nothing_listens(hostport: str, host: str, port: str) -> str | None:
     host = host.strip("[]")
     try:
         socket.create_connection((host, int(port)), timeout=JOIN_PROBE_S).close()
-    except socket.timeout:
+    except TimeoutError:
         return f"no answer from {hostport} within {JOIN_PROBE_S:g} s"
     except ConnectionRefusedError:
         return f"nothing listens at {hostport} (connection refused)"
@@ -212,8 +224,10 @@ def _watch_nodes(period_s: float = 2.0) -> None:
             _thread.interrupt_main()
             return
         for nid in sorted(env_only - let_go):
-            _say(f"ray: lost node {_describe(nid)}, which held env workers only: Ray "
-                 "restarts them on the surviving nodes and their groups are played again; the run goes on")
+            _say(
+                f"ray: lost node {_describe(nid)}, which held env workers only: Ray "
+                "restarts them on the surviving nodes and their groups are played again; the run goes on"
+            )
         let_go |= env_only
         time.sleep(period_s)
 
@@ -230,8 +244,10 @@ def _join_failure(source: str, target: str, err: BaseException) -> str:
     text = " ".join(str(err).split())
     name = type(err).__name__
     if any(type(e).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(e) for e in chain):
-        return (f"{source}={target}: Ray token authentication failed ({name}): the driver needs the cluster's "
-                "token: RAY_AUTH_TOKEN_PATH=<the head's ~/.ray/auth_token> or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token")
+        return (
+            f"{source}={target}: Ray token authentication failed ({name}): the driver needs the cluster's "
+            "token: RAY_AUTH_TOKEN_PATH=<the head's ~/.ray/auth_token> or RAY_AUTH_TOKEN, and RAY_AUTH_MODE=token"
+        )
     return f"{source}={target}: cannot join the Ray cluster ({name}: {text[:300]})"
 
 
@@ -295,11 +311,19 @@ def placement_rows(plan, workers: dict, env_workers: dict[str, list]) -> list[di
         handles = workers[WORKER_KEYS[role]]
         handles = handles if isinstance(handles, list) else getattr(handles, "handles", [handles])
         for placement, handle in zip(placements, handles, strict=True):
-            rows.append({"role": role, "rank": placement.index, **actor_node(handle),
-                         "devices": placement.cuda_visible_devices or "cpu"})
+            rows.append(
+                {
+                    "role": role,
+                    "rank": placement.index,
+                    **actor_node(handle),
+                    "devices": placement.cuda_visible_devices or "cpu",
+                }
+            )
     for manager, handles in env_workers.items():
-        rows += [{"role": f"env_worker:{manager}", "rank": i, **actor_node(h), "devices": "cpu"}
-                 for i, h in enumerate(handles)]
+        rows += [
+            {"role": f"env_worker:{manager}", "rank": i, **actor_node(h), "devices": "cpu"}
+            for i, h in enumerate(handles)
+        ]
     return rows
 
 
@@ -311,6 +335,8 @@ def write_placement(output_dir: str, rows: list[dict]) -> Path:
     tmp.write_text(json.dumps({"nodes": sorted({r["node_ip"] for r in rows}), "processes": rows}, indent=1))
     os.replace(tmp, path)
     lines = [f"{'role':<18} {'rank':>4}  {'node ip':<15} {'node id':<12} devices"]
-    lines += [f"{r['role']:<18} {r['rank']:>4}  {r['node_ip']:<15} {r['node_id'][:12]:<12} {r['devices']}" for r in rows]
+    lines += [
+        f"{r['role']:<18} {r['rank']:>4}  {r['node_ip']:<15} {r['node_id'][:12]:<12} {r['devices']}" for r in rows
+    ]
     _say("placement (" + str(path) + "):\n" + "\n".join(lines))
     return path

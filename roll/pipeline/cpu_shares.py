@@ -8,7 +8,6 @@ each worker process right after it starts (`pin_workers`), so no worker class ne
 
 from __future__ import annotations
 
-
 from roll.configs.worker import cpu_options
 from roll.distributed.cpu_affinity import (
     ENV_WORKERS,
@@ -31,8 +30,10 @@ def role_share(cfg, role: str, cores: tuple[int, ...] | None = None) -> CpuShare
     if role != ENV_WORKERS:
         affinity, threads = cpu_options(role, getattr(cfg, role))
         if affinity is not None or threads is not None:
-            return CpuShare(None if affinity is None else tuple(affinity),
-                            threads if threads is not None else (len(affinity) if affinity else None))
+            return CpuShare(
+                None if affinity is None else tuple(affinity),
+                threads if threads is not None else (len(affinity) if affinity else None),
+            )
     if cluster.joined() or any(cfg.device_layout["mappings"].values()):
         return CpuShare()
     shares = default_cpu_shares(usable_cores() if cores is None else cores, cfg.async_generation_ratio > 0)

@@ -26,4 +26,5 @@ def stop_if_diverged(metrics: dict[str, float], limit: int, step: int) -> None:
             raise TrainingDiverged(
                 f"step {step}: the last {streak} {role} updates had a non-finite loss or gradient and were "
                 f"skipped (max_consecutive_skipped_steps={limit}); the run stops. Resume from the last "
-                "checkpoint with a lower learning_rate or check the rewards.")
+                "checkpoint with a lower learning_rate or check the rewards."
+            )

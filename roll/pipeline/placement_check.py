@@ -34,9 +34,12 @@ class PlacementProbe:
         pass
 
     def where(self) -> dict[str, str | None]:
-        return {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
-                "devices": os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu",
-                "master_addr": os.environ.get("MASTER_ADDR")}
+        return {
+            "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "devices": os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu",
+            "master_addr": os.environ.get("MASTER_ADDR"),
+        }
 
 
 def probe_rows(plan) -> list[dict]:
@@ -47,8 +50,10 @@ def probe_rows(plan) -> list[dict]:
     rows = []
     for role, placements in plan.processes.items():
         if role == "actor_infer":  # replicas, not ranks: as build_workers starts them
-            handles = [_remote(PlacementProbe, p, **spot).remote() for p, spot in
-                       zip(placements, node_spots(role, placements), strict=True)]
+            handles = [
+                _remote(PlacementProbe, p, **spot).remote()
+                for p, spot in zip(placements, node_spots(role, placements), strict=True)
+            ]
         else:
             started = _start_role(PlacementProbe, plan, role)
             handles = getattr(started, "handles", [started])

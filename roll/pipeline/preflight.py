@@ -62,9 +62,12 @@ def check_output_dir(cfg) -> None:
     if not found:
         return
     if not cfg.overwrite_output_dir:
-        raise ConfigError("output_dir", f"{cfg.output_dir} holds another run's {' and '.join(found)}; resume it "
-                                        "with resume_from_checkpoint=true, choose another output_dir, or set "
-                                        "overwrite_output_dir=true to delete them")
+        raise ConfigError(
+            "output_dir",
+            f"{cfg.output_dir} holds another run's {' and '.join(found)}; resume it "
+            "with resume_from_checkpoint=true, choose another output_dir, or set "
+            "overwrite_output_dir=true to delete them",
+        )
     (Path(cfg.output_dir) / METRICS_FILE).unlink(missing_ok=True)
     shutil.rmtree(ckpt.checkpoint_root(cfg.output_dir), ignore_errors=True)
 
@@ -93,8 +96,9 @@ def check_model_configs(cfg) -> None:
             AutoConfig.from_pretrained(path)
         except Exception as err:  # OSError, ValueError, JSONDecodeError...: all mean "not a model dir"
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-            raise ConfigError(key, f"{path}/config.json cannot be loaded: "
-                                   f"{lines[0] if lines else type(err).__name__}") from None
+            raise ConfigError(
+                key, f"{path}/config.json cannot be loaded: {lines[0] if lines else type(err).__name__}"
+            ) from None
 
 
 def check_recordings(cfg) -> None:
@@ -103,12 +107,16 @@ def check_recordings(cfg) -> None:
     mock = cfg.rollout_mock
     if mock is None or not mock.replays:
         return
-    missing = [step for step in range(1, cfg.max_steps + 1)
-               if not recording_path(mock.dump_dir, "train", step).is_file()]
+    missing = [
+        step for step in range(1, cfg.max_steps + 1) if not recording_path(mock.dump_dir, "train", step).is_file()
+    ]
     if missing:
-        raise ConfigError("rollout_mock.dump_dir", f"{mock.dump_dir} has no recording of training step "
-                          f"{missing[0]} ({recording_path(mock.dump_dir, 'train', missing[0])}); record the run "
-                          "first with rollout_mock.mode=dump")
+        raise ConfigError(
+            "rollout_mock.dump_dir",
+            f"{mock.dump_dir} has no recording of training step "
+            f"{missing[0]} ({recording_path(mock.dump_dir, 'train', missing[0])}); record the run "
+            "first with rollout_mock.mode=dump",
+        )
 
 
 def check_envs(cfg) -> None:
@@ -131,17 +139,22 @@ def check_envs(cfg) -> None:
             try:
                 prompt = chat.template_ids(chat_of(info, tag), add_generation_prompt=True)
             except MalformedEnvOutput as err:
-                raise ConfigError(f"custom_envs.{tag}.env_manager_cls", f"{err} after reset; "
-                                  f"{env_cfg.env_type!r} does not (use step or traj)") from None
+                raise ConfigError(
+                    f"custom_envs.{tag}.env_manager_cls",
+                    f"{err} after reset; {env_cfg.env_type!r} does not (use step or traj)",
+                ) from None
         else:
             instruction = info.get("env_instruction") if env_cfg.instruction is None else env_cfg.instruction
             prompt = chat.initial_prompt(instruction, obs)
         need = len(prompt) + env_cfg.max_tokens_per_step
         if need > cfg.sequence_length:
-            raise ConfigError("sequence_length", f"{cfg.sequence_length} cannot hold {tag}'s first prompt "
-                                                 f"({len(prompt)} tokens) and one response (custom_envs.{tag}."
-                                                 f"max_tokens_per_step={env_cfg.max_tokens_per_step}); "
-                                                 f"use at least {need}")
+            raise ConfigError(
+                "sequence_length",
+                f"{cfg.sequence_length} cannot hold {tag}'s first prompt "
+                f"({len(prompt)} tokens) and one response (custom_envs.{tag}."
+                f"max_tokens_per_step={env_cfg.max_tokens_per_step}); "
+                f"use at least {need}",
+            )
 
 
 def _first_observation(tag: str, env_cfg, seed: int) -> tuple[str, dict]:
@@ -166,8 +179,9 @@ def _first_observation(tag: str, env_cfg, seed: int) -> tuple[str, dict]:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise ConfigError(key, f"building and resetting one {env_cfg.env_type} env took over "
-                               f"{timeout_s:g}s; check its sizes")
+        raise ConfigError(
+            key, f"building and resetting one {env_cfg.env_type} env took over {timeout_s:g}s; check its sizes"
+        )
     if "error" in box:
         err = box["error"]
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]

@@ -67,9 +67,11 @@ def check_megatron_layout(role: str, worker: WorkerConfig) -> None:
         raise InvalidField(f"{role}.strategy_args.{key}", why) from None
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
         if role == "reference" and options.get(key, 1) > 1:
-            raise InvalidField(f"{role}.strategy_args.strategy_config.{key}",
-                               "the reference computes log-probs with the HF model on each rank; "
-                               "model parallelism is built for actor_train only")
+            raise InvalidField(
+                f"{role}.strategy_args.strategy_config.{key}",
+                "the reference computes log-probs with the HF model on each rank; "
+                "model parallelism is built for actor_train only",
+            )
 
 
 def check_cpu_affinity(role: str, worker: WorkerConfig) -> None:
@@ -78,8 +80,10 @@ def check_cpu_affinity(role: str, worker: WorkerConfig) -> None:
     cores, _ = cpu_options(role, worker)
     missing = sorted(set(cores or ()) - set(usable_cores()))
     if missing:
-        raise InvalidField(f"{role}.strategy_args.strategy_config.cpu_affinity",
-                           f"core(s) {missing} are not usable here (usable: {list(usable_cores())})")
+        raise InvalidField(
+            f"{role}.strategy_args.strategy_config.cpu_affinity",
+            f"core(s) {missing} are not usable here (usable: {list(usable_cores())})",
+        )
 
 
 def check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
@@ -89,8 +93,10 @@ def check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
         if env.env_type == "agent":
             for key in ("instruction", "response_prefix"):  # agents format their own prompts
                 if key in env.model_fields_set:
-                    raise InvalidField(f"custom_envs.{tag}.{key}", "not used by env_type 'agent' "
-                                       "(set system_prompt in the agent config)")
+                    raise InvalidField(
+                        f"custom_envs.{tag}.{key}",
+                        "not used by env_type 'agent' (set system_prompt in the agent config)",
+                    )
             _check_agent_dataset(f"custom_envs.{tag}.env_config", env.env_config)
             continue
         try:

@@ -45,7 +45,10 @@ def start(period_s: float = 1.0, grace_s: float = 3.0) -> subprocess.Popen:
     # its own session: a Ctrl-C to the driver's process group must not end the watcher first
     _watcher = subprocess.Popen(
         [sys.executable, "-m", "roll.pipeline.reaper", str(os.getpid()), token, str(period_s), str(grace_s)],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return _watcher
 
 
@@ -72,8 +75,9 @@ def descendants(pid: int, exclude: int) -> dict[int, float]:
 
 def carrying(token: str, exclude: int) -> dict[int, float]:
     """pid -> start time of every process whose environment holds `TOKEN_VAR=token`."""
-    return _start_times(psutil.process_iter(),
-                        lambda proc: proc.pid != exclude and proc.environ().get(TOKEN_VAR) == token)
+    return _start_times(
+        psutil.process_iter(), lambda proc: proc.pid != exclude and proc.environ().get(TOKEN_VAR) == token
+    )
 
 
 def end(processes: dict[int, float], grace_s: float) -> None:

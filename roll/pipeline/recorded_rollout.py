@@ -8,10 +8,10 @@ people) and `rollout_mock` (the trajectories as JSON, for replaying a rollout ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
-import dataclasses
 from pathlib import Path
 
 from roll.agentic.env.registry import resolve_env_class
@@ -35,8 +35,9 @@ def dump_trajectories(directory: str, step: int, trajs: list, tokenizer, prefix:
     return path
 
 
-def write_trajectories(cfg, step: int, trajs: list, tokenizer, tracer, *, val: bool = False,
-                       frames: bool = False) -> None:
+def write_trajectories(
+    cfg, step: int, trajs: list, tokenizer, tracer, *, val: bool = False, frames: bool = False
+) -> None:
     """A step's trajectories wherever the config asks for them: decoded traces (`tracer`, None when
     off), ROLL's `rollout_dump_dir` JSON lines, and with `frames` (they were collected with frames,
     for `render_save_dir`) each episode's text, PNG frames and GIF under `render_save_dir/step_N`
@@ -84,8 +85,10 @@ class RecordedRollout:
         path = recording_path(self.dump_dir, self.scheduler.mode, step)
         if self.replay:
             if not path.is_file():
-                raise RecordingMissing(f"rollout_mock: no recording of {self.scheduler.mode} step {step} at {path}; "
-                                       "record it first with rollout_mock.mode=dump")
+                raise RecordingMissing(
+                    f"rollout_mock: no recording of {self.scheduler.mode} step {step} at {path}; "
+                    "record it first with rollout_mock.mode=dump"
+                )
             trajs, dropped = decode_recording(path.read_text(encoding="utf-8"))
             logger.info("rollout_mock: replayed %s step %d from %s", self.scheduler.mode, step, path)
             return trajs, dropped

@@ -48,8 +48,7 @@ class PhaseResidency:
     waits for a list of Ray object refs (`ray.get` with `timeout_s`; tests pass their own).
     """
 
-    def __init__(self, plan: DevicePlan, *, timeout_s: float = 1800.0,
-                 get: Callable[[list], Any] | None = None):
+    def __init__(self, plan: DevicePlan, *, timeout_s: float = 1800.0, get: Callable[[list], Any] | None = None):
         self.plan = plan
         self._get = get or (lambda refs: ray.get(refs, timeout=timeout_s))
         self._handles: dict[Key, Any] = {}
@@ -74,8 +73,13 @@ class PhaseResidency:
         """Make the phase's roles resident, offloading first whoever shares their devices."""
         needed = [p for role in PHASE_ROLES[phase] for p in self.plan.processes.get(role, ())]
         needed_keys = {(p.role, p.index) for p in needed}
-        evict = [key for key in self._handles if key not in needed_keys and key not in self.offloaded
-                 and any(_share(self._placement(key), p) for p in needed)]
+        evict = [
+            key
+            for key in self._handles
+            if key not in needed_keys
+            and key not in self.offloaded
+            and any(_share(self._placement(key), p) for p in needed)
+        ]
         restore = [key for key in self._handles if key in needed_keys and key in self.offloaded]
         if evict:
             self._get([self._handles[key].offload.remote() for key in evict])

@@ -44,8 +44,10 @@ class AgenticRolloutPipeline:
         self.residency = start(cfg)
         self.tokenizer = run_tokenizer(cfg)
         self.inference = build_inference(cfg, self.residency)
-        self.rollout = recorded(build_rollout(cfg, cfg.train_env_manager, inference_names(cfg), self.tokenizer,
-                                              mode="train"), cfg.rollout_mock)
+        self.rollout = recorded(
+            build_rollout(cfg, cfg.train_env_manager, inference_names(cfg), self.tokenizer, mode="train"),
+            cfg.rollout_mock,
+        )
         placed = placement_rows(self.residency.plan, {"inference": self.inference}, {"train": self.rollout.workers})
         write_placement(cfg.output_dir, placed)
         stop_on_loss_of(placed)
@@ -58,15 +60,21 @@ class AgenticRolloutPipeline:
         samples = 0
         for step in range(1, cfg.max_steps + 1):
             start_s = time.perf_counter()
-            trajs, dropped = self.rollout.collect(step, cfg.train_groups_per_step, keep_frames=self._frames,
-                                                  policy_version=0)
+            trajs, dropped = self.rollout.collect(
+                step, cfg.train_groups_per_step, keep_frames=self._frames, policy_version=0
+            )
             for cause in dropped:
                 logger.warning("step %d: dropped a trajectory: %s", step, cause)
             samples += len(trajs)
             elapsed = time.perf_counter() - start_s
-            metrics = {**summarize_trajectories(trajs, "val"), **episode_scores(trajs, "val"),
-                       "val/dropped_trajectories": float(len(dropped)), "system/samples": float(samples),
-                       "time/rollout_s": elapsed, "time/step_s": elapsed}
+            metrics = {
+                **summarize_trajectories(trajs, "val"),
+                **episode_scores(trajs, "val"),
+                "val/dropped_trajectories": float(len(dropped)),
+                "system/samples": float(samples),
+                "time/rollout_s": elapsed,
+                "time/step_s": elapsed,
+            }
             write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer, frames=self._frames)
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 self.tracker.log(step, metrics)
@@ -91,6 +99,11 @@ def episode_scores(trajs: list, prefix: str) -> dict[str, float]:
     out = {}
     for tag, group in groups.items():
         scores = np.array([tr.episode_reward for tr in group], dtype=float)
-        out.update({f"{prefix}/{tag}score/mean": float(scores.mean()), f"{prefix}/{tag}score/max": float(scores.max()),
-                    f"{prefix}/{tag}score/min": float(scores.min())})
+        out.update(
+            {
+                f"{prefix}/{tag}score/mean": float(scores.mean()),
+                f"{prefix}/{tag}score/max": float(scores.max()),
+                f"{prefix}/{tag}score/min": float(scores.min()),
+            }
+        )
     return out

@@ -38,8 +38,13 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         for pos, r in zip(tr.turn_end_positions, tr.step_rewards):
             rewards[i, pos] += r
     batch = TensorDict(
-        {Batch.INPUT_IDS: input_ids, Batch.ATTENTION_MASK: attention_mask, Batch.RESPONSE_MASK: response_mask,
-         Batch.INFER_LOGPROBS: infer_logprobs, Batch.TOKEN_LEVEL_REWARDS: rewards},
+        {
+            Batch.INPUT_IDS: input_ids,
+            Batch.ATTENTION_MASK: attention_mask,
+            Batch.RESPONSE_MASK: response_mask,
+            Batch.INFER_LOGPROBS: infer_logprobs,
+            Batch.TOKEN_LEVEL_REWARDS: rewards,
+        },
         batch_size=[b],
     )
     rows = RowInfo(
@@ -72,8 +77,12 @@ def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         response_mask[i, p:n] = 1.0
         infer_logprobs[i, p:n] = torch.tensor(st.logprobs)
     batch = TensorDict(
-        {Batch.INPUT_IDS: input_ids, Batch.ATTENTION_MASK: attention_mask, Batch.RESPONSE_MASK: response_mask,
-         Batch.INFER_LOGPROBS: infer_logprobs},
+        {
+            Batch.INPUT_IDS: input_ids,
+            Batch.ATTENTION_MASK: attention_mask,
+            Batch.RESPONSE_MASK: response_mask,
+            Batch.INFER_LOGPROBS: infer_logprobs,
+        },
         batch_size=[b],
     )
     info = RowInfo(
@@ -159,8 +168,15 @@ def batch_divisor(cfg, roles: list[str]) -> int:
     sizes = []
     for role in roles:
         worker, options = getattr(cfg, role), getattr(cfg, role).strategy_args.strategy_config
-        ranks = len(set(data_parallel_ranks(worker.world_size, options.get("tensor_model_parallel_size", 1),
-                                            options.get("pipeline_model_parallel_size", 1))))
+        ranks = len(
+            set(
+                data_parallel_ranks(
+                    worker.world_size,
+                    options.get("tensor_model_parallel_size", 1),
+                    options.get("pipeline_model_parallel_size", 1),
+                )
+            )
+        )
         args = worker.training_args
         if role != "reference":
             sizes.append(args.per_device_train_batch_size * args.gradient_accumulation_steps * ranks)
@@ -168,8 +184,9 @@ def batch_divisor(cfg, roles: list[str]) -> int:
     return rows_divisor(sizes)
 
 
-def adjust_batch(batch: TensorDict, mode: str | None, divisor: int, seed: int,
-                 step: int) -> tuple[TensorDict, dict[str, float]]:
+def adjust_batch(
+    batch: TensorDict, mode: str | None, divisor: int, seed: int, step: int
+) -> tuple[TensorDict, dict[str, float]]:
     """`batch` with rows copied or deleted per ROLL's `batch_adjust_mode` (`adjusted_rows`, drawn
     from `derive_seed(seed, "batch_adjust", step)`), and ROLL's counts `system/batch_add_count`,
     `system/batch_remove_count`; `mode` None: `batch` as it is."""

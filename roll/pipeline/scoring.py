@@ -19,9 +19,19 @@ from roll.algorithms.utils import dense_codes, masked_mean, masked_whiten
 from roll.core.fields import Batch, RowInfo
 
 
-def score_batch(batch, rows: RowInfo, *, adv_estimator: str, gamma: float, lambd: float,
-                kl_coef: float | None, whiten_advantages: bool, norm_adv_by_std: bool,
-                kl_kind: str = "kl", advantage_clip: float | None = None) -> dict[str, float]:
+def score_batch(
+    batch,
+    rows: RowInfo,
+    *,
+    adv_estimator: str,
+    gamma: float,
+    lambd: float,
+    kl_coef: float | None,
+    whiten_advantages: bool,
+    norm_adv_by_std: bool,
+    kl_kind: str = "kl",
+    advantage_clip: float | None = None,
+) -> dict[str, float]:
     """Fill batch["advantages"] and batch["returns"] (B, T); return scoring metrics.
 
     With a reference model in the batch (`ref_logprobs`), the per-token KL penalty (estimator
@@ -36,16 +46,25 @@ def score_batch(batch, rows: RowInfo, *, adv_estimator: str, gamma: float, lambd
     metrics: dict[str, float] = {}
     if kl_coef is not None and Batch.REF_LOGPROBS in batch.keys():
         token_rewards, kl_metrics = apply_kl_penalty(
-            token_rewards, batch[Batch.OLD_LOGPROBS], batch[Batch.REF_LOGPROBS], mask, kl_coef, kl_kind)
+            token_rewards, batch[Batch.OLD_LOGPROBS], batch[Batch.REF_LOGPROBS], mask, kl_coef, kl_kind
+        )
         metrics.update(kl_metrics)
     scores = token_rewards.sum(dim=-1)
     bootstrap = None
     if rows.final_values is not None and rows.truncated is not None:
         bootstrap = rows.final_values * rows.truncated.to(rows.final_values.dtype)
     adv, returns = compute_advantages(
-        adv_estimator, token_rewards=token_rewards, scores=scores, group_ids=rows.traj_group_id,
-        values=batch[Batch.VALUES] if Batch.VALUES in batch.keys() else None, response_mask=mask,
-        gamma=gamma, lambd=lambd, norm_by_std=norm_adv_by_std, bootstrap_values=bootstrap)
+        adv_estimator,
+        token_rewards=token_rewards,
+        scores=scores,
+        group_ids=rows.traj_group_id,
+        values=batch[Batch.VALUES] if Batch.VALUES in batch.keys() else None,
+        response_mask=mask,
+        gamma=gamma,
+        lambd=lambd,
+        norm_by_std=norm_adv_by_std,
+        bootstrap_values=bootstrap,
+    )
     if whiten_advantages:
         adv = masked_whiten(adv, mask)
     adv, metrics = _clip_advantages(adv, mask, advantage_clip, metrics)
@@ -75,10 +94,19 @@ def final_values(values: torch.Tensor, critic_attention_mask: torch.Tensor) -> t
     return values[torch.arange(len(values)), appended]
 
 
-def score_step_batch(batch, rows: RowInfo, *, adv_estimator: str, step_reward_gamma: float,
-                     episode_weight: float, step_weight: float, norm_adv_by_std: bool,
-                     whiten_advantages: bool, advantage_clip: float | None = None,
-                     return_norm=None) -> dict[str, float]:
+def score_step_batch(
+    batch,
+    rows: RowInfo,
+    *,
+    adv_estimator: str,
+    step_reward_gamma: float,
+    episode_weight: float,
+    step_weight: float,
+    norm_adv_by_std: bool,
+    whiten_advantages: bool,
+    advantage_clip: float | None = None,
+    return_norm=None,
+) -> dict[str, float]:
     """Step-wise samples: one advantage per row (env step), broadcast to its generated tokens.
 
     "grpo" normalises each trajectory's score within its group (over trajectories, not rows);
@@ -89,20 +117,38 @@ def score_step_batch(batch, rows: RowInfo, *, adv_estimator: str, step_reward_ga
     """
     mask = batch[Batch.RESPONSE_MASK]
     if adv_estimator == "grpo":
-        per_row = compute_step_grpo_advantages(rows.episode_scores, rows.traj_group_id, rows.traj_id,
-                                               norm_std=norm_adv_by_std)
+        per_row = compute_step_grpo_advantages(
+            rows.episode_scores, rows.traj_group_id, rows.traj_id, norm_std=norm_adv_by_std
+        )
     elif adv_estimator == "gigpo":
         per_row = compute_gigpo_advantages(
-            rows.episode_scores, rows.step_rewards, rows.traj_group_id, rows.traj_id,
-            rows.state_hash, rows.step, gamma=step_reward_gamma, episode_weight=episode_weight,
-            step_weight=step_weight, norm_std=norm_adv_by_std)
+            rows.episode_scores,
+            rows.step_rewards,
+            rows.traj_group_id,
+            rows.traj_id,
+            rows.state_hash,
+            rows.step,
+            gamma=step_reward_gamma,
+            episode_weight=episode_weight,
+            step_weight=step_weight,
+            norm_std=norm_adv_by_std,
+        )
     elif adv_estimator == "step_reinforce":
-        per_row = compute_step_reinforce_advantages(rows.step_rewards, rows.traj_id, rows.step, gamma=step_reward_gamma,
-                                                    normalize=not whiten_advantages and return_norm is None)
+        per_row = compute_step_reinforce_advantages(
+            rows.step_rewards,
+            rows.traj_id,
+            rows.step,
+            gamma=step_reward_gamma,
+            normalize=not whiten_advantages and return_norm is None,
+        )
         if return_norm is not None:
-            per_row = normalize_rewards(per_row, rows.group_keys(return_norm.group_key),
-                                        norm_mean_type=return_norm.norm_mean_type,
-                                        norm_std_type=return_norm.norm_std_type, clip_range=return_norm.clip_range)
+            per_row = normalize_rewards(
+                per_row,
+                rows.group_keys(return_norm.group_key),
+                norm_mean_type=return_norm.norm_mean_type,
+                norm_std_type=return_norm.norm_std_type,
+                clip_range=return_norm.clip_range,
+            )
     else:
         raise ValueError(f"adv_estimator {adv_estimator!r} does not apply to step-wise samples")
     adv = broadcast_to_tokens(per_row, mask)
@@ -111,8 +157,11 @@ def score_step_batch(batch, rows: RowInfo, *, adv_estimator: str, step_reward_ga
     adv, metrics = _clip_advantages(adv, mask, advantage_clip, {})
     batch[Batch.ADVANTAGES], batch[Batch.RETURNS] = adv, adv
     anchors = anchor_group_stats(rows.traj_group_id, rows.state_hash)
-    return metrics | _advantage_metrics(adv, adv, mask, rows.episode_scores) | {
-        f"critic/anchor_{k}": v for k, v in anchors.items()}
+    return (
+        metrics
+        | _advantage_metrics(adv, adv, mask, rows.episode_scores)
+        | {f"critic/anchor_{k}": v for k, v in anchors.items()}
+    )
 
 
 def normalize_traj_rewards(batch, rows: RowInfo, norm) -> None:
@@ -125,9 +174,13 @@ def normalize_traj_rewards(batch, rows: RowInfo, norm) -> None:
     """
     mask = batch[Batch.RESPONSE_MASK]
     rewards = batch[Batch.TOKEN_LEVEL_REWARDS]
-    scores = normalize_rewards(rewards.sum(dim=-1), rows.group_keys(norm.group_key),
-                               norm_mean_type=norm.norm_mean_type, norm_std_type=norm.norm_std_type,
-                               clip_range=norm.clip_range)
+    scores = normalize_rewards(
+        rewards.sum(dim=-1),
+        rows.group_keys(norm.group_key),
+        norm_mean_type=norm.norm_mean_type,
+        norm_std_type=norm.norm_std_type,
+        clip_range=norm.clip_range,
+    )
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     last = torch.where(mask > 0, positions, -1).amax(dim=1)  # (B,) last generated token, -1: none
     new = torch.zeros_like(rewards)
@@ -142,11 +195,16 @@ def normalize_step_episode_scores(rows: RowInfo, norm) -> None:
     trajs = dense_codes(rows.traj_id)
     num = int(trajs.max()) + 1 if trajs.numel() else 0
     first = torch.full((num,), len(trajs), dtype=torch.long).scatter_reduce(
-        0, trajs, torch.arange(len(trajs)), "amin")  # (N,) the first row of each trajectory
+        0, trajs, torch.arange(len(trajs)), "amin"
+    )  # (N,) the first row of each trajectory
     keys = rows.group_keys(norm.group_key)
-    per_traj = normalize_rewards(rows.episode_scores[first].float(), [keys[i] for i in first.tolist()],
-                                 norm_mean_type=norm.norm_mean_type, norm_std_type=norm.norm_std_type,
-                                 clip_range=norm.clip_range)
+    per_traj = normalize_rewards(
+        rows.episode_scores[first].float(),
+        [keys[i] for i in first.tolist()],
+        norm_mean_type=norm.norm_mean_type,
+        norm_std_type=norm.norm_std_type,
+        clip_range=norm.clip_range,
+    )
     rows.episode_scores = per_traj[trajs]
 
 

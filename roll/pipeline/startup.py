@@ -13,8 +13,8 @@ from roll.pipeline.cluster import ray_target
 from roll.pipeline.prestart import check_before_start
 from roll.pipeline.residency import PhaseResidency
 from roll.tracking.backends import make_backend
-from roll.tracking.tracker import Tracker
 from roll.tracking.traces import RolloutTracer
+from roll.tracking.tracker import Tracker
 
 RAY_TIMEOUT_S = 1800.0
 """Default of `rpc_timeout`: no call on a worker may hang forever."""
@@ -42,19 +42,25 @@ def rpc_timeout(cfg) -> float:
 
 def run_tokenizer(cfg):
     """`actor_infer`'s tokenizer with the config's chat template: what prompts are rendered with."""
-    return apply_template(load_tokenizer(cfg.actor_infer.model_args.model_name_or_path),
-                          cfg.actor_infer.data_args.template)
+    return apply_template(
+        load_tokenizer(cfg.actor_infer.model_args.model_name_or_path), cfg.actor_infer.data_args.template
+    )
 
 
 def make_tracker(cfg, resume_step: int) -> Tracker:
     """metrics.jsonl, TensorBoard and the `track_with` backend; `resume_step` -1: a fresh run."""
-    return Tracker(cfg.output_dir, cfg.tensorboard_dir, resume_step=resume_step,
-                   backend=make_backend(cfg.track_with, cfg.tracker_kwargs.model_dump(), cfg.exp_name))
+    return Tracker(
+        cfg.output_dir,
+        cfg.tensorboard_dir,
+        resume_step=resume_step,
+        backend=make_backend(cfg.track_with, cfg.tracker_kwargs.model_dump(), cfg.exp_name),
+    )
 
 
 def make_tracer(cfg, tokenizer, tracker: Tracker) -> RolloutTracer | None:
     """The rollout tracer when `trace_rollouts` is on."""
     if not cfg.trace_rollouts:
         return None
-    return RolloutTracer(cfg.output_dir, tokenizer, tracker, cfg.trace_samples_to_tensorboard,
-                         mlflow=cfg.trace_to_mlflow)
+    return RolloutTracer(
+        cfg.output_dir, tokenizer, tracker, cfg.trace_samples_to_tensorboard, mlflow=cfg.trace_to_mlflow
+    )

@@ -26,8 +26,14 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "sokoban": ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10}),
     "webshop": ("webshop", {}),
     # the math agent example's dataset rows, its tool prompt and the tool-call markup
-    "math": ("agent", {"dataset": str(Path(__file__).resolve().parents[2] / "examples" / "math_agent" / "data"
-                                      / "train_agent.jsonl")}),
+    "math": (
+        "agent",
+        {
+            "dataset": str(
+                Path(__file__).resolve().parents[2] / "examples" / "math_agent" / "data" / "train_agent.jsonl"
+            )
+        },
+    ),
 }
 
 
@@ -81,20 +87,12 @@ def corpus_and_tokens(env_type: str, env_config: Mapping[str, Any]) -> tuple[lis
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m roll.pipeline.tiny_model", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m roll.pipeline.tiny_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--preset", choices=sorted(PRESETS), help="take the corpus from a built-in env"
-    )
-    source.add_argument(
-        "--env_type", help="take the corpus from this env (id, alias or module:Class)"
-    )
-    parser.add_argument(
-        "--env_config", type=json.loads, default={}, help="JSON kwargs for --env_type"
-    )
+    source.add_argument("--preset", choices=sorted(PRESETS), help="take the corpus from a built-in env")
+    source.add_argument("--env_type", help="take the corpus from this env (id, alias or module:Class)")
+    parser.add_argument("--env_config", type=json.loads, default={}, help="JSON kwargs for --env_type")
     parser.add_argument("--arch", choices=sorted(ARCH_CONFIGS), default="llama")
     for name, default in (
         ("hidden_size", 128),
@@ -105,9 +103,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ("seed", 0),
     ):
         parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument(
-        "--tie_word_embeddings", action=argparse.BooleanOptionalAction, default=True
-    )
+    parser.add_argument("--tie_word_embeddings", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     if args.env_config and not args.env_type:

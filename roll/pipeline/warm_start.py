@@ -52,8 +52,10 @@ class Teacher:
         answer = self.env.scripted_action() if self.expert_prob and self.rng.random() < self.expert_prob else None
         answer = answer or self.env.sample_valid_action(self.rng)
         if answer is None:
-            raise ValueError(f"{type(self.env).__name__} has no teacher: sample_valid_action returned None "
-                             "while the episode was still running")
+            raise ValueError(
+                f"{type(self.env).__name__} has no teacher: sample_valid_action returned None "
+                "while the episode was still running"
+            )
         ids = self.tokenizer.encode(answer.removeprefix(self.prefix), add_special_tokens=False)
         return GenerateOutput(request.request_id, ids, [0.0] * len(ids), "stop", 0)
 
@@ -62,8 +64,13 @@ def samples_of(traj: Trajectory) -> list[dict]:
     """A played episode's training sequences with their answer masks: the conversation
     (trajectory-wise) or one prompt + answer per step (step-wise)."""
     if traj.steps:
-        return [{"token_ids": list(s.prompt_ids) + list(s.response_ids),
-                 "response_mask": [0] * len(s.prompt_ids) + [1] * len(s.response_ids)} for s in traj.steps]
+        return [
+            {
+                "token_ids": list(s.prompt_ids) + list(s.response_ids),
+                "response_mask": [0] * len(s.prompt_ids) + [1] * len(s.response_ids),
+            }
+            for s in traj.steps
+        ]
     return [{"token_ids": list(traj.token_ids), "response_mask": list(traj.response_mask)}]
 
 
@@ -99,8 +106,9 @@ def batch_tensors(samples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attention, "labels": labels}
 
 
-def train(model, samples: list[dict], *, steps: int, batch_size: int, lr: float, seed: int,
-          pad_id: int, log_every: int = 50) -> list[float]:
+def train(
+    model, samples: list[dict], *, steps: int, batch_size: int, lr: float, seed: int, pad_id: int, log_every: int = 50
+) -> list[float]:
     """`steps` AdamW steps of answer-token cross entropy over shuffled `samples`; the losses."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
@@ -124,8 +132,7 @@ def train(model, samples: list[dict], *, steps: int, batch_size: int, lr: float,
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m roll.pipeline.warm_start",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m roll.pipeline.warm_start", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config_path", required=True, help="directory of the experiment's YAML")
     parser.add_argument("--config_name", required=True, help="YAML file name, without .yaml")
     parser.add_argument("--output_dir", required=True, help="where the warm-started model is saved")
@@ -134,8 +141,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1500, help="optimizer steps")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--expert_prob", type=float, default=0.0,
-                        help="chance per turn of the env's scripted_action instead of a random valid one")
+    parser.add_argument(
+        "--expert_prob",
+        type=float,
+        default=0.0,
+        help="chance per turn of the env's scripted_action instead of a random valid one",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. pretrain=DIR")
     args = parser.parse_intermixed_args(argv)
@@ -178,27 +189,47 @@ def main(argv: Sequence[str] | None = None) -> str:
     tokenizer = apply_template(load_tokenizer(cfg.pretrain), cfg.actor_infer.data_args.template)
     manager_cfg = cfg.train_env_manager
     teacher = Teacher(tokenizer, spec.response_prefix, np.random.default_rng(args.seed), args.expert_prob)
-    manager = make_env_manager(spec, tokenizer, teacher.generate,
-                               sampling_params(cfg.generating_args_for(manager_cfg), tokenizer), cfg.sequence_length,
-                               mode=manager_cfg.env_manager_type, history_length=manager_cfg.history_length,
-                               step_timeout_s=None, generate_timeout_s=None)
+    manager = make_env_manager(
+        spec,
+        tokenizer,
+        teacher.generate,
+        sampling_params(cfg.generating_args_for(manager_cfg), tokenizer),
+        cfg.sequence_length,
+        mode=manager_cfg.env_manager_type,
+        history_length=manager_cfg.history_length,
+        step_timeout_s=None,
+        generate_timeout_s=None,
+    )
     try:
         samples = teacher_samples(manager, teacher, range(args.episodes))
     except ValueError as err:
         sys.exit(f"python -m roll.pipeline.warm_start: {err}")
     answers = sum(sum(s["response_mask"]) for s in samples)
-    logger.info("warm start on %s: %d teacher episodes, %d sequences, %d answer tokens",
-                tag, args.episodes, len(samples), answers)
+    logger.info(
+        "warm start on %s: %d teacher episodes, %d sequences, %d answer tokens",
+        tag,
+        args.episodes,
+        len(samples),
+        answers,
+    )
     model = load_causal_lm(cfg.pretrain)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    losses = train(model, samples, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                   seed=args.seed, pad_id=pad_id)
+    losses = train(
+        model, samples, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, pad_id=pad_id
+    )
     out = Path(args.output_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    record = {"pretrain": cfg.pretrain, "tag": tag, "env_type": spec.env_type, "episodes": args.episodes,
-              "steps": args.steps, "expert_prob": args.expert_prob, "first_loss": losses[0],
-              "last_loss": sum(losses[-10:]) / len(losses[-10:])}
+    record = {
+        "pretrain": cfg.pretrain,
+        "tag": tag,
+        "env_type": spec.env_type,
+        "episodes": args.episodes,
+        "steps": args.steps,
+        "expert_prob": args.expert_prob,
+        "first_loss": losses[0],
+        "last_loss": sum(losses[-10:]) / len(losses[-10:]),
+    }
     (out / "warm_start.json").write_text(json.dumps(record, indent=1))
     print(out)
     return str(out)

@@ -43,10 +43,7 @@ def file_stem(traj_id: str) -> str:
 
 def episode_text(traj: Trajectory) -> str:
     """A header (id, seed, reward, success), then each caption followed by its frame."""
-    header = (
-        f"# {traj.traj_id} seed={traj.env_seed} reward={traj.episode_reward} "
-        f"success={traj.success}\n\n"
-    )
+    header = f"# {traj.traj_id} seed={traj.env_seed} reward={traj.episode_reward} success={traj.success}\n\n"
     body = "\n\n".join(f"{cap}\n{frame}" for cap, frame in zip(traj.frame_captions, traj.frames))
     return header + body + "\n"
 
@@ -59,9 +56,7 @@ def _wrap(text: str, width_px: int, font: ImageFont.FreeTypeFont) -> list[str]:
     return textwrap.wrap(text, chars, max_lines=MAX_CAPTION_LINES, placeholder=" ...") or [""]
 
 
-def captioned_images(
-    frames: list[str], captions: list[str], env_cls: type[TextEnv]
-) -> list[Image.Image]:
+def captioned_images(frames: list[str], captions: list[str], env_cls: type[TextEnv]) -> list[Image.Image]:
     """One RGB image per (frame, caption): the frame's picture centred on top, the caption
     ("step i: caption", wrapped, at most `MAX_CAPTION_LINES` lines) below. All images of an
     episode have one size, as a GIF needs."""
@@ -69,10 +64,7 @@ def captioned_images(
     width = max(MIN_WIDTH_PX, *(grid.width for grid in grids))
     grid_height = max(grid.height for grid in grids)
     font = grid_font(FONT_PX)  # captions quote model text, which may be any unicode
-    texts = [
-        _wrap(f"step {i}: {caption}", width - 2 * PAD_PX, font)
-        for i, caption in enumerate(captions)
-    ]
+    texts = [_wrap(f"step {i}: {caption}", width - 2 * PAD_PX, font) for i, caption in enumerate(captions)]
     height = grid_height + 2 * PAD_PX + LINE_PX * max(map(len, texts))
     images = []
     for grid, lines in zip(grids, texts):
@@ -104,6 +96,5 @@ def save_episode_frames(directory: Path, traj: Trajectory, env_cls: type[TextEnv
     for image, path in zip(images, png_paths):
         image.save(path)
     gif_path = directory / f"{stem}.gif"
-    images[0].save(gif_path, save_all=True, append_images=images[1:],
-                   duration=1000 // GIF_FPS, loop=0)
+    images[0].save(gif_path, save_all=True, append_images=images[1:], duration=1000 // GIF_FPS, loop=0)
     return [text_path, *png_paths, gif_path]

@@ -47,9 +47,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float]]:
     return records
 
 
-def series(
-    records: Sequence[dict[str, float]], key: str, x: XAxis = "step"
-) -> tuple[list[float], list[float]]:
+def series(records: Sequence[dict[str, float]], key: str, x: XAxis = "step") -> tuple[list[float], list[float]]:
     """(xs, ys) of `key` over the records that have it; x is the step or the time elapsed after
     that record (the sum of `time/step_s` so far)."""
     xs, ys, elapsed = [], [], 0.0
@@ -71,9 +69,7 @@ def _draw(ax, records, keys, x, style, first_color=0) -> list:
     return lines
 
 
-def plot_metrics(
-    path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, x: XAxis = "step"
-) -> str:
+def plot_metrics(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, x: XAxis = "step") -> str:
     """Draw the three panels of `path` (a metrics.jsonl or run dir) into the PNG `out` (default:
     curves.png beside the metrics); return the PNG's path."""
     if x not in X_LABELS:
@@ -99,9 +95,7 @@ def plot_metrics(
 
 
 def main(argv: Sequence[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(
-        prog="python -m roll.tracking.plot", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m roll.tracking.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="a run's output_dir or its metrics.jsonl")
     parser.add_argument("--out", help="PNG to write (default: curves.png beside metrics.jsonl)")
     parser.add_argument("--x", choices=sorted(X_LABELS), default="step")

@@ -35,11 +35,7 @@ class ProgressBar:
             if metrics.get(key) is not None:
                 self.postfix[label] = f"{to_float(metrics[key]):.3g}"
         self._bar.set_postfix(
-            {
-                label: self.postfix[label]
-                for label in POSTFIX_KEYS.values()
-                if label in self.postfix
-            },
+            {label: self.postfix[label] for label in POSTFIX_KEYS.values() if label in self.postfix},
             refresh=False,
         )
         self._bar.update(step - self._bar.n)

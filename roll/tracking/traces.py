@@ -39,40 +39,63 @@ def _segments(token_ids: list[int], mask: list[int]) -> list[tuple[int, list[int
 def trace_record(tr: Trajectory, tokenizer, step: int) -> dict[str, Any]:
     """One trajectory as a JSON-able dict: ids, outcome, timing, and its text turn by turn
     ("context": prompt and observations, mask 0; "policy": generated, mask 1)."""
+
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
     if tr.steps:  # step-wise: one (prompt, response) pair per env step
-        turns = [{"prompt": decode(s.prompt_ids), "response": decode(s.response_ids), "reward": s.reward}
-                 for s in tr.steps]
+        turns = [
+            {"prompt": decode(s.prompt_ids), "response": decode(s.response_ids), "reward": s.reward} for s in tr.steps
+        ]
     else:
-        turns = [{"role": "policy" if m else "context", "text": decode(ids), "num_tokens": len(ids)}
-                 for m, ids in _segments(tr.token_ids, tr.response_mask)]
+        turns = [
+            {"role": "policy" if m else "context", "text": decode(ids), "num_tokens": len(ids)}
+            for m, ids in _segments(tr.token_ids, tr.response_mask)
+        ]
     generated = [t.get("response", t.get("text", "")) for t in turns if t.get("role", "policy") == "policy"]
-    tool_calls = [{"name": c.name, "arguments": c.arguments, "error": c.error}
-                  for text in generated for c in parse_tool_calls(text)]
+    tool_calls = [
+        {"name": c.name, "arguments": c.arguments, "error": c.error}
+        for text in generated
+        for c in parse_tool_calls(text)
+    ]
     return {
-        "step": step, "tag": tr.tag, "traj_group_id": tr.traj_group_id, "traj_id": tr.traj_id,
-        "env_seed": tr.env_seed, "policy_version": tr.policy_version, "policy_versions": tr.policy_versions,
-        "stop_reason": tr.stop_reason, "success": tr.success, "episode_reward": tr.episode_reward,
-        "step_rewards": tr.step_rewards, "num_actions": tr.num_actions, "num_valid_actions": tr.num_valid_actions,
-        "num_tokens": tr.num_tokens, "num_generated_tokens": tr.num_generated_tokens,
-        "rollout_s": round(tr.rollout_s, 4), "metrics": tr.metrics, "tool_calls": tool_calls, "turns": turns,
+        "step": step,
+        "tag": tr.tag,
+        "traj_group_id": tr.traj_group_id,
+        "traj_id": tr.traj_id,
+        "env_seed": tr.env_seed,
+        "policy_version": tr.policy_version,
+        "policy_versions": tr.policy_versions,
+        "stop_reason": tr.stop_reason,
+        "success": tr.success,
+        "episode_reward": tr.episode_reward,
+        "step_rewards": tr.step_rewards,
+        "num_actions": tr.num_actions,
+        "num_valid_actions": tr.num_valid_actions,
+        "num_tokens": tr.num_tokens,
+        "num_generated_tokens": tr.num_generated_tokens,
+        "rollout_s": round(tr.rollout_s, 4),
+        "metrics": tr.metrics,
+        "tool_calls": tool_calls,
+        "turns": turns,
     }
 
 
 def as_markdown(record: dict[str, Any]) -> str:
     """A trace record as TensorBoard text (markdown): a header line, then each turn."""
-    head = (f"**{record['traj_id']}** ({record['tag']}, seed {record['env_seed']}): reward "
-            f"{record['episode_reward']:g}, {record['stop_reason']}, policy v{record['policy_version']}, "
-            f"{record['num_generated_tokens']}/{record['num_tokens']} tokens generated, {record['rollout_s']:.2f}s")
+    head = (
+        f"**{record['traj_id']}** ({record['tag']}, seed {record['env_seed']}): reward "
+        f"{record['episode_reward']:g}, {record['stop_reason']}, policy v{record['policy_version']}, "
+        f"{record['num_generated_tokens']}/{record['num_tokens']} tokens generated, {record['rollout_s']:.2f}s"
+    )
     body = []
     for t in record["turns"]:
         if "role" in t:
             body.append(f"*{t['role']}*:\n\n    " + t["text"].replace("\n", "\n    "))
         else:
-            body.append(f"*prompt*:\n\n    {t['prompt']}\n\n"
-                        f"*response* (reward {t['reward']:g}):\n\n    {t['response']}")
+            body.append(
+                f"*prompt*:\n\n    {t['prompt']}\n\n*response* (reward {t['reward']:g}):\n\n    {t['response']}"
+            )
     return "\n\n".join([head, *body])
 
 
@@ -80,8 +103,14 @@ class RolloutTracer:
     """Writes the traces of a run (see the module docstring). `tracker` is the run's `Tracker`
     (for TensorBoard text); `mlflow`: log each trace file as an artifact when mlflow imports."""
 
-    def __init__(self, output_dir: str | os.PathLike[str], tokenizer, tracker=None,
-                 samples_to_tensorboard: int = 0, mlflow: bool = False):
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str],
+        tokenizer,
+        tracker=None,
+        samples_to_tensorboard: int = 0,
+        mlflow: bool = False,
+    ):
         self.directory = Path(output_dir) / "traces"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.tokenizer = tokenizer

@@ -13,11 +13,11 @@ from roll.agentic.agent_loop.manager import AgentManager, AgentPool
 from roll.agentic.env_manager.base import EnvSpec, GenerateTimeout
 from roll.agentic.episode import EpisodeSpec
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
-from roll.core.records import GenerateOutput, SamplingParams
 from roll.configs.base import ConfigError
 from roll.configs.loader import load_config
-from roll.pipeline.prestart import check_before_start
+from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.tiny import build_tiny_model, build_tiny_tokenizer
+from roll.pipeline.prestart import check_before_start
 
 REPO = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3"}}</tool_call>'
@@ -27,13 +27,23 @@ CORPUS = ["What is so the answer \\boxed{5} Solve Error unknown tool available",
 
 def write_dataset(tmp_path: Path, rows, cfg: dict | None = None) -> Path:
     (tmp_path / "cfgs").mkdir(exist_ok=True)
-    (tmp_path / "cfgs" / "agent.yaml").write_text(json.dumps(cfg or {
-        "tools": ["roll.agentic.agent_loop.calculator:calculator"],
-        "reward_fn": "roll.agentic.agent_loop.math_reward:math_reward", "max_turns": 3}))
+    (tmp_path / "cfgs" / "agent.yaml").write_text(
+        json.dumps(
+            cfg
+            or {
+                "tools": ["roll.agentic.agent_loop.calculator:calculator"],
+                "reward_fn": "roll.agentic.agent_loop.math_reward:math_reward",
+                "max_turns": 3,
+            }
+        )
+    )
     data = tmp_path / "data" / "rows.jsonl"
     data.parent.mkdir(exist_ok=True)
-    data.write_text("".join(json.dumps({"agent_name": "tool_agent", "agent_cfg_path": "../cfgs/agent.yaml", **r}) + "\n"
-                            for r in rows))
+    data.write_text(
+        "".join(
+            json.dumps({"agent_name": "tool_agent", "agent_cfg_path": "../cfgs/agent.yaml", **r}) + "\n" for r in rows
+        )
+    )
     return data
 
 
@@ -77,18 +87,24 @@ def test_rows_are_picked_by_env_seed_and_agent_cfg_paths_resolve_against_the_dat
     data = write_dataset(tmp_path, ROWS)
     dataset = load_agent_dataset({"dataset": str(data)})
     cfg_path = str(tmp_path / "cfgs" / "agent.yaml")
-    assert dataset.row_for_seed(9) == dataset.row_for_seed(9) == {**ROWS[9 % 7], "agent_name": "tool_agent",
-                                                                  "agent_cfg_path": cfg_path}
+    assert (
+        dataset.row_for_seed(9)
+        == dataset.row_for_seed(9)
+        == {**ROWS[9 % 7], "agent_name": "tool_agent", "agent_cfg_path": cfg_path}
+    )
     assert {dataset.row_for_seed(s)["prompt"] for s in range(7)} == {r["prompt"] for r in ROWS}
     assert dataset.agents == [("tool_agent", cfg_path)]
 
 
-@pytest.mark.parametrize(("rows", "cfg", "key", "says"), [
-    ([{"prompt": "x", "agent_name": "nope"}], None, "dataset", "unknown agent 'nope'"),
-    (ROWS, {"max_turnz": 3}, "agent_cfg_path", "unknown config key(s) 'max_turnz'"),
-    (ROWS, {"tools": ["roll.agentic.agent_loop.calculator:nope"]}, "agent_cfg_path", "tool 'roll.agentic"),
-    (ROWS, {"reward_fn": "roll.agentic.agent_loop.math_reward:nope"}, "agent_cfg_path", "reward_fn"),
-])
+@pytest.mark.parametrize(
+    ("rows", "cfg", "key", "says"),
+    [
+        ([{"prompt": "x", "agent_name": "nope"}], None, "dataset", "unknown agent 'nope'"),
+        (ROWS, {"max_turnz": 3}, "agent_cfg_path", "unknown config key(s) 'max_turnz'"),
+        (ROWS, {"tools": ["roll.agentic.agent_loop.calculator:nope"]}, "agent_cfg_path", "tool 'roll.agentic"),
+        (ROWS, {"reward_fn": "roll.agentic.agent_loop.math_reward:nope"}, "agent_cfg_path", "reward_fn"),
+    ],
+)
 def test_bad_rows_and_agent_cfgs_fail_with_the_key(tmp_path, rows, cfg, key, says):
     data = write_dataset(tmp_path, rows, cfg)
     with pytest.raises(AgentDatasetError) as err:
@@ -96,17 +112,24 @@ def test_bad_rows_and_agent_cfgs_fail_with_the_key(tmp_path, rows, cfg, key, say
     assert err.value.key == key and says in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize(("override", "key", "says"), [
-    ("custom_envs.MathTrain.env_config.dataset=/no/such.jsonl", "custom_envs.MathTrain.env_config.dataset",
-     "does not exist"),
-    ("+custom_envs.MathTrain.env_config.rows=3", "custom_envs.MathTrain.env_config.rows", "unknown key"),
-    ("train_env_manager.env_manager_type=step", "train_env_manager.env_manager_type", "needs \"traj\""),
-    ("+custom_envs.MathVal.response_prefix=x", "custom_envs.MathVal.response_prefix", "not used by env_type"),
-])
+@pytest.mark.parametrize(
+    ("override", "key", "says"),
+    [
+        (
+            "custom_envs.MathTrain.env_config.dataset=/no/such.jsonl",
+            "custom_envs.MathTrain.env_config.dataset",
+            "does not exist",
+        ),
+        ("+custom_envs.MathTrain.env_config.rows=3", "custom_envs.MathTrain.env_config.rows", "unknown key"),
+        ("train_env_manager.env_manager_type=step", "train_env_manager.env_manager_type", 'needs "traj"'),
+        ("+custom_envs.MathVal.response_prefix=x", "custom_envs.MathVal.response_prefix", "not used by env_type"),
+    ],
+)
 def test_config_load_names_the_agent_key(model_dir, override, key, says):
     with pytest.raises(ConfigError) as err:
-        check_before_start(load_config(str(REPO / "examples" / "math_agent"), "agent_val_math",
-                                       [f"pretrain={model_dir}", override]))
+        check_before_start(
+            load_config(str(REPO / "examples" / "math_agent"), "agent_val_math", [f"pretrain={model_dir}", override])
+        )
     assert err.value.key == key and says in err.value.message
 
 
@@ -136,6 +159,7 @@ def test_manager_plays_the_row_with_the_managers_sampling_and_timeout(tmp_path, 
 def _first(inference):
     async def generate(request):
         return (await inference._many([request]))[0]
+
     return generate
 
 
@@ -145,9 +169,14 @@ def test_env_worker_hosts_agent_managers_groups_share_a_row_and_a_crash_drops_on
     inference = ScriptedInference(tok, fail_on="g-2/")
 
     async def play():  # the worker is an async actor: built inside its event loop
-        worker = EnvWorker([EnvSpec("Math", "agent", {"dataset": str(data)}, 4, 16)], group_size=3,
-                           tokenizer_path=model_dir, inference=inference, sampling=SamplingParams(),
-                           sequence_length=400)
+        worker = EnvWorker(
+            [EnvSpec("Math", "agent", {"dataset": str(data)}, 4, 16)],
+            group_size=3,
+            tokenizer_path=model_dir,
+            inference=inference,
+            sampling=SamplingParams(),
+            sequence_length=400,
+        )
         assert all(isinstance(m, AgentManager) for m in worker.groups[0])
         return await worker.run_group(0, GroupSpec(0, "g", env_seed=3, sample_seed=5))
 

@@ -51,6 +51,7 @@ def test_register_rejects_a_taken_name_but_not_the_same_class_twice():
 
     assert registry.register("mine")(Mine) is Mine and Mine.agent_name == "mine"
     with pytest.raises(ValueError, match="agent name 'mine' is already registered by .*Mine"):
+
         @registry.register("mine")
         class Other(AgentLoop):
             pass
@@ -105,10 +106,26 @@ def test_single_turn_agent_trajectory_and_row_passthrough(tokenizer):
         return exact_answer(row, text)
 
     agent = SingleTurnAgent({"reward_fn": reward, "system_prompt": "the answer", "temperature": 0.5}, model, tokenizer)
-    traj = asyncio.run(agent.run(prompt="what is one plus two", answer=3, source="gsm", traj_id="q1",
-                                 traj_group_id="g1", tag="math", env_seed=4, sample_seed=9))
-    prompt = encode(tokenizer, render_text(tokenizer, [{"role": "system", "content": "the answer"},
-                                                       {"role": "user", "content": "what is one plus two"}], True))
+    traj = asyncio.run(
+        agent.run(
+            prompt="what is one plus two",
+            answer=3,
+            source="gsm",
+            traj_id="q1",
+            traj_group_id="g1",
+            tag="math",
+            env_seed=4,
+            sample_seed=9,
+        )
+    )
+    prompt = encode(
+        tokenizer,
+        render_text(
+            tokenizer,
+            [{"role": "system", "content": "the answer"}, {"role": "user", "content": "what is one plus two"}],
+            True,
+        ),
+    )
     assert model.requests[0].prompt_ids == prompt and model.requests[0].params.temperature == 0.5
     assert traj.token_ids == prompt + answer
     assert traj.response_mask == [0] * len(prompt) + [1] * len(answer)

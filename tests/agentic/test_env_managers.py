@@ -9,8 +9,8 @@ import envs  # noqa: F401  (registers the built-in envs)
 from envs.frozen_lake.env import FrozenLakeEnv
 from envs.frozen_lake.maps import MOVES, find_cell
 from roll.agentic.env_manager.base import EnvSpec
-from roll.agentic.episode import EpisodeSpec
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.episode import EpisodeSpec
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.chat_template import chat_template_ids
 from roll.models.tiny import build_tiny_tokenizer
@@ -58,8 +58,14 @@ def tokenizer():
 
 
 def make_manager(tokenizer, engine, max_steps=8):
-    spec = EnvSpec(tag="FrozenLake", env_type="frozen_lake", env_config={"max_path_length": 8},
-                   max_steps=max_steps, max_tokens_per_step=1, response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="FrozenLake",
+        env_type="frozen_lake",
+        env_config={"max_path_length": 8},
+        max_steps=max_steps,
+        max_tokens_per_step=1,
+        response_prefix="<answer>",
+    )
     return TrajEnvManager(spec, tokenizer, engine, SamplingParams(), sequence_length=4096)
 
 
@@ -162,8 +168,14 @@ def test_step_manager_one_sample_per_step(tokenizer):
     path = solve(env._desc)
     words = ["G"] + path
     engine = ScriptedEngine(tokenizer, words)
-    spec = EnvSpec(tag="FrozenLake", env_type="frozen_lake", env_config={"max_path_length": 8},
-                   max_steps=8, max_tokens_per_step=1, response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="FrozenLake",
+        env_type="frozen_lake",
+        env_config={"max_path_length": 8},
+        max_steps=8,
+        max_tokens_per_step=1,
+        response_prefix="<answer>",
+    )
     manager = StepEnvManager(spec, tokenizer, engine, SamplingParams(), sequence_length=4096)
     traj = asyncio.run(manager.run_episode(EpisodeSpec("g0", "g0-0", env_seed=SEED, sample_seed=1)))
 

@@ -31,11 +31,14 @@ def test_make_env_wraps_only_when_asked():
     assert isinstance(env, FaultInjectingEnv) and env.actions == ("Left", "Down", "Right", "Up")
 
 
-@pytest.mark.parametrize("block, message", [
-    ({"raise_pp": 0.1}, "fault_injection.raise_pp: extra inputs are not permitted"),
-    ({"raise_p": 0.6, "garbage_p": 0.6}, "fault_injection: raise_p + hang_p + garbage_p must be <= 1"),
-    ({"hang_p": -0.1}, "fault_injection.hang_p: input should be greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        ({"raise_pp": 0.1}, "fault_injection.raise_pp: extra inputs are not permitted"),
+        ({"raise_p": 0.6, "garbage_p": 0.6}, "fault_injection: raise_p + hang_p + garbage_p must be <= 1"),
+        ({"hang_p": -0.1}, "fault_injection.hang_p: input should be greater than or equal to 0"),
+    ],
+)
 def test_bad_fault_injection_block_is_one_line(block, message):
     with pytest.raises(ValueError) as err:
         check_env_config("frozen_lake", {"fault_injection": block})
@@ -71,7 +74,8 @@ def test_members_of_a_group_fail_independently_but_reproducibly():
     member0, member1 = (_outcomes(env, episode_seed=1, episode_key=k) for k in (101, 202))
     assert member0 != member1 and member0 == _outcomes(env, episode_seed=1, episode_key=101)
     assert _outcomes(env, episode_seed=1, episode_key=None) == _outcomes(
-        FaultInjectingEnv(make_env("frozen_lake", {}), faults), episode_seed=1)
+        FaultInjectingEnv(make_env("frozen_lake", {}), faults), episode_seed=1
+    )
 
 
 def test_a_hang_ends_when_the_env_is_closed():
@@ -86,15 +90,23 @@ def test_a_hang_ends_when_the_env_is_closed():
 
 
 async def _answer_left(request):
-    return GenerateOutput(request.request_id, [TOKENIZER.convert_tokens_to_ids("Left")], [-0.1], "length", policy_version=0)
+    return GenerateOutput(
+        request.request_id, [TOKENIZER.convert_tokens_to_ids("Left")], [-0.1], "length", policy_version=0
+    )
 
 
 TOKENIZER = build_tiny_tokenizer()
 
 
 def _run(faults: dict, timeout_s: float = 60.0):
-    spec = EnvSpec(tag="FL", env_type="frozen_lake", env_config={"fault_injection": faults},
-                   max_steps=4, max_tokens_per_step=1, response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="FL",
+        env_type="frozen_lake",
+        env_config={"fault_injection": faults},
+        max_steps=4,
+        max_tokens_per_step=1,
+        response_prefix="<answer>",
+    )
     manager = TrajEnvManager(spec, TOKENIZER, _answer_left, SamplingParams(), 4096, step_timeout_s=timeout_s)
 
     async def play():
@@ -106,12 +118,19 @@ def _run(faults: dict, timeout_s: float = 60.0):
     return asyncio.run(play())
 
 
-@pytest.mark.parametrize("faults, error, message", [
-    ({"raise_p": 1.0}, InjectedEnvError, "injected env crash"),
-    ({"garbage_p": 1.0}, MalformedEnvOutput, "observation is not a str; reward is not a finite number; "
-                                             "terminated/truncated are not bools; info is not a dict"),
-    ({"hang_p": 1.0}, EnvStepTimeout, "env.step exceeded 0.2s"),
-])
+@pytest.mark.parametrize(
+    "faults, error, message",
+    [
+        ({"raise_p": 1.0}, InjectedEnvError, "injected env crash"),
+        (
+            {"garbage_p": 1.0},
+            MalformedEnvOutput,
+            "observation is not a str; reward is not a finite number; "
+            "terminated/truncated are not bools; info is not a dict",
+        ),
+        ({"hang_p": 1.0}, EnvStepTimeout, "env.step exceeded 0.2s"),
+    ],
+)
 def test_env_manager_turns_each_fault_into_one_clear_error(faults, error, message):
     with pytest.raises(error) as err:
         _run(faults, timeout_s=0.2)

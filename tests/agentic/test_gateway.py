@@ -130,8 +130,10 @@ def test_tool_agent_through_the_gateway_keeps_one_worker_and_releases():
 
     async def main():
         gw = InferenceGateway(workers)
-        agents = [ToolAgent({"tools": [echo], "reward_fn": lambda row, text: 0.0, "max_turns": 3}, gw, tokenizer)
-                  for _ in range(4)]
+        agents = [
+            ToolAgent({"tools": [echo], "reward_fn": lambda row, text: 0.0, "max_turns": 3}, gw, tokenizer)
+            for _ in range(4)
+        ]
         trajs = await asyncio.gather(*(a.run(prompt="go", traj_id=f"t{i}") for i, a in enumerate(agents)))
         return gw, trajs
 

@@ -54,6 +54,7 @@ def _steps(caller: EnvCaller, count: int) -> list:
     async def play():
         await caller("reset", seed=0)
         return [await caller("step", "<answer>Go</answer>") for _ in range(count)]
+
     return asyncio.run(play())
 
 
@@ -117,6 +118,7 @@ def test_fault_injection_and_unknown_declarations():
 
     class Typo(ThreadRecordingEnv):
         cheap_calls = frozenset({"steps"})
+
     with pytest.raises(ValueError, match=r"Typo.cheap_calls names \['steps'\]"):
         EnvCaller(Typo())
 
@@ -131,6 +133,7 @@ def test_a_held_thread_lock_sends_the_call_to_a_thread_that_waits_for_it():
         env_calls._ENV_LOCK.acquire()
         asyncio.get_running_loop().call_later(0.05, env_calls._ENV_LOCK.release)
         return await caller("step", "<answer>Go</answer>")
+
     asyncio.run(contended())
     assert env.threads[-1] != threading.get_ident() and not env_calls._ENV_LOCK.locked()
 
@@ -141,14 +144,16 @@ WORDS = ("Left", "Down", "Right", "Up")
 
 async def _cycle_moves(request):
     turn = int(request.request_id.rsplit("/", 1)[1])
-    return GenerateOutput(request.request_id, [TOKENIZER.convert_tokens_to_ids(WORDS[turn % 4])], [-0.1],
-                          "length", policy_version=0)
+    return GenerateOutput(
+        request.request_id, [TOKENIZER.convert_tokens_to_ids(WORDS[turn % 4])], [-0.1], "length", policy_version=0
+    )
 
 
 @pytest.mark.parametrize("env_type", ["frozen_lake", "sokoban"])
 def test_inline_and_thread_paths_play_identical_episodes(env_type):
-    spec = EnvSpec(tag="T", env_type=env_type, env_config={}, max_steps=6, max_tokens_per_step=1,
-                   response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="T", env_type=env_type, env_config={}, max_steps=6, max_tokens_per_step=1, response_prefix="<answer>"
+    )
 
     def play(inline: bool, seed: int):
         manager = TrajEnvManager(spec, TOKENIZER, _cycle_moves, SamplingParams(), 4096)

@@ -25,17 +25,29 @@ from roll.utils.seeding import derive_seed  # noqa: E402
 from tests.agentic.test_tool_agent import QWEN_LIKE_TEMPLATE, ScriptedModel, contains, segments  # noqa: E402
 
 QUOTED = ['"name"', '"arguments"', '"calculator"', '"expression"', '"nope"']
-CORPUS = ["the answer is calculator Error unknown tool available none not arithmetic Please fix your "
-          "mistakes Solve problem Use for Put final in invalid JSON think nope"]
+CORPUS = [
+    "the answer is calculator Error unknown tool available none not arithmetic Please fix your "
+    "mistakes Solve problem Use for Put final in invalid JSON think nope"
+]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1 + 2 * 3"}}</tool_call>'
 ANSWER = "the answer is \\boxed{ 7 }"
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tiny_tokenizer(corpus=CORPUS, extra_tokens=[
-        "<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>",
-        "\\boxed{", *QUOTED])
+    return build_tiny_tokenizer(
+        corpus=CORPUS,
+        extra_tokens=[
+            "<tool_call>",
+            "</tool_call>",
+            "<think>",
+            "</think>",
+            "<tool_response>",
+            "</tool_response>",
+            "\\boxed{",
+            *QUOTED,
+        ],
+    )
 
 
 def play(tokenizer, texts, **cfg):
@@ -46,8 +58,10 @@ def play(tokenizer, texts, **cfg):
 
 
 def first_prompt(tokenizer):
-    messages = [{"role": "system", "content": MathGraphAgent.defaults["system_prompt"]},
-                {"role": "user", "content": "the answer is"}]
+    messages = [
+        {"role": "system", "content": MathGraphAgent.defaults["system_prompt"]},
+        {"role": "user", "content": "the answer is"},
+    ]
     schemas = [RollChatModel(generate_fn=None, tokenizer=tokenizer).bind_tools([calculator]).kwargs["tools"][0]]
     return prompt_ids_with_tools(tokenizer, messages, schemas)
 
@@ -65,15 +79,22 @@ def test_tool_turn_through_the_graph_keeps_exact_ids(tokenizer):
     assert segments(traj) == [(0, prompt), (1, g0), (0, delta), (1, g1)]
     assert model.requests[1].prompt_ids == prompt + g0 + delta  # each request extends the last
     assert [(r.request_id, r.session_id, r.seed) for r in model.requests] == [
-        ("g0/0", "g0", derive_seed(5, 0)), ("g0/1", "g0", derive_seed(5, 1))]
+        ("g0/0", "g0", derive_seed(5, 0)),
+        ("g0/1", "g0", derive_seed(5, 1)),
+    ]
     generated = [lp for lp, m in zip(traj.infer_logprobs, traj.response_mask) if m]
     assert generated == [-1 - i / 100 for i in range(len(g0))] + [-2 - i / 100 for i in range(len(g1))]
     n0 = len(prompt) + len(g0)
     assert traj.turn_end_positions == [n0 - 1, n0 + len(delta) + len(g1) - 1]
     assert (traj.step_rewards, traj.success, traj.stop_reason) == ([0.0, 1.0], True, "terminated")
     assert (traj.num_actions, traj.num_valid_actions, traj.policy_versions) == (2, 2, [3, 3])
-    assert traj.metrics == {"tool_calls": 1.0, "malformed_tool_calls": 0.0, "tool_errors": 0.0,
-                            "retemplated_turns": 0.0, "dropped_turns": 0.0}
+    assert traj.metrics == {
+        "tool_calls": 1.0,
+        "malformed_tool_calls": 0.0,
+        "tool_errors": 0.0,
+        "retemplated_turns": 0.0,
+        "dropped_turns": 0.0,
+    }
 
 
 def test_rewriting_template_cannot_change_generated_ids(tokenizer):
@@ -84,21 +105,23 @@ def test_rewriting_template_cannot_change_generated_ids(tokenizer):
     delta = encode(tok, "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     prompt = model.requests[0].prompt_ids
     assert segments(traj) == [(0, prompt), (1, g0), (0, delta), (1, g1)]
-    assert tok.convert_tokens_to_ids("<think>") in traj.token_ids[len(prompt):len(prompt) + len(g0)]
+    assert tok.convert_tokens_to_ids("<think>") in traj.token_ids[len(prompt) : len(prompt) + len(g0)]
     assert traj.success and traj.metrics["retemplated_turns"] == 0
 
 
 def test_malformed_calls_are_penalised_reported_and_never_raise(tokenizer):
-    texts = ['<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>',
-             '<tool_call>{"name": "nope", "arguments": {}}</tool_call>' + CALL,
-             '<tool_call>{"name": "calculator", "arguments": {"expression": "the"}}</tool_call>',
-             ANSWER]
+    texts = [
+        '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>',
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>' + CALL,
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "the"}}</tool_call>',
+        ANSWER,
+    ]
     traj, model = play(tokenizer, texts, format_penalty=-0.5)
     assert traj.step_rewards == [-0.5, -0.5, 0.0, 1.0]
     assert (traj.num_actions, traj.num_valid_actions, traj.stop_reason) == (4, 2, "terminated")
     assert traj.metrics["tool_calls"] == 4 and traj.metrics["malformed_tool_calls"] == 2
     assert traj.metrics["tool_errors"] == 1  # the calculator refused "the"; ToolNode reported it
-    seen = [model.requests[k].prompt_ids[len(model.requests[k - 1].prompt_ids):] for k in (1, 2, 3)]
+    seen = [model.requests[k].prompt_ids[len(model.requests[k - 1].prompt_ids) :] for k in (1, 2, 3)]
     assert contains(seen[0], encode(tokenizer, "<|im_start|>tool\nError: invalid JSON in <tool_call>"))
     assert contains(seen[1], encode(tokenizer, "<|im_start|>tool\nError: unknown tool 'nope'; available: calculator"))
     assert contains(seen[1], encode(tokenizer, "<|im_start|>tool\n7<|im_end|>"))  # the valid call ran too
@@ -106,13 +129,13 @@ def test_malformed_calls_are_penalised_reported_and_never_raise(tokenizer):
     assert contains(seen[2], encode(tokenizer, "unsupported element Name"))
     # every request still extends the previous one: the ledger was never re-rendered
     for prev, nxt in zip(model.requests, model.requests[1:]):
-        assert nxt.prompt_ids[:len(prev.prompt_ids)] == prev.prompt_ids
+        assert nxt.prompt_ids[: len(prev.prompt_ids)] == prev.prompt_ids
 
 
 def test_max_turns_stops_without_appending_results(tokenizer):
     traj, model = play(tokenizer, [CALL] * 5, max_turns=2)
     assert (traj.stop_reason, traj.num_actions, len(model.requests)) == ("max_steps", 2, 2)
-    assert traj.token_ids[-len(model.ids(1)):] == model.ids(1) and traj.response_mask[-1] == 1
+    assert traj.token_ids[-len(model.ids(1)) :] == model.ids(1) and traj.response_mask[-1] == 1
     assert traj.step_rewards == [0.0, 0.0] and not traj.success
 
 
@@ -124,7 +147,7 @@ def test_total_token_budget_caps_generation_and_stops(tokenizer):
     assert (traj.stop_reason, traj.step_rewards) == ("truncated", [0.0, 0.0])
     traj, model = play(tokenizer, [CALL, ANSWER], max_total_tokens=second_prompt)  # no room after the result
     assert (traj.stop_reason, traj.num_actions, len(model.requests)) == ("max_tokens", 1, 1)
-    assert traj.token_ids == free.requests[1].prompt_ids[:len(traj.token_ids)] and traj.response_mask[-1] == 1
+    assert traj.token_ids == free.requests[1].prompt_ids[: len(traj.token_ids)] and traj.response_mask[-1] == 1
     traj, model = play(tokenizer, [CALL, ANSWER], max_total_tokens=5)  # the prompt alone is too long
     assert (traj.stop_reason, traj.num_actions, traj.step_rewards, model.requests) == ("max_tokens", 0, [], [])
 
@@ -153,18 +176,23 @@ def test_history_divergence_gets_a_fresh_ledger_and_is_counted(tokenizer):
     assert second.response_metadata["conversation"] == 0 and third.response_metadata["conversation"] == 1
     assert chat.metrics() == {"retemplated_turns": 1.0, "conversations": 2.0, "generated_turns": 3.0}
     main_ledger = chat.conversation(0).ledger
-    assert model.requests[1].prompt_ids[:len(model.requests[0].prompt_ids) + len(model.ids(0))] == \
-        model.requests[0].prompt_ids + model.ids(0)
+    assert model.requests[1].prompt_ids[: len(model.requests[0].prompt_ids) + len(model.ids(0))] == model.requests[
+        0
+    ].prompt_ids + model.ids(0)
     assert main_ledger.num_turns == 2 and chat.conversation(1).ledger.num_turns == 1
-    assert model.requests[2].prompt_ids[:len(model.requests[1].prompt_ids)] != model.requests[1].prompt_ids
+    assert model.requests[2].prompt_ids[: len(model.requests[1].prompt_ids)] != model.requests[1].prompt_ids
 
 
 def test_calculator_is_arithmetic_only():
     # exact arithmetic (roll.agentic.agent_loop.calculator): 7 / 2 is the fraction 7/2
-    assert [calculator(e) for e in ["1 + 2 * 3", "(2 + 3) * 4", "7 / 2", "-2 ** 2", "9 // 2 % 3"]] == \
-        ["7", "20", "7/2", "-4", "1"]
-    for bad in ["__import__('os')", "x + 1", "(1).real", "2 ** 100", "9 ** 9 ** 9", "1 / 0", "[1]", "1 +",
-                "2 ** 0.5"]:
+    assert [calculator(e) for e in ["1 + 2 * 3", "(2 + 3) * 4", "7 / 2", "-2 ** 2", "9 // 2 % 3"]] == [
+        "7",
+        "20",
+        "7/2",
+        "-4",
+        "1",
+    ]
+    for bad in ["__import__('os')", "x + 1", "(1).real", "2 ** 100", "9 ** 9 ** 9", "1 / 0", "[1]", "1 +", "2 ** 0.5"]:
         with pytest.raises(ValueError):
             calculator(bad)
 

@@ -58,8 +58,15 @@ class ScriptedEngine:
 
 def test_each_step_is_a_sample_whose_prompt_is_the_envs_chat(tokenizer):
     config = {"dim_room": [5, 5], "max_steps": 3}
-    spec = EnvSpec(tag="Native", env_type="sokoban_native_env", env_config=config, max_steps=3,
-                   max_tokens_per_step=8, agent_template="not read", native_chat=True)
+    spec = EnvSpec(
+        tag="Native",
+        env_type="sokoban_native_env",
+        env_config=config,
+        max_steps=3,
+        max_tokens_per_step=8,
+        agent_template="not read",
+        native_chat=True,
+    )
     engine = ScriptedEngine(tokenizer, ["Up", "Left", "Down"])
     manager = NativeStepEnvManager(spec, tokenizer, engine, SamplingParams(max_new_tokens=8), sequence_length=4096)
     traj = asyncio.run(manager.run_episode(EpisodeSpec("g0", "g0-0", env_seed=SEED, sample_seed=1)))

@@ -134,7 +134,9 @@ def test_human_agent_plays_from_stdin():
     text = out.getvalue()
     assert "observation:\n__P_\n____\n_O__\n__G_\n" in text
     assert actions_in(text) == [
-        "<answer>Down</answer>", "<answer>bogus</answer>", "<answer>Down</answer>",
+        "<answer>Down</answer>",
+        "<answer>bogus</answer>",
+        "<answer>Down</answer>",
         "<answer>down</answer>",
     ]
     assert summary == EpisodeSummary(1, 4, pytest.approx(0.9), True, 1, "terminated")
@@ -158,8 +160,7 @@ def test_max_steps_ends_an_episode():
 
 
 def test_cli_scripted_frozen_lake():
-    cmd = [sys.executable, "-m", "roll.agentic.play", "--env", "frozen_lake", "--agent", "scripted",
-           "--episodes", "2"]
+    cmd = [sys.executable, "-m", "roll.agentic.play", "--env", "frozen_lake", "--agent", "scripted", "--episodes", "2"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "success" in proc.stdout and "2/2 episodes succeeded" in proc.stdout
@@ -177,8 +178,7 @@ def test_cli_unknown_env_is_one_line_exit_2():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["frozen_lake", "--env_config", "{size: 3}"],
-         "--env_config is not valid JSON: Expecting property name"),
+        (["frozen_lake", "--env_config", "{size: 3}"], "--env_config is not valid JSON: Expecting property name"),
         (["frozen_lake", "--env_config", "[3]"], "--env_config must be a JSON object, got '[3]'"),
         (["frozen_lake", "--env_config", '{"sise": 3}'], "unknown env_config key(s) 'sise'"),
         (["frozen_lake", "--env_config", '{"size": 1}'], "size must be in [2, 64]"),
@@ -193,8 +193,18 @@ def test_cli_bad_arguments_are_one_line_exit_2(args, message, capsys):
 
 def test_cli_in_process_plays_with_a_json_config():
     out = io.StringIO()
-    argv = ["--env", "roll/FrozenLake-v0", "--agent", "scripted", "--seed", "4", "--episodes", "3",
-            "--env_config", '{"size": 5, "hole_prob": 0.3}']
+    argv = [
+        "--env",
+        "roll/FrozenLake-v0",
+        "--agent",
+        "scripted",
+        "--seed",
+        "4",
+        "--episodes",
+        "3",
+        "--env_config",
+        '{"size": 5, "hole_prob": 0.3}',
+    ]
     assert main(argv, stdin=io.StringIO(), out=out) == 0
     assert out.getvalue().endswith("3/3 episodes succeeded, mean reward 1\n")
     assert "=== episode 3/3 (seed 6) ===\n" in out.getvalue()

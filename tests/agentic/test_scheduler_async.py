@@ -23,14 +23,14 @@ from ray import cloudpickle
 from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
+from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
+from roll.core.errors import EngineFailed
 from roll.core.records import (
     GenerateOutput,
     GroupResult,
     SamplingParams,
     Trajectory,
 )
-from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
-from roll.core.errors import EngineFailed
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
 from roll.pipeline.samples import staleness_metrics
@@ -43,8 +43,13 @@ class ScriptedEnvWorker:
     def __init__(self):
         self.reset()
 
-    def reset(self, fail_group_ids: tuple[str, ...] = (), no_turn_group_ids: tuple[str, ...] = (),
-              die_group_ids: tuple[str, ...] = (), engine_fails: bool = False) -> None:
+    def reset(
+        self,
+        fail_group_ids: tuple[str, ...] = (),
+        no_turn_group_ids: tuple[str, ...] = (),
+        die_group_ids: tuple[str, ...] = (),
+        engine_fails: bool = False,
+    ) -> None:
         """A fresh script (one actor serves every test: starting actors is the slow part). A
         restarted actor runs __init__ again, so it forgets `die_group_ids`."""
         self.fail_group_ids, self.no_turn_group_ids = set(fail_group_ids), set(no_turn_group_ids)
@@ -79,11 +84,22 @@ class ScriptedEnvWorker:
             await self.gate.wait()
         else:
             await asyncio.sleep(0.01)
-        trajs = [Trajectory(tag="lake", traj_group_id=spec.traj_group_id, traj_id=f"{spec.traj_group_id}-{m}",
-                            env_seed=spec.env_seed, step_rewards=[0.0, 1.0], success=True,
-                            stop_reason="terminated", policy_version=self.version, num_actions=2,
-                            num_valid_actions=2, policy_versions=[first, self.version])
-                 for m in range(2)]
+        trajs = [
+            Trajectory(
+                tag="lake",
+                traj_group_id=spec.traj_group_id,
+                traj_id=f"{spec.traj_group_id}-{m}",
+                env_seed=spec.env_seed,
+                step_rewards=[0.0, 1.0],
+                success=True,
+                stop_reason="terminated",
+                policy_version=self.version,
+                num_actions=2,
+                num_valid_actions=2,
+                policy_versions=[first, self.version],
+            )
+            for m in range(2)
+        ]
         if spec.traj_group_id in self.no_turn_group_ids:  # e.g. the first prompt was already too long
             trajs = [dataclasses.replace(t, policy_versions=[], policy_version=0, num_actions=0) for t in trajs]
         return GroupResult(spec.group_index, trajs)
@@ -171,14 +187,27 @@ def test_a_group_without_generated_turns_is_never_stale(make_scheduler):
 
 def test_staleness_metrics_by_hand():
     def traj(versions):
-        return Trajectory(tag="lake", traj_group_id="g", traj_id="t", env_seed=0, step_rewards=[], success=False,
-                          stop_reason="max_steps", policy_version=max(versions, default=0), num_actions=len(versions),
-                          num_valid_actions=0, policy_versions=versions)
+        return Trajectory(
+            tag="lake",
+            traj_group_id="g",
+            traj_id="t",
+            env_seed=0,
+            step_rewards=[],
+            success=False,
+            stop_reason="max_steps",
+            policy_version=max(versions, default=0),
+            num_actions=len(versions),
+            num_valid_actions=0,
+            policy_versions=versions,
+        )
 
     # trained weights: version 4. Staleness 4-3=1, 4-2=2, 0 (fresh), 0 (no turn); mixed: [2, 3] only.
     metrics = staleness_metrics([traj([3, 3]), traj([2, 3]), traj([4]), traj([])], policy_version=4)
-    assert metrics == {"rollout/staleness_mean": 0.75, "rollout/staleness_max": 2.0,
-                       "rollout/mixed_version_trajectories": 0.25}
+    assert metrics == {
+        "rollout/staleness_mean": 0.75,
+        "rollout/staleness_max": 2.0,
+        "rollout/mixed_version_trajectories": 0.25,
+    }
 
 
 def test_the_collected_step_goes_before_groups_dispatched_ahead(make_scheduler):
@@ -219,8 +248,10 @@ def test_a_group_whose_worker_dies_is_replaced_on_the_restarted_worker(scripted_
     scheduler = RolloutScheduler([worker], [Slot(0, 0, "lake")], seed=7, mode="train", group_size=2)
     trajs, dropped = scheduler.collect(1, 2)
     assert group_ids(trajs) == ["train-1-1", "train-1-2"]  # the replacement takes a fresh index
-    assert dropped == ["env worker 0 died: ActorDiedError"] * 2 or dropped == [
-        "env worker 0 died: ActorUnavailableError"] * 2
+    assert (
+        dropped == ["env worker 0 died: ActorDiedError"] * 2
+        or dropped == ["env worker 0 died: ActorUnavailableError"] * 2
+    )
 
 
 def test_a_worker_that_cannot_come_back_ends_the_step_with_a_clear_error(scripted_worker):
@@ -259,8 +290,9 @@ class FirstCallHangsInference:
 
 def test_a_generate_that_never_answers_drops_its_trajectories_and_renews_their_envs(tmp_path):
     path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
-    spec = EnvSpec(tag="FL", env_type="frozen_lake", env_config={}, max_steps=2, max_tokens_per_step=1,
-                   response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="FL", env_type="frozen_lake", env_config={}, max_steps=2, max_tokens_per_step=1, response_prefix="<answer>"
+    )
     scheduler = RolloutScheduler([], [Slot(0, 0, "FL")], seed=7, mode="train")
 
     async def play():
@@ -302,8 +334,14 @@ def test_redundant_envs_complete_a_group_without_waiting_for_a_hung_member(tmp_p
     returns at once (far inside the 60 s step timeout) with those two, counts one redundant
     episode, drops nothing, and gives member 1 a fresh env; the next group plays all three."""
     path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
-    spec = EnvSpec(tag="FL", env_type=f"{__name__}:SecondEnvHangs", env_config={}, max_steps=2,
-                   max_tokens_per_step=1, response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="FL",
+        env_type=f"{__name__}:SecondEnvHangs",
+        env_config={},
+        max_steps=2,
+        max_tokens_per_step=1,
+        response_prefix="<answer>",
+    )
     scheduler = RolloutScheduler([], [Slot(0, 0, "FL")], seed=7, mode="train")
     SecondEnvHangs.made = 0
 
@@ -315,7 +353,13 @@ def test_redundant_envs_complete_a_group_without_waiting_for_a_hung_member(tmp_p
         started = time.monotonic()
         first = await worker.run_group(0, scheduler.group_spec(1, 0, False))
         elapsed = time.monotonic() - started
-        return first, elapsed, hung_env, worker.groups[0][1].env, await worker.run_group(0, scheduler.group_spec(1, 1, False))
+        return (
+            first,
+            elapsed,
+            hung_env,
+            worker.groups[0][1].env,
+            await worker.run_group(0, scheduler.group_spec(1, 1, False)),
+        )
 
     first, elapsed, hung_env, renewed_env, second = asyncio.run(play())
     assert [t.traj_id for t in first.trajectories] == ["train-1-0-0", "train-1-0-2"]
@@ -347,8 +391,9 @@ def test_episodes_spread_over_inference_replicas_and_each_stays_on_one(tmp_path,
     replica and every later turn of it to the same one (where its KV is), then releases it there,
     step-wise episodes too: no episode stays pinned once its group is done."""
     path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
-    spec = EnvSpec(tag="FL", env_type="frozen_lake", env_config={}, max_steps=3, max_tokens_per_step=1,
-                   response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="FL", env_type="frozen_lake", env_config={}, max_steps=3, max_tokens_per_step=1, response_prefix="<answer>"
+    )
     scheduler = RolloutScheduler([], [Slot(0, 0, "FL")], seed=7, mode="train")
     left = load_tokenizer(path).convert_tokens_to_ids("Left")
     replicas = [RecordingInference(left), RecordingInference(left)]

@@ -36,6 +36,7 @@ def test_the_shared_space_cannot_be_changed():
 
 def test_seeding_one_envs_space_changes_no_rollout():
     """The sampling generator is the one shared state, and envs never draw from it."""
+
     def rollout(env, reseed_space: bool):
         obs = [env.reset(seed=7)[0]]
         for word in ("Left", "Down", "Right", "Up", "Down"):

@@ -15,10 +15,25 @@ from roll.core.records import GenerateOutput
 from roll.models.tiny import build_tiny_tokenizer
 from roll.utils.seeding import derive_seed
 
-QUOTED = ['"name"', '"arguments"', '"add"', '"a"', '"b"', '"weather"', '"city"', '"paris"', '"slow"',
-          '"boom"', '"nope"', '"ping"', '"pong"']
-CORPUS = ["the answer is sunny need both done Error timed out after raised RuntimeError disk on fire",
-          "invalid unknown tool available tool_response think Tools boom slow"]
+QUOTED = [
+    '"name"',
+    '"arguments"',
+    '"add"',
+    '"a"',
+    '"b"',
+    '"weather"',
+    '"city"',
+    '"paris"',
+    '"slow"',
+    '"boom"',
+    '"nope"',
+    '"ping"',
+    '"pong"',
+]
+CORPUS = [
+    "the answer is sunny need both done Error timed out after raised RuntimeError disk on fire",
+    "invalid unknown tool available tool_response think Tools boom slow",
+]
 # Qwen3-like: tool schemas in the system turn, tool results grouped into one user turn, and the
 # <think> block of every assistant turn but the last dropped (so the template is not append-only).
 # (HF renders with trim_blocks: a newline right after a block tag is dropped, hence {{ '\\n' }}.)
@@ -73,14 +88,29 @@ class ScriptedModel:
         self.requests.append(request)
         full = self.ids(k)
         ids = full[: request.params.max_new_tokens]
-        return GenerateOutput(request.request_id, ids, [-(k + 1) - i / 100 for i in range(len(ids))],
-                              "stop" if ids == full else "length", self.version)
+        return GenerateOutput(
+            request.request_id,
+            ids,
+            [-(k + 1) - i / 100 for i in range(len(ids))],
+            "stop" if ids == full else "length",
+            self.version,
+        )
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tiny_tokenizer(corpus=CORPUS, extra_tokens=[
-        "<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>", *QUOTED])
+    return build_tiny_tokenizer(
+        corpus=CORPUS,
+        extra_tokens=[
+            "<tool_call>",
+            "</tool_call>",
+            "<think>",
+            "</think>",
+            "<tool_response>",
+            "</tool_response>",
+            *QUOTED,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +128,7 @@ def play(tokenizer, texts, row=None, **cfg):
 
 
 def contains(seq, sub):
-    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
 def segments(traj):
@@ -117,15 +147,20 @@ def test_append_only_template_matches_one_rendering_of_the_whole_chat(tokenizer)
     traj, model, agent = play(tokenizer, texts)
     # the tiny template ignores tools=: the schemas go to the system message
     schemas = "\n".join(json.dumps(s["function"]) for s in agent.schemas)
-    assert schemas.startswith('{"name": "add", "description": "Add two integers.", '
-                              '"parameters": {"additionalProperties": false, "properties": {"a"')
+    assert schemas.startswith(
+        '{"name": "add", "description": "Add two integers.", '
+        '"parameters": {"additionalProperties": false, "properties": {"a"'
+    )
     system = TOOLS_SYSTEM_PROMPT.format(schemas=schemas)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "the answer is"}]
     prompt = encode(tokenizer, render_text(tokenizer, messages, True))
     assert model.requests[0].prompt_ids == prompt
     # oracle: the whole conversation rendered once (the template is append-only)
-    messages += [{"role": "assistant", "content": texts[0]}, {"role": "tool", "content": "3"},
-                 {"role": "assistant", "content": texts[1]}]
+    messages += [
+        {"role": "assistant", "content": texts[0]},
+        {"role": "tool", "content": "3"},
+        {"role": "assistant", "content": texts[1]},
+    ]
     whole = encode(tokenizer, render_text(tokenizer, messages, False))
     assert traj.token_ids == whole[:-1] and tokenizer.decode(whole[-1:]) == "\n"
     g0, g1 = model.ids(0), model.ids(1)
@@ -133,7 +168,9 @@ def test_append_only_template_matches_one_rendering_of_the_whole_chat(tokenizer)
     assert segments(traj) == [(0, prompt), (1, g0), (0, delta), (1, g1)]
     assert model.requests[1].prompt_ids == prompt + g0 + delta  # every turn extends the last one
     assert [(r.request_id, r.session_id, r.seed) for r in model.requests] == [
-        ("t0/0", "t0", derive_seed(11, 0)), ("t0/1", "t0", derive_seed(11, 1))]
+        ("t0/0", "t0", derive_seed(11, 0)),
+        ("t0/1", "t0", derive_seed(11, 1)),
+    ]
     gen_logprobs = [lp for lp, m in zip(traj.infer_logprobs, traj.response_mask) if m]
     assert gen_logprobs == [-1 - i / 100 for i in range(len(g0))] + [-2 - i / 100 for i in range(len(g1))]
     assert all(lp == 0.0 for lp, m in zip(traj.infer_logprobs, traj.response_mask) if not m)
@@ -152,13 +189,19 @@ def test_rewriting_template_keeps_generated_ids_exactly(qwen_tokenizer):
     prompt = encode(tok, render_text(tok, messages, True, tools=agent.schemas))
     assert contains(prompt, encode(tok, "# Tools"))  # the template takes tools=: no system-message fallback
     g0, g1 = model.ids(0), model.ids(1)
-    delta = encode(tok, "\n<|im_start|>user\n<tool_response>\n3\n</tool_response>"
-                        "\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    delta = encode(
+        tok,
+        "\n<|im_start|>user\n<tool_response>\n3\n</tool_response>"
+        "\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    )
     assert segments(traj) == [(0, prompt), (1, g0), (0, delta), (1, g1)]
     assert model.requests[1].prompt_ids == prompt + g0 + delta
     # re-rendering the history would drop turn 0's <think> block: the policy's ids would be lost
-    history = messages + [{"role": "assistant", "content": texts[0]}, {"role": "tool", "content": "3"},
-                          {"role": "tool", "content": "sunny"}]
+    history = messages + [
+        {"role": "assistant", "content": texts[0]},
+        {"role": "tool", "content": "3"},
+        {"role": "tool", "content": "sunny"},
+    ]
     rerendered = encode(tok, render_text(tok, history, True, tools=agent.schemas))
     assert rerendered != prompt + g0 + delta
     assert tok.convert_tokens_to_ids("<think>") in g0 and rerendered.count(tok.convert_tokens_to_ids("<think>")) == 0
@@ -182,19 +225,24 @@ def test_malformed_calls_timeouts_and_errors_are_penalised_never_raised(tokenize
     def boom() -> str:
         raise RuntimeError("disk on fire")
 
-    texts = ['<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>'
-             '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
-             '<tool_call>{"name": "slow", "arguments": {}}</tool_call>',
-             '<tool_call>{"name": "boom", "arguments": {}}</tool_call>' + ADD_CALL,
-             "<answer> 3 </answer>"]
+    texts = [
+        '<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>'
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "slow", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "boom", "arguments": {}}</tool_call>' + ADD_CALL,
+        "<answer> 3 </answer>",
+    ]
     model = ScriptedModel(tokenizer, texts)
-    agent = ToolAgent({"tools": [add, slow, boom], "reward_fn": answer_reward, "tool_timeout_s": 0.05,
-                       "format_penalty": -0.5}, model, tokenizer)
+    agent = ToolAgent(
+        {"tools": [add, slow, boom], "reward_fn": answer_reward, "tool_timeout_s": 0.05, "format_penalty": -0.5},
+        model,
+        tokenizer,
+    )
     traj = asyncio.run(agent.run(prompt="the answer is", answer=3, traj_id="t1"))
     assert traj.metrics == {"tool_calls": 5.0, "malformed_tool_calls": 2.0, "tool_errors": 1.0, "tool_timeouts": 1.0}
     assert traj.step_rewards == [-0.5, 0.0, 0.0, 1.0]
     assert (traj.num_actions, traj.num_valid_actions, traj.stop_reason) == (4, 3, "terminated")
-    shown = model.requests[3].prompt_ids[len(model.requests[2].prompt_ids):]  # results of turn 2
+    shown = model.requests[3].prompt_ids[len(model.requests[2].prompt_ids) :]  # results of turn 2
     error = "<|im_start|>tool\nError: boom raised RuntimeError: disk on fire<|im_end|>"
     assert contains(shown, encode(tokenizer, error))
     assert contains(shown, encode(tokenizer, "<|im_start|>tool\n3<|im_end|>"))
@@ -216,11 +264,16 @@ def test_parallel_calls_of_one_turn_run_concurrently(tokenizer):
 
     async def main():
         events.update(ping=asyncio.Event(), pong=asyncio.Event())
-        texts = ['<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
-                 '<tool_call>{"name": "pong", "arguments": {}}</tool_call>',
-                 "<answer> 3 </answer>"]
-        agent = ToolAgent({"tools": [ping, pong], "reward_fn": answer_reward, "tool_timeout_s": 5},
-                          ScriptedModel(tokenizer, texts), tokenizer)
+        texts = [
+            '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
+            '<tool_call>{"name": "pong", "arguments": {}}</tool_call>',
+            "<answer> 3 </answer>",
+        ]
+        agent = ToolAgent(
+            {"tools": [ping, pong], "reward_fn": answer_reward, "tool_timeout_s": 5},
+            ScriptedModel(tokenizer, texts),
+            tokenizer,
+        )
         return await agent.run(prompt="the answer is", answer=3, traj_id="t2")
 
     traj = asyncio.run(main())
@@ -230,7 +283,7 @@ def test_parallel_calls_of_one_turn_run_concurrently(tokenizer):
 def test_max_turns_stops_a_model_that_keeps_calling_tools(tokenizer):
     traj, model, _ = play(tokenizer, [ADD_CALL] * 5, max_turns=2)
     assert (traj.stop_reason, traj.num_actions, len(model.requests)) == ("max_steps", 2, 2)
-    assert traj.response_mask[-1] == 1 and traj.token_ids[-len(model.ids(1)):] == model.ids(1)  # no results appended
+    assert traj.response_mask[-1] == 1 and traj.token_ids[-len(model.ids(1)) :] == model.ids(1)  # no results appended
     assert traj.step_rewards == [0.0, 0.0] and not traj.success  # reward fn saw no answer ("")
 
 

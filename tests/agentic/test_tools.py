@@ -64,8 +64,11 @@ def test_schema_from_signature_hints_and_docstring():
                 "properties": {
                     "query": {"type": "string", "description": "words to look for."},
                     "limit": {"type": "integer", "default": 5, "description": "at most this many results."},
-                    "tags": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}],
-                             "default": None, "description": "filter by tags."},
+                    "tags": {
+                        "anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}],
+                        "default": None,
+                        "description": "filter by tags.",
+                    },
                 },
                 "required": ["query"],
                 "additionalProperties": False,
@@ -93,21 +96,29 @@ def test_as_tool_from_import_path_and_duplicate_names():
 
 
 def test_parse_several_calls_and_argument_strings():
-    text = ('I will look. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
-            '<tool_call> {"name": "search", "arguments": "{\\"query\\": \\"red\\"}"} </tool_call>'
-            '<tool_call>{"name": "boom"}</tool_call>')
+    text = (
+        'I will look. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
+        '<tool_call> {"name": "search", "arguments": "{\\"query\\": \\"red\\"}"} </tool_call>'
+        '<tool_call>{"name": "boom"}</tool_call>'
+    )
     calls = parse_tool_calls(text)
     assert [(c.name, c.arguments, c.error) for c in calls] == [
-        ("add", {"a": 1, "b": 2}, None), ("search", {"query": "red"}, None), ("boom", {}, None)]
+        ("add", {"a": 1, "b": 2}, None),
+        ("search", {"query": "red"}, None),
+        ("boom", {}, None),
+    ]
     assert parse_tool_calls("The answer is 3.") == []
 
 
-@pytest.mark.parametrize("body, error", [
-    ('{"name": "add", "arguments": {"a": 1,}}', "invalid JSON in <tool_call>"),
-    ('["add", 1]', 'a tool call must be {"name": ..., "arguments": {...}}'),
-    ('{"arguments": {}}', 'a tool call must be {"name": ..., "arguments": {...}}'),
-    ('{"name": "add", "arguments": [1, 2]}', "tool call arguments must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        ('{"name": "add", "arguments": {"a": 1,}}', "invalid JSON in <tool_call>"),
+        ('["add", 1]', 'a tool call must be {"name": ..., "arguments": {...}}'),
+        ('{"arguments": {}}', 'a tool call must be {"name": ..., "arguments": {...}}'),
+        ('{"name": "add", "arguments": [1, 2]}', "tool call arguments must be a JSON object"),
+    ],
+)
 def test_malformed_blocks_are_structured_errors(body, error):
     (call,) = parse_tool_calls(f"<tool_call>{body}</tool_call>")
     assert call.error.startswith(error) and call.raw == body
@@ -126,10 +137,18 @@ def test_results_in_call_order_with_every_failure_kind():
         '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
         '<tool_call>{"name": "boom", "arguments": {}}</tool_call>'
         '<tool_call>{"name": "search", "arguments": {"query": "x", "limit": 2}}</tool_call>'
-        '<tool_call>not json</tool_call>')
+        "<tool_call>not json</tool_call>"
+    )
     results = run(run_tool_calls(calls, [add, boom, search], timeout_s=5))
     assert [r.status for r in results] == [
-        "ok", "bad_arguments", "bad_arguments", "unknown_tool", "error", "ok", "malformed"]
+        "ok",
+        "bad_arguments",
+        "bad_arguments",
+        "unknown_tool",
+        "error",
+        "ok",
+        "malformed",
+    ]
     assert [r.malformed for r in results] == [False, True, True, True, False, False, True]
     assert results[0].content == "7"
     assert results[1].content == "Error: invalid arguments for add: b: Field required"
@@ -153,10 +172,13 @@ def test_sync_tool_past_its_timeout_leaves_only_its_own_thread():
         return "late"
 
     try:
-        results = run(run_tool_calls([ToolCall("stuck", {}), ToolCall("add", {"a": 1, "b": 1})],
-                                     [stuck, add], timeout_s=0.05))
+        results = run(
+            run_tool_calls([ToolCall("stuck", {}), ToolCall("add", {"a": 1, "b": 1})], [stuck, add], timeout_s=0.05)
+        )
         assert [(r.status, r.content) for r in results] == [
-            ("timeout", "Error: stuck timed out after 0.05s"), ("ok", "2")]
+            ("timeout", "Error: stuck timed out after 0.05s"),
+            ("ok", "2"),
+        ]
     finally:
         release.set()  # let the abandoned thread end
 

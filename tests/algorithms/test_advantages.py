@@ -73,16 +73,22 @@ def test_gae_bootstraps_a_truncated_trajectory_and_not_a_terminated_one():
     values = t([[9, 2, 4, 7, 0]] * 2)
     last_state_values = t([6, 5])  # the critic's V of each row's last state
     truncated = torch.tensor([True, False])
-    advantages, returns = compute_gae(rewards, values, mask, 0.5, 0.5,
-                                      bootstrap_values=last_state_values * truncated)
+    advantages, returns = compute_gae(rewards, values, mask, 0.5, 0.5, bootstrap_values=last_state_values * truncated)
     assert_close(advantages, t([[0, 0, 0, 0, 0], [0, -0.75, -3, 0, 0]]))
     assert_close(returns, t([[0, 2, 4, 0, 0], [0, 1.25, 1, 0, 0]]))
     # without a bootstrap both rows are treated as terminated (the old behaviour)
     advantages, _ = compute_gae(rewards, values, mask, 0.5, 0.5)
     assert_close(advantages[0], advantages[1])
     # the registry passes it through
-    via_registry, _ = compute_advantages("gae", token_rewards=rewards, values=values, response_mask=mask,
-                                         gamma=0.5, lambd=0.5, bootstrap_values=last_state_values * truncated)
+    via_registry, _ = compute_advantages(
+        "gae",
+        token_rewards=rewards,
+        values=values,
+        response_mask=mask,
+        gamma=0.5,
+        lambd=0.5,
+        bootstrap_values=last_state_values * truncated,
+    )
     assert_close(via_registry, t([[0, 0, 0, 0, 0], [0, -0.75, -3, 0, 0]]))
 
 
@@ -167,8 +173,13 @@ def test_registry_dispatches_by_name():
     advantages, _ = compute_advantages("reinforce", **common)
     assert_close(advantages, t([[1, 2, 0, 2, 0], [0, 1.5, 3, 0, 0]]))
     advantages, _ = compute_advantages(
-        "grpo", response_mask=GRPO_MASK, gamma=1.0, lambd=1.0, scores=SCORES,
-        group_ids=GROUP_IDS, norm_by_std=False,
+        "grpo",
+        response_mask=GRPO_MASK,
+        gamma=1.0,
+        lambd=1.0,
+        scores=SCORES,
+        group_ids=GROUP_IDS,
+        norm_by_std=False,
     )
     assert_close(advantages, t([-1, -1, 0, 0, 1, 1])[:, None] * GRPO_MASK)
 

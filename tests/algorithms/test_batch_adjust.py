@@ -43,11 +43,14 @@ def test_a_batch_smaller_than_the_divisor_is_copied_up(mode):
     assert len(got) == 4 and got[:3].tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize("batch_size, divisor, want", [
-    (10, 4, 8),  # remainder 2 < 5 (half the batch): delete
-    (7, 4, 4),   # remainder 3 < 3.5: delete
-    (12, 8, 8),  # remainder 4 < 6: delete
-])
+@pytest.mark.parametrize(
+    "batch_size, divisor, want",
+    [
+        (10, 4, 8),  # remainder 2 < 5 (half the batch): delete
+        (7, 4, 4),  # remainder 3 < 3.5: delete
+        (12, 8, 8),  # remainder 4 < 6: delete
+    ],
+)
 def test_auto_deletes_unless_the_batch_is_smaller_than_the_divisor(batch_size, divisor, want):
     """ROLL's copy condition, remainder >= half the batch, never holds for a batch of at least one
     divisor (rows = q * divisor + r with q >= 1 and r < divisor): auto copies only smaller batches."""

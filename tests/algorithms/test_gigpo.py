@@ -106,13 +106,9 @@ def test_episode_and_step_parts_are_weighted_and_summed():
 
 def test_same_state_in_another_group_is_not_pooled():
     # Pooled, A/s1 would hold returns 1, 3, 2, 1.5 (mean 1.875) and row 6 would get -0.375.
-    alone_a = compute_gigpo_advantages(
-        SCORES[:6], REWARDS[:6], GROUPS[:6], TRAJS[:6], STATES[:6], STEPS[:6], gamma=0.5
-    )
+    alone_a = compute_gigpo_advantages(SCORES[:6], REWARDS[:6], GROUPS[:6], TRAJS[:6], STATES[:6], STEPS[:6], gamma=0.5)
     assert_close(alone_a, EPISODE[:6] + STEP_HALF[:6])
-    alone_b = compute_gigpo_advantages(
-        SCORES[6:], REWARDS[6:], GROUPS[6:], TRAJS[6:], STATES[6:], STEPS[6:], gamma=0.5
-    )
+    alone_b = compute_gigpo_advantages(SCORES[6:], REWARDS[6:], GROUPS[6:], TRAJS[6:], STATES[6:], STEPS[6:], gamma=0.5)
     assert_close(alone_b, t([0, 0]))
     assert_close(gigpo(gamma=0.5)[6:], t([0, 0]))
 
@@ -136,8 +132,15 @@ def test_groups_without_spread_get_exactly_zero():
     # about -0.8. Group D: a single trajectory, whose std is 0 / 0 with eps = 0.
     scores = t([0.1, 0.1, 0.1, 7.0])
     advantages = compute_gigpo_advantages(
-        scores, scores, ["C", "C", "C", "D"], ["c1", "c2", "c3", "d1"], ["s", "s", "s", "s"],
-        [0, 0, 0, 0], gamma=1.0, norm_std=True, eps=0.0,
+        scores,
+        scores,
+        ["C", "C", "C", "D"],
+        ["c1", "c2", "c3", "d1"],
+        ["s", "s", "s", "s"],
+        [0, 0, 0, 0],
+        gamma=1.0,
+        norm_std=True,
+        eps=0.0,
     )
     assert torch.equal(advantages, torch.zeros(4, dtype=F64))
 
@@ -165,9 +168,7 @@ def test_step_reinforce_returns_without_normalisation(gamma, expected):
 def test_step_reinforce_whitens_over_rows():
     # Rows shuffled: t2 (r = 3), then t1 step 1 (r = 2), then t1 step 0 (r = 0). gamma = 0.5:
     # returns 3, 2, 0 + 0.5 * 2 = 1 -> mean 2, unbiased std 1.
-    advantages = compute_step_reinforce_advantages(
-        t([3, 2, 0]), ["t2", "t1", "t1"], [0, 1, 0], gamma=0.5
-    )
+    advantages = compute_step_reinforce_advantages(t([3, 2, 0]), ["t2", "t1", "t1"], [0, 1, 0], gamma=0.5)
     assert_close(advantages, t([1, 0, -1]) / (1 + EPS))
     # Returns 2, 2: no spread, so 0 rather than rounding noise; and one row alone is 0 too.
     equal = compute_step_reinforce_advantages(t([2, 2]), ["u", "v"], [0, 0], gamma=0.5)

@@ -28,8 +28,9 @@ SCORES = torch.tensor([1.0, 0.0], dtype=F64)
 
 def run(variant: str, options: PGOptions = PGOptions(), requires_grad: bool = False):
     logprobs = LOGPROBS.clone().requires_grad_(requires_grad)
-    loss, metrics = policy_gradient_loss(variant, logprobs, OLD_LOGPROBS, ADVANTAGES, MASK,
-                                         options=options, episode_scores=SCORES)
+    loss, metrics = policy_gradient_loss(
+        variant, logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, options=options, episode_scores=SCORES
+    )
     return logprobs, loss, metrics
 
 
@@ -125,8 +126,7 @@ def test_kimi15_adds_a_squared_log_ratio_penalty():
     assert loss.item() == pytest.approx((2.5 + 0.05 * sum(x * x for x in logs)) / 5)
     assert loss.item() == pytest.approx(0.510190, abs=1e-6)
     loss.backward()
-    expected = [[-0.4 + 0.02 * logs[0], -0.4 + 0.02 * logs[1], 0.0],
-                [0.2 + 0.02 * logs[2], 0.2 + 0.02 * logs[3], 0.2]]
+    expected = [[-0.4 + 0.02 * logs[0], -0.4 + 0.02 * logs[1], 0.0], [0.2 + 0.02 * logs[2], 0.2 + 0.02 * logs[3], 0.2]]
     assert_close(logprobs.grad, torch.tensor(expected, dtype=F64))
     assert metrics["actor/kimi15_log_ratio_abs_mean"] == pytest.approx(sum(abs(x) for x in logs) / 5)
 
@@ -135,8 +135,9 @@ def test_off_policy_weights_scale_every_variant():
     weights = torch.full_like(LOGPROBS, 0.5)
     for variant in PG_VARIANTS:
         plain, _ = policy_gradient_loss(variant, LOGPROBS, OLD_LOGPROBS, ADVANTAGES, MASK, episode_scores=SCORES)
-        halved, _ = policy_gradient_loss(variant, LOGPROBS, OLD_LOGPROBS, ADVANTAGES, MASK,
-                                         weights=weights, episode_scores=SCORES)
+        halved, _ = policy_gradient_loss(
+            variant, LOGPROBS, OLD_LOGPROBS, ADVANTAGES, MASK, weights=weights, episode_scores=SCORES
+        )
         assert halved.item() == pytest.approx(0.5 * plain.item()), variant
 
 

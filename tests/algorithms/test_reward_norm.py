@@ -68,12 +68,8 @@ def test_one_constant_key_makes_group_statistics_the_batch_statistics():
     pairs = [(("group", "group"), ("batch", "batch")), (("group", None), ("batch", None))]
     pairs.append(((None, "group"), (None, "batch")))
     for (group_mean, group_std), (batch_mean, batch_std) in pairs:
-        as_group = normalize_rewards(
-            SCORES, ["batch"] * 6, norm_mean_type=group_mean, norm_std_type=group_std
-        )
-        as_batch = normalize_rewards(
-            SCORES, KEYS, norm_mean_type=batch_mean, norm_std_type=batch_std
-        )
+        as_group = normalize_rewards(SCORES, ["batch"] * 6, norm_mean_type=group_mean, norm_std_type=group_std)
+        as_batch = normalize_rewards(SCORES, KEYS, norm_mean_type=batch_mean, norm_std_type=batch_std)
         assert_close(as_group, as_batch)
 
 

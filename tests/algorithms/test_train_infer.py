@@ -43,7 +43,8 @@ def test_segment_mean_keeps_rows_and_runs_apart():
 
 def test_is_weight_is_clamped_at_the_upper_bound_and_counts_what_it_clipped():
     weights, keep, metrics = train_infer_correction(
-        OLD, INFER, MASK, is_weight={"weight_type": "token", "upper_bound": 1.2}, filters=[])
+        OLD, INFER, MASK, is_weight={"weight_type": "token", "upper_bound": 1.2}, filters=[]
+    )
     assert at(weights) == [1.2, 1.0, 0.5]
     assert keep.tolist() == [[1.0] * 5] and metrics["actor/is_weight_clipfrac"] == pytest.approx(1 / 3)
     assert metrics["actor/train_infer_ratio_token_mean"] == pytest.approx((2 + 1 + 0.5) / 3)
@@ -51,8 +52,15 @@ def test_is_weight_is_clamped_at_the_upper_bound_and_counts_what_it_clipped():
 
 
 def test_filters_multiply_into_one_keep_mask():
-    token_rule = {"agg_type": "token", "ratio_enabled": True, "ratio_low": 0.8, "ratio_high": 1.05,
-                  "diff_enabled": True, "diff_low": -0.1, "diff_high": 0.1}
+    token_rule = {
+        "agg_type": "token",
+        "ratio_enabled": True,
+        "ratio_low": 0.8,
+        "ratio_high": 1.05,
+        "diff_enabled": True,
+        "diff_low": -0.1,
+        "diff_high": 0.1,
+    }
     weights, keep, metrics = train_infer_correction(OLD, INFER, MASK, is_weight=None, filters=[token_rule])
     assert weights is None and at(keep) == [0.0, 1.0, 0.0]  # only the token with ratio 1 and diff 0
     assert metrics["actor/train_infer_token_ratio_mask_mean"] == pytest.approx(1 / 3)

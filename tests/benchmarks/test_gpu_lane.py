@@ -62,8 +62,10 @@ def test_smoke_run_trains_every_variant_or_says_why_not(tmp_path):
     runs = {(r["strategy"], r["variant"]): r for r in record["training"]}
     assert len(runs) == 8
     assert runs.pop(("megatron", "compile")) == {
-        "strategy": "megatron", "variant": "compile",
-        "skipped": "torch_compile is an option of the torch and fsdp2 strategies"}
+        "strategy": "megatron",
+        "variant": "compile",
+        "skipped": "torch_compile is an option of the torch and fsdp2 strategies",
+    }
     for key, run in runs.items():
         assert run["tokens_per_s"] > 0 and 0 < run["mfu"] and run["grad_norms_finite"], key
         assert run["fused_adamw"] is False, key  # CPU: torch's default kernel
@@ -85,8 +87,25 @@ def test_each_entry_is_saved_as_it_comes_and_the_sizes_are_options(tmp_path, mon
 
     monkeypatch.setattr(gpu_lane, "train_one", train_one)
     out = tmp_path / "partial.json"
-    assert gpu_lane.main(["--smoke", "--strategies", "torch", "--variants", "plain,lora", "--batch", "3",
-                          "--seq_len", "5", "--no_generation", "--out", str(out)]) == 0
+    assert (
+        gpu_lane.main(
+            [
+                "--smoke",
+                "--strategies",
+                "torch",
+                "--variants",
+                "plain,lora",
+                "--batch",
+                "3",
+                "--seq_len",
+                "5",
+                "--no_generation",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert seen[0] is None and [r["variant"] for r in seen[1]] == ["plain"]
     record = json.loads(out.read_text())
     assert (record["batch"], record["seq_len"], record["generation"]) == (3, 5, None)

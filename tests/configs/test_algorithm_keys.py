@@ -51,8 +51,12 @@ def test_step_wise_samples_take_the_kl_loss_but_not_the_penalty(model_dir):
 
 
 def test_pg_variant_keys_sit_on_actor_train(model_dir):
-    cfg = load(model_dir, "+actor_train.pg_variant=cispo", "+actor_train.cispo_epsilon_high=0.3",
-               "+actor_train.cispo_use_unified_mask=true")
+    cfg = load(
+        model_dir,
+        "+actor_train.pg_variant=cispo",
+        "+actor_train.cispo_epsilon_high=0.3",
+        "+actor_train.cispo_use_unified_mask=true",
+    )
     assert (cfg.actor_train.pg_variant, cfg.actor_train.cispo_epsilon_high) == ("cispo", 0.3)
     assert cfg.actor_train.cispo_use_unified_mask
 
@@ -63,11 +67,16 @@ def test_kl_full_is_refused_by_name(model_dir):
 
 
 def test_roll_reward_normalization_block_and_clips(model_dir):
-    cfg = load(model_dir, "+reward_normalization={grouping: tags, method: asym_clip}", "reward_clip=20",
-               "advantage_clip=0.2")
+    cfg = load(
+        model_dir, "+reward_normalization={grouping: tags, method: asym_clip}", "reward_clip=20", "advantage_clip=0.2"
+    )
     norm = cfg.reward_normalization
     assert (norm.group_key, norm.norm_mean_type, norm.norm_std_type, norm.clip_range) == (
-        "tag", "group", "group", (-1.0, 3.0))
+        "tag",
+        "group",
+        "group",
+        (-1.0, 3.0),
+    )
     assert (cfg.reward_clip, cfg.advantage_clip) == (20.0, 0.2)
     assert (load(model_dir).reward_clip, load(model_dir).advantage_clip) == (None, None)
     with pytest.raises(ConfigError, match="^reward_normalization.method: input should be"):

@@ -13,9 +13,7 @@ from roll.cli import main, resolve_config_dir
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO_ROOT, "examples", "start_agentic_pipeline.py")
 CONFIG_DIR = os.path.join(REPO_ROOT, "tests", "configs")
-BAD_KEY_LINE = (
-    "config error: actor_train.training_args.lerning_rate: unknown key (did you mean 'learning_rate'?)"
-)
+BAD_KEY_LINE = "config error: actor_train.training_args.lerning_rate: unknown key (did you mean 'learning_rate'?)"
 
 
 def run_script(cwd, *args) -> subprocess.CompletedProcess:
@@ -79,12 +77,18 @@ def test_main_reports_missing_config_name(capsys):
     assert capsys.readouterr().err == f"config error: config_name: no 'nope' config in {CONFIG_DIR}\n"
 
 
-@pytest.mark.parametrize(("error", "line"), [
-    ("rollout", "training stopped: rollout: too many failed groups; last causes: ['x']"),
-    ("engine", "training stopped: inference engine 'vllm' failed: RuntimeError: CPU Generator does not use offset"),
-    ("worker", "training stopped: a worker process died (ActorDiedError); resume from the last checkpoint "
-               "with resume_from_checkpoint=true. The actor died unexpectedly before finishing this task."),
-])
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        ("rollout", "training stopped: rollout: too many failed groups; last causes: ['x']"),
+        ("engine", "training stopped: inference engine 'vllm' failed: RuntimeError: CPU Generator does not use offset"),
+        (
+            "worker",
+            "training stopped: a worker process died (ActorDiedError); resume from the last checkpoint "
+            "with resume_from_checkpoint=true. The actor died unexpectedly before finishing this task.",
+        ),
+    ],
+)
 def test_a_run_that_cannot_go_on_stops_with_one_line_and_exit_1(error, line, model_dir, monkeypatch, capsys):
     from ray.exceptions import ActorDiedError
 

@@ -77,9 +77,7 @@ def test_critic_and_reference_models_come_from_the_right_pretrain(model_dir, tmp
 
 def test_plain_override_of_a_key_the_yaml_leaves_at_its_default(model_dir):
     # Neither key is in the YAML; hydra alone would demand "+adv_estimator=...".
-    cfg = load(
-        model_dir, "adv_estimator=reinforce", "custom_envs.SimpleFrozenLake.env_config.hole_prob=0.1"
-    )
+    cfg = load(model_dir, "adv_estimator=reinforce", "custom_envs.SimpleFrozenLake.env_config.hole_prob=0.1")
     assert cfg.adv_estimator == "reinforce"
     assert cfg.custom_envs["SimpleFrozenLake"].env_config == {"size": 4, "hole_prob": 0.1}
 
@@ -181,8 +179,10 @@ MALFORMED = [
         "async_generation_ratio: input should be greater than or equal to 0 (got -1)",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=megatron_train",
-         "+actor_train.strategy_args.strategy_config={tensor_parallel_size: 2}"],
+        [
+            "actor_train.strategy_args.strategy_name=megatron_train",
+            "+actor_train.strategy_args.strategy_config={tensor_parallel_size: 2}",
+        ],
         "actor_train.strategy_args.strategy_config.tensor_parallel_size: not an option of strategy 'megatron' "
         "(options: tensor_model_parallel_size, pipeline_model_parallel_size, expert_model_parallel_size, "
         "context_parallel_size, sequence_parallel, use_distributed_optimizer, recompute_granularity, "
@@ -191,20 +191,28 @@ MALFORMED = [
         "gradient_accumulation_fusion, persist_layer_norm)",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=megatron_train", "+actor_train.world_size=3",
-         "+actor_train.strategy_args.strategy_config={tensor_model_parallel_size: 2}"],
+        [
+            "actor_train.strategy_args.strategy_name=megatron_train",
+            "+actor_train.world_size=3",
+            "+actor_train.strategy_args.strategy_config={tensor_model_parallel_size: 2}",
+        ],
         "actor_train.strategy_args.strategy_config.tensor_model_parallel_size: world_size 3 is not divisible by "
         "tensor_model_parallel_size * pipeline_model_parallel_size = 2",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=megatron_train",
-         "+actor_train.strategy_args.strategy_config={expert_model_parallel_size: 2}"],
+        [
+            "actor_train.strategy_args.strategy_name=megatron_train",
+            "+actor_train.strategy_args.strategy_config={expert_model_parallel_size: 2}",
+        ],
         "actor_train.strategy_args.strategy_config.expert_model_parallel_size: expert parallel needs a MoE "
         "model; only dense Llama/Qwen2 convert",
     ),
     (
-        ["init_kl_coef=0.1", "+reference={strategy_args: {strategy_name: megatron_infer, "
-         "strategy_config: {tensor_model_parallel_size: 2}}, world_size: 2}"],
+        [
+            "init_kl_coef=0.1",
+            "+reference={strategy_args: {strategy_name: megatron_infer, "
+            "strategy_config: {tensor_model_parallel_size: 2}}, world_size: 2}",
+        ],
         "reference.strategy_args.strategy_config.tensor_model_parallel_size: the reference computes log-probs "
         "with the HF model on each rank; model parallelism is built for actor_train only",
     ),
@@ -223,8 +231,7 @@ MALFORMED = [
         "'torch' (options: torch_compile)",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=fsdp2",
-         "+actor_train.strategy_args.strategy_config={reshard: true}"],
+        ["actor_train.strategy_args.strategy_name=fsdp2", "+actor_train.strategy_args.strategy_config={reshard: true}"],
         "actor_train.strategy_args.strategy_config.reshard: not an option of strategy 'fsdp2' "
         "(options: torch_compile, reshard_after_forward, fsdp_size, param_dtype, reduce_dtype, offload_policy)",
     ),
@@ -233,24 +240,35 @@ MALFORMED = [
         "actor_train.strategy_args.strategy_config.torch_compile: expected true or false (got 'sometimes')",
     ),
     (
-        ["init_kl_coef=0.1", "+reference={strategy_args: {strategy_name: torch, strategy_config: {torch_compile: true}}}"],
+        [
+            "init_kl_coef=0.1",
+            "+reference={strategy_args: {strategy_name: torch, strategy_config: {torch_compile: true}}}",
+        ],
         "reference.strategy_args.strategy_config.torch_compile: the reference computes its log-probs with the "
         "HF model, uncompiled; torch_compile applies to actor_train and critic",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=megatron",
-         "+actor_train.strategy_args.strategy_config={torch_compile: true}"],
+        [
+            "actor_train.strategy_args.strategy_name=megatron",
+            "+actor_train.strategy_args.strategy_config={torch_compile: true}",
+        ],
         "actor_train.strategy_args.strategy_config.torch_compile: not an option of strategy 'megatron' (options: "
-        + ", ".join(STRATEGY_OPTIONS["megatron"]) + ")",
+        + ", ".join(STRATEGY_OPTIONS["megatron"])
+        + ")",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=fsdp2",
-         "+actor_train.strategy_args.strategy_config={param_dtype: bf8}"],
+        [
+            "actor_train.strategy_args.strategy_name=fsdp2",
+            "+actor_train.strategy_args.strategy_config={param_dtype: bf8}",
+        ],
         "actor_train.strategy_args.strategy_config.param_dtype: 'bf8' is not a dtype; use bf16, fp16 or fp32",
     ),
     (
-        ["actor_train.strategy_args.strategy_name=fsdp2", "+actor_train.world_size=6",
-         "+actor_train.strategy_args.strategy_config={fsdp_size: 4}"],
+        [
+            "actor_train.strategy_args.strategy_name=fsdp2",
+            "+actor_train.world_size=6",
+            "+actor_train.strategy_args.strategy_config={fsdp_size: 4}",
+        ],
         "actor_train.strategy_args.strategy_config.fsdp_size: 4 does not divide the role's 6 ranks "
         "(HSDP shards within groups of fsdp_size and replicates across them)",
     ),
@@ -280,8 +298,7 @@ MALFORMED = [
     ),
     (
         ["+resume_from_checkpoint=/no/such/ckpt"],
-        "resume_from_checkpoint: expected true, false or an existing checkpoint directory "
-        "(got '/no/such/ckpt')",
+        "resume_from_checkpoint: expected true, false or an existing checkpoint directory (got '/no/such/ckpt')",
     ),
     (["val_batch_size=${nope}"], "val_batch_size: Interpolation key 'nope' not found"),
     (["max_steps=[1"], "max_steps=[1: bad override syntax: no viable alternative at input '[1'"),

@@ -26,13 +26,19 @@ def test_step_wise_default_and_trajectory_variant(pretrain):
 
 
 def test_override_adds_a_section_the_yaml_leaves_out(pretrain):
-    cfg = load_config(str(EXAMPLES), "agent_val_frozen_lake_traj",
-                      [pretrain, "adv_estimator=gae", "critic.strategy_args.strategy_name=torch"])
+    cfg = load_config(
+        str(EXAMPLES),
+        "agent_val_frozen_lake_traj",
+        [pretrain, "adv_estimator=gae", "critic.strategy_args.strategy_name=torch"],
+    )
     assert cfg.critic.strategy_args.strategy_name == "torch"
     assert cfg.critic.model_args.model_name_or_path == cfg.pretrain
     with pytest.raises(ConfigError, match=r"^critic\.strategy_args\.strategy_nam: unknown key"):
-        load_config(str(EXAMPLES), "agent_val_frozen_lake_traj",
-                    [pretrain, "adv_estimator=gae", "critic.strategy_args.strategy_nam=torch"])
+        load_config(
+            str(EXAMPLES),
+            "agent_val_frozen_lake_traj",
+            [pretrain, "adv_estimator=gae", "critic.strategy_args.strategy_nam=torch"],
+        )
 
 
 def test_gigpo_needs_step_wise_samples(pretrain):
@@ -43,10 +49,23 @@ def test_gigpo_needs_step_wise_samples(pretrain):
 def test_an_override_inside_a_library_entry_keeps_the_rest_of_the_entry(pretrain):
     # custom_envs.FrozenLake is `${custom_env.TinyFrozenLake}` (configs/step_envs.yaml): hydra alone
     # would replace it by {env_config: {size: 5}} and lose env_type, max_steps, ...
-    cfg = load_config(str(EXAMPLES), "agent_val_frozen_lake",
-                      [pretrain, "custom_envs.FrozenLake.env_config.size=5",
-                       "custom_envs.FrozenLake.env_config.fault_injection.raise_p=0.04"])
+    cfg = load_config(
+        str(EXAMPLES),
+        "agent_val_frozen_lake",
+        [
+            pretrain,
+            "custom_envs.FrozenLake.env_config.size=5",
+            "custom_envs.FrozenLake.env_config.fault_injection.raise_p=0.04",
+        ],
+    )
     env = cfg.custom_envs["FrozenLake"]
     assert (env.env_type, env.max_steps, env.max_tokens_per_step) == ("frozen_lake", 8, 1)
-    assert env.env_config == {"size": 5, "hole_prob": 0.2, "is_slippery": False, "max_path_length": 8,
-                              "format_penalty": -0.1, "show_neighbours": True, "fault_injection": {"raise_p": 0.04}}
+    assert env.env_config == {
+        "size": 5,
+        "hole_prob": 0.2,
+        "is_slippery": False,
+        "max_path_length": 8,
+        "format_penalty": -0.1,
+        "show_neighbours": True,
+        "fault_injection": {"raise_p": 0.04},
+    }

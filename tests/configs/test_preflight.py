@@ -25,8 +25,9 @@ def no_pipeline(monkeypatch):
 def run(capsys, model_dir, *overrides):
     """(exit status, stderr lines); a run that passes every check reaches the (blocked) pipeline."""
     try:
-        status = main(["--config_path", CONFIG_DIR, "--config_name", "minimal_agentic", f"pretrain={model_dir}",
-                       *overrides])
+        status = main(
+            ["--config_path", CONFIG_DIR, "--config_name", "minimal_agentic", f"pretrain={model_dir}", *overrides]
+        )
     except ImportError as err:
         assert "roll.pipeline.agentic_pipeline" in str(err)
         status = "started"
@@ -37,9 +38,13 @@ def test_a_fresh_run_refuses_another_runs_output_dir(tmp_path, model_dir, capsys
     out = tmp_path / "run"
     (out / "checkpoints" / "step_3").mkdir(parents=True)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
-    assert run(capsys, model_dir, f"output_dir={out}") == (2, [
-        f"config error: output_dir: {out} holds another run's metrics.jsonl and checkpoints; resume it with "
-        "resume_from_checkpoint=true, choose another output_dir, or set overwrite_output_dir=true to delete them"])
+    assert run(capsys, model_dir, f"output_dir={out}") == (
+        2,
+        [
+            f"config error: output_dir: {out} holds another run's metrics.jsonl and checkpoints; resume it with "
+            "resume_from_checkpoint=true, choose another output_dir, or set overwrite_output_dir=true to delete them"
+        ],
+    )
     assert (out / "metrics.jsonl").exists()  # nothing was touched
     assert run(capsys, model_dir, f"output_dir={out}", "resume_from_checkpoint=true")[0] == "started"
     assert run(capsys, model_dir, f"output_dir={out}", "overwrite_output_dir=true")[0] == "started"
@@ -51,7 +56,9 @@ def test_a_fresh_run_refuses_another_runs_output_dir(tmp_path, model_dir, capsys
 def test_an_unwritable_directory_is_named(tmp_path, model_dir, capsys, key):
     (tmp_path / "a_file").write_text("")
     status, lines = run(capsys, model_dir, f"{key}={tmp_path / 'a_file' / 'sub'}")
-    assert status == 2 and lines == [f"config error: {key}: cannot write to {tmp_path / 'a_file' / 'sub'}: Not a directory"]
+    assert status == 2 and lines == [
+        f"config error: {key}: cannot write to {tmp_path / 'a_file' / 'sub'}: Not a directory"
+    ]
 
 
 def test_a_broken_model_config_is_named(tmp_path, model_dir, capsys):
@@ -67,19 +74,27 @@ def test_sequence_length_must_hold_the_first_prompt_and_a_response(tmp_path, mod
     status, lines = run(capsys, model_dir, f"output_dir={tmp_path / 'run'}", "sequence_length=30")
     assert status == 2 and len(lines) == 1
     assert lines[0].startswith("config error: sequence_length: 30 cannot hold SimpleFrozenLake's first prompt (")
-    assert lines[0].endswith("and one response (custom_envs.SimpleFrozenLake.max_tokens_per_step=8); use at least "
-                             + lines[0].rsplit(" ", 1)[1])
+    assert lines[0].endswith(
+        "and one response (custom_envs.SimpleFrozenLake.max_tokens_per_step=8); use at least "
+        + lines[0].rsplit(" ", 1)[1]
+    )
 
 
-@pytest.mark.parametrize(("value", "says"), [
-    ("size=0", "size must be in [2, 64]"), ("size=100000", "size must be in [2, 64]"),
-    ("size=3000", "size must be in [2, 64]"), ("hole_prob=2.0", "hole_prob must be a number in [0, 1], got 2.0"),
-    ("size=four", "size must be an int, got 'four'"),
-])
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("size=0", "size must be in [2, 64]"),
+        ("size=100000", "size must be in [2, 64]"),
+        ("size=3000", "size must be in [2, 64]"),
+        ("hole_prob=2.0", "hole_prob must be a number in [0, 1], got 2.0"),
+        ("size=four", "size must be an int, got 'four'"),
+    ],
+)
 def test_bad_env_config_values_are_named_before_start(tmp_path, model_dir, capsys, value, says):
     started = time.monotonic()
-    status, lines = run(capsys, model_dir, f"output_dir={tmp_path / 'run'}",
-                        f"custom_envs.SimpleFrozenLake.env_config.{value}")
+    status, lines = run(
+        capsys, model_dir, f"output_dir={tmp_path / 'run'}", f"custom_envs.SimpleFrozenLake.env_config.{value}"
+    )
     assert status == 2 and len(lines) == 1 and time.monotonic() - started < 20
     assert lines[0].startswith("config error: custom_envs.SimpleFrozenLake.env_config: ") and says in lines[0]
 
@@ -88,16 +103,24 @@ def test_an_env_that_hangs_while_built_is_named_after_the_time_bound(tmp_path, m
     monkeypatch.setenv("ROLL_ENV_CHECK_TIMEOUT_S", "0.5")
     monkeypatch.setattr(FrozenLakeEnv, "_reset", lambda self, options: time.sleep(3))
     status, lines = run(capsys, model_dir, f"output_dir={tmp_path / 'run'}")
-    assert (status, lines) == (2, ["config error: custom_envs.SimpleFrozenLake.env_config: building and resetting "
-                                   "one envs.frozen_lake.env:FrozenLakeEnv env took over 0.5s; check its sizes"])
+    assert (status, lines) == (
+        2,
+        [
+            "config error: custom_envs.SimpleFrozenLake.env_config: building and resetting "
+            "one envs.frozen_lake.env:FrozenLakeEnv env took over 0.5s; check its sizes"
+        ],
+    )
 
 
-@pytest.mark.parametrize(("make", "says"), [
-    (lambda: SokobanEnv(dim_room=[1000, 1000]), "dim_room sides must be at most 30"),
-    (lambda: SokobanEnv(search_depth=10**9), "search_depth must be in [1, 1000]"),
-    (lambda: FrozenLakeEnv().reset(seed=1.5), "seed must be a non-negative int or None, got 1.5"),
-    (lambda: FrozenLakeEnv().reset(seed="7"), "seed must be a non-negative int or None, got '7'"),
-])
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: SokobanEnv(dim_room=[1000, 1000]), "dim_room sides must be at most 30"),
+        (lambda: SokobanEnv(search_depth=10**9), "search_depth must be in [1, 1000]"),
+        (lambda: FrozenLakeEnv().reset(seed=1.5), "seed must be a non-negative int or None, got 1.5"),
+        (lambda: FrozenLakeEnv().reset(seed="7"), "seed must be a non-negative int or None, got '7'"),
+    ],
+)
 def test_envs_refuse_their_own_bad_values_at_once(make, says):
     started = time.monotonic()
     with pytest.raises(ValueError, match=None) as err:

@@ -16,7 +16,10 @@ HERE = Path(__file__).parent / "roll_dialect" / "runs"
 REPO = Path(__file__).parents[2]
 
 
-HF = ("actor_infer.strategy_args.strategy_name=hf_infer", "~actor_infer.strategy_args.strategy_config")  # traj_defaults says vllm, not installed here
+HF = (
+    "actor_infer.strategy_args.strategy_name=hf_infer",
+    "~actor_infer.strategy_args.strategy_config",
+)  # traj_defaults says vllm, not installed here
 
 
 def load(model_dir, name, *overrides):
@@ -55,13 +58,28 @@ def test_odd_keys(model_dir):
     assert cfg.actor_train.model_args.attn_implementation == "fa2"
     assert cfg.train_infer_correction.loss_options() == {
         "is_weight": {"weight_type": "segment", "upper_bound": 1.5},
-        "filters": [{"agg_type": "segment", "ratio_enabled": True, "ratio_low": 0.8, "ratio_high": 1.05,
-                     "diff_enabled": True, "diff_low": -0.1, "diff_high": 0.1}]}  # the disabled rule is left out
+        "filters": [
+            {
+                "agg_type": "segment",
+                "ratio_enabled": True,
+                "ratio_low": 0.8,
+                "ratio_high": 1.05,
+                "diff_enabled": True,
+                "diff_low": -0.1,
+                "diff_high": 0.1,
+            }
+        ],
+    }  # the disabled rule is left out
 
 
 def test_cpu_smoke_profile_shrinks_and_command_line_wins(model_dir, capsys):
-    cfg = load(model_dir, "traj_defaults", "+profile=cpu_smoke", "train_env_manager.group_size=4",
-               "actor_train.training_args.learning_rate=3e-5")
+    cfg = load(
+        model_dir,
+        "traj_defaults",
+        "+profile=cpu_smoke",
+        "train_env_manager.group_size=4",
+        "actor_train.training_args.learning_rate=3e-5",
+    )
     err = capsys.readouterr().err
     assert "actor_infer.strategy_args.strategy_name vllm -> hf" in err
     assert all(w.device_mapping is None for w in cfg.workers.values())
@@ -79,35 +97,65 @@ def test_cpu_smoke_profile_makes_one_megatron_stage_and_drops_its_uneven_split()
     needs two stages, is dropped too; a role without one keeps its keys."""
     from roll.configs.profile import apply_profile
 
-    split = {"pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 1,
-             "num_layers_in_last_pipeline_stage": 3, "recompute_granularity": "full"}
-    profile = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "profile" / "cpu_smoke.yaml").read_text())
-    data = {"profile": profile,
-            "actor_train": {"strategy_args": {"strategy_name": "megatron_train", "strategy_config": dict(split)}},
-            "reference": {"strategy_args": {"strategy_name": "megatron_infer",
-                                            "strategy_config": {"tensor_model_parallel_size": 1}}}}
+    split = {
+        "pipeline_model_parallel_size": 2,
+        "num_layers_in_first_pipeline_stage": 1,
+        "num_layers_in_last_pipeline_stage": 3,
+        "recompute_granularity": "full",
+    }
+    profile = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "configs" / "profile" / "cpu_smoke.yaml").read_text()
+    )
+    data = {
+        "profile": profile,
+        "actor_train": {"strategy_args": {"strategy_name": "megatron_train", "strategy_config": dict(split)}},
+        "reference": {
+            "strategy_args": {"strategy_name": "megatron_infer", "strategy_config": {"tensor_model_parallel_size": 1}}
+        },
+    }
     apply_profile(data, [])
     assert data["actor_train"]["strategy_args"]["strategy_config"] == {
-        "pipeline_model_parallel_size": 1, "num_layers_in_first_pipeline_stage": None,
-        "num_layers_in_last_pipeline_stage": None, "recompute_granularity": "full"}
+        "pipeline_model_parallel_size": 1,
+        "num_layers_in_first_pipeline_stage": None,
+        "num_layers_in_last_pipeline_stage": None,
+        "recompute_granularity": "full",
+    }
     assert data["reference"]["strategy_args"]["strategy_config"] == {"tensor_model_parallel_size": 1}
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["+actor_train.infer_bach_size=2"], "actor_train.infer_bach_size: unknown key (did you mean 'infer_batch_size'?)"),
-    (["actor_train.worker_cls=my.pkg.Worker"], "actor_train.worker_cls: unknown class path 'my.pkg.Worker'"),
-    (["actor_infer.generating_args.num_beams=4"], "actor_infer.generating_args.num_beams: input should be 1"),
-    (["actor_infer.data_args.template=vicuna"], "actor_infer.data_args.template: 'vicuna' is not a known chat template"),
-    (["custom_env.Lake.agent_runner_cls=x.Y"], "custom_envs.Lake.agent_runner_cls: ROLL's agent runner"),
-    (["track_with=wandb"], "track_with: 'wandb' needs the wandb package"),
-    (["+actor_train.model_args.flash_attn=fa2", "+actor_train.model_args.attn_implementation=sdpa"],
-     "actor_train.model_args.flash_attn: is the older spelling of attn_implementation"),
-    (["+train_infer_correction.is_weight.enabled=true", "+off_policy_correction.level=token"],
-     "train_infer_correction: and off_policy_correction both weight the loss"),
-    (["+train_infer_correction.filters=[{enabled: true, ratio_low: 2.0}]"],
-     "train_infer_correction.filters.0.ratio_low: is above ratio_high"),
-    (["+train_infer_correction.is_weight.weight_type=tokens"], "train_infer_correction.is_weight.weight_type: input should be"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["+actor_train.infer_bach_size=2"],
+            "actor_train.infer_bach_size: unknown key (did you mean 'infer_batch_size'?)",
+        ),
+        (["actor_train.worker_cls=my.pkg.Worker"], "actor_train.worker_cls: unknown class path 'my.pkg.Worker'"),
+        (["actor_infer.generating_args.num_beams=4"], "actor_infer.generating_args.num_beams: input should be 1"),
+        (
+            ["actor_infer.data_args.template=vicuna"],
+            "actor_infer.data_args.template: 'vicuna' is not a known chat template",
+        ),
+        (["custom_env.Lake.agent_runner_cls=x.Y"], "custom_envs.Lake.agent_runner_cls: ROLL's agent runner"),
+        (["track_with=wandb"], "track_with: 'wandb' needs the wandb package"),
+        (
+            ["+actor_train.model_args.flash_attn=fa2", "+actor_train.model_args.attn_implementation=sdpa"],
+            "actor_train.model_args.flash_attn: is the older spelling of attn_implementation",
+        ),
+        (
+            ["+train_infer_correction.is_weight.enabled=true", "+off_policy_correction.level=token"],
+            "train_infer_correction: and off_policy_correction both weight the loss",
+        ),
+        (
+            ["+train_infer_correction.filters=[{enabled: true, ratio_low: 2.0}]"],
+            "train_infer_correction.filters.0.ratio_low: is above ratio_high",
+        ),
+        (
+            ["+train_infer_correction.is_weight.weight_type=tokens"],
+            "train_infer_correction.is_weight.weight_type: input should be",
+        ),
+    ],
+)
 def test_bad_roll_keys_are_one_line_errors_naming_the_key(model_dir, overrides, expected):
     with pytest.raises(ConfigError) as info:
         load(model_dir, "traj_defaults", *HF, *overrides)
@@ -132,24 +180,45 @@ def tiny_model(tmp_path_factory):
 
 def _cli(*args):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "examples/start_agentic_pipeline.py", "--config_path", str(HERE),
-                           *args], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", str(HERE), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def test_gpu_device_mapping_without_gpus_exits_2_naming_the_key(tiny_model, tmp_path):
-    proc = _cli("--config_name", "traj_defaults", f"pretrain={tiny_model}", f"reward_pretrain={tiny_model}",
-                f"output_dir={tmp_path}", *HF)
+    proc = _cli(
+        "--config_name",
+        "traj_defaults",
+        f"pretrain={tiny_model}",
+        f"reward_pretrain={tiny_model}",
+        f"output_dir={tmp_path}",
+        *HF,
+    )
     lines = [line for line in proc.stderr.splitlines() if line.startswith("config error")]
     assert proc.returncode == 2 and len(lines) == 1
     assert "device_mapping" in lines[0] and "+profile=cpu_smoke" in lines[0]
 
 
 def test_one_step_with_cpu_smoke_writes_tensorboard_to_tracker_log_dir(tiny_model, tmp_path):
-    proc = _cli("--config_name", "traj_defaults", "+profile=cpu_smoke", f"pretrain={tiny_model}",
-                f"reward_pretrain={tiny_model}", "max_steps=1", "eval_steps=0",
-                "actor_train.strategy_args.strategy_name=torch_train", f"output_dir={tmp_path}/out",
-                f"logging_dir={tmp_path}/logs", f"tracker_kwargs.log_dir={tmp_path}/tb",
-                f"checkpoint_config.output_dir={tmp_path}/ckpt")
+    proc = _cli(
+        "--config_name",
+        "traj_defaults",
+        "+profile=cpu_smoke",
+        f"pretrain={tiny_model}",
+        f"reward_pretrain={tiny_model}",
+        "max_steps=1",
+        "eval_steps=0",
+        "actor_train.strategy_args.strategy_name=torch_train",
+        f"output_dir={tmp_path}/out",
+        f"logging_dir={tmp_path}/logs",
+        f"tracker_kwargs.log_dir={tmp_path}/tb",
+        f"checkpoint_config.output_dir={tmp_path}/ckpt",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "out" / "metrics.jsonl").read_text().strip()

@@ -46,24 +46,45 @@ def test_an_empty_yaml_is_named(model_dir, tmp_path):
 VL = "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager"
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    ([f"custom_env.Lake.env_manager_cls={VL}"], "custom_envs.Lake.env_manager_cls: ROLL's vision-language env manager"),
-    (["custom_env.Box.env_type=sokoban_sandbox"], "custom_envs.Box.env_type: 'sokoban_sandbox' is ROLL's Sokoban "
-                                                  "played inside a ROCK sandbox: needs a ROCK sandbox service"),
-    (["custom_env.Box.env_type=rock_tb_native_env"], "custom_envs.Box.env_type: 'rock_tb_native_env' is ROLL's "
-                                                     "terminal-bench"),
-    (["custom_env.Box.env_type=game:GuessTheNumber-v0"], "custom_envs.Box.env_type: 'game:GuessTheNumber-v0' is a "
-                                                         "GEM env id"),
-    (["+custom_env.Lake.tool_wrapper={wrapper_args: {max_tool_uses: 1}}"], "custom_envs.Lake.tool_wrapper: ROLL's GEM "
-                                                                            "tool wrapper"),
-    (["+actor_train.model_args.freeze_module_prefix=vision_model"], "actor_train.model_args.freeze_module_prefix: "
-                                                                    "ROLL's partial fine-tuning"),
-    (["actor_train.strategy_args.strategy_name=fsdp2_train",
-      "+actor_train.strategy_args.strategy_config.apply_expert_patch=true"],
-     "actor_train.strategy_args.strategy_config.apply_expert_patch: ROLL's fsdp2 patch of MoE expert modules"),
-    (["+reward={name: judge}"], "reward: ROLL's reward-model worker"),
-    (["+profiler_timeline=true"], "profiler_timeline: ROLL's profiler of a torch-profiler timeline"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            [f"custom_env.Lake.env_manager_cls={VL}"],
+            "custom_envs.Lake.env_manager_cls: ROLL's vision-language env manager",
+        ),
+        (
+            ["custom_env.Box.env_type=sokoban_sandbox"],
+            "custom_envs.Box.env_type: 'sokoban_sandbox' is ROLL's Sokoban "
+            "played inside a ROCK sandbox: needs a ROCK sandbox service",
+        ),
+        (
+            ["custom_env.Box.env_type=rock_tb_native_env"],
+            "custom_envs.Box.env_type: 'rock_tb_native_env' is ROLL's terminal-bench",
+        ),
+        (
+            ["custom_env.Box.env_type=game:GuessTheNumber-v0"],
+            "custom_envs.Box.env_type: 'game:GuessTheNumber-v0' is a GEM env id",
+        ),
+        (
+            ["+custom_env.Lake.tool_wrapper={wrapper_args: {max_tool_uses: 1}}"],
+            "custom_envs.Lake.tool_wrapper: ROLL's GEM tool wrapper",
+        ),
+        (
+            ["+actor_train.model_args.freeze_module_prefix=vision_model"],
+            "actor_train.model_args.freeze_module_prefix: ROLL's partial fine-tuning",
+        ),
+        (
+            [
+                "actor_train.strategy_args.strategy_name=fsdp2_train",
+                "+actor_train.strategy_args.strategy_config.apply_expert_patch=true",
+            ],
+            "actor_train.strategy_args.strategy_config.apply_expert_patch: ROLL's fsdp2 patch of MoE expert modules",
+        ),
+        (["+reward={name: judge}"], "reward: ROLL's reward-model worker"),
+        (["+profiler_timeline=true"], "profiler_timeline: ROLL's profiler of a torch-profiler timeline"),
+    ],
+)
 def test_rolls_features_that_cannot_run_here_are_refused_by_name(model_dir, overrides, expected):
     with pytest.raises(ConfigError) as info:
         load(model_dir, "traj_defaults", *HF, *overrides)
@@ -73,10 +94,15 @@ def test_rolls_features_that_cannot_run_here_are_refused_by_name(model_dir, over
 def test_the_expert_patch_off_is_no_moe_refusal(model_dir):
     # off passes the refusal pass; roll's fsdp2 then names the option as one it does not have
     with pytest.raises(ConfigError) as info:
-        load(model_dir, "plumbing_keys", "reference.model_args.ulysses_size=1",
-             "+actor_train.strategy_args.strategy_config.apply_expert_patch=false")
-    assert str(info.value).startswith("actor_train.strategy_args.strategy_config.apply_expert_patch: not an option "
-                                      "of strategy 'fsdp2'")
+        load(
+            model_dir,
+            "plumbing_keys",
+            "reference.model_args.ulysses_size=1",
+            "+actor_train.strategy_args.strategy_config.apply_expert_patch=false",
+        )
+    assert str(info.value).startswith(
+        "actor_train.strategy_args.strategy_config.apply_expert_patch: not an option of strategy 'fsdp2'"
+    )
 
 
 def test_an_env_managers_system_envs_reach_its_env_workers():
@@ -99,8 +125,9 @@ def test_rolls_native_step_manager_maps_to_ours(model_dir):
 def test_megatron_fusion_switches_are_booleans(model_dir):
     with pytest.raises(ConfigError) as info:
         load(model_dir, "native_step", "actor_train.strategy_args.strategy_config.apply_rope_fusion=fast")
-    assert str(info.value) == ("actor_train.strategy_args.strategy_config.apply_rope_fusion: expected true or false "
-                               "(got 'fast')")
+    assert str(info.value) == (
+        "actor_train.strategy_args.strategy_config.apply_rope_fusion: expected true or false (got 'fast')"
+    )
 
 
 def test_a_native_manager_needs_an_env_that_writes_its_chat(model_dir):
@@ -109,6 +136,7 @@ def test_a_native_manager_needs_an_env_that_writes_its_chat(model_dir):
     check_envs(load(model_dir, "native_step"))  # sokoban_native_env does
     with pytest.raises(ConfigError) as info:
         check_envs(load(model_dir, "native_step", "custom_envs.NativeBox.env_type=sokoban"))
-    assert str(info.value).startswith("custom_envs.NativeBox.env_manager_cls: NativeBox: a native env hands its chat "
-                                      "out as info['messages']")
+    assert str(info.value).startswith(
+        "custom_envs.NativeBox.env_manager_cls: NativeBox: a native env hands its chat out as info['messages']"
+    )
     assert str(info.value).endswith("after reset; 'sokoban' does not (use step or traj)")

@@ -33,9 +33,12 @@ def test_a_config_without_actor_train_is_a_rollout_only_run(model_dir):
 
 def test_rolls_rollout_script_leaves_the_training_roles_out(model_dir, capsys):
     # ROLL's rollout configs give actor_train a model_args only: no strategy_args, not a valid role
-    cfg = load_config(str(HERE), "traj_defaults", [f"pretrain={model_dir}", f"reward_pretrain={model_dir}",
-                                                    "~actor_train.strategy_args", "+profile=cpu_smoke"],
-                      rollout_only=True)
+    cfg = load_config(
+        str(HERE),
+        "traj_defaults",
+        [f"pretrain={model_dir}", f"reward_pretrain={model_dir}", "~actor_train.strategy_args", "+profile=cpu_smoke"],
+        rollout_only=True,
+    )
     assert cfg.rollout_only and cfg.reference is None and list(cfg.built_roles) == ["actor_infer"]
     assert "rollout-only run: actor_train, reference not used" in capsys.readouterr().err
 
@@ -45,12 +48,18 @@ def test_training_configs_are_not_rollout_only(model_dir):
     assert not cfg.rollout_only and "actor_train" in cfg.built_roles
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["+profiler_memory=true"], "profiler_memory: ROLL's profiler of CUDA memory snapshots; roll has no such profiler"),
-    (["rpc_timeout=0"], "rpc_timeout: input should be greater than 0"),
-    (["+rollout_mock.mode=replay"], "rollout_mock.mode: input should be 'dump' or 'mock'"),
-    (["+rollout_mock.dump_to=x"], "rollout_mock.dump_to: unknown key (did you mean 'dump_dir'?)"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["+profiler_memory=true"],
+            "profiler_memory: ROLL's profiler of CUDA memory snapshots; roll has no such profiler",
+        ),
+        (["rpc_timeout=0"], "rpc_timeout: input should be greater than 0"),
+        (["+rollout_mock.mode=replay"], "rollout_mock.mode: input should be 'dump' or 'mock'"),
+        (["+rollout_mock.dump_to=x"], "rollout_mock.dump_to: unknown key (did you mean 'dump_dir'?)"),
+    ],
+)
 def test_bad_rollout_keys_are_one_line_errors(model_dir, overrides, expected):
     with pytest.raises(ConfigError) as info:
         load(model_dir, "rollout_only", "+profile=cpu_smoke", *overrides)
@@ -66,10 +75,26 @@ def tiny_model(tmp_path_factory):
 
 def _run(script, name, tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, f"examples/{script}", "--config_path", str(HERE), "--config_name", name,
-                           "+profile=cpu_smoke", *args, f"output_dir={tmp_path}/out", f"logging_dir={tmp_path}/logs",
-                           f"tracker_kwargs.log_dir={tmp_path}/tb"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            f"examples/{script}",
+            "--config_path",
+            str(HERE),
+            "--config_name",
+            name,
+            "+profile=cpu_smoke",
+            *args,
+            f"output_dir={tmp_path}/out",
+            f"logging_dir={tmp_path}/logs",
+            f"tracker_kwargs.log_dir={tmp_path}/tb",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -78,8 +103,13 @@ def _metrics(path: Path) -> list[dict]:
 
 @pytest.mark.ray
 def test_rollout_only_run_writes_metrics_tensorboard_and_dumps(tiny_model, tmp_path):
-    proc = _run("start_agentic_pipeline.py", "rollout_only", tmp_path, f"pretrain={tiny_model}",
-                f"rollout_dump_dir={tmp_path}/dump")
+    proc = _run(
+        "start_agentic_pipeline.py",
+        "rollout_only",
+        tmp_path,
+        f"pretrain={tiny_model}",
+        f"rollout_dump_dir={tmp_path}/dump",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rollout-only run (no actor_train): these keys are not used: save_steps" in proc.stderr
     rows = _metrics(tmp_path / "out" / "metrics.jsonl")
@@ -102,8 +132,15 @@ def test_rollout_only_run_writes_metrics_tensorboard_and_dumps(tiny_model, tmp_p
 
 @pytest.mark.ray
 def test_rolls_rollout_script_runs_a_training_config_without_training(tiny_model, tmp_path):
-    proc = _run("start_agentic_rollout_pipeline.py", "traj_defaults", tmp_path, f"pretrain={tiny_model}",
-                f"reward_pretrain={tiny_model}", "max_steps=1", "actor_train.strategy_args.strategy_name=torch_train")
+    proc = _run(
+        "start_agentic_rollout_pipeline.py",
+        "traj_defaults",
+        tmp_path,
+        f"pretrain={tiny_model}",
+        f"reward_pretrain={tiny_model}",
+        "max_steps=1",
+        "actor_train.strategy_args.strategy_name=torch_train",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rollout-only run: actor_train, reference not used" in proc.stderr  # left out before validation
     unused = next(line for line in proc.stderr.splitlines() if "these keys are not used" in line)

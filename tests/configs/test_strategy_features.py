@@ -6,44 +6,72 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
+# no_pipeline: the autouse fixture that fails a test which gets past validation into the pipeline
+from test_bad_configs import CONFIG_DIR, CONFIG_NAME, assert_one_line, no_pipeline, run_cli  # noqa: F401
 from transformers import LlamaConfig
 
 from roll.configs import load_config
 from roll.configs.worker import ModelArgs
 from roll.pipeline.builders import training_features
 
-# no_pipeline: the autouse fixture that fails a test which gets past validation into the pipeline
-from test_bad_configs import CONFIG_DIR, CONFIG_NAME, assert_one_line, no_pipeline, run_cli  # noqa: F401
-
 
 @pytest.fixture
 def llama_dir(tmp_path) -> str:
     """A model dir with a real Llama config.json (no weights: the LoRA check reads the config)."""
-    LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                num_attention_heads=2, num_key_value_heads=1).save_pretrained(tmp_path / "llama")
+    LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    ).save_pretrained(tmp_path / "llama")
     return str(tmp_path / "llama")
 
 
 BAD = [
-    (["+actor_train.model_args.lora_rank=4", "+actor_train.model_args.lora_target='q_proj,qkv_proj'"],
-     "actor_train.model_args.lora_target: 'qkv_proj' matches no module of the model (e.g. q_proj, v_proj, or all-linear)"),
-    (["+actor_train.model_args.lora_alpha=8"],
-     "actor_train.model_args.lora_alpha: has no effect without lora_rank; set lora_rank or remove it"),
-    (["+actor_train.use_dynamic_batching_in_train=true", "+actor_train.max_tokens_per_microbatch_in_train=100",
-      "sequence_length=128"],
-     "actor_train.max_tokens_per_microbatch_in_train: 100 is smaller than one sequence (sequence_length 128, "
-     "rounded up to 128)"),
-    (["+actor_train.use_dynamic_batching_in_train=true"],
-     "actor_train.max_tokens_per_microbatch_in_train: must be set (> 0) with use_dynamic_batching_in_train"),
-    (["+actor_train.use_dynamic_batching_in_infer=true", "+actor_train.max_tokens_per_microbatch_in_infer=120",
-      "+actor_train.sequence_length_round_in_infer=64", "sequence_length=100"],
-     "actor_train.max_tokens_per_microbatch_in_infer: 120 is smaller than one sequence (sequence_length 100, "
-     "rounded up to 128)"),
-    (["actor_train.strategy_args.strategy_name=megatron", "+actor_train.model_args.lora_rank=4",
-      "+actor_train.model_args.lora_target='q_proj,lm_head'"],
-     "actor_train.model_args.lora_target: 'lm_head' has no counterpart in the megatron model (targets: q_proj, "
-     "k_proj, v_proj, linear_qkv, o_proj, linear_proj, gate_proj, up_proj, linear_fc1, down_proj, linear_fc2 or "
-     "all-linear)"),
+    (
+        ["+actor_train.model_args.lora_rank=4", "+actor_train.model_args.lora_target='q_proj,qkv_proj'"],
+        "actor_train.model_args.lora_target: 'qkv_proj' matches no module of the model (e.g. q_proj, v_proj, or all-linear)",
+    ),
+    (
+        ["+actor_train.model_args.lora_alpha=8"],
+        "actor_train.model_args.lora_alpha: has no effect without lora_rank; set lora_rank or remove it",
+    ),
+    (
+        [
+            "+actor_train.use_dynamic_batching_in_train=true",
+            "+actor_train.max_tokens_per_microbatch_in_train=100",
+            "sequence_length=128",
+        ],
+        "actor_train.max_tokens_per_microbatch_in_train: 100 is smaller than one sequence (sequence_length 128, "
+        "rounded up to 128)",
+    ),
+    (
+        ["+actor_train.use_dynamic_batching_in_train=true"],
+        "actor_train.max_tokens_per_microbatch_in_train: must be set (> 0) with use_dynamic_batching_in_train",
+    ),
+    (
+        [
+            "+actor_train.use_dynamic_batching_in_infer=true",
+            "+actor_train.max_tokens_per_microbatch_in_infer=120",
+            "+actor_train.sequence_length_round_in_infer=64",
+            "sequence_length=100",
+        ],
+        "actor_train.max_tokens_per_microbatch_in_infer: 120 is smaller than one sequence (sequence_length 100, "
+        "rounded up to 128)",
+    ),
+    (
+        [
+            "actor_train.strategy_args.strategy_name=megatron",
+            "+actor_train.model_args.lora_rank=4",
+            "+actor_train.model_args.lora_target='q_proj,lm_head'",
+        ],
+        "actor_train.model_args.lora_target: 'lm_head' has no counterpart in the megatron model (targets: q_proj, "
+        "k_proj, v_proj, linear_qkv, o_proj, linear_proj, gate_proj, up_proj, linear_fc1, down_proj, linear_fc2 or "
+        "all-linear)",
+    ),
 ]
 
 
@@ -56,11 +84,20 @@ def test_bad_feature_keys_exit_2_naming_the_key(capsys, llama_dir, overrides, ex
 
 
 def test_roll_keys_become_strategy_features(llama_dir):
-    cfg = load_config(CONFIG_DIR, CONFIG_NAME, [
-        f"pretrain={llama_dir}", "+actor_train.model_args.lora_rank=4", "+actor_train.model_args.lora_target=all",
-        "+actor_train.model_args.disable_gradient_checkpointing=false", "+actor_train.model_args.dtype=bf16",
-        "+actor_train.use_dynamic_batching_in_train=true", "+actor_train.max_tokens_per_microbatch_in_train=4096",
-        "+actor_train.sequence_length_round_in_train=128"])
+    cfg = load_config(
+        CONFIG_DIR,
+        CONFIG_NAME,
+        [
+            f"pretrain={llama_dir}",
+            "+actor_train.model_args.lora_rank=4",
+            "+actor_train.model_args.lora_target=all",
+            "+actor_train.model_args.disable_gradient_checkpointing=false",
+            "+actor_train.model_args.dtype=bf16",
+            "+actor_train.use_dynamic_batching_in_train=true",
+            "+actor_train.max_tokens_per_microbatch_in_train=4096",
+            "+actor_train.sequence_length_round_in_train=128",
+        ],
+    )
     features = training_features(cfg.actor_train)
     assert features["lora"] == {"rank": 4, "alpha": 8, "target": "all"}  # alpha: 2 x rank, as in ROLL
     assert features["gradient_checkpointing"] is True
@@ -71,7 +108,8 @@ def test_roll_keys_become_strategy_features(llama_dir):
     assert off == {"lora": None, "gradient_checkpointing": False, "train_budget": None, "infer_budget": None}
 
 
-@pytest.mark.parametrize(("given", "dtype"), [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16"),
-                                             ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize(
+    ("given", "dtype"), [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16"), ("bfloat16", "bfloat16")]
+)
 def test_roll_dtype_spellings(given, dtype):
     assert ModelArgs(dtype=given).dtype == dtype

@@ -32,13 +32,28 @@ TP2 = {"tensor_model_parallel_size": 2}
 
 
 def _actor(model_dir: str, config: dict) -> ActorWorker:
-    return ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name="megatron",
-                       strategy_config=config, features={"lora": LORA})
+    return ActorWorker(
+        model_dir,
+        ARGS,
+        total_train_steps=4,
+        seed=7,
+        num_threads=1,
+        strategy_name="megatron",
+        strategy_config=config,
+        features={"lora": LORA},
+    )
 
 
 def _step(actor: ActorWorker, step: int) -> dict:
-    return actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
-                       loss_agg_mode="token-mean", step=step)
+    return actor.train(
+        ppo_batch(actor),
+        temperature=1.0,
+        ppo_epochs=2,
+        pg_clip=0.2,
+        entropy_loss_coef=0.01,
+        loss_agg_mode="token-mean",
+        step=step,
+    )
 
 
 def run(model_dir: str, config: dict, checkpoint: str) -> dict:
@@ -53,14 +68,21 @@ def run(model_dir: str, config: dict, checkpoint: str) -> dict:
     third = _step(actor, 2)
     resumed = _actor(model_dir, config)
     resumed.load_checkpoint(checkpoint)
-    return {"metrics": metrics, "weights": weights, "changed": changed, "third": third,
-            "resumed_third": _step(resumed, 2), "counts": actor.param_counts(),
-            "adapters": sorted(n for n in before if n.endswith((".lora_A", ".lora_B")))}
+    return {
+        "metrics": metrics,
+        "weights": weights,
+        "changed": changed,
+        "third": third,
+        "resumed_third": _step(resumed, 2),
+        "counts": actor.param_counts(),
+        "adapters": sorted(n for n in before if n.endswith((".lora_A", ".lora_B"))),
+    }
 
 
 def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     ensure_process_group(torch.device("cpu"))
     torch.save(run(model_dir, TP2, os.path.join(out_dir, "ckpt")), os.path.join(out_dir, f"rank{rank}.pt"))
@@ -97,8 +119,10 @@ def main(model_dir: str) -> None:
         results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(2)]
         assert_same_lora_training(results, want, os.path.join(out_dir, "ckpt"), os.path.join(out_dir, "ckpt1"))
     counts = want["counts"]
-    print(f"megatron LoRA TP 2 equals TP 1 (losses, grad norms, merged weights, adapter, resume): ok; "
-          f"trainable/total = {counts['model/trainable_params']:.0f}/{counts['model/total_params']:.0f}")
+    print(
+        f"megatron LoRA TP 2 equals TP 1 (losses, grad norms, merged weights, adapter, resume): ok; "
+        f"trainable/total = {counts['model/trainable_params']:.0f}/{counts['model/total_params']:.0f}"
+    )
 
 
 if __name__ == "__main__":

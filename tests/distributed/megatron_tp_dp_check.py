@@ -25,26 +25,44 @@ from roll.distributed.strategies.process_group import ensure_process_group, free
 from roll.distributed.workers.actor import ActorWorker  # noqa: E402
 
 # per data-parallel rank half of ARGS's 4-row mini-batch, so two data-parallel ranks step on 4 rows
-RANK_ARGS = TrainingArgs(learning_rate=ARGS.learning_rate, per_device_train_batch_size=1,
-                         gradient_accumulation_steps=2, max_grad_norm=ARGS.max_grad_norm)
+RANK_ARGS = TrainingArgs(
+    learning_rate=ARGS.learning_rate,
+    per_device_train_batch_size=1,
+    gradient_accumulation_steps=2,
+    max_grad_norm=ARGS.max_grad_norm,
+)
 
 
 def two_steps(model_dir: str, args: TrainingArgs, name: str, config: dict):
-    actor = ActorWorker(model_dir, args, total_train_steps=4, seed=7, num_threads=1, strategy_name=name,
-                        strategy_config=config)
-    metrics = [actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
-                           loss_agg_mode="token-mean", step=step) for step in range(2)]
+    actor = ActorWorker(
+        model_dir, args, total_train_steps=4, seed=7, num_threads=1, strategy_name=name, strategy_config=config
+    )
+    metrics = [
+        actor.train(
+            ppo_batch(actor),
+            temperature=1.0,
+            ppo_epochs=2,
+            pg_clip=0.2,
+            entropy_loss_coef=0.01,
+            loss_agg_mode="token-mean",
+            step=step,
+        )
+        for step in range(2)
+    ]
     strategy = actor.strategy
     return metrics, actor.get_weights(), (strategy.tp_rank, strategy.dp_rank) if name == "megatron" else None
 
 
 def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     ensure_process_group(torch.device("cpu"))
-    torch.save(two_steps(model_dir, RANK_ARGS, "megatron", {"tensor_model_parallel_size": 2}),
-               os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save(
+        two_steps(model_dir, RANK_ARGS, "megatron", {"tensor_model_parallel_size": 2}),
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
 
 
 def main(model_dir: str) -> None:

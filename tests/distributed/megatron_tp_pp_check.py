@@ -48,13 +48,17 @@ def tied_copy(model_dir: str, out_dir: str) -> str:
 def _layout() -> tuple[int, int, int]:
     from roll.distributed.strategies.megatron_model import parallel_state
 
-    return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
-            parallel_state.get_data_parallel_rank())
+    return (
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_pipeline_model_parallel_rank(),
+        parallel_state.get_data_parallel_rank(),
+    )
 
 
 def _rank(rank: int, model_dirs: list[str], port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     ensure_process_group(torch.device("cpu"))
     runs = [train_two_steps(model_dir, "megatron", TP2_PP2) for model_dir in model_dirs]
@@ -62,8 +66,9 @@ def _rank(rank: int, model_dirs: list[str], port: int, out_dir: str) -> None:
 
 
 def _data_parallel_rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     ensure_process_group(torch.device("cpu"))
     metrics, weights, _ = two_steps(model_dir, RANK_ARGS, "megatron", PP2)
@@ -73,8 +78,10 @@ def _data_parallel_rank(rank: int, model_dir: str, port: int, out_dir: str) -> N
 def _largest_differences(got, want) -> tuple[float, float]:
     """The largest |difference| of the policy loss and of the gradient norm over the steps."""
     pairs = list(zip(got[0], want[0], strict=True))
-    return (max(abs(g["losses/policy_loss"] - w["losses/policy_loss"]) for g, w in pairs),
-            max(abs(g["actor/grad_norm"] - w["actor/grad_norm"]) for g, w in pairs))
+    return (
+        max(abs(g["losses/policy_loss"] - w["losses/policy_loss"]) for g, w in pairs),
+        max(abs(g["actor/grad_norm"] - w["actor/grad_norm"]) for g, w in pairs),
+    )
 
 
 def main(model_dir: str) -> None:
@@ -96,18 +103,24 @@ def main(model_dir: str) -> None:
             assert_same_training(got, want)
         diffs = [_largest_differences(got, want) for got in runs]
         loss_diff, norm_diff = max(d[0] for d in diffs), max(d[1] for d in diffs)
-        print(f"{name}: grad norms {[round(m['actor/grad_norm'], 6) for m in want[0]]}, largest |TP2xPP2 - 1 "
-              f"process| policy loss {loss_diff:.2e}, grad norm {norm_diff:.2e}")
+        print(
+            f"{name}: grad norms {[round(m['actor/grad_norm'], 6) for m in want[0]]}, largest |TP2xPP2 - 1 "
+            f"process| policy loss {loss_diff:.2e}, grad norm {norm_diff:.2e}"
+        )
     print(f"megatron TP 2 x PP 2 equals one process (weights to {WEIGHT_TOL}): ok")
     layouts = [r["layout"] for r in dp_results]
     assert layouts == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)], layouts
     assert [dp for _, _, dp in layouts] == data_parallel_ranks(4, 1, 2)
     for result in dp_results:
         assert_same_training(result["run"], dp_want)
-    loss_diff, norm_diff = max(_largest_differences(r["run"], dp_want)[0] for r in dp_results), max(
-        _largest_differences(r["run"], dp_want)[1] for r in dp_results)
-    print(f"megatron PP 2 x DP 2 equals one process on the whole mini-batch: largest |difference| policy loss "
-          f"{loss_diff:.2e}, grad norm {norm_diff:.2e}: ok")
+    loss_diff, norm_diff = (
+        max(_largest_differences(r["run"], dp_want)[0] for r in dp_results),
+        max(_largest_differences(r["run"], dp_want)[1] for r in dp_results),
+    )
+    print(
+        f"megatron PP 2 x DP 2 equals one process on the whole mini-batch: largest |difference| policy loss "
+        f"{loss_diff:.2e}, grad norm {norm_diff:.2e}: ok"
+    )
 
 
 if __name__ == "__main__":

@@ -20,12 +20,20 @@ def save_llama(path, seed: int, **overrides) -> str:
     """`model_dir`'s Llama shape (2 layers, 4 heads, 2 KV heads, vocabulary `VOCAB`) with
     `overrides`, random weights from `seed`, saved as an HF dir at `path`."""
     torch.manual_seed(seed)
-    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64)
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     LlamaForCausalLM(LlamaConfig(**(shape | overrides))).save_pretrained(path)
     return str(path)
-ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                    max_grad_norm=0.5)
+
+
+ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_grad_norm=0.5)
 # Weights are compared to 1e-4: Adam's early steps move a weight by about lr * g / |g|, so a
 # gradient entry near 0 whose float round-off differs between engines moves by up to ~1e-5 more
 # (measured 7e-6 on one entry of 512); an engine bug moves weights by ~lr = 1e-2.
@@ -39,11 +47,14 @@ def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
     positions = torch.arange(10)
     lengths = torch.tensor([6 + i % 4 for i in range(n)])[:, None]
     attention_mask = (positions < lengths).long()
-    batch = TensorDict({
-        "input_ids": torch.randint(1, VOCAB, (n, 10), generator=generator) * attention_mask,
-        "attention_mask": attention_mask,
-        "response_mask": ((positions >= 3) & (positions < lengths)).float(),
-    }, batch_size=[n])
+    batch = TensorDict(
+        {
+            "input_ids": torch.randint(1, VOCAB, (n, 10), generator=generator) * attention_mask,
+            "attention_mask": attention_mask,
+            "response_mask": ((positions >= 3) & (positions < lengths)).float(),
+        },
+        batch_size=[n],
+    )
     batch["old_logprobs"] = actor.compute_logprobs(batch, 1.0)
     batch["advantages"] = torch.randn(n, 1, generator=generator) * batch["response_mask"]
     return batch
@@ -51,10 +62,21 @@ def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
 
 def train_two_steps(model_dir: str, name: str, config: dict | None = None) -> tuple[list[dict], dict]:
     """The metrics of two PPO steps with engine `name` and its weights after them."""
-    actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1,
-                        strategy_name=name, strategy_config=config or {})
-    metrics = [actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
-                           loss_agg_mode="token-mean", step=step) for step in range(2)]
+    actor = ActorWorker(
+        model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name=name, strategy_config=config or {}
+    )
+    metrics = [
+        actor.train(
+            ppo_batch(actor),
+            temperature=1.0,
+            ppo_epochs=2,
+            pg_clip=0.2,
+            entropy_loss_coef=0.01,
+            loss_agg_mode="token-mean",
+            step=step,
+        )
+        for step in range(2)
+    ]
     return metrics, actor.get_weights()
 
 
@@ -76,14 +98,17 @@ def lm_minibatch(seed: int) -> TensorDict:
     """4 rows of 8 tokens, all counted: each half holds the same number of tokens, so the mean of
     two ranks' token-mean losses is the whole mini-batch's token-mean loss."""
     ids = torch.randint(1, VOCAB, (4, 8), generator=torch.Generator().manual_seed(seed))
-    return TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                       "response_mask": torch.ones(4, 8)}, batch_size=[4])
+    return TensorDict(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": torch.ones(4, 8)}, batch_size=[4]
+    )
 
 
 def lm_loss(scale: float = 1.0):
     """A `loss_fn` for `train_step`: the model's language-model loss on its own ids, times `scale`
     (NaN makes a non-finite loss)."""
+
     def loss_fn(model, micro):
         out = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"], labels=micro["input_ids"])
         return out.loss * scale, {}
+
     return loss_fn

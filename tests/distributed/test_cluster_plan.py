@@ -18,13 +18,25 @@ def node(node_id: str, ip: str, gpus: float, cpus: float = 8, alive: bool = True
 
 
 # listed out of order on purpose: the plan orders them (driver's node first, then by IP)
-CLUSTER = [node("c" * 8, "10.0.0.10", 2), node("h" * 8, "10.0.0.2", 0, cpus=4), node("a" * 8, "10.0.0.9", 2),
-           node("b" * 8, "10.0.0.3", 2), node("d" * 8, "10.0.0.4", 2, alive=False)]
+CLUSTER = [
+    node("c" * 8, "10.0.0.10", 2),
+    node("h" * 8, "10.0.0.2", 0, cpus=4),
+    node("a" * 8, "10.0.0.9", 2),
+    node("b" * 8, "10.0.0.3", 2),
+    node("d" * 8, "10.0.0.4", 2, alive=False),
+]
 
 
 def plan(mappings, replicas=1, nodes=CLUSTER, per_node=2, driver=None):
-    return plan_cluster_devices(mappings, strategies=STRATEGIES, inference_replicas=replicas, nodes=nodes,
-                                num_gpus_per_node=per_node, driver_node_id=driver, address="10.0.0.2:6379")
+    return plan_cluster_devices(
+        mappings,
+        strategies=STRATEGIES,
+        inference_replicas=replicas,
+        nodes=nodes,
+        num_gpus_per_node=per_node,
+        driver_node_id=driver,
+        address="10.0.0.2:6379",
+    )
 
 
 def where(p, role):
@@ -35,8 +47,11 @@ def test_index_d_is_gpu_d_mod_n_of_node_d_div_n_nodes_by_ip_without_gpu_and_dead
     # GPU nodes by IP: 10.0.0.3 (node 0), 10.0.0.9 (node 1), 10.0.0.10 (node 2); the head has no
     # GPU and 10.0.0.4 is dead: neither counts
     p = plan({"actor_train": [0, 1, 2], "actor_infer": [4, 5]}, replicas=2)
-    assert where(p, "actor_train") == [(0, 0, "10.0.0.3", "0", "cuda:0"), (1, 1, "10.0.0.3", "1", "cuda:0"),
-                                       (2, 2, "10.0.0.9", "0", "cuda:0")]
+    assert where(p, "actor_train") == [
+        (0, 0, "10.0.0.3", "0", "cuda:0"),
+        (1, 1, "10.0.0.3", "1", "cuda:0"),
+        (2, 2, "10.0.0.9", "0", "cuda:0"),
+    ]
     assert where(p, "actor_infer") == [(0, 4, "10.0.0.10", "0", "cuda:0"), (1, 5, "10.0.0.10", "1", "cuda:0")]
     assert p.process("actor_train", 2).node_id == "a" * 8
     assert p.colocation_groups == []
@@ -59,8 +74,10 @@ def test_shared_indices_are_colocated_across_nodes():
 def test_nodes_with_fewer_gpus_than_num_gpus_per_node_are_not_used():
     nodes = [node("a", "10.0.0.3", 4), node("b", "10.0.0.4", 2), node("c", "10.0.0.5", 8)]
     p = plan({"actor_train": [0, 4], "actor_infer": [7]}, nodes=nodes, per_node=4)
-    assert [(q.node_ip, q.cuda_visible_devices) for q in p.processes["actor_train"]] == [("10.0.0.3", "0"),
-                                                                                         ("10.0.0.5", "0")]
+    assert [(q.node_ip, q.cuda_visible_devices) for q in p.processes["actor_train"]] == [
+        ("10.0.0.3", "0"),
+        ("10.0.0.5", "0"),
+    ]
     assert where(p, "actor_infer") == [(0, 7, "10.0.0.5", "3", "cuda:0")]
 
 
@@ -79,7 +96,8 @@ def test_a_mapping_beyond_the_clusters_gpu_nodes_is_refused_naming_the_key():
     assert err.value.key == "actor_infer.device_mapping"
     assert str(err.value) == (
         "actor_infer.device_mapping: GPU 6 is on GPU node 3 (num_gpus_per_node=2: index d is GPU d % 2 of node "
-        "d // 2), so the mapping needs 4 nodes with >= 2 GPUs; 10.0.0.2:6379 has 3 (10.0.0.3, 10.0.0.9, 10.0.0.10)")
+        "d // 2), so the mapping needs 4 nodes with >= 2 GPUs; 10.0.0.2:6379 has 3 (10.0.0.3, 10.0.0.9, 10.0.0.10)"
+    )
     assert "\n" not in str(err.value)
     with pytest.raises(PlacementError) as err:  # 4 GPUs per node asked, every node has 2
         plan({"actor_train": [0], "actor_infer": [1]}, per_node=4)

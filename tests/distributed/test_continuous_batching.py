@@ -23,8 +23,9 @@ def model_path(tmp_path_factory):
 
 def make_engine(model_path, **kw):
     tok = load_tokenizer(model_path)
-    return HFInferStrategy(load_causal_lm(model_path), pad_token_id=tok.pad_token_id,
-                           eos_token_ids=[tok.eos_token_id], **kw)
+    return HFInferStrategy(
+        load_causal_lm(model_path), pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id], **kw
+    )
 
 
 def req(rid, prompt, seed, session=None, **kw):
@@ -92,8 +93,9 @@ def test_finished_rows_leave_and_the_batch_narrows(model_path):
 
 def test_zero_and_one_token_requests_are_answered_at_admission(model_path):
     engine = make_engine(model_path)
-    answers = scripted_serve(engine, {0: [req("z", PROMPTS[0], 1, max_new_tokens=0),
-                                          req("o", PROMPTS[0], 2, max_new_tokens=1)]})
+    answers = scripted_serve(
+        engine, {0: [req("z", PROMPTS[0], 1, max_new_tokens=0), req("o", PROMPTS[0], 2, max_new_tokens=1)]}
+    )
     assert answers["z"][0].token_ids == [] and answers["z"][0].finish_reason == "length"
     assert len(answers["o"][0].token_ids) == 1 and engine.stats["decode_steps"] == 0
 
@@ -107,8 +109,10 @@ def test_sessions_reuse_kv_across_turns_like_the_batch_path(model_path):
     expected = batch.generate_batch(first)
     for r, e in zip(first, expected):
         assert_same(answers[r.request_id][0], e)
-    second = [req(f"{s}/1", r.prompt_ids + e.token_ids + [5, 6], 3 + i, session=s)
-              for i, (s, r, e) in enumerate(zip("ab", first, expected))]
+    second = [
+        req(f"{s}/1", r.prompt_ids + e.token_ids + [5, 6], 3 + i, session=s)
+        for i, (s, r, e) in enumerate(zip("ab", first, expected))
+    ]
     answers = scripted_serve(cont, {0: [second[1]], 2: [second[0]]})
     for r, e in zip(second, batch.generate_batch(second)):
         assert_same(answers[r.request_id][0], e)
@@ -123,8 +127,9 @@ def test_worker_lets_a_late_request_join_the_running_batch(model_path):
     worker = InferenceWorker(model_path, num_threads=1)
 
     async def play():
-        long_turn = asyncio.ensure_future(worker.generate(req("long", PROMPTS[1], 1, greedy=True,
-                                                              max_new_tokens=60, stop_token_ids=[])))
+        long_turn = asyncio.ensure_future(
+            worker.generate(req("long", PROMPTS[1], 1, greedy=True, max_new_tokens=60, stop_token_ids=[]))
+        )
         while worker.engine.stats["decode_steps"] < 2:  # the long request is decoding
             await asyncio.sleep(0.001)
         short = await worker.generate(req("short", PROMPTS[0], 2, max_new_tokens=2))
@@ -142,8 +147,9 @@ def test_worker_lets_a_late_request_join_the_running_batch(model_path):
 def test_batch_wait_lets_a_request_arriving_a_moment_later_share_the_engine_call(model_path, continuous):
     """`batch_wait_ms`: the idle engine waits for more requests before a call, and stops waiting
     once `max_batch_size` are pending (here long before the 20 s wait is over)."""
-    worker = InferenceWorker(model_path, num_threads=1, max_batch_size=2, batch_wait_ms=20_000,
-                             continuous_batching=continuous)
+    worker = InferenceWorker(
+        model_path, num_threads=1, max_batch_size=2, batch_wait_ms=20_000, continuous_batching=continuous
+    )
 
     async def play():
         first = asyncio.ensure_future(worker.generate(req("a", PROMPTS[0], 1, max_new_tokens=2)))

@@ -32,11 +32,13 @@ def test_two_cores_pin_nothing_and_split_threads_only_when_async():
 
 def test_more_cores_leave_the_last_to_the_env_workers():
     # 4 cores, async: roles get 0-2, inference 3 // 2 = 1 of them, training the other 2
-    assert shares([0, 1, 2, 3], async_training=True) == (
-        CpuShare((0,), 1), CpuShare((1, 2), 2), CpuShare((3,), 1))
+    assert shares([0, 1, 2, 3], async_training=True) == (CpuShare((0,), 1), CpuShare((1, 2), 2), CpuShare((3,), 1))
     # 8 cores, sync: phases take turns, so both get cores 0-6
     assert shares(range(8), async_training=False) == (
-        CpuShare(tuple(range(7)), 7), CpuShare(tuple(range(7)), 7), CpuShare((7,), 1))
+        CpuShare(tuple(range(7)), 7),
+        CpuShare(tuple(range(7)), 7),
+        CpuShare((7,), 1),
+    )
     # 3 cores, async, a mask with gaps: the roles' two cores split one each
     assert shares([5, 2, 9], async_training=True) == (CpuShare((2,), 1), CpuShare((5,), 1), CpuShare((9,), 1))
 
@@ -78,17 +80,22 @@ def test_cpu_options_are_accepted_by_every_engine_and_never_reach_it():
     assert cpu_options("critic", worker()) == (None, None)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"num_threads": 0}, "actor_train.strategy_args.strategy_config.num_threads: must be an integer >= 1 (got 0)"),
-    ({"num_threads": True}, "num_threads: must be an integer >= 1 (got True)"),
-    ({"num_threads": "2"}, "num_threads: must be an integer >= 1 (got '2')"),
-    ({"cpu_affinity": []}, "actor_train.strategy_args.strategy_config.cpu_affinity: must be a non-empty list"),
-    ({"cpu_affinity": [0, 0]}, "cpu_affinity: must be a non-empty list of distinct core ids"),
-    ({"cpu_affinity": [-1]}, "cpu_affinity: must be a non-empty list of distinct core ids"),
-    ({"cpu_affinity": "0-3"}, "cpu_affinity: must be a non-empty list of distinct core ids >= 0 or "
-                              "'list(range(a, b))' (got '0-3')"),
-    ({"num_thread": 2}, "actor_train.strategy_args.strategy_config.num_thread: not an option of strategy 'torch'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_threads": 0}, "actor_train.strategy_args.strategy_config.num_threads: must be an integer >= 1 (got 0)"),
+        ({"num_threads": True}, "num_threads: must be an integer >= 1 (got True)"),
+        ({"num_threads": "2"}, "num_threads: must be an integer >= 1 (got '2')"),
+        ({"cpu_affinity": []}, "actor_train.strategy_args.strategy_config.cpu_affinity: must be a non-empty list"),
+        ({"cpu_affinity": [0, 0]}, "cpu_affinity: must be a non-empty list of distinct core ids"),
+        ({"cpu_affinity": [-1]}, "cpu_affinity: must be a non-empty list of distinct core ids"),
+        (
+            {"cpu_affinity": "0-3"},
+            "cpu_affinity: must be a non-empty list of distinct core ids >= 0 or 'list(range(a, b))' (got '0-3')",
+        ),
+        ({"num_thread": 2}, "actor_train.strategy_args.strategy_config.num_thread: not an option of strategy 'torch'"),
+    ],
+)
 def test_bad_cpu_options_name_the_key(options, message):
     with pytest.raises(InvalidField) as err:
         check_strategy_for_role("actor_train", worker(**options))
@@ -100,8 +107,11 @@ def test_cores_the_machine_lacks_are_refused_before_start():
 
     check_cpu_affinity("actor_infer", worker("hf", cpu_affinity=sorted(os.sched_getaffinity(0))))
     missing = max(os.sched_getaffinity(0)) + 1
-    with pytest.raises(InvalidField, match=rf"actor_infer.strategy_args.strategy_config.cpu_affinity: core\(s\) "
-                                           rf"\[{missing}\] are not usable here"):
+    with pytest.raises(
+        InvalidField,
+        match=rf"actor_infer.strategy_args.strategy_config.cpu_affinity: core\(s\) "
+        rf"\[{missing}\] are not usable here",
+    ):
         check_cpu_affinity("actor_infer", worker("hf", cpu_affinity=[missing]))
 
 
@@ -111,9 +121,13 @@ def test_a_roles_own_options_win_over_the_default(monkeypatch):
     from roll.pipeline import cpu_shares
 
     monkeypatch.setattr(cpu_shares.cluster, "joined", lambda: False)
-    cfg = SimpleNamespace(actor_infer=worker("hf", cpu_affinity=[2, 3]), actor_train=worker(num_threads=3),
-                          critic=worker(), async_generation_ratio=1,
-                          device_layout={"mappings": {"actor_train": None, "actor_infer": None}})
+    cfg = SimpleNamespace(
+        actor_infer=worker("hf", cpu_affinity=[2, 3]),
+        actor_train=worker(num_threads=3),
+        critic=worker(),
+        async_generation_ratio=1,
+        device_layout={"mappings": {"actor_train": None, "actor_infer": None}},
+    )
     cores = (0, 1, 2, 3)
     assert cpu_shares.role_share(cfg, "actor_infer", cores) == CpuShare((2, 3), 2)
     assert cpu_shares.role_share(cfg, "actor_train", cores) == CpuShare(None, 3)

@@ -110,9 +110,7 @@ def test_distinct_rows_compare_attended_tokens_before_the_last():
         ([9, 2, 3, 4], 4, False),  # the first token differs
     ],
 )
-def test_rows_share_a_forward_pass_only_when_they_differ_at_most_in_the_last_token(
-    other_ids, other_length, shared
-):
+def test_rows_share_a_forward_pass_only_when_they_differ_at_most_in_the_last_token(other_ids, other_length, shared):
     ids = torch.tensor([[1, 2, 3, 4], other_ids])
     mask = (torch.arange(4) < torch.tensor([4, other_length])[:, None]).long()
     assert (len(distinct_rows(ids, mask).index) == 1) == shared

@@ -8,8 +8,8 @@ import torch
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from roll.distributed.micro_batches import all_rows, iter_distinct_micro_batches
 from roll.distributed.dynamic_batching import TokenBudget, bin_by_tokens, pad_to_multiple, padding_fraction, row_lengths
+from roll.distributed.micro_batches import all_rows, iter_distinct_micro_batches
 from roll.distributed.strategies.registry import build_train_strategy
 from tests.distributed.ppo_cases import ARGS, VOCAB
 
@@ -45,10 +45,15 @@ def _batch(n: int = 10) -> TensorDict:
     lengths = torch.tensor([4 + (7 * i) % 14 for i in range(n)])[:, None]
     positions = torch.arange(18)
     mask = (positions < lengths).long()
-    return TensorDict({"input_ids": torch.randint(1, VOCAB, (n, 18), generator=generator) * mask,
-                       "attention_mask": mask,
-                       "response_mask": ((positions >= 3) & (positions < lengths)).float(),
-                       "advantages": torch.randn(n, 18, generator=generator)}, batch_size=[n])
+    return TensorDict(
+        {
+            "input_ids": torch.randint(1, VOCAB, (n, 18), generator=generator) * mask,
+            "attention_mask": mask,
+            "response_mask": ((positions >= 3) & (positions < lengths)).float(),
+            "advantages": torch.randn(n, 18, generator=generator),
+        },
+        batch_size=[n],
+    )
 
 
 def _loss(model, micro):
@@ -64,8 +69,9 @@ def _loss(model, micro):
 def _strategy(model_dir, train_budget=None, infer_budget=None):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    return build_train_strategy(model, ARGS, total_steps=4, metric_prefix="actor", train_budget=train_budget,
-                                infer_budget=infer_budget)
+    return build_train_strategy(
+        model, ARGS, total_steps=4, metric_prefix="actor", train_budget=train_budget, infer_budget=infer_budget
+    )
 
 
 def test_same_loss_gradients_and_logprobs_as_fixed_micro_batches(model_dir):

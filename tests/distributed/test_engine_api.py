@@ -8,14 +8,18 @@ from roll.distributed.strategies.engine_api import generate_live
 
 
 def test_requests_for_no_tokens_never_reach_the_engine_and_order_is_kept():
-    requests = [GenerateRequest(str(i), [1, 2], SamplingParams(max_new_tokens=n), seed=i)
-                for i, n in enumerate([3, 0, 5, -1, 2])]
+    requests = [
+        GenerateRequest(str(i), [1, 2], SamplingParams(max_new_tokens=n), seed=i)
+        for i, n in enumerate([3, 0, 5, -1, 2])
+    ]
     calls = []
 
     def engine(live):
         calls.append([r.request_id for r in live])
-        return [GenerateOutput(r.request_id, [7] * r.params.max_new_tokens, [-0.5] * r.params.max_new_tokens,
-                               "length", 4) for r in live]
+        return [
+            GenerateOutput(r.request_id, [7] * r.params.max_new_tokens, [-0.5] * r.params.max_new_tokens, "length", 4)
+            for r in live
+        ]
 
     outputs = generate_live(requests, engine, policy_version=4)
     assert calls == [["0", "2", "4"]]

@@ -15,8 +15,8 @@ import pytest
 
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
-from roll.core.records import GenerateRequest, SamplingParams
 from roll.core.errors import EngineFailed
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.tiny import build_tiny_model
 
@@ -63,8 +63,9 @@ def test_pending_and_later_requests_fail_at_once_with_the_engines_message(failin
         queued = [worker.generate(GenerateRequest(f"{i}/0", [2, 3], SamplingParams(), 1)) for i in "bc"]
         results = await asyncio.gather(first, *queued, return_exceptions=True)
         started = time.monotonic()
-        later = await asyncio.gather(worker.generate(GenerateRequest("d/0", [2], SamplingParams(), 1)),
-                                     return_exceptions=True)
+        later = await asyncio.gather(
+            worker.generate(GenerateRequest("d/0", [2], SamplingParams(), 1)), return_exceptions=True
+        )
         return results + later, time.monotonic() - started
 
     results, later_s = asyncio.run(play())

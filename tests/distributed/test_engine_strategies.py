@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 from transformers import AutoModelForCausalLM
 
 from roll.distributed.strategies.registry import build_train_strategy
-
-from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 
 pytest.importorskip("deepspeed")
 torch.set_num_threads(1)
@@ -39,8 +38,9 @@ def _strategy(model_dir: str, engine: str):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     name, config = ENGINES[engine]
-    return build_train_strategy(model, ARGS, strategy_name=name, strategy_config=config, total_steps=4,
-                                metric_prefix="actor")
+    return build_train_strategy(
+        model, ARGS, strategy_name=name, strategy_config=config, total_steps=4, metric_prefix="actor"
+    )
 
 
 @pytest.mark.parametrize("engine", ["deepspeed-zero2", "deepspeed-zero3", "fsdp2"])

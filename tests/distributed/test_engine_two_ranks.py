@@ -11,13 +11,12 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
+from ppo_cases import lm_loss, lm_minibatch
 from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import free_port
 from roll.distributed.strategies.registry import build_train_strategy
-
-from ppo_cases import lm_loss, lm_minibatch
 
 pytest.importorskip("deepspeed")
 ENGINES = {
@@ -25,33 +24,51 @@ ENGINES = {
     "zero3": ("deepspeed", {"zero_optimization": {"stage": 3}}),
     "fsdp2": ("fsdp2", {}),
     # ROLL's options at values that keep the numbers: fp32 mixed precision, fsdp_size = all ranks
-    "fsdp2_roll_options": ("fsdp2", {"fsdp_size": 2, "param_dtype": "fp32", "reduce_dtype": "float32",
-                                     "offload_policy": True, "reshard_after_forward": False}),
+    "fsdp2_roll_options": (
+        "fsdp2",
+        {
+            "fsdp_size": 2,
+            "param_dtype": "fp32",
+            "reduce_dtype": "float32",
+            "offload_policy": True,
+            "reshard_after_forward": False,
+        },
+    ),
 }
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=1, max_grad_norm=0.5)
 
 
 def _train(model_dir: str, name: str, config: dict, args: TrainingArgs, rows: slice):
     torch.manual_seed(0)
-    strategy = build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), args, strategy_name=name,
-                                    strategy_config=config, total_steps=2, metric_prefix="actor")
+    strategy = build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        args,
+        strategy_name=name,
+        strategy_config=config,
+        total_steps=2,
+        metric_prefix="actor",
+    )
     norms = [strategy.train_step(lm_minibatch(seed)[rows], lm_loss())["actor/grad_norm"] for seed in (0, 1)]
     return norms, strategy.state_dict()
 
 
 def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
-    results = {engine: _train(model_dir, name, config, ARGS, slice(2 * rank, 2 * rank + 2))
-               for engine, (name, config) in ENGINES.items()}
+    results = {
+        engine: _train(model_dir, name, config, ARGS, slice(2 * rank, 2 * rank + 2))
+        for engine, (name, config) in ENGINES.items()
+    }
     if rank == 0:
         torch.save(results, os.path.join(out_dir, "results.pt"))
 
 
 def _hsdp_rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     result = _train(model_dir, "fsdp2", {"fsdp_size": 2}, ARGS, slice(rank, rank + 1))
     if rank == 0:

@@ -13,26 +13,41 @@ from transformers import AutoModelForCausalLM
 from roll.distributed.strategies.registry import build_train_strategy
 from tests.distributed.ppo_cases import ARGS, lm_loss, lm_minibatch
 
-ENGINES = {"torch": ("torch", {}), "fsdp2": ("fsdp2", {}),
-           "deepspeed": ("deepspeed", {"zero_optimization": {"stage": 0}}), "megatron": ("megatron", {})}
+ENGINES = {
+    "torch": ("torch", {}),
+    "fsdp2": ("fsdp2", {}),
+    "deepspeed": ("deepspeed", {"zero_optimization": {"stage": 0}}),
+    "megatron": ("megatron", {}),
+}
 
 
 def _loss_and_grads(model_dir: str, engine: str, checkpointing: bool, lora: dict | None = None):
     name, config = ENGINES[engine]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    strategy = build_train_strategy(model, ARGS, strategy_name=name, strategy_config=config, total_steps=4,
-                                    metric_prefix="actor", gradient_checkpointing=checkpointing, lora=lora)
+    strategy = build_train_strategy(
+        model,
+        ARGS,
+        strategy_name=name,
+        strategy_config=config,
+        total_steps=4,
+        metric_prefix="actor",
+        gradient_checkpointing=checkpointing,
+        lora=lora,
+    )
     captured = {}
     step = strategy._clip_and_step
 
     def capture_then_step(finite):  # the accumulated gradients, before clipping and the step
-        captured.update({n: p.grad.detach().clone() for n, p in strategy.model.named_parameters() if p.grad is not None})
+        captured.update(
+            {n: p.grad.detach().clone() for n, p in strategy.model.named_parameters() if p.grad is not None}
+        )
         return step(finite)
 
     strategy._clip_and_step = capture_then_step
-    attention = next(m for n, m in strategy.model.named_modules() if n.endswith(("layers.0.self_attn",
-                                                                               "layers.0.self_attention")))
+    attention = next(
+        m for n, m in strategy.model.named_modules() if n.endswith(("layers.0.self_attn", "layers.0.self_attention"))
+    )
     calls = []
     attention.register_forward_pre_hook(lambda *_: calls.append(1))
     inner = lm_loss()
@@ -47,8 +62,11 @@ def _loss_and_grads(model_dir: str, engine: str, checkpointing: bool, lora: dict
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_same_loss_and_gradients_with_checkpointing(model_dir, engine):
-    if engine != "torch" and importlib.util.find_spec({"fsdp2": "torch", "deepspeed": "deepspeed",
-                                                       "megatron": "megatron"}[engine]) is None:
+    if (
+        engine != "torch"
+        and importlib.util.find_spec({"fsdp2": "torch", "deepspeed": "deepspeed", "megatron": "megatron"}[engine])
+        is None
+    ):
         pytest.skip(f"{engine} is not installed")
     torch.set_num_threads(1)
     _, want, want_grads = _loss_and_grads(model_dir, engine, checkpointing=False)

@@ -8,8 +8,8 @@ import torch
 
 import envs  # noqa: F401  (registers the built-in envs)
 from roll.agentic.env_manager.base import EnvSpec
-from roll.agentic.episode import EpisodeSpec
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.episode import EpisodeSpec
 from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import (
@@ -57,8 +57,9 @@ def test_same_seed_same_tokens_whatever_the_batch(engine):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_a_full_forward(engine, temperature):
     strategy, _ = engine
-    outs = strategy.generate_batch([req(str(i), p, seed=i, temperature=temperature, max_new_tokens=8)
-                                    for i, p in enumerate(PROMPTS)])
+    outs = strategy.generate_batch(
+        [req(str(i), p, seed=i, temperature=temperature, max_new_tokens=8) for i, p in enumerate(PROMPTS)]
+    )
     for prompt, out in zip(PROMPTS, outs):
         ids = torch.tensor([prompt + out.token_ids])
         logits = strategy.model(input_ids=ids).logits[0].float() / temperature
@@ -71,9 +72,14 @@ def test_logprobs_match_a_full_forward(engine, temperature):
 def test_greedy_matches_transformers_generate(engine):
     strategy, tok = engine
     out = strategy.generate_batch([req("g", PROMPTS[2], seed=0, do_sample=False, max_new_tokens=8)])[0]
-    ref = strategy.model.generate(torch.tensor([PROMPTS[2]]), max_new_tokens=8, do_sample=False,
-                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    expected = ref[0, len(PROMPTS[2]):].tolist()
+    ref = strategy.model.generate(
+        torch.tensor([PROMPTS[2]]),
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    expected = ref[0, len(PROMPTS[2]) :].tolist()
     assert out.token_ids == expected[: len(out.token_ids)]
     assert out.finish_reason == ("stop" if out.token_ids[-1] == tok.eos_token_id else "length")
 
@@ -109,17 +115,25 @@ def observation(turn, i):
 
 
 def engine_on(model, tok, max_cached_tokens=10_000):
-    return HFInferStrategy(model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id],
-                           max_cached_tokens=max_cached_tokens)
+    return HFInferStrategy(
+        model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id], max_cached_tokens=max_cached_tokens
+    )
 
 
 def converse(strategy, turns=3):
     """Five conversations, one engine call per turn; returns (prompts, outputs) per turn."""
     prompts, history = [list(p) for p in FIRST_PROMPTS], []
     for turn in range(turns):
-        reqs = [GenerateRequest(f"s{i}/{turn}", prompts[i], SamplingParams(max_new_tokens=MAX_NEW[i], temperature=0.8),
-                                seed=10 * i + turn, session_id=f"s{i}")
-                for i in range(len(prompts))]
+        reqs = [
+            GenerateRequest(
+                f"s{i}/{turn}",
+                prompts[i],
+                SamplingParams(max_new_tokens=MAX_NEW[i], temperature=0.8),
+                seed=10 * i + turn,
+                session_id=f"s{i}",
+            )
+            for i in range(len(prompts))
+        ]
         outs = strategy.generate_batch(reqs)
         history.append((prompts, outs))
         prompts = [p + o.token_ids + observation(turn, i) for i, (p, o) in enumerate(zip(prompts, outs))]
@@ -145,8 +159,10 @@ def test_multi_turn_reuse_matches_recompute(engine):
         reused_per_turn.append(sum(len(p) + len(o.token_ids) - 1 for p, o in zip(prev_prompts, prev_outs)))
     total_prompt = sum(len(p) for prompts, _ in with_reuse for p in prompts)
     tokens = ("prefix_tokens_reused", "prefill_tokens")
-    assert {k: cached.stats[k] for k in tokens} == {"prefix_tokens_reused": sum(reused_per_turn),
-                                                   "prefill_tokens": total_prompt - sum(reused_per_turn)}
+    assert {k: cached.stats[k] for k in tokens} == {
+        "prefix_tokens_reused": sum(reused_per_turn),
+        "prefill_tokens": total_prompt - sum(reused_per_turn),
+    }
     assert {k: fresh.stats[k] for k in tokens} == {"prefix_tokens_reused": 0, "prefill_tokens": total_prompt}
     prompts, outs = with_reuse[-1]  # and the last turn agrees with one plain forward per row
     for prompt, out in zip(prompts, outs):
@@ -165,8 +181,13 @@ def test_diverging_prompts_reuse_only_the_common_prefix(engine):
     outs = cached.generate_batch(first)
     assert cached.kv_cache.num_tokens == (9 + 2) + (4 + 1) + 6
     b_next = b + outs[1].token_ids + [5, 5]
-    second = [req("a", a[:4] + [12, 13], 4), req("b", b_next, 5), req("r", r, 3, max_new_tokens=1),
-              req("z", [3] + a[1:], 6), req("n", [2, 9, 9], 7)]
+    second = [
+        req("a", a[:4] + [12, 13], 4),
+        req("b", b_next, 5),
+        req("r", r, 3, max_new_tokens=1),
+        req("z", [3] + a[1:], 6),
+        req("n", [2, 9, 9], 7),
+    ]
     for q, sid in zip(second, ["a", "b", "r", "a", None]):
         q.session_id = sid
     before = dict(cached.stats)
@@ -196,8 +217,9 @@ def test_lru_bound_evicts_least_recently_used_sessions(engine):
         q.session_id = q.request_id
     outs = cached.generate_batch(reqs)
     assert cached.kv_cache.session_ids() == ["b", "c"] and cached.kv_cache.num_tokens == 16  # a: 24 > 20
-    nxt = [req(s, prompts[s] + outs[k].token_ids + [5], 2, do_sample=False, max_new_tokens=1)
-           for k, s in enumerate("ab")]
+    nxt = [
+        req(s, prompts[s] + outs[k].token_ids + [5], 2, do_sample=False, max_new_tokens=1) for k, s in enumerate("ab")
+    ]
     for q in nxt:
         q.session_id = q.request_id
     cached.generate_batch(nxt)
@@ -210,23 +232,32 @@ def test_lru_bound_evicts_least_recently_used_sessions(engine):
 def test_traj_env_manager_sends_its_trajectory_id_as_session(engine):
     strategy, tok = engine
     cached, fresh = engine_on(strategy.model, tok), engine_on(strategy.model, tok, max_cached_tokens=0)
-    spec = EnvSpec(tag="FrozenLake", env_type="frozen_lake", env_config={"max_path_length": 8},
-                   max_steps=3, max_tokens_per_step=2, response_prefix="<answer>")
+    spec = EnvSpec(
+        tag="FrozenLake",
+        env_type="frozen_lake",
+        env_config={"max_path_length": 8},
+        max_steps=3,
+        max_tokens_per_step=2,
+        response_prefix="<answer>",
+    )
     trajectories, requests = [], []
     for strat in (cached, fresh):
+
         async def generate(request, strat=strat):
             requests.append(request)
             return strat.generate_batch([request])[0]
+
         manager = TrajEnvManager(spec, tok, generate, SamplingParams(), sequence_length=4096)
         trajectories.append(asyncio.run(manager.run_episode(EpisodeSpec("g", "g-0", env_seed=1, sample_seed=2))))
     assert {r.session_id for r in requests} == {"g-0"}
     assert trajectories[0].token_ids == trajectories[1].token_ids
-    torch.testing.assert_close(torch.tensor(trajectories[0].infer_logprobs),
-                               torch.tensor(trajectories[1].infer_logprobs), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(trajectories[0].infer_logprobs), torch.tensor(trajectories[1].infer_logprobs), atol=1e-5, rtol=0
+    )
     turns = requests[: len(requests) // 2]
     ends = trajectories[0].turn_end_positions
     # turn k reuses every id up to (not including) turn k-1's last generated id
-    assert cached.stats["prefix_tokens_reused"] == sum(ends[:len(turns) - 1])
+    assert cached.stats["prefix_tokens_reused"] == sum(ends[: len(turns) - 1])
     assert len(turns) == trajectories[0].num_actions == 3  # invalid answers: the episode runs all 3 turns
 
 

@@ -15,13 +15,21 @@ LORA = {"rank": 4, "alpha": 8, "target": "all-linear"}
 
 
 def _actor(model_dir: str, lora: dict | None = LORA, name: str = "torch") -> ActorWorker:
-    return ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name=name,
-                       features={"lora": lora})
+    return ActorWorker(
+        model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name=name, features={"lora": lora}
+    )
 
 
 def _step(actor: ActorWorker, step: int = 0) -> dict:
-    return actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=1, pg_clip=0.2, entropy_loss_coef=0.01,
-                       loss_agg_mode="token-mean", step=step)
+    return actor.train(
+        ppo_batch(actor),
+        temperature=1.0,
+        ppo_epochs=1,
+        pg_clip=0.2,
+        entropy_loss_coef=0.01,
+        loss_agg_mode="token-mean",
+        step=step,
+    )
 
 
 def test_only_adapters_train_and_merged_weights_leave(model_dir):
@@ -42,7 +50,9 @@ def test_only_adapters_train_and_merged_weights_leave(model_dir):
     assert changed and all("lora_" in n for n in changed)
     assert any("lora_B" in n for n in changed)  # B starts at 0: the merged model moved
     merged = actor.get_weights()
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])  # not a target
 
 
@@ -89,16 +99,27 @@ def test_lora_target_names():
     assert "'qkv'" in unmatched_target(names, "q_proj,qkv")
 
 
-@pytest.mark.parametrize("name, config", [("fsdp2", {}), ("deepspeed", {"zero_optimization": {"stage": 3}})],
-                         ids=["fsdp2", "deepspeed-zero3"])
+@pytest.mark.parametrize(
+    "name, config",
+    [("fsdp2", {}), ("deepspeed", {"zero_optimization": {"stage": 3}})],
+    ids=["fsdp2", "deepspeed-zero3"],
+)
 def test_sharded_engines_train_the_same_adapters(model_dir, tmp_path, name, config):
     """One process (gloo): the torch strategy's loss and merged weights; a merged HF checkpoint."""
     pytest.importorskip("deepspeed")
     torch.set_num_threads(1)
     want = _actor(model_dir)
     want_metrics, want_weights = _step(want), want.get_weights()
-    actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name=name,
-                        strategy_config=config, features={"lora": LORA})
+    actor = ActorWorker(
+        model_dir,
+        ARGS,
+        total_train_steps=4,
+        seed=7,
+        num_threads=1,
+        strategy_name=name,
+        strategy_config=config,
+        features={"lora": LORA},
+    )
     assert actor.param_counts() == want.param_counts()
     got = _step(actor)
     assert got["losses/policy_loss"] == pytest.approx(want_metrics["losses/policy_loss"], rel=1e-6)

@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 from transformers import AutoModelForCausalLM, LlamaForTokenClassification, Qwen2Config, Qwen2ForCausalLM
 
 from roll.distributed.strategies.megatron_convert import (
@@ -24,8 +25,6 @@ from roll.distributed.strategies.megatron_convert import (
 )
 from roll.distributed.strategies.registry import build_train_strategy
 
-from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
-
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 from roll.distributed.strategies import megatron_model  # noqa: E402  (imports megatron-core)
 
@@ -33,9 +32,20 @@ torch.set_num_threads(1)
 
 
 def tiny_arch(**overrides) -> DecoderArch:
-    sizes = dict(num_layers=1, hidden_size=4, ffn_hidden_size=4, num_heads=4, num_query_groups=2, head_dim=2,
-                 vocab_size=8, qkv_bias=False, tied_embeddings=False, rope_theta=1e4, norm_eps=1e-6,
-                 max_positions=16)
+    sizes = dict(
+        num_layers=1,
+        hidden_size=4,
+        ffn_hidden_size=4,
+        num_heads=4,
+        num_query_groups=2,
+        head_dim=2,
+        vocab_size=8,
+        qkv_bias=False,
+        tied_embeddings=False,
+        rope_theta=1e4,
+        norm_eps=1e-6,
+        max_positions=16,
+    )
     return DecoderArch(**(sizes | overrides))
 
 
@@ -51,8 +61,24 @@ def test_qkv_interleave_by_hand():
     arch = tiny_arch()
     q, k, v = rows(*range(8)), rows(10, 11, 12, 13), rows(20, 21, 22, 23)
     fused = fuse_qkv(q, k, v, arch)
-    want = [0, 1, 2, 3, 10, 11, 20, 21,  # group 0: q heads 0-1, k head 0, v head 0
-            4, 5, 6, 7, 12, 13, 22, 23]  # group 1: q heads 2-3, k head 1, v head 1
+    want = [
+        0,
+        1,
+        2,
+        3,
+        10,
+        11,
+        20,
+        21,  # group 0: q heads 0-1, k head 0, v head 0
+        4,
+        5,
+        6,
+        7,
+        12,
+        13,
+        22,
+        23,
+    ]  # group 1: q heads 2-3, k head 1, v head 1
     assert fused[:, 0].tolist() == want
     assert all(torch.equal(a, b) for a, b in zip(split_qkv(fused, arch), (q, k, v), strict=True))
     bias = fuse_qkv(q[:, 0], k[:, 0], v[:, 0], arch)  # 1-D tensors (Qwen2's biases) alike
@@ -64,11 +90,13 @@ def test_tensor_parallel_split_by_hand():
     vocabulary rows, half of the input columns of row-parallel layers, and every norm whole."""
     arch = tiny_arch()
     qkv = fuse_qkv(rows(*range(8)), rows(10, 11, 12, 13), rows(20, 21, 22, 23), arch)
-    state = {"decoder.layers.0.self_attention.linear_qkv.weight": qkv,
-             "decoder.layers.0.mlp.linear_fc1.weight": rows(0, 1, 2, 3, 10, 11, 12, 13),  # gate 0-3, up 10-13
-             "decoder.layers.0.mlp.linear_fc2.weight": torch.arange(8.0).reshape(2, 4),
-             "embedding.word_embeddings.weight": rows(*range(8)),
-             "decoder.final_layernorm.weight": torch.ones(4)}
+    state = {
+        "decoder.layers.0.self_attention.linear_qkv.weight": qkv,
+        "decoder.layers.0.mlp.linear_fc1.weight": rows(0, 1, 2, 3, 10, 11, 12, 13),  # gate 0-3, up 10-13
+        "decoder.layers.0.mlp.linear_fc2.weight": torch.arange(8.0).reshape(2, 4),
+        "embedding.word_embeddings.weight": rows(*range(8)),
+        "decoder.final_layernorm.weight": torch.ones(4),
+    }
     shards = split_tensor_parallel(state, arch, 2)
     assert shards[1]["decoder.layers.0.self_attention.linear_qkv.weight"][:, 0].tolist() == [4, 5, 6, 7, 12, 13, 22, 23]
     assert shards[0]["decoder.layers.0.mlp.linear_fc1.weight"][:, 0].tolist() == [0, 1, 10, 11]
@@ -98,8 +126,16 @@ def qwen2() -> Qwen2ForCausalLM:
     (31) that tensor parallelism must pad; every weight, bias and norm is random, so a tensor
     in the wrong place shows in the logits."""
     torch.manual_seed(1)
-    config = Qwen2Config(vocab_size=31, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6)
+    config = Qwen2Config(
+        vocab_size=31,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+    )
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         for param in model.parameters():
@@ -267,8 +303,14 @@ def test_ppo_steps_match_the_torch_strategy(model_dir, megatron_groups):
 
 
 def _strategy(model_dir: str, name: str = "megatron", **config):
-    return build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), ARGS, strategy_name=name,
-                                strategy_config=config, total_steps=4, metric_prefix="actor")
+    return build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        ARGS,
+        strategy_name=name,
+        strategy_config=config,
+        total_steps=4,
+        metric_prefix="actor",
+    )
 
 
 def test_checkpoint_is_an_hf_dir_and_resumes_the_optimizer(model_dir, tmp_path, megatron_groups):
@@ -314,17 +356,26 @@ def test_non_finite_loss_skips_the_update(model_dir, megatron_groups):
 
 
 # ---- what the strategy refuses, in one line ------------------------------------------------
-@pytest.mark.parametrize("config, message", [
-    ({"tensor_model_parallel_size": 2}, "tensor_model_parallel_size: world_size 1 is not divisible by "
-                                        "tensor_model_parallel_size \\* pipeline_model_parallel_size = 2"),
-    ({"pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size: world_size 1 is not divisible by "
-                                          "tensor_model_parallel_size \\* pipeline_model_parallel_size = 2"),
-    ({"expert_model_parallel_size": 2}, "expert_model_parallel_size: expert parallel needs a MoE model"),
-    ({"context_parallel_size": 2}, "context_parallel_size: context parallel is not built"),
-    ({"sequence_parallel": True}, "sequence_parallel: sequence parallel is not built"),
-    ({"recompute_granularity": "block"}, "recompute_granularity: 'block' is not one of full, selective, null"),
-    ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size: must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            {"tensor_model_parallel_size": 2},
+            "tensor_model_parallel_size: world_size 1 is not divisible by "
+            "tensor_model_parallel_size \\* pipeline_model_parallel_size = 2",
+        ),
+        (
+            {"pipeline_model_parallel_size": 2},
+            "pipeline_model_parallel_size: world_size 1 is not divisible by "
+            "tensor_model_parallel_size \\* pipeline_model_parallel_size = 2",
+        ),
+        ({"expert_model_parallel_size": 2}, "expert_model_parallel_size: expert parallel needs a MoE model"),
+        ({"context_parallel_size": 2}, "context_parallel_size: context parallel is not built"),
+        ({"sequence_parallel": True}, "sequence_parallel: sequence parallel is not built"),
+        ({"recompute_granularity": "block"}, "recompute_granularity: 'block' is not one of full, selective, null"),
+        ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size: must be an integer >= 1"),
+    ],
+)
 def test_parallel_layouts_not_built_stop_at_start_naming_the_key(model_dir, megatron_groups, config, message):
     with pytest.raises(ValueError, match=f"^strategy_config.{message}"):
         _strategy(model_dir, **config)
@@ -340,8 +391,11 @@ def test_pipeline_parallel_is_accepted_and_its_layer_split_checked():
     check_parallel_config(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     check_pipeline_stages(2, num_layers=4)
     for stages in (3, 4):
-        with pytest.raises(ValueError, match=f"^strategy_config.pipeline_model_parallel_size: {stages} does not "
-                                             "divide the model's 2 decoder layers"):
+        with pytest.raises(
+            ValueError,
+            match=f"^strategy_config.pipeline_model_parallel_size: {stages} does not "
+            "divide the model's 2 decoder layers",
+        ):
             check_pipeline_stages(stages, num_layers=2)
 
 
@@ -355,14 +409,25 @@ def test_uneven_pipeline_stages_are_split_as_megatron_splits_them():
     assert check_pipeline_stages(2, 3, last=1) == [2, 1]
     assert check_pipeline_stages(4, 10, first=2, last=2) == [2, 3, 3, 2]
     assert check_pipeline_stages(3, 7, first=1) == [1, 3, 3]
-    bad = [((2, 3), {"first": 1, "last": 1}, "num_layers_in_first_pipeline_stage: the other 0 stage(s) cannot "
-                                            "share the remaining 1 of 3"),
-           ((3, 6), {"last": 1}, "num_layers_in_last_pipeline_stage: the other 2 stage(s) cannot share the "
-                                 "remaining 5 of 6"),
-           ((2, 2), {"first": 2}, "num_layers_in_first_pipeline_stage: the other 1 stage(s) cannot share the "
-                                  "remaining 0 of 2"),
-           ((1, 2), {"first": 1}, "num_layers_in_first_pipeline_stage: needs pipeline_model_parallel_size >= 2"),
-           ((2, 4), {"last": 0}, "num_layers_in_last_pipeline_stage: must be an integer >= 1 (got 0)")]
+    bad = [
+        (
+            (2, 3),
+            {"first": 1, "last": 1},
+            "num_layers_in_first_pipeline_stage: the other 0 stage(s) cannot share the remaining 1 of 3",
+        ),
+        (
+            (3, 6),
+            {"last": 1},
+            "num_layers_in_last_pipeline_stage: the other 2 stage(s) cannot share the remaining 5 of 6",
+        ),
+        (
+            (2, 2),
+            {"first": 2},
+            "num_layers_in_first_pipeline_stage: the other 1 stage(s) cannot share the remaining 0 of 2",
+        ),
+        ((1, 2), {"first": 1}, "num_layers_in_first_pipeline_stage: needs pipeline_model_parallel_size >= 2"),
+        ((2, 4), {"last": 0}, "num_layers_in_last_pipeline_stage: must be an integer >= 1 (got 0)"),
+    ]
     for args, kwargs, message in bad:
         with pytest.raises(ValueError, match="^" + re.escape(f"strategy_config.{message}")):
             check_pipeline_stages(*args, **kwargs)
@@ -389,8 +454,15 @@ def test_pipeline_stages_by_hand(hf_model):
 def test_roll_example_keys_run(model_dir, megatron_groups):
     """ROLL's WebShop example's values: all 1, the distributed optimizer (same steps: every data-
     parallel rank holds the whole optimizer state here), full recomputation."""
-    _strategy(model_dir, tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
-              context_parallel_size=1, use_distributed_optimizer=True, recompute_granularity="full")
+    _strategy(
+        model_dir,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        expert_model_parallel_size=1,
+        context_parallel_size=1,
+        use_distributed_optimizer=True,
+        recompute_granularity="full",
+    )
 
 
 @pytest.mark.parametrize("granularity", ["full", "selective"])
@@ -399,8 +471,11 @@ def test_recomputation_reruns_attention_and_changes_no_gradient(model_dir, megat
     backward) with either granularity, once without; the gradient norm is the plain run's."""
     plain, recomputing = _strategy(model_dir), _strategy(model_dir, recompute_granularity=granularity)
     sdpa, calls = torch.nn.functional.scaled_dot_product_attention, []
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs))
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs),
+    )
     want = plain.train_step(lm_minibatch(0), lm_loss())["actor/grad_norm"]
     micro_batches, layers = 2, 2  # ARGS: 4 rows, 2 per micro-batch; the tiny Llama's 2 layers
     assert len(calls) == micro_batches * layers

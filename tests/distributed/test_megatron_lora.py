@@ -8,21 +8,31 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ppo_cases import ARGS, lm_loss, lm_minibatch
 from transformers import AutoModelForCausalLM
 
 from roll.distributed.strategies.megatron_convert import DecoderArch, fuse_qkv, megatron_to_hf
 from roll.distributed.strategies.registry import build_train_strategy
-
-from ppo_cases import ARGS, lm_loss, lm_minibatch
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 from roll.distributed.strategies import megatron_lora as ml  # noqa: E402
 
 torch.set_num_threads(1)
 LORA = {"rank": 4, "alpha": 8, "target": "all-linear"}
-ARCH = DecoderArch(num_layers=1, hidden_size=4, ffn_hidden_size=4, num_heads=4, num_query_groups=2, head_dim=2,
-                   vocab_size=8, qkv_bias=False, tied_embeddings=False, rope_theta=1e4, norm_eps=1e-6,
-                   max_positions=16)
+ARCH = DecoderArch(
+    num_layers=1,
+    hidden_size=4,
+    ffn_hidden_size=4,
+    num_heads=4,
+    num_query_groups=2,
+    head_dim=2,
+    vocab_size=8,
+    qkv_bias=False,
+    tied_embeddings=False,
+    rope_theta=1e4,
+    norm_eps=1e-6,
+    max_positions=16,
+)
 
 
 # ---- pure functions, by hand ----------------------------------------------------------------
@@ -44,10 +54,12 @@ def rows(*values: float) -> torch.Tensor:
 def test_tensor_parallel_cuts_by_hand():
     """TP 2: column layers keep A whole and cut B by rows (fc1 per gate/up half: rank 1 holds gate
     rows 2-3 and up rows 12-13); row layers cut A by columns and keep B whole."""
-    adapter = {f"decoder.layers.0.{ml.FC1}.lora_A": torch.ones(1, 4),
-               f"decoder.layers.0.{ml.FC1}.lora_B": rows(0, 1, 2, 3, 10, 11, 12, 13),
-               f"decoder.layers.0.{ml.PROJ}.lora_A": torch.arange(4.0)[None],
-               f"decoder.layers.0.{ml.PROJ}.lora_B": rows(5, 6)}
+    adapter = {
+        f"decoder.layers.0.{ml.FC1}.lora_A": torch.ones(1, 4),
+        f"decoder.layers.0.{ml.FC1}.lora_B": rows(0, 1, 2, 3, 10, 11, 12, 13),
+        f"decoder.layers.0.{ml.PROJ}.lora_A": torch.arange(4.0)[None],
+        f"decoder.layers.0.{ml.PROJ}.lora_B": rows(5, 6),
+    }
     shards = ml.split_adapter(adapter, 2)
     assert shards[1][f"decoder.layers.0.{ml.FC1}.lora_B"][:, 0].tolist() == [2, 3, 12, 13]
     assert torch.equal(shards[1][f"decoder.layers.0.{ml.FC1}.lora_A"], torch.ones(1, 4))
@@ -66,9 +78,12 @@ def test_merge_and_hf_export_by_hand():
     adapter's B_q A is the q rows of the fused B A."""
     a = torch.tensor([[1.0, 0, 0, 0]])
     b = fuse_qkv(rows(*range(8)), rows(10, 11, 12, 13), rows(20, 21, 22, 23), ARCH)
-    state = {f"decoder.layers.0.{ml.QKV}.base_layer.weight": torch.zeros(16, 4),
-             f"decoder.layers.0.{ml.QKV}.lora_A": a, f"decoder.layers.0.{ml.QKV}.lora_B": b,
-             "decoder.final_layernorm.weight": torch.ones(4)}
+    state = {
+        f"decoder.layers.0.{ml.QKV}.base_layer.weight": torch.zeros(16, 4),
+        f"decoder.layers.0.{ml.QKV}.lora_A": a,
+        f"decoder.layers.0.{ml.QKV}.lora_B": b,
+        "decoder.final_layernorm.weight": torch.ones(4),
+    }
     merged = ml.merged_state(state, scaling=0.5)
     assert list(merged) == [f"decoder.layers.0.{ml.QKV}.weight", "decoder.final_layernorm.weight"]
     assert merged[f"decoder.layers.0.{ml.QKV}.weight"][:, 0].tolist() == [0.5 * x for x in b[:, 0].tolist()]
@@ -95,8 +110,14 @@ def megatron_groups():
 
 def _strategy(model_dir: str, name: str = "megatron", lora: dict | None = LORA):
     torch.manual_seed(7)  # as the worker seeds its process: the adapters' A comes from it
-    return build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), ARGS, strategy_name=name,
-                                total_steps=4, metric_prefix="actor", lora=lora)
+    return build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        ARGS,
+        strategy_name=name,
+        total_steps=4,
+        metric_prefix="actor",
+        lora=lora,
+    )
 
 
 def _hand_merged(strategy) -> dict[str, torch.Tensor]:
@@ -141,7 +162,9 @@ def test_only_adapters_train_and_leave_merged(model_dir, megatron_groups):
     assert list(merged) == list(base)
     for key, value in _hand_merged(strategy).items():
         torch.testing.assert_close(merged[key], value, rtol=0, atol=1e-6, msg=key)
-    assert not torch.equal(merged["model.layers.0.self_attn.k_proj.weight"], base["model.layers.0.self_attn.k_proj.weight"])
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.k_proj.weight"], base["model.layers.0.self_attn.k_proj.weight"]
+    )
     assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])  # never adapted
 
 

@@ -24,14 +24,14 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
+from megatron_lora_tp_check import assert_same_lora_training
+from megatron_lora_tp_check import run as lora_run
+from ppo_cases import assert_same_training, lm_loss, lm_minibatch, ppo_batch, save_llama, train_two_steps
 from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.registry import build_train_strategy
-
-from megatron_lora_tp_check import assert_same_lora_training, run as lora_run
-from ppo_cases import assert_same_training, lm_loss, lm_minibatch, ppo_batch, save_llama, train_two_steps
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, max_grad_norm=0.5)
@@ -54,16 +54,29 @@ def tied_model_dir(tmp_path_factory) -> str:
 
 
 def _strategy(model_dir: str, config: dict | None = None):
-    return build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), ARGS, strategy_name="megatron",
-                                strategy_config=config or {}, total_steps=4, metric_prefix="actor")
+    return build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        ARGS,
+        strategy_name="megatron",
+        strategy_config=config or {},
+        total_steps=4,
+        metric_prefix="actor",
+    )
 
 
 def _logprobs(model_dir: str, config: dict | None = None) -> tuple[torch.Tensor, dict]:
     """Log-probs of the PPO batch (forward only) and the untrained weights the actor hands out."""
     from roll.distributed.workers.actor import ActorWorker
 
-    actor = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name="megatron",
-                        strategy_config=config or {})
+    actor = ActorWorker(
+        model_dir,
+        ARGS,
+        total_train_steps=4,
+        seed=7,
+        num_threads=1,
+        strategy_name="megatron",
+        strategy_config=config or {},
+    )
     return ppo_batch(actor)["old_logprobs"], actor.get_weights()
 
 
@@ -76,30 +89,51 @@ def _resume(model_dir: str, directory: str, config: dict | None = None) -> dict:
     resumed = _strategy(model_dir, config)
     resumed.load_checkpoint(directory)
     want, got = trained.train_step(lm_minibatch(1), lm_loss()), resumed.train_step(lm_minibatch(1), lm_loss())
-    return {"norms": (want["actor/grad_norm"], got["actor/grad_norm"]),
-            "weights": (trained.state_dict(), resumed.state_dict())}
+    return {
+        "norms": (want["actor/grad_norm"], got["actor/grad_norm"]),
+        "weights": (trained.state_dict(), resumed.state_dict()),
+    }
 
 
 def _rank(rank: int, model_dir: str, tied_dir: str, three_dir: str, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     ensure_process_group(torch.device("cpu"))
     strategy = _strategy(model_dir, PP2)
-    layout = (strategy.pipeline.stage, strategy.layer_offset, len(strategy.gpt.decoder.layers),
-              strategy.tp_rank, strategy.dp_rank, strategy.dp_size)
+    layout = (
+        strategy.pipeline.stage,
+        strategy.layer_offset,
+        len(strategy.gpt.decoder.layers),
+        strategy.tp_rank,
+        strategy.dp_rank,
+        strategy.dp_size,
+    )
     untrained = strategy.state_dict()
     strategy.save_checkpoint(os.path.join(out_dir, "untrained"))
     del strategy
-    results = {"layout": layout, "untrained": untrained, "logprobs": _logprobs(tied_dir, PP2),
-               "ppo": train_two_steps(model_dir, "megatron", PP2), "tied_ppo": train_two_steps(tied_dir, "megatron", PP2),
-               "resume": _resume(model_dir, os.path.join(out_dir, "resume"), PP2),
-               "lora": lora_run(model_dir, PP2, os.path.join(out_dir, "lora")),
-               "recompute": [_strategy(model_dir, PP2 | {"recompute_granularity": granularity}).train_step(
-                   lm_minibatch(0), lm_loss())["actor/grad_norm"] for granularity in (None, "full", "selective")]}
+    results = {
+        "layout": layout,
+        "untrained": untrained,
+        "logprobs": _logprobs(tied_dir, PP2),
+        "ppo": train_two_steps(model_dir, "megatron", PP2),
+        "tied_ppo": train_two_steps(tied_dir, "megatron", PP2),
+        "resume": _resume(model_dir, os.path.join(out_dir, "resume"), PP2),
+        "lora": lora_run(model_dir, PP2, os.path.join(out_dir, "lora")),
+        "recompute": [
+            _strategy(model_dir, PP2 | {"recompute_granularity": granularity}).train_step(lm_minibatch(0), lm_loss())[
+                "actor/grad_norm"
+            ]
+            for granularity in (None, "full", "selective")
+        ],
+    }
     uneven = _strategy(three_dir, UNEVEN)
-    results["uneven"] = {"layout": (uneven.pipeline.stage, uneven.layer_offset, len(uneven.gpt.decoder.layers)),
-                         "untrained": uneven.state_dict(), "ppo": train_two_steps(three_dir, "megatron", UNEVEN)}
+    results["uneven"] = {
+        "layout": (uneven.pipeline.stage, uneven.layer_offset, len(uneven.gpt.decoder.layers)),
+        "untrained": uneven.state_dict(),
+        "ppo": train_two_steps(three_dir, "megatron", UNEVEN),
+    }
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -150,7 +184,9 @@ def test_round_trip_gives_back_the_hf_weights_exactly(model_dir, tied_model_dir,
         for key, value in wanted.items():
             assert torch.equal(got[key], value), key
     assert sorted(p.name for p in (two_stages[2] / "untrained").glob("optimizer*.pt")) == [
-        "optimizer-tp0-pp0.pt", "optimizer-tp0-pp1.pt"]
+        "optimizer-tp0-pp0.pt",
+        "optimizer-tp0-pp1.pt",
+    ]
 
 
 def test_ppo_steps_equal_one_stage(model_dir, two_stages, one_stage):
@@ -179,7 +215,9 @@ def test_checkpoint_resumes_at_two_stages(two_stages):
     """The step after loading needs Adam's moments of both stages: equal only if each stage's
     optimizer file was restored (weights to float round-off, as in test_megatron.py)."""
     assert sorted(p.name for p in (two_stages[2] / "resume").glob("optimizer*.pt")) == [
-        "optimizer-tp0-pp0.pt", "optimizer-tp0-pp1.pt"]
+        "optimizer-tp0-pp0.pt",
+        "optimizer-tp0-pp1.pt",
+    ]
     for result in two_stages[:2]:
         want_norm, got_norm = result["resume"]["norms"]
         assert got_norm == pytest.approx(want_norm, rel=1e-6)
@@ -192,8 +230,9 @@ def test_lora_trains_like_one_stage(model_dir, two_stages, one_stage, tmp_path):
     """Stage 1 draws its adapters after stage 0's layer (as one stage draws them in order), so both
     start from PP 1's adapters; the saved adapter is gathered from both stages."""
     want = lora_run(model_dir, {}, str(tmp_path / "lora"))
-    assert_same_lora_training([result["lora"] for result in two_stages[:2]], want, str(two_stages[2] / "lora"),
-                              str(tmp_path / "lora"))
+    assert_same_lora_training(
+        [result["lora"] for result in two_stages[:2]], want, str(two_stages[2] / "lora"), str(tmp_path / "lora")
+    )
 
 
 def test_recomputation_changes_no_gradient_at_two_stages(two_stages):

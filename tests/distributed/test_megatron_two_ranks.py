@@ -14,14 +14,13 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
+from ppo_cases import assert_same_training, lm_loss, lm_minibatch, train_two_steps
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.megatron_convert import arch_from_hf, hf_to_megatron, split_tensor_parallel
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.registry import build_train_strategy
-
-from ppo_cases import assert_same_training, lm_loss, lm_minibatch, train_two_steps
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=1, max_grad_norm=0.5)
@@ -32,8 +31,15 @@ def qwen2() -> Qwen2ForCausalLM:
     """Qwen2 with q/k/v biases, tied embeddings and a vocabulary (31) that TP 2 pads to 32; biases
     and norms random too (HF initialises them to 0 and 1)."""
     torch.manual_seed(1)
-    config = Qwen2Config(vocab_size=31, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=31,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         for param in model.parameters():
@@ -68,8 +74,9 @@ def _tensor_parallel_rank(rank: int) -> dict:
 
 
 def _train(model_dir: str, name: str, args: TrainingArgs, rows: slice):
-    strategy = build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), args, strategy_name=name,
-                                    total_steps=2, metric_prefix="actor")
+    strategy = build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir), args, strategy_name=name, total_steps=2, metric_prefix="actor"
+    )
     norms = [strategy.train_step(lm_minibatch(seed)[rows], lm_loss())["actor/grad_norm"] for seed in (0, 1)]
     return norms, strategy.state_dict()
 
@@ -80,8 +87,14 @@ def _tensor_parallel_training(model_dir: str, out_dir: str) -> dict:
     from roll.distributed.strategies import megatron_model
 
     megatron_model.parallel_state.destroy_model_parallel()  # the data-parallel layout of _train
-    strategy = build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), ARGS, strategy_name="megatron",
-                                    strategy_config=TP2, total_steps=2, metric_prefix="actor")
+    strategy = build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        ARGS,
+        strategy_name="megatron",
+        strategy_config=TP2,
+        total_steps=2,
+        metric_prefix="actor",
+    )
     layout = (strategy.tp_rank, strategy.tp_size, strategy.dp_rank, strategy.dp_size)
     untrained = strategy.state_dict()
     strategy.save_checkpoint(os.path.join(out_dir, "untrained"))
@@ -90,13 +103,16 @@ def _tensor_parallel_training(model_dir: str, out_dir: str) -> dict:
 
 
 def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     ensure_process_group(torch.device("cpu"))
-    results = {"tp": _tensor_parallel_rank(rank),
-               "dp": _train(model_dir, "megatron", ARGS, slice(2 * rank, 2 * rank + 2)),
-               "tp_train": _tensor_parallel_training(model_dir, out_dir)}
+    results = {
+        "tp": _tensor_parallel_rank(rank),
+        "dp": _train(model_dir, "megatron", ARGS, slice(2 * rank, 2 * rank + 2)),
+        "tp_train": _tensor_parallel_training(model_dir, out_dir),
+    }
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -150,7 +166,9 @@ def test_tensor_parallel_round_trip_gives_back_the_hf_weights_exactly(model_dir,
         for key, value in want.items():
             assert torch.equal(got[key], value), key
     assert sorted(p.name for p in (two_ranks[2] / "untrained").glob("optimizer*.pt")) == [
-        "optimizer-tp0.pt", "optimizer-tp1.pt"]
+        "optimizer-tp0.pt",
+        "optimizer-tp1.pt",
+    ]
 
 
 def test_tensor_parallel_ppo_steps_equal_one_process(model_dir, two_ranks):

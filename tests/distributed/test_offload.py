@@ -18,9 +18,9 @@ from tensordict import TensorDict
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from roll.core.records import GenerateRequest, SamplingParams
 from roll.algorithms.losses import agg_loss
 from roll.configs.worker import TrainingArgs
+from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.offload import move_module_, move_optimizer_state_
@@ -36,8 +36,9 @@ WEIGHT_TOL = dict(rtol=1e-4, atol=1e-4)  # as in test_engine_strategies.py: engi
 
 def strategy(model_dir, name="torch", config=None):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    return build_train_strategy(model, ARGS, strategy_name=name, strategy_config=config or {},
-                                total_steps=4, metric_prefix="actor")
+    return build_train_strategy(
+        model, ARGS, strategy_name=name, strategy_config=config or {}, total_steps=4, metric_prefix="actor"
+    )
 
 
 def batch(seed: int, n: int = 4) -> TensorDict:
@@ -46,9 +47,15 @@ def batch(seed: int, n: int = 4) -> TensorDict:
     lengths = torch.tensor([5 + i % 3 for i in range(n)])[:, None]
     mask = (positions < lengths).long()
     response = ((positions >= 2) & (positions < lengths)).float()
-    return TensorDict({"input_ids": torch.randint(1, VOCAB, (n, 8), generator=generator) * mask,
-                       "attention_mask": mask, "response_mask": response,
-                       "advantages": torch.randn(n, 1, generator=generator) * response}, batch_size=[n])
+    return TensorDict(
+        {
+            "input_ids": torch.randint(1, VOCAB, (n, 8), generator=generator) * mask,
+            "attention_mask": mask,
+            "response_mask": response,
+            "advantages": torch.randn(n, 1, generator=generator) * response,
+        },
+        batch_size=[n],
+    )
 
 
 def reinforce_loss(model, micro):
@@ -136,11 +143,15 @@ def test_training_after_a_round_trip_equals_training_without(model_dir, torch_ru
         assert torch.equal(value, torch_run[1][key]), key
 
 
-@pytest.mark.parametrize(("name", "config"), [
-    ("deepspeed", {"zero_optimization": {"stage": 2}}),
-    ("deepspeed", {"zero_optimization": {"stage": 3}}),
-    ("fsdp2", {}),
-], ids=["zero2", "zero3", "fsdp2"])
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("deepspeed", {"zero_optimization": {"stage": 2}}),
+        ("deepspeed", {"zero_optimization": {"stage": 3}}),
+        ("fsdp2", {}),
+    ],
+    ids=["zero2", "zero3", "fsdp2"],
+)
 def test_sharded_engines_round_trip(model_dir, torch_run, name, config):
     """DeepSpeed's own offload_states (ZeRO-2; ZeRO-3 plus our move of its master weights and
     moments) and FSDP2 through `_apply`: the steps after the round trip match the torch engine's."""
@@ -157,8 +168,7 @@ PROMPTS = [[2, 5, 9, 11], [2, 7], [3, 4, 5, 6, 7, 8]]
 
 
 def greedy(rid: str, prompt: list[int], session: str | None = None) -> GenerateRequest:
-    return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=6, do_sample=False), seed=0,
-                           session_id=session)
+    return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=6, do_sample=False), seed=0, session_id=session)
 
 
 def hf_engine(model_dir) -> HFInferStrategy:
@@ -167,8 +177,9 @@ def hf_engine(model_dir) -> HFInferStrategy:
 
 
 def test_hf_engine_round_trip_keeps_tokens_and_cache_bookkeeping(model_dir):
-    expected = [o.token_ids for o in hf_engine(model_dir).generate_batch(
-        [greedy(str(i), p) for i, p in enumerate(PROMPTS)])]
+    expected = [
+        o.token_ids for o in hf_engine(model_dir).generate_batch([greedy(str(i), p) for i, p in enumerate(PROMPTS)])
+    ]
     engine = hf_engine(model_dir)
     engine.load_weights(engine.model.state_dict(), version=3)
     engine.generate_batch([greedy("a", PROMPTS[0], session="s")])
@@ -209,6 +220,7 @@ def model_with_tokenizer(model_dir) -> str:
 def test_inference_worker_serves_nothing_while_offloaded(model_with_tokenizer):
     """Requests wait for `reload` and then get the tokens they would have got; weights are
     refused until the engine is awake (they must reach an awake engine)."""
+
     async def play():
         worker = InferenceWorker(model_with_tokenizer, num_threads=1)
         weights = {k: v.clone() for k, v in worker.engine.model.state_dict().items()}
@@ -232,8 +244,9 @@ class FakeVLLM:
 
     def __init__(self, sleep_mode: bool):
         self.calls: list[tuple] = []
-        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(
-            model_config=SimpleNamespace(enable_sleep_mode=sleep_mode)))
+        self.llm_engine = SimpleNamespace(
+            vllm_config=SimpleNamespace(model_config=SimpleNamespace(enable_sleep_mode=sleep_mode))
+        )
 
     def sleep(self, level: int = 1, mode: str = "abort"):
         self.calls.append(("sleep", level, threading.current_thread().name))
@@ -266,8 +279,12 @@ def test_sglang_offload_releases_and_resumes_memory():
     calls = []
     engine = object.__new__(SGLangInferStrategy)
     engine._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang")
-    engine.engine = SimpleNamespace(**{name: (lambda name=name: calls.append(name)) for name in (
-        "flush_cache", "release_memory_occupation", "resume_memory_occupation")})
+    engine.engine = SimpleNamespace(
+        **{
+            name: (lambda name=name: calls.append(name))
+            for name in ("flush_cache", "release_memory_occupation", "resume_memory_occupation")
+        }
+    )
     engine.offload()
     engine.reload()
     assert calls == ["flush_cache", "release_memory_occupation", "resume_memory_occupation"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
+from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, ppo_batch
 from safetensors.torch import load_file
 
 from roll.configs.worker import TrainingArgs
@@ -19,12 +20,14 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
 from roll.pipeline.builders import _start_role
 
-from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, ppo_batch
-
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]  # ranks whose collectives mismatch would hang
 # Per rank: micro-batches of 1, 2 of them; over 2 ranks the mini-batch is ARGS's 4 rows.
-RANK_ARGS = TrainingArgs(learning_rate=ARGS.learning_rate, per_device_train_batch_size=1,
-                         gradient_accumulation_steps=2, max_grad_norm=ARGS.max_grad_norm)
+RANK_ARGS = TrainingArgs(
+    learning_rate=ARGS.learning_rate,
+    per_device_train_batch_size=1,
+    gradient_accumulation_steps=2,
+    max_grad_norm=ARGS.max_grad_norm,
+)
 
 
 class _GroupActor:
@@ -47,10 +50,24 @@ class _GroupActor:
 @pytest.fixture(scope="module")
 def fsdp2_ranks(model_dir):
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    plan = plan_devices({"actor_train": None}, strategies={"actor_train": "fsdp2"}, inference_replicas=1,
-                        visible_gpus=0, world_sizes={"actor_train": 2})
-    yield _start_role(ActorWorker, plan, "actor_train", model_dir, RANK_ARGS, total_train_steps=4, seed=7,
-                      strategy_name="fsdp2", strategy_config={})
+    plan = plan_devices(
+        {"actor_train": None},
+        strategies={"actor_train": "fsdp2"},
+        inference_replicas=1,
+        visible_gpus=0,
+        world_sizes={"actor_train": 2},
+    )
+    yield _start_role(
+        ActorWorker,
+        plan,
+        "actor_train",
+        model_dir,
+        RANK_ARGS,
+        total_train_steps=4,
+        seed=7,
+        strategy_name="fsdp2",
+        strategy_config={},
+    )
     ray.shutdown()
 
 
@@ -58,8 +75,18 @@ def _three_steps(actor) -> tuple[list[dict], dict]:
     """ppo_cases' PPO step on 8 rows twice, then on 7: that step's second mini-batch (3 rows) gives
     rank 0 two micro-batches and rank 1 one, so rank 1 must pad its passes to join FSDP2's
     collectives; the 7-row log-probs split 4/3, unequal forwards too."""
-    metrics = [actor.train(ppo_batch(actor, n), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
-                           loss_agg_mode="token-mean", step=step) for step, n in enumerate((8, 8, 7))]
+    metrics = [
+        actor.train(
+            ppo_batch(actor, n),
+            temperature=1.0,
+            ppo_epochs=2,
+            pg_clip=0.2,
+            entropy_loss_coef=0.01,
+            loss_agg_mode="token-mean",
+            step=step,
+        )
+        for step, n in enumerate((8, 8, 7))
+    ]
     return metrics, actor.get_weights()
 
 

@@ -20,14 +20,21 @@ WHOLE_MEAN = 21 / 8
 def minibatch() -> TensorDict:
     positions = torch.arange(5)
     mask = torch.stack([(positions < n).float() for n in TOKENS])
-    return TensorDict({"response_mask": mask, "loss": torch.tensor(LOSS)[:, None] * mask,
-                       "row": torch.arange(4)}, batch_size=[4])
+    return TensorDict(
+        {"response_mask": mask, "loss": torch.tensor(LOSS)[:, None] * mask, "row": torch.arange(4)}, batch_size=[4]
+    )
 
 
-@pytest.mark.parametrize(("rows", "ranks", "expected"), [
-    (8, 2, [(0, 4), (4, 8)]), (5, 2, [(0, 3), (3, 5)]), (7, 3, [(0, 3), (3, 5), (5, 7)]),
-    (1, 3, [(0, 1), (1, 1), (1, 1)]), (0, 2, [(0, 0), (0, 0)]),
-])
+@pytest.mark.parametrize(
+    ("rows", "ranks", "expected"),
+    [
+        (8, 2, [(0, 4), (4, 8)]),
+        (5, 2, [(0, 3), (3, 5)]),
+        (7, 3, [(0, 3), (3, 5), (5, 7)]),
+        (1, 3, [(0, 1), (1, 1), (1, 1)]),
+        (0, 2, [(0, 0), (0, 0)]),
+    ],
+)
 def test_split_rows_is_contiguous_and_near_equal(rows, ranks, expected):
     assert [(s.start, s.stop) for s in split_rows(rows, ranks)] == expected
 
@@ -48,18 +55,20 @@ def test_rank_micro_weights_use_the_whole_minibatch_token_count():
     shares = [rank_share(minibatch(), rank, 2, "tokens") for rank in range(2)]
     assert [share["row"].tolist() for share, _ in shares] == [[0, 1], [2, 3]]
     assert [total for _, total in shares] == [8.0, 8.0]
-    weights = [micro_weights([share[i:i + 1] for i in range(2)], "tokens", total, world_size=2)
-               for share, total in shares]
+    weights = [
+        micro_weights([share[i : i + 1] for i in range(2)], "tokens", total, world_size=2) for share, total in shares
+    ]
     assert weights == [[1.0, 0.25], [0.5, 0.25]]
     # each micro-batch's loss is its token-mean; the engine averages the ranks' weighted sums
     means = [LOSS[0], LOSS[1]], [LOSS[2], LOSS[3]]
     per_rank = [sum(w * m for w, m in zip(ws, ms, strict=True)) for ws, ms in zip(weights, means, strict=True)]
     assert per_rank == [2.25, 3.0] and sum(per_rank) / 2 == WHOLE_MEAN
     # weighting each rank by its own tokens gives the mean of the ranks' means instead: 2.9
-    local = [micro_weights([share[i:i + 1] for i in range(2)], "tokens") for share, _ in shares]
+    local = [micro_weights([share[i : i + 1] for i in range(2)], "tokens") for share, _ in shares]
     assert local == [[0.8, 0.2], [2 / 3, 1 / 3]]
-    assert sum(sum(w * m for w, m in zip(ws, ms, strict=True)) for ws, ms in zip(local, means, strict=True)) / 2 \
-        == pytest.approx(2.9)
+    assert sum(
+        sum(w * m for w, m in zip(ws, ms, strict=True)) for ws, ms in zip(local, means, strict=True)
+    ) / 2 == pytest.approx(2.9)
 
 
 def test_row_weights_count_rows_with_a_response():

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import roll.distributed.strategies.torch_train as torch_train
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
+import roll.distributed.strategies.torch_train as torch_train
 from roll.distributed.strategies.deepspeed_train import DeepSpeedTrainStrategy
 from roll.distributed.strategies.fsdp2_train import FSDP2TrainStrategy
 from roll.distributed.strategies.registry import build_train_strategy
@@ -24,8 +23,14 @@ from tests.distributed.ppo_cases import ARGS, WEIGHT_TOL, lm_loss, lm_minibatch
 def _two_steps(model_dir: str, engine: str, compiled: bool):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    strategy = build_train_strategy(model, ARGS, strategy_name=engine, strategy_config={"torch_compile": compiled},
-                                    total_steps=4, metric_prefix="actor")
+    strategy = build_train_strategy(
+        model,
+        ARGS,
+        strategy_name=engine,
+        strategy_config={"torch_compile": compiled},
+        total_steps=4,
+        metric_prefix="actor",
+    )
     norms = [strategy.train_step(lm_minibatch(seed), lm_loss())["actor/grad_norm"] for seed in (0, 1)]
     return strategy, norms
 
@@ -75,8 +80,9 @@ def test_fused_adamw_trains_resumes_and_offloads_as_the_default_kernel(model_dir
     torch.set_num_threads(1)
 
     def build():
-        return build_train_strategy(AutoModelForCausalLM.from_pretrained(model_dir), ARGS, total_steps=4,
-                                    metric_prefix="actor")
+        return build_train_strategy(
+            AutoModelForCausalLM.from_pretrained(model_dir), ARGS, total_steps=4, metric_prefix="actor"
+        )
 
     plain = build()
     _steps(plain, (0, 1))

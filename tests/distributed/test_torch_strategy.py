@@ -170,9 +170,7 @@ def test_grad_norm_is_clipped_and_reported_before_clipping():
     assert all(p.grad is None for p in strategy.model.parameters())  # zeroed for the next step
 
 
-@pytest.mark.filterwarnings(
-    r"ignore:Detected call of `lr_scheduler.step\(\)` before"
-)  # no optimizer step here
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)` before")  # no optimizer step here
 @pytest.mark.parametrize(
     ("scheduler", "expected"),
     [
@@ -199,9 +197,7 @@ def test_lr_schedule_with_warmup(scheduler, expected):
 def test_train_step_reports_the_lr_it_used():
     strategy = make_strategy(learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=2, total_steps=6)
     strategy.step_lr_scheduler()
-    assert strategy.train_step(make_batch([5], [2], width=5), reinforce_loss)["actor/lr"] == pytest.approx(
-        5e-4
-    )
+    assert strategy.train_step(make_batch([5], [2], width=5), reinforce_loss)["actor/lr"] == pytest.approx(5e-4)
 
 
 def test_non_finite_loss_or_grad_skips_the_step():
@@ -261,9 +257,7 @@ def test_checkpoint_restores_weights_optimizer_and_schedule(tmp_path):
         assert torch.equal(resumed.state_dict()[key], value), key
     for p_orig, p_res in zip(original.model.parameters(), resumed.model.parameters(), strict=True):
         for moment in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(
-                original.optimizer.state[p_orig][moment], resumed.optimizer.state[p_res][moment]
-            )
+            assert torch.equal(original.optimizer.state[p_orig][moment], resumed.optimizer.state[p_res][moment])
 
     for _ in range(2):  # the second step only matches if the scheduler's position was restored
         assert resumed.train_step(batch, reinforce_loss) == original.train_step(batch, reinforce_loss)
@@ -288,8 +282,9 @@ def test_a_longer_resumed_run_continues_on_its_own_schedule(tmp_path):
     assert short.current_lr() == pytest.approx(0.0, abs=1e-12)
     short.save_checkpoint(tmp_path / "ckpt")
 
-    longer = make_strategy(tiny_llama(seed=1), learning_rate=1e-2, lr_scheduler_type="cosine", warmup_steps=0,
-                           total_steps=5)
+    longer = make_strategy(
+        tiny_llama(seed=1), learning_rate=1e-2, lr_scheduler_type="cosine", warmup_steps=0, total_steps=5
+    )
     longer.load_checkpoint(tmp_path / "ckpt")
     seen = []
     for _ in range(3):  # steps 3, 4, 5

@@ -5,11 +5,21 @@ correction, and the metrics say so."""
 import torch
 
 from roll.distributed.workers.actor import ActorWorker
-from tests.distributed.test_dedupe import ARGS, repeated_batch
-from tests.distributed.test_dedupe import model_dir  # noqa: F401 - the fixture
+from tests.distributed.test_dedupe import (
+    ARGS,
+    model_dir,  # noqa: F401 - the fixture
+    repeated_batch,
+)
 
-RULE = {"agg_type": "token", "ratio_enabled": True, "ratio_low": 0.8, "ratio_high": 1.2,
-        "diff_enabled": False, "diff_low": -0.2, "diff_high": 0.2}
+RULE = {
+    "agg_type": "token",
+    "ratio_enabled": True,
+    "ratio_low": 0.8,
+    "ratio_high": 1.2,
+    "diff_enabled": False,
+    "diff_low": -0.2,
+    "diff_high": 0.2,
+}
 KW = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.0, "loss_agg_mode": "token-mean", "ppo_epochs": 1}
 
 

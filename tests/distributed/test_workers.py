@@ -76,9 +76,7 @@ def ppo_batch(actor: ActorWorker, advantages_by_row: list[float], temperature: f
 
 
 def actor(model_dir, **kwargs) -> ActorWorker:
-    return ActorWorker(
-        model_dir, kwargs.pop("args", ARGS), total_train_steps=4, seed=7, num_threads=1, **kwargs
-    )
+    return ActorWorker(model_dir, kwargs.pop("args", ARGS), total_train_steps=4, seed=7, num_threads=1, **kwargs)
 
 
 TRAIN_KW = dict(temperature=1.0, pg_clip=0.2, entropy_loss_coef=0.0, loss_agg_mode="token-mean")
@@ -94,9 +92,7 @@ def test_first_update_metrics_are_the_hand_derived_ppo_values(model_dir):
 
     # One mini-batch of 4 rows, new policy == old policy: ratio 1, loss = -token-mean(A).
     mask = batch["response_mask"]
-    assert metrics["losses/policy_loss"] == pytest.approx(
-        -float(masked_mean(batch["advantages"], mask)), rel=1e-5
-    )
+    assert metrics["losses/policy_loss"] == pytest.approx(-float(masked_mean(batch["advantages"], mask)), rel=1e-5)
     assert metrics["losses/approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["losses/clipfrac"] == 0.0
     assert metrics["losses/entropy"] == pytest.approx(float(masked_mean(entropy, mask)), rel=1e-5)
@@ -203,9 +199,7 @@ def test_critic_values_are_the_head_output_of_the_previous_position(model_dir):
     values = worker.compute_values(batch)
 
     with torch.no_grad():
-        head = worker.strategy.model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-        ).logits
+        head = worker.strategy.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert head.shape == (3, 10, 1) and values.shape == (3, 10)
     for b, length in enumerate([5, 9, 7]):
         assert values[b, 0] == 0 and torch.all(values[b, length:] == 0)

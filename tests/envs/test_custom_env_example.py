@@ -93,18 +93,29 @@ def tiny_model(tmp_path_factory):
 @pytest.mark.ray
 def test_cli_trains_the_custom_env_for_two_steps(tiny_model, tmp_path):
     cmd = [
-        sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "custom_env",
-        "--config_name", "agent_val_guess_number", f"pretrain={tiny_model}",
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "custom_env",
+        "--config_name",
+        "agent_val_guess_number",
+        f"pretrain={tiny_model}",
         f"output_dir={tmp_path}",
-        "max_steps=2", "rollout_batch_size=8", "train_env_manager.num_env_groups=2",
-        "train_env_manager.group_size=4", "val_batch_size=4", "val_env_manager.num_env_groups=4",
-        "eval_steps=2", "actor_train.training_args.per_device_train_batch_size=4",
+        "max_steps=2",
+        "rollout_batch_size=8",
+        "train_env_manager.num_env_groups=2",
+        "train_env_manager.group_size=4",
+        "val_batch_size=4",
+        "val_env_manager.num_env_groups=4",
+        "eval_steps=2",
+        "actor_train.training_args.per_device_train_batch_size=4",
         "actor_train.training_args.gradient_accumulation_steps=1",
     ]
     # as the run_*.sh script does: `examples.custom_env` importable by the driver and Ray workers
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": pythonpath})
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": pythonpath}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]

@@ -83,9 +83,7 @@ def test_reach_goal():
     obs, reward, terminated, truncated, info = env.step(answer("Right"))
     assert (obs, reward, terminated, truncated) == ("___O\n_O__\n___O\nO__√", 1.0, True, False)
     assert env.success and info["success"] is True
-    assert info["metrics"] == {
-        "num_actions": 6.0, "num_invalid": 0.0, "fell_in_hole": 0.0, "shortest_path": 6.0
-    }
+    assert info["metrics"] == {"num_actions": 6.0, "num_invalid": 0.0, "fell_in_hole": 0.0, "shortest_path": 6.0}
 
 
 def test_invalid_action_changes_nothing():
@@ -124,9 +122,7 @@ def test_different_seeds_different_maps():
     assert len(maps) == 50
 
 
-@pytest.mark.parametrize(
-    ("size", "hole_prob", "max_path_length"), [(4, 0.2, None), (6, 0.4, None), (6, 0.3, 3)]
-)
+@pytest.mark.parametrize(("size", "hole_prob", "max_path_length"), [(4, 0.2, None), (6, 0.4, None), (6, 0.3, 3)])
 def test_generated_maps_are_solvable(size, hole_prob, max_path_length):
     starts, lengths = Counter(), Counter()
     for seed in range(2000):

@@ -31,9 +31,7 @@ def test_check_env_every_registered_env(env_id):
         check_env(gym.make(env_id).unwrapped)
 
 
-@pytest.mark.parametrize(
-    "env_type", ["roll/FrozenLake-v0", "frozen_lake", "envs.frozen_lake.env:FrozenLakeEnv"]
-)
+@pytest.mark.parametrize("env_type", ["roll/FrozenLake-v0", "frozen_lake", "envs.frozen_lake.env:FrozenLakeEnv"])
 def test_resolve_every_form(env_type):
     assert resolve_env_class(env_type) is FrozenLakeEnv
 

@@ -134,9 +134,7 @@ def test_unparsable_action_gets_the_format_penalty():
 def test_truncation_counts_parsed_moves():
     env = SokobanEnv(max_steps=3)
     env.reset(seed=0, options={"room": AROUND})
-    flags = [
-        env.step(text)[2:4] for text in (answer("Left"), "nonsense", answer("Up"), answer("Up"))
-    ]
+    flags = [env.step(text)[2:4] for text in (answer("Left"), "nonsense", answer("Up"), answer("Up"))]
     assert flags == [(False, False), (False, False), (False, False), (False, True)]
 
 

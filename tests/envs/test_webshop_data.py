@@ -69,18 +69,23 @@ def test_json_list_with_raw_and_processed_field_names(files):
     catalog = load_catalog(*files)
     raw, processed = catalog.products
     assert (raw.asin, raw.title, raw.price, raw.price_text) == (
-        "B000000001", "Red Ceramic Coffee Mug", 12.99, "$12.99 to $15.00")
+        "B000000001",
+        "Red Ceramic Coffee Mug",
+        12.99,
+        "$12.99 to $15.00",
+    )
     assert (raw.query, raw.category, raw.product_category) == (
-        "coffee mug", "kitchen", "Home & Kitchen › Kitchen › Mugs")
+        "coffee mug",
+        "kitchen",
+        "Home & Kitchen › Kitchen › Mugs",
+    )
     assert raw.bullet_points == ("Dishwasher safe",) and raw.description == "A sturdy cup."
     assert raw.options == (("color", ("red", "blue | white")),)  # None options are skipped
     assert raw.attributes == ("dishwasher safe",)  # from the attributes file
     assert raw.instruction == "i need a dishwasher safe coffee mug."
     assert raw.instruction_attributes == ("dishwasher safe",) and raw.instruction_options is None
-    assert raw.search_text == (
-        "Red Ceramic Coffee Mug Dishwasher safe A sturdy cup. red blue | white")
-    assert (processed.title, processed.price, processed.price_text) == (
-        "Blue Tea Cup", 8.5, "$8.50")
+    assert raw.search_text == ("Red Ceramic Coffee Mug Dishwasher safe A sturdy cup. red blue | white")
+    assert (processed.title, processed.price, processed.price_text) == ("Blue Tea Cup", 8.5, "$8.50")
     assert processed.bullet_points == ("Fine china", "Hand wash")
     assert processed.options == (("size", ("small", "large")),)
     assert processed.attributes == ("fine china",)  # the product's own Attributes
@@ -91,8 +96,14 @@ def test_json_list_with_raw_and_processed_field_names(files):
 
 @pytest.mark.parametrize(
     ("pricing", "price", "text"),
-    [([10, 20.5, 30], 10.0, "$10.00 to $20.50"), (7, 7.0, "$7.00"), ("$1,299", 1299.0, "$1299.00"),
-     ("$3.50$4.00", 3.5, "$3.50 to $4.00"), (None, 100.0, "$100.00"), ("", 100.0, "$100.00")],
+    [
+        ([10, 20.5, 30], 10.0, "$10.00 to $20.50"),
+        (7, 7.0, "$7.00"),
+        ("$1,299", 1299.0, "$1299.00"),
+        ("$3.50$4.00", 3.5, "$3.50 to $4.00"),
+        (None, 100.0, "$100.00"),
+        ("", 100.0, "$100.00"),
+    ],
 )
 def test_price_forms(tmp_path, pricing, price, text):
     product = {**RAW, "pricing": pricing}
@@ -102,12 +113,10 @@ def test_price_forms(tmp_path, pricing, price, text):
 
 def test_jsonl_search_documents(tmp_path):
     records = [
-        {"id": "B000000001", "contents": "red mug text", "product": {k: v for k, v in RAW.items()
-                                                                    if k != "asin"}},
+        {"id": "B000000001", "contents": "red mug text", "product": {k: v for k, v in RAW.items() if k != "asin"}},
         {"id": "B000000002", "contents": "blue cup text", "product": PROCESSED},
     ]
-    catalog = load_catalog(write_lines(tmp_path / "d.jsonl", records),
-                           write(tmp_path / "a.json", META))
+    catalog = load_catalog(write_lines(tmp_path / "d.jsonl", records), write(tmp_path / "a.json", META))
     assert [p.asin for p in catalog.products] == ["B000000001", "B000000002"]
     assert [p.search_text for p in catalog.products] == ["red mug text", "blue cup text"]
     assert catalog.products[0].title == "Red Ceramic Coffee Mug"
@@ -137,8 +146,11 @@ MISSING = object()  # a path to a file that does not exist
         ("[{]", None, "p.json: invalid JSON at line 1: "),
         ([{"name": "x"}], {}, "p.json: product 0: has no asin"),
         ([RAW, [1]], {}, "p.json: product 1: a product must be an object, got list"),
-        ([{**RAW, "customization_options": ["red"]}], {},
-         "p.json: product 0: customization_options must be an object, got list"),
+        (
+            [{**RAW, "customization_options": ["red"]}],
+            {},
+            "p.json: product 0: customization_options must be an object, got list",
+        ),
         ([{**RAW, "pricing": True}], {}, "p.json: product 0: price True is not a number"),
         ([RAW], {"B000000001": ["x"]}, "a.json: must be a JSON object {asin: {...}} of objects"),
         ([RAW], {}, "a.json: no product has an instruction, so there are no goals"),
@@ -175,12 +187,15 @@ def test_make_goal_instruction_text(files):
     mug, cup = load_catalog(*files).products
     goal = make_goal(mug, {"color": "blue | white"}, 30.0)
     assert goal.instruction == (
-        "i need a dishwasher safe coffee mug with color: blue | white, "
-        "and price lower than 30.00 dollars"
+        "i need a dishwasher safe coffee mug with color: blue | white, and price lower than 30.00 dollars"
     )
-    assert goal.as_info() == {"asin": "B000000001", "instruction": goal.instruction,
-                              "attributes": ["dishwasher safe"],
-                              "options": {"color": "blue | white"}, "price_upper": 30.0}
+    assert goal.as_info() == {
+        "asin": "B000000001",
+        "instruction": goal.instruction,
+        "attributes": ["dishwasher safe"],
+        "options": {"color": "blue | white"},
+        "price_upper": 30.0,
+    }
     # a human instruction names its options already; no price text without a bound
     assert make_goal(cup, {"size": "small"}, NO_PRICE_LIMIT).instruction == "a small cup"
     with pytest.raises(ValueError, match="B000000001 has no option color: green"):
@@ -210,8 +225,7 @@ def test_sample_goal_draws_options_and_the_larger_of_two_prices(files):
 
 
 def test_goal_without_affordable_bound(tmp_path):
-    catalog = load_catalog(write(tmp_path / "p.json", [{**RAW, "pricing": "$985"}]),
-                           write(tmp_path / "a.json", META))
+    catalog = load_catalog(write(tmp_path / "p.json", [{**RAW, "pricing": "$985"}]), write(tmp_path / "a.json", META))
     goal = sample_goal(catalog, np.random.default_rng(0))
     assert goal.price_upper == NO_PRICE_LIMIT and "price lower than" not in goal.instruction
 

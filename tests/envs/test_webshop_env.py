@@ -29,14 +29,18 @@ MUG = {
 }
 # 24 identical plain mugs: equal BM25 scores, so they keep catalog order; the goal mug's longer
 # text ranks it last for "mug".
-PLAIN = [{"asin": f"B0000000{i:02d}", "name": "Plain Mug", "pricing": "$5.00", "query": "mug"}
-         for i in range(2, 26)]
-ATTRIBUTES = {GOAL_ASIN: {"attributes": ["dishwasher safe"],
-                          "instruction": "i need a dishwasher safe coffee mug",
-                          "instruction_attributes": ["dishwasher safe"]}}
+PLAIN = [{"asin": f"B0000000{i:02d}", "name": "Plain Mug", "pricing": "$5.00", "query": "mug"} for i in range(2, 26)]
+ATTRIBUTES = {
+    GOAL_ASIN: {
+        "attributes": ["dishwasher safe"],
+        "instruction": "i need a dishwasher safe coffee mug",
+        "instruction_attributes": ["dishwasher safe"],
+    }
+}
 # Seed 0 draws color "blue | white", size "16 oz", price bound 50 (checked below).
-INSTRUCTION = ("i need a dishwasher safe coffee mug with color: blue | white, and size: 16 oz, "
-               "and price lower than 50.00 dollars")
+INSTRUCTION = (
+    "i need a dishwasher safe coffee mug with color: blue | white, and size: 16 oz, and price lower than 50.00 dollars"
+)
 SEARCH_PAGE = f"WebShop\nInstruction: {INSTRUCTION}\n[Search]"
 ITEM_PAGE = (
     "[Back to Search] [< Prev]\nRed Ceramic Coffee Mug\nPrice: $12.99\n"
@@ -53,8 +57,7 @@ def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("shop")
     (folder / "products.json").write_text(json.dumps([MUG, *PLAIN]))
     (folder / "attributes.json").write_text(json.dumps(ATTRIBUTES))
-    return {"products_file": str(folder / "products.json"),
-            "attributes_file": str(folder / "attributes.json")}
+    return {"products_file": str(folder / "products.json"), "attributes_file": str(folder / "attributes.json")}
 
 
 @pytest.fixture
@@ -81,8 +84,13 @@ def test_reset_shows_the_search_page_and_the_goal(env):
     assert info == {
         "env_instruction": f"{TASK}\nInstruction: {INSTRUCTION}\n{ACTION_FORMAT}",
         "metrics": {},
-        "goal": {"asin": GOAL_ASIN, "instruction": INSTRUCTION, "attributes": ["dishwasher safe"],
-                 "options": {"color": "blue | white", "size": "16 oz"}, "price_upper": 50.0},
+        "goal": {
+            "asin": GOAL_ASIN,
+            "instruction": INSTRUCTION,
+            "attributes": ["dishwasher safe"],
+            "options": {"color": "blue | white", "size": "16 oz"},
+            "price_upper": 50.0,
+        },
     }
 
 
@@ -90,18 +98,21 @@ def test_pagination_prev_next_and_back_to_search(env):
     env.reset(seed=0)
     page1 = "[Back to Search]\nPage 1 (Total results: 25)\n[Next >]" + plain_rows(2, 11)
     page2 = "[Back to Search]\nPage 2 (Total results: 25)\n[< Prev] [Next >]" + plain_rows(12, 21)
-    page3 = ("[Back to Search]\nPage 3 (Total results: 25)\n[< Prev]" + plain_rows(22, 25)
-             + f"\n[{GOAL_ASIN}] Red Ceramic Coffee Mug $12.99")
+    page3 = (
+        "[Back to Search]\nPage 3 (Total results: 25)\n[< Prev]"
+        + plain_rows(22, 25)
+        + f"\n[{GOAL_ASIN}] Red Ceramic Coffee Mug $12.99"
+    )
     assert act(env, "search[ MUG ]")[:4] == (page1, 0.0, False, False)
     assert act(env, "click[Next >]")[0] == page2
     assert act(env, "click[  next   > ]")[0] == page3  # case and spaces do not matter
     assert act(env, "click[< Prev]")[0] == page2
     assert act(env, "click[back to search]")[0] == SEARCH_PAGE
     assert act(env, "search[ceramic]")[0] == (
-        f"[Back to Search]\nPage 1 (Total results: 1)\n[{GOAL_ASIN}] Red Ceramic Coffee Mug $12.99")
+        f"[Back to Search]\nPage 1 (Total results: 1)\n[{GOAL_ASIN}] Red Ceramic Coffee Mug $12.99"
+    )
     assert act(env, "click[Back to Search]")[0] == SEARCH_PAGE
-    assert act(env, "search[teapot]")[0] == (
-        "[Back to Search]\nPage 1 (Total results: 0)\nNo results.")
+    assert act(env, "search[teapot]")[0] == ("[Back to Search]\nPage 1 (Total results: 0)\nNo results.")
 
 
 def test_item_options_and_sub_pages(env):
@@ -112,11 +123,9 @@ def test_item_options_and_sub_pages(env):
     assert act(env, "click[red]")[0] == ITEM_PAGE.replace("[red]", "[red] (selected)")
     both = ITEM_PAGE.replace("[red]", "[red] (selected)").replace("[16 oz]", "[16 oz] (selected)")
     assert act(env, "click[16 oz]")[0] == both
-    assert act(env, "click[Description]")[0] == (
-        "[Back to Search] [< Prev]\nA sturdy cup for coffee and tea.")
+    assert act(env, "click[Description]")[0] == ("[Back to Search] [< Prev]\nA sturdy cup for coffee and tea.")
     assert act(env, "click[< Prev]")[0] == both  # the chosen options are kept
-    assert act(env, "click[Features]")[0] == (
-        "[Back to Search] [< Prev]\nDishwasher safe\nHolds hot drinks")
+    assert act(env, "click[Features]")[0] == ("[Back to Search] [< Prev]\nDishwasher safe\nHolds hot drinks")
     assert act(env, "click[< Prev]")[0] == both
     assert act(env, "click[< Prev]")[0].startswith("[Back to Search]\nPage 1 (Total results: 1)")
 
@@ -137,9 +146,15 @@ def test_buy_now_ends_the_episode_with_the_paper_reward(env, clicks, reward, met
     assert (got, terminated, truncated, info["success"]) == (reward, True, False, reward == 1.0)
     attributes, options, price, kind = metrics
     assert info["metrics"] == {
-        "num_actions": 3.0 + len(clicks), "num_invalid": 0.0, "purchased": 1.0, "score": reward,
-        "reward_attributes": attributes, "reward_options": options, "reward_price": price,
-        "reward_type": kind, "num_searches": 1.0,
+        "num_actions": 3.0 + len(clicks),
+        "num_invalid": 0.0,
+        "purchased": 1.0,
+        "score": reward,
+        "reward_attributes": attributes,
+        "reward_options": options,
+        "reward_price": price,
+        "reward_type": kind,
+        "num_searches": 1.0,
     }
     # after the purchase a well-formed action changes nothing and pays nothing
     assert act(env, "search[anything]")[:4] == (obs, 0.0, True, False)
@@ -239,10 +254,13 @@ def test_scripted_agent_falls_back_to_the_title(files):
         actions.append(env.scripted_action())
         env.step(actions[-1])
     assert actions == [
-        "<answer>click[Next >]</answer>", "<answer>click[Next >]</answer>",
+        "<answer>click[Next >]</answer>",
+        "<answer>click[Next >]</answer>",
         "<answer>click[Back to Search]</answer>",
-        "<answer>search[Red Ceramic Coffee Mug]</answer>", f"<answer>click[{GOAL_ASIN}]</answer>",
-        "<answer>click[blue | white]</answer>", "<answer>click[16 oz]</answer>",
+        "<answer>search[Red Ceramic Coffee Mug]</answer>",
+        f"<answer>click[{GOAL_ASIN}]</answer>",
+        "<answer>click[blue | white]</answer>",
+        "<answer>click[16 oz]</answer>",
         "<answer>click[Buy Now]</answer>",
     ]
     env.close()
@@ -303,8 +321,26 @@ def test_search_queries_are_folded_into_the_charset(env):
 
 def test_fuzzed_actions_raise_nothing(env):
     rng = np.random.default_rng(0)
-    pieces = ["<answer>", "</answer>", "search[", "click[", "]", "[", "mug", "Next >", "Buy Now",
-              GOAL_ASIN, "red", "\udc80", "\x00", "%", "/", " ", "\n", "é"]
+    pieces = [
+        "<answer>",
+        "</answer>",
+        "search[",
+        "click[",
+        "]",
+        "[",
+        "mug",
+        "Next >",
+        "Buy Now",
+        GOAL_ASIN,
+        "red",
+        "\udc80",
+        "\x00",
+        "%",
+        "/",
+        " ",
+        "\n",
+        "é",
+    ]
     env.reset(seed=0)
     for i in range(500):
         text = "".join(rng.choice(pieces, size=int(rng.integers(0, 8))))
@@ -323,13 +359,24 @@ def test_sample_valid_action_is_always_accepted_and_spans_the_page(env):
     words = INSTRUCTION.split()
     for query in queries:
         inner = query.removeprefix("<answer>search[").removesuffix("]</answer>").split()
-        assert 2 <= len(inner) <= 5 and any(words[i:i + len(inner)] == inner for i in range(len(words)))
+        assert 2 <= len(inner) <= 5 and any(words[i : i + len(inner)] == inner for i in range(len(words)))
     assert len(queries) > 20
     play(env, ["search[ceramic]", f"click[{GOAL_ASIN}]"])
     clicks = {env.sample_valid_action(rng) for _ in range(300)}
-    assert clicks == {f"<answer>click[{label}]</answer>" for label in (
-        "Back to Search", "< Prev", "red", "blue | white", "12 oz", "16 oz", "Description", "Features",
-        "Buy Now")}
+    assert clicks == {
+        f"<answer>click[{label}]</answer>"
+        for label in (
+            "Back to Search",
+            "< Prev",
+            "red",
+            "blue | white",
+            "12 oz",
+            "16 oz",
+            "Description",
+            "Features",
+            "Buy Now",
+        )
+    }
     for answer in sorted(clicks):  # each one is a valid action of that page
         env.reset(seed=0)
         play(env, ["search[ceramic]", f"click[{GOAL_ASIN}]"])

@@ -76,8 +76,9 @@ def test_options(chosen, total):
 def test_attribute_found_by_word_subset_or_in_the_text():
     # "lead free" is a word subset of the attribute "lead free glaze"; "microwave safe" is in
     # the description, "hot drinks" in the features, "coffee" in the title.
-    goal = dataclasses.replace(GOAL, attributes=("lead free", "microwave safe", "hot drinks",
-                                                 "Coffee", "glaze lead", "oven safe"))
+    goal = dataclasses.replace(
+        GOAL, attributes=("lead free", "microwave safe", "hot drinks", "Coffee", "glaze lead", "oven safe")
+    )
     reward = purchase_reward(goal, MUG, MUG, RIGHT)
     assert (reward.attributes_matched, reward.num_attributes) == (5, 6)
     assert reward.total == pytest.approx((5 + 2 + 1) / (6 + 2 + 1))

@@ -152,9 +152,11 @@ def test_client_retries_then_names_the_server():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
     client = ShopClient(f"http://127.0.0.1:{port}", timeout_s=1.0, retries=2)
-    with pytest.raises(ShopConnectionError,
-                       match=rf"^WebShop server http://127.0.0.1:{port} did not answer GET /health "
-                             r"after 3 tries: ConnectionRefusedError"):
+    with pytest.raises(
+        ShopConnectionError,
+        match=rf"^WebShop server http://127.0.0.1:{port} did not answer GET /health "
+        r"after 3 tries: ConnectionRefusedError",
+    ):
         client.get("/health")
 
 

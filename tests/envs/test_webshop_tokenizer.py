@@ -21,7 +21,9 @@ def test_corpus_covers_instructions_pages_and_actions():
         texts.append(env.step(f"<answer>click[{page}]</answer>")[0])
     env.close()
     unknown = {
-        piece for text in texts for piece in tokenizer.tokenize(text)
+        piece
+        for text in texts
+        for piece in tokenizer.tokenize(text)
         if tokenizer.convert_tokens_to_ids(piece) == tokenizer.unk_token_id
     }
     assert unknown == set()
@@ -47,5 +49,7 @@ def test_the_tiny_preset_keeps_each_product_code_one_token(tmp_path):
     click = f"click[{asins[7]}]</answer>"
     assert tokenizer.tokenize(click) == ["click", "[", asins[7], "]", "</answer>"]
     assert tokenizer.tokenize("size: 16 oz") == ["size", ":", "1", "6", "oz"]
-    assert tokenizer.decode(tokenizer.encode(f"[{asins[3]}] $12.99", add_special_tokens=False)).replace(" ", "") \
+    assert (
+        tokenizer.decode(tokenizer.encode(f"[{asins[3]}] $12.99", add_special_tokens=False)).replace(" ", "")
         == f"[{asins[3]}]$12.99"
+    )

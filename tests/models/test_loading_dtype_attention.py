@@ -15,8 +15,16 @@ from roll.models.loading import load_causal_lm, load_value_model, resolve_attent
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(path)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).save_pretrained(path)
     return str(path)
 
 

@@ -156,32 +156,22 @@ def test_qwen2_arch_adds_only_the_qkv_biases(tmp_path):
 
 
 def test_same_seed_same_weights_other_seed_other_weights(tiny_dir, tmp_path):
-    again = load_file(
-        f"{build_tiny_model(tmp_path / 'a', corpus=['You are on ice.'])}/model.safetensors"
-    )
-    other = load_file(
-        f"{build_tiny_model(tmp_path / 'b', corpus=['You are on ice.'], seed=1)}/model.safetensors"
-    )
+    again = load_file(f"{build_tiny_model(tmp_path / 'a', corpus=['You are on ice.'])}/model.safetensors")
+    other = load_file(f"{build_tiny_model(tmp_path / 'b', corpus=['You are on ice.'], seed=1)}/model.safetensors")
     first = load_file(f"{tiny_dir}/model.safetensors")
     assert first.keys() == again.keys() == other.keys()
     assert all(torch.equal(first[k], again[k]) for k in first)
-    assert not torch.equal(
-        first["model.layers.0.mlp.up_proj.weight"], other["model.layers.0.mlp.up_proj.weight"]
-    )
+    assert not torch.equal(first["model.layers.0.mlp.up_proj.weight"], other["model.layers.0.mlp.up_proj.weight"])
 
 
 def test_build_is_idempotent_and_overwrite_swaps_the_dir(tmp_path):
     path = build_tiny_model(tmp_path / "m", seed=0)
     weights = load_file(f"{path}/model.safetensors")
     assert build_tiny_model(tmp_path / "m", seed=1) == path  # exists: returned unchanged
-    assert all(
-        torch.equal(v, weights[k]) for k, v in load_file(f"{path}/model.safetensors").items()
-    )
+    assert all(torch.equal(v, weights[k]) for k, v in load_file(f"{path}/model.safetensors").items())
     build_tiny_model(tmp_path / "m", seed=1, overwrite=True)
     rebuilt = load_file(f"{path}/model.safetensors")
-    assert not torch.equal(
-        rebuilt["model.embed_tokens.weight"], weights["model.embed_tokens.weight"]
-    )
+    assert not torch.equal(rebuilt["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no tmp or old dirs left
 
 
@@ -208,9 +198,7 @@ def test_non_model_dir_is_neither_overwritten_nor_loaded(tmp_path):
 def test_value_model_reuses_the_body_and_seeds_its_head(tiny_dir, tmp_path):
     policy = load_causal_lm(tiny_dir)
     critic = load_value_model(tiny_dir, seed=5)
-    assert torch.equal(
-        critic.model.layers[1].mlp.up_proj.weight, policy.model.layers[1].mlp.up_proj.weight
-    )
+    assert torch.equal(critic.model.layers[1].mlp.up_proj.weight, policy.model.layers[1].mlp.up_proj.weight)
     assert critic.dropout.p == 0.0
     values = critic(input_ids=torch.tensor([[2, 7, 6], [2, 8, 6]])).logits
     assert values.shape == (2, 3, 1)

@@ -23,8 +23,11 @@ def listening_sockets() -> list[list]:
     found = []
     for proc in [me, *me.children(recursive=True)]:  # GCS, raylet, agents, workers: all started here
         try:
-            found += [[proc.name(), c.laddr.ip, c.laddr.port] for c in proc.net_connections(kind="inet")
-                      if c.status == psutil.CONN_LISTEN]
+            found += [
+                [proc.name(), c.laddr.ip, c.laddr.port]
+                for c in proc.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN
+            ]
         except psutil.Error:
             continue
     return found
@@ -34,7 +37,9 @@ if __name__ == "__main__":
     joined = init_ray(None)
     if "hold" in sys.argv[1:]:  # the instance whose sockets are checked: a worker process is up too
         ray.get(Probe.remote().node_id.remote())
-    print(json.dumps({"joined": joined, "gcs": ray.get_runtime_context().gcs_address,
-                      "listening": listening_sockets()}), flush=True)
+    print(
+        json.dumps({"joined": joined, "gcs": ray.get_runtime_context().gcs_address, "listening": listening_sockets()}),
+        flush=True,
+    )
     if sys.argv[1:] == ["hold"]:
         sys.stdin.read()

@@ -102,14 +102,17 @@ def garble(file):
     file.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(("name", "spoil", "why"), [
-    ("model.safetensors", truncate, r"model.safetensors: 164 bytes, the manifest says 328"),
-    ("optimizer.pt", garble, r"optimizer.pt: its sha256 differs from the manifest's"),
-    ("scheduler.pt", lambda f: f.write_bytes(b""), r"scheduler.pt: 0 bytes, the manifest says \d+"),
-    ("trainer_state.json", truncate, r"trainer_state.json: \d+ bytes, the manifest says \d+"),
-    ("critic/model.safetensors", garble, r"critic/model.safetensors: its sha256 differs from the manifest's"),
-    ("optimizer.pt", lambda f: f.unlink(), r"optimizer.pt: missing"),
-])
+@pytest.mark.parametrize(
+    ("name", "spoil", "why"),
+    [
+        ("model.safetensors", truncate, r"model.safetensors: 164 bytes, the manifest says 328"),
+        ("optimizer.pt", garble, r"optimizer.pt: its sha256 differs from the manifest's"),
+        ("scheduler.pt", lambda f: f.write_bytes(b""), r"scheduler.pt: 0 bytes, the manifest says \d+"),
+        ("trainer_state.json", truncate, r"trainer_state.json: \d+ bytes, the manifest says \d+"),
+        ("critic/model.safetensors", garble, r"critic/model.safetensors: its sha256 differs from the manifest's"),
+        ("optimizer.pt", lambda f: f.unlink(), r"optimizer.pt: missing"),
+    ],
+)
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one_with_one_warning(tmp_path, caplog, name, spoil, why):
     write_full(tmp_path, 1)
     step_2 = write_full(tmp_path, 2)
@@ -127,7 +130,13 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_with_one_warning(tm
 def test_manifest_lists_every_file_and_an_intact_checkpoint_passes(tmp_path):
     path = write_full(tmp_path, 3)
     files = json.loads((path / "manifest.json").read_text())["files"]
-    assert sorted(files) == ["config.json", "critic/model.safetensors", "model.safetensors", "optimizer.pt",
-                             "scheduler.pt", "trainer_state.json"]
+    assert sorted(files) == [
+        "config.json",
+        "critic/model.safetensors",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "trainer_state.json",
+    ]
     assert files["scheduler.pt"]["size"] == (path / "scheduler.pt").stat().st_size
     assert ckpt.damage(path) is None and ckpt.latest(str(tmp_path)) == path

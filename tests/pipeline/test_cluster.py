@@ -38,9 +38,11 @@ def test_a_refused_token_is_one_line_naming_the_token_path():
 
 
 def test_placement_json_lists_every_process_and_the_distinct_nodes(tmp_path, capsys):
-    rows = [{"role": "actor_train", "rank": 0, "node_ip": "10.0.0.2", "node_id": "b" * 56, "devices": "cpu"},
-            {"role": "actor_train", "rank": 1, "node_ip": "10.0.0.3", "node_id": "c" * 56, "devices": "cpu"},
-            {"role": "env_worker:train", "rank": 0, "node_ip": "10.0.0.2", "node_id": "b" * 56, "devices": "cpu"}]
+    rows = [
+        {"role": "actor_train", "rank": 0, "node_ip": "10.0.0.2", "node_id": "b" * 56, "devices": "cpu"},
+        {"role": "actor_train", "rank": 1, "node_ip": "10.0.0.3", "node_id": "c" * 56, "devices": "cpu"},
+        {"role": "env_worker:train", "rank": 0, "node_ip": "10.0.0.2", "node_id": "b" * 56, "devices": "cpu"},
+    ]
     path = cluster.write_placement(str(tmp_path / "out"), rows)
     assert json.loads(path.read_text()) == {"nodes": ["10.0.0.2", "10.0.0.3"], "processes": rows}
     table = capsys.readouterr().err.splitlines()
@@ -58,23 +60,37 @@ def test_joining_a_closed_port_exits_2_with_one_line_naming_the_address(tmp_path
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
-           "--config_name", "agent_val_frozen_lake", f"pretrain={model}", f"output_dir={tmp_path / 'run'}",
-           f"ray_address=127.0.0.1:{port}", "max_steps=1"]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "frozen_lake",
+        "--config_name",
+        "agent_val_frozen_lake",
+        f"pretrain={model}",
+        f"output_dir={tmp_path / 'run'}",
+        f"ray_address=127.0.0.1:{port}",
+        "max_steps=1",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"cluster error: ray_address=127.0.0.1:{port}: cannot join the Ray cluster: nothing listens at "
         f"127.0.0.1:{port} (connection refused); start its head with `ray start --head --port=PORT` "
-        "or correct the address")
+        "or correct the address"
+    )
 
 
 def test_only_nodes_of_training_or_inference_processes_stop_the_run(monkeypatch):
     monkeypatch.setattr(cluster, "_run_nodes", None)
     assert cluster.split_lost({"n2"}, cluster._run_nodes) == ({"n2"}, set())  # before placement: any node
-    rows = [{"role": "actor_train", "rank": 0, "node_id": "n1"}, {"role": "actor_train", "rank": 1, "node_id": "n2"},
-            {"role": "actor_infer", "rank": 0, "node_id": "n1"}, {"role": "env_worker:train", "rank": 0, "node_id": "n3"},
-            {"role": "env_worker:val", "rank": 0, "node_id": "n2"}]
+    rows = [
+        {"role": "actor_train", "rank": 0, "node_id": "n1"},
+        {"role": "actor_train", "rank": 1, "node_id": "n2"},
+        {"role": "actor_infer", "rank": 0, "node_id": "n1"},
+        {"role": "env_worker:train", "rank": 0, "node_id": "n3"},
+        {"role": "env_worker:val", "rank": 0, "node_id": "n2"},
+    ]
     cluster.stop_on_loss_of(rows)
     assert cluster._run_nodes == {"n1", "n2"}
     assert cluster.split_lost({"n3"}, cluster._run_nodes) == (set(), {"n3"})
@@ -88,7 +104,9 @@ def test_lost_nodes_names_only_nodes_that_stop_the_run(monkeypatch):
     is not reported as that node's loss."""
     monkeypatch.setattr(cluster, "_nodes_at_start", {"n1": "10.0.0.1", "n3": "10.0.0.3"})
     monkeypatch.setattr(cluster.ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(cluster.ray, "nodes", lambda: [{"NodeID": "n1", "Alive": True}, {"NodeID": "n3", "Alive": False}])
+    monkeypatch.setattr(
+        cluster.ray, "nodes", lambda: [{"NodeID": "n1", "Alive": True}, {"NodeID": "n3", "Alive": False}]
+    )
     monkeypatch.setattr(cluster, "_run_nodes", None)  # before placement: any lost node stops the run
     assert cluster.lost_nodes() == ["10.0.0.3 (node n3)"]
     monkeypatch.setattr(cluster, "_run_nodes", {"n1"})  # n3 held env workers only

@@ -12,8 +12,13 @@ pytestmark = pytest.mark.ray
 
 # Small but complete: 2 groups x 4 envs per step, validation on 4 fixed maps.
 SMALL = [
-    "rollout_batch_size=8", "train_env_manager.num_env_groups=2", "train_env_manager.group_size=4",
-    "val_batch_size=4", "val_env_manager.num_env_groups=4", "eval_steps=2", "save_steps=2",
+    "rollout_batch_size=8",
+    "train_env_manager.num_env_groups=2",
+    "train_env_manager.group_size=4",
+    "val_batch_size=4",
+    "val_env_manager.num_env_groups=4",
+    "eval_steps=2",
+    "save_steps=2",
     "actor_train.training_args.per_device_train_batch_size=4",
     "actor_train.training_args.gradient_accumulation_steps=1",
 ]
@@ -27,9 +32,18 @@ def tiny_model(tmp_path_factory):
 
 
 def run_cli(tiny_model, out_dir, *extra):
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
-           "--config_name", "agent_val_frozen_lake", f"pretrain={tiny_model}", f"output_dir={out_dir}",
-           *SMALL, *extra]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "frozen_lake",
+        "--config_name",
+        "agent_val_frozen_lake",
+        f"pretrain={tiny_model}",
+        f"output_dir={out_dir}",
+        *SMALL,
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
@@ -39,13 +53,19 @@ def read_metrics(out_dir):
 
 def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
     out = tmp_path / "run"
-    proc = run_cli(tiny_model, out, "max_steps=3", f"render_save_dir={out / 'frames'}",
-                   "rollout_filter_ratio=0.5")
+    proc = run_cli(tiny_model, out, "max_steps=3", f"render_save_dir={out / 'frames'}", "rollout_filter_ratio=0.5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    for key in ("train/success", "train/episode_reward", "losses/policy_loss", "losses/approx_kl",
-                "losses/entropy", "rollout/dropped_trajectories", "time/step_s"):
+    for key in (
+        "train/success",
+        "train/episode_reward",
+        "losses/policy_loss",
+        "losses/approx_kl",
+        "losses/entropy",
+        "rollout/dropped_trajectories",
+        "time/step_s",
+    ):
         assert all(key in r for r in rows[1:]), key
     assert {"val/success"} <= rows[0].keys() and "val/success" in rows[2] and "val/success" in rows[3]
     assert all(r["rollout/dropped_trajectories"] == 0 for r in rows[1:])
@@ -81,13 +101,19 @@ def test_resumed_run_reproduces_the_uninterrupted_run(tiny_model, tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     first = run_cli(tiny_model, full, "max_steps=4")
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(tiny_model, resumed, "max_steps=4",
-                     f"resume_from_checkpoint={full / 'checkpoints' / 'step_2'}")
+    second = run_cli(tiny_model, resumed, "max_steps=4", f"resume_from_checkpoint={full / 'checkpoints' / 'step_2'}")
     assert second.returncode == 0, second.stderr[-3000:]
     a, b = read_metrics(full), read_metrics(resumed)
     assert [r["step"] for r in b] == [3, 4]
-    keys = ["train/episode_reward", "train/success", "losses/policy_loss", "losses/entropy",
-            "losses/approx_kl", "actor/lr", "val/success"]
+    keys = [
+        "train/episode_reward",
+        "train/success",
+        "losses/policy_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "actor/lr",
+        "val/success",
+    ]
     for ra, rb in zip(a[3:], b):
         for k in keys:
             if k in ra:
@@ -98,12 +124,26 @@ def test_trajectory_wise_ppo_with_critic_and_kl(tiny_model, tmp_path):
     """The StarPO example with GAE (critic worker), a KL penalty (reference worker) and batch-whitened
     episode scores (reward_normalization, a section the YAML leaves out)."""
     out = tmp_path / "traj"
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake",
-           "--config_name", "agent_val_frozen_lake_traj", f"pretrain={tiny_model}", f"output_dir={out}",
-           *SMALL, "max_steps=2", "adv_estimator=gae", "critic.strategy_args.strategy_name=torch",
-           "reference.strategy_args.strategy_name=torch", "init_kl_coef=0.05", "target_kl=0.01",
-           "reward_normalization.grouping=batch", "reward_normalization.norm_mean_type=batch",
-           "reward_normalization.norm_std_type=batch"]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "frozen_lake",
+        "--config_name",
+        "agent_val_frozen_lake_traj",
+        f"pretrain={tiny_model}",
+        f"output_dir={out}",
+        *SMALL,
+        "max_steps=2",
+        "adv_estimator=gae",
+        "critic.strategy_args.strategy_name=torch",
+        "reference.strategy_args.strategy_name=torch",
+        "init_kl_coef=0.05",
+        "target_kl=0.01",
+        "reward_normalization.grouping=batch",
+        "reward_normalization.norm_mean_type=batch",
+        "reward_normalization.norm_std_type=batch",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
@@ -123,8 +163,12 @@ def test_async_generation_runs_one_step_ahead_with_bounded_staleness(tiny_model,
     flight (its first step runs nothing ahead, hence staleness 0). Each group runs one redundant
     env, so each step leaves out exactly one episode per group."""
     out = tmp_path / "async"
-    flags = ("async_generation_ratio=1", "off_policy_correction.level=sequence", "off_policy_correction.cap=2.0",
-             "train_env_manager.group_size_redundancy=1")
+    flags = (
+        "async_generation_ratio=1",
+        "off_policy_correction.level=sequence",
+        "off_policy_correction.cap=2.0",
+        "train_env_manager.group_size_redundancy=1",
+    )
     proc = run_cli(tiny_model, out, "max_steps=3", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
@@ -137,8 +181,13 @@ def test_async_generation_runs_one_step_ahead_with_bounded_staleness(tiny_model,
         assert r["rollout/redundant_trajectories"] == 2 and r["rollout/kept_trajectories"] == 8
         assert 0 < r["actor/tis_weight_mean"] <= 2.0 and 0 <= r["actor/tis_clipped_frac"] <= 1
     assert "val/success" in rows[2] and "val/success" in rows[3]
-    resumed = run_cli(tiny_model, tmp_path / "resumed", "max_steps=3", *flags,
-                      f"resume_from_checkpoint={out / 'checkpoints' / 'step_2'}")
+    resumed = run_cli(
+        tiny_model,
+        tmp_path / "resumed",
+        "max_steps=3",
+        *flags,
+        f"resume_from_checkpoint={out / 'checkpoints' / 'step_2'}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [row] = read_metrics(tmp_path / "resumed")
     assert row["step"] == 3 and row["rollout/staleness_max"] == 0
@@ -149,9 +198,17 @@ def test_ten_percent_env_faults_lose_no_step_and_count_every_dropped_trajectory(
     the run still logs every step, and each dropped trajectory is counted and logged with its
     cause. The faults follow the seeds, so the same trajectories fail every time."""
     out, fi = tmp_path / "faults", "custom_envs.FrozenLake.env_config.fault_injection"
-    proc = run_cli(tiny_model, out, "max_steps=3", f"{fi}.raise_p=0.04", f"{fi}.hang_p=0.03",
-                   f"{fi}.garbage_p=0.03", f"{fi}.seed=5", "train_env_manager.env_step_timeout_s=1",
-                   "val_env_manager.env_step_timeout_s=1")
+    proc = run_cli(
+        tiny_model,
+        out,
+        "max_steps=3",
+        f"{fi}.raise_p=0.04",
+        f"{fi}.hang_p=0.03",
+        f"{fi}.garbage_p=0.03",
+        f"{fi}.seed=5",
+        "train_env_manager.env_step_timeout_s=1",
+        "val_env_manager.env_step_timeout_s=1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]

@@ -20,7 +20,9 @@ def test_streak_at_the_limit_stops_naming_the_role(role):
 
 
 def test_worker_metrics_keep_the_streak_after_the_last_step_not_its_mean():
-    per_step = [{"actor/skipped_steps": 1.0, "actor/consecutive_skipped_steps": 4.0},
-                {"actor/skipped_steps": 1.0, "actor/consecutive_skipped_steps": 5.0}]
+    per_step = [
+        {"actor/skipped_steps": 1.0, "actor/consecutive_skipped_steps": 4.0},
+        {"actor/skipped_steps": 1.0, "actor/consecutive_skipped_steps": 5.0},
+    ]
     metrics = average_metrics(per_step, summed=("actor/skipped_steps",), last=("actor/consecutive_skipped_steps",))
     assert metrics == {"actor/skipped_steps": 2.0, "actor/consecutive_skipped_steps": 5.0}

@@ -32,11 +32,21 @@ pytestmark = pytest.mark.ray
 
 MAX_STEPS = 6
 ARGS = [
-    "--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake", f"max_steps={MAX_STEPS}",
-    "save_steps=1", "eval_steps=3", "rollout_batch_size=8", "train_env_manager.num_env_groups=2",
-    "train_env_manager.group_size=4", "val_batch_size=4", "val_env_manager.num_env_groups=4",
+    "--config_path",
+    "frozen_lake",
+    "--config_name",
+    "agent_val_frozen_lake",
+    f"max_steps={MAX_STEPS}",
+    "save_steps=1",
+    "eval_steps=3",
+    "rollout_batch_size=8",
+    "train_env_manager.num_env_groups=2",
+    "train_env_manager.group_size=4",
+    "val_batch_size=4",
+    "val_env_manager.num_env_groups=4",
     "actor_train.training_args.per_device_train_batch_size=4",
-    "actor_train.training_args.gradient_accumulation_steps=1", "resume_from_checkpoint=true",
+    "actor_train.training_args.gradient_accumulation_steps=1",
+    "resume_from_checkpoint=true",
 ]
 # The CLI, with checkpoint commits announced on stderr and paused for PAUSE_COMMIT_S seconds.
 WRAPPER = """
@@ -62,9 +72,14 @@ def tiny_model(tmp_path_factory):
 
 def start(model, out: Path, log: Path, pause_s: float = 0.0) -> subprocess.Popen:
     env = {**os.environ, "PAUSE_COMMIT_S": str(pause_s)}
-    return subprocess.Popen([sys.executable, "-c", WRAPPER, *ARGS, f"pretrain={model}", f"output_dir={out}"],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
-                            start_new_session=True)  # its own process group: the kill takes Ray too
+    return subprocess.Popen(
+        [sys.executable, "-c", WRAPPER, *ARGS, f"pretrain={model}", f"output_dir={out}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        start_new_session=True,
+    )  # its own process group: the kill takes Ray too
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -158,8 +173,14 @@ def _sweep(tiny_model, tmp_path: Path, procs: list) -> None:
     got, want = metrics(out), metrics(reference)
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(MAX_STEPS + 1))
     for a, b in zip(got, want):
-        for key in ("train/episode_reward", "train/success", "losses/policy_loss", "losses/entropy",
-                    "actor/lr", "val/success"):
+        for key in (
+            "train/episode_reward",
+            "train/success",
+            "losses/policy_loss",
+            "losses/entropy",
+            "actor/lr",
+            "val/success",
+        ):
             if key in b:
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (b["step"], key)
     assert assert_latest_checkpoint_loads(out) == MAX_STEPS

@@ -24,8 +24,11 @@ pytestmark = pytest.mark.ray
 # (advantage_clip: -0.2) on every generated token: a non-zero gradient, deterministically.
 NONZERO_GRADIENT = ["adv_estimator=reinforce", "reward_normalization.method=identity", "whiten_advantages=false"]
 # ROLL's file puts the LoRA keys under model_args of actor_train and actor_infer
-LORA_KEYS = [f"{role}.model_args.{key}" for role in ("actor_train", "actor_infer")
-             for key in ("lora_rank", "lora_alpha", "lora_target")]
+LORA_KEYS = [
+    f"{role}.model_args.{key}"
+    for role in ("actor_train", "actor_infer")
+    for key in ("lora_rank", "lora_alpha", "lora_target")
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +40,26 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def _train(tiny_model: Path, out: Path, *overrides: str) -> tuple[list[dict], Path]:
     """Two steps of sokoban_lora through the CLI: (metrics.jsonl rows, the last checkpoint dir)."""
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", str(RUNS),
-           "--config_name", "sokoban_lora", "+profile=cpu_smoke", "max_steps=2", "eval_steps=0",
-           f"pretrain={tiny_model}", f"reward_pretrain={tiny_model}", f"output_dir={out}/out",
-           f"logging_dir={out}/logs", f"render_save_dir={out}/render", f"tracker_kwargs.log_dir={out}/tb",
-           f"checkpoint_config.output_dir={out}/ckpt", *NONZERO_GRADIENT, *overrides]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        str(RUNS),
+        "--config_name",
+        "sokoban_lora",
+        "+profile=cpu_smoke",
+        "max_steps=2",
+        "eval_steps=0",
+        f"pretrain={tiny_model}",
+        f"reward_pretrain={tiny_model}",
+        f"output_dir={out}/out",
+        f"logging_dir={out}/logs",
+        f"render_save_dir={out}/render",
+        f"tracker_kwargs.log_dir={out}/tb",
+        f"checkpoint_config.output_dir={out}/ckpt",
+        *NONZERO_GRADIENT,
+        *overrides,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -53,8 +71,11 @@ def _train(tiny_model: Path, out: Path, *overrides: str) -> tuple[list[dict], Pa
 
 @pytest.fixture(scope="module")
 def lora_run(tiny_model, tmp_path_factory):
-    return _train(tiny_model, tmp_path_factory.mktemp("lora"), *(f"{role}.model_args.lora_rank={RANK}"
-                                                                  for role in ("actor_train", "actor_infer")))
+    return _train(
+        tiny_model,
+        tmp_path_factory.mktemp("lora"),
+        *(f"{role}.model_args.lora_rank={RANK}" for role in ("actor_train", "actor_infer")),
+    )
 
 
 def _param_counts(rows: list[dict]) -> tuple[float, float]:
@@ -93,8 +114,11 @@ def test_lora_checkpoint_is_merged_hf_model_that_moved_in_the_adapted_layers(lor
     assert saved.keys() == start.keys()
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     # all-linear: every Linear of the decoder layers; never the output head (tied to the embeddings)
-    adapted = {f"{name}.weight" for name, module in model.named_modules()
-               if isinstance(module, torch.nn.Linear) and name.startswith("model.layers.")}
+    adapted = {
+        f"{name}.weight"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.startswith("model.layers.")
+    }
     assert len(adapted) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
     changed = {key for key in start if not torch.equal(saved[key], start[key])}
     assert changed == adapted  # embeddings, norms and lm_head are bit-identical to the start

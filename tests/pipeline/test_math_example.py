@@ -14,15 +14,28 @@ from transformers import AutoModelForCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [
-    "max_steps=2", "eval_steps=2", "save_steps=2", "rollout_batch_size=8", "train_env_manager.num_env_groups=2",
-    "val_batch_size=2", "val_env_manager.num_env_groups=2", "actor_train.training_args.per_device_train_batch_size=8",
+    "max_steps=2",
+    "eval_steps=2",
+    "save_steps=2",
+    "rollout_batch_size=8",
+    "train_env_manager.num_env_groups=2",
+    "val_batch_size=2",
+    "val_env_manager.num_env_groups=2",
+    "actor_train.training_args.per_device_train_batch_size=8",
     "actor_train.training_args.gradient_accumulation_steps=1",
 ]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "math_agent",
-           "--config_name", "agent_val_math", *args]
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "math_agent",
+        "--config_name",
+        "agent_val_math",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
@@ -36,8 +49,12 @@ def model(tmp_path_factory):
 @pytest.mark.ray
 def test_math_agent_trains_through_the_cli(model, tmp_path):
     out = tmp_path / "run"
-    proc = cli(f"pretrain={model}", f"output_dir={out}", *SMALL,
-               "custom_envs.MathVal.env_config.dataset=examples/math_agent/data/val_graph_agent.jsonl")
+    proc = cli(
+        f"pretrain={model}",
+        f"output_dir={out}",
+        *SMALL,
+        "custom_envs.MathVal.env_config.dataset=examples/math_agent/data/val_graph_agent.jsonl",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -58,5 +75,8 @@ def test_math_agent_trains_through_the_cli(model, tmp_path):
 def test_a_missing_dataset_fails_at_config_load(model):
     proc = cli(f"pretrain={model}", "custom_envs.MathTrain.env_config.dataset=/no/rows.jsonl")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        "custom_envs.MathTrain.env_config.dataset: '/no/rows.jsonl' does not exist")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith("custom_envs.MathTrain.env_config.dataset: '/no/rows.jsonl' does not exist")
+    )

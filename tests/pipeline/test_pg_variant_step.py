@@ -45,9 +45,17 @@ class LocalHandle:
 def model_dir(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny_llama_pg")
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1,
-                                 max_position_embeddings=32)).save_pretrained(path)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=32,
+        )
+    ).save_pretrained(path)
     return str(path)
 
 
@@ -78,21 +86,39 @@ def batch_and_meta(step_wise: bool) -> tuple[TensorDict, RowInfo]:
     scores = torch.tensor([1.0, 0.0, 1.0, -1.0])
     rewards = torch.zeros(4, 8)
     rewards[torch.arange(4), lengths.squeeze(1) - 1] = scores
-    batch = TensorDict({"input_ids": torch.randint(1, VOCAB, (4, 8), generator=generator) * attention,
-                        "attention_mask": attention, "response_mask": response, "token_level_rewards": rewards,
-                        "infer_logprobs": torch.full((4, 8), -3.0)}, batch_size=[4])
+    batch = TensorDict(
+        {
+            "input_ids": torch.randint(1, VOCAB, (4, 8), generator=generator) * attention,
+            "attention_mask": attention,
+            "response_mask": response,
+            "token_level_rewards": rewards,
+            "infer_logprobs": torch.full((4, 8), -3.0),
+        },
+        batch_size=[4],
+    )
     if not step_wise:
-        return batch, RowInfo(traj_group_id=["g0", "g0", "g1", "g1"], traj_id=["t0", "t1", "t2", "t3"],
-                              tag=["A"] * 4, scores=scores)
-    return batch, RowInfo(traj_group_id=["g0", "g0", "g0", "g1"], traj_id=["t0", "t0", "t1", "t2"],
-                          tag=["A"] * 4, step=[0, 1, 0, 0], state_hash=["s0", "s1", "s0", "s0"],
-                          step_rewards=torch.tensor([0.0, 1.0, 0.0, -1.0]),
-                          episode_scores=torch.tensor([1.0, 1.0, 0.0, -1.0]))
+        return batch, RowInfo(
+            traj_group_id=["g0", "g0", "g1", "g1"], traj_id=["t0", "t1", "t2", "t3"], tag=["A"] * 4, scores=scores
+        )
+    return batch, RowInfo(
+        traj_group_id=["g0", "g0", "g0", "g1"],
+        traj_id=["t0", "t0", "t1", "t2"],
+        tag=["A"] * 4,
+        step=[0, 1, 0, 0],
+        state_hash=["s0", "s1", "s0", "s0"],
+        step_rewards=torch.tensor([0.0, 1.0, 0.0, -1.0]),
+        episode_scores=torch.tensor([1.0, 1.0, 0.0, -1.0]),
+    )
 
 
-VARIANT_METRIC = {"vanilla": "losses/ratio_mean", "ppo": "actor/ppo_ratio_clipfrac",
-                  "tis": "actor/tis_total_clipfrac", "topr": "actor/topr_positive_ratio",
-                  "cispo": "actor/cispo_total_clipfrac", "kimi15": "actor/kimi15_kl_reg"}
+VARIANT_METRIC = {
+    "vanilla": "losses/ratio_mean",
+    "ppo": "actor/ppo_ratio_clipfrac",
+    "tis": "actor/tis_total_clipfrac",
+    "topr": "actor/topr_positive_ratio",
+    "cispo": "actor/cispo_total_clipfrac",
+    "kimi15": "actor/kimi15_kl_reg",
+}
 KL_LOSS = ["+reference.strategy_args.strategy_name=torch", "use_kl_loss=true", "kl_loss_coef=0.1"]
 
 
@@ -110,8 +136,16 @@ def test_one_update_per_variant_with_the_kl_loss(variant, model_dir, monkeypatch
 
 
 def test_step_wise_rows_get_the_kl_loss_and_topr_scores(model_dir, monkeypatch):
-    p = pipeline(model_dir, monkeypatch, True, "+actor_train.pg_variant=topr", *KL_LOSS,
-                 "+reward_normalization={method: mean_std}", "advantage_clip=0.5", "reward_clip=5")
+    p = pipeline(
+        model_dir,
+        monkeypatch,
+        True,
+        "+actor_train.pg_variant=topr",
+        *KL_LOSS,
+        "+reward_normalization={method: mean_std}",
+        "advantage_clip=0.5",
+        "reward_clip=5",
+    )
     batch, meta = batch_and_meta(step_wise=True)
     score_metrics = p.score(batch, meta)
     assert batch["episode_scores"].tolist() == [1.0, 1.0, 0.0, -1.0]  # raw, before normalisation

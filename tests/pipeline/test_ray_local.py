@@ -31,8 +31,15 @@ def run_probe(**extra) -> dict:
 
 
 def test_local_ray_listens_on_loopback_only_and_existing_instances_are_handled():
-    held = subprocess.Popen(PROBE + ["hold"], env=probe_env(), cwd=REPO, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    held = subprocess.Popen(
+        PROBE + ["hold"],
+        env=probe_env(),
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         first = json.loads(held.stdout.readline())
         # 1. loopback only: GCS, raylet (node manager, object manager), agents, driver and worker
@@ -54,8 +61,11 @@ def test_local_ray_listens_on_loopback_only_and_existing_instances_are_handled()
         assert private["joined"] is False and private["gcs"] != first["gcs"]
         # 4. kill -9 of the driver: every process it started goes with it (Ray's agents alone
         # would wait out a 60 s report to the dead GCS first)
-        started = [p for p in psutil.Process(held.pid).children(recursive=True) if p.name() != "python"
-                   or "roll.pipeline.reaper" not in " ".join(p.cmdline())]
+        started = [
+            p
+            for p in psutil.Process(held.pid).children(recursive=True)
+            if p.name() != "python" or "roll.pipeline.reaper" not in " ".join(p.cmdline())
+        ]
         assert {"gcs_server", "raylet"} <= {p.name() for p in started}
         held.kill()
         held.wait(timeout=10)

@@ -52,8 +52,14 @@ def test_a_killed_drivers_processes_are_ended_and_an_outsider_is_not():
 
 
 def test_the_watcher_works_only_on_its_drivers_pipe():
-    proc = subprocess.run([sys.executable, "-m", "roll.pipeline.reaper", "1", "t", "0.1", "0.1"],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, env=_env(), timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "roll.pipeline.reaper", "1", "t", "0.1", "0.1"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "stdin is not the driver's pipe" in proc.stderr
 

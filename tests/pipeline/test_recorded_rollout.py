@@ -20,9 +20,21 @@ RUNS = REPO / "tests" / "configs" / "roll_dialect" / "runs"
 
 
 def traj(tag: str, rewards: list[float]) -> Trajectory:
-    return Trajectory(tag=tag, traj_group_id="g", traj_id=f"{tag}-0", env_seed=7, step_rewards=rewards, success=False,
-                      stop_reason="max_steps", policy_version=0, num_actions=len(rewards), num_valid_actions=0,
-                      token_ids=[1, 2, 3], response_mask=[0, 1, 1], infer_logprobs=[0.0, -0.5, -0.25])
+    return Trajectory(
+        tag=tag,
+        traj_group_id="g",
+        traj_id=f"{tag}-0",
+        env_seed=7,
+        step_rewards=rewards,
+        success=False,
+        stop_reason="max_steps",
+        policy_version=0,
+        num_actions=len(rewards),
+        num_valid_actions=0,
+        token_ids=[1, 2, 3],
+        response_mask=[0, 1, 1],
+        infer_logprobs=[0.0, -0.5, -0.25],
+    )
 
 
 class FakeScheduler:
@@ -82,13 +94,16 @@ def test_dump_trajectories_writes_one_json_line_per_trajectory(tmp_path):
         def decode(self, ids, skip_special_tokens=False):
             return " ".join(f"t{i}" for i in ids)
 
-    path = dump_trajectories(str(tmp_path / "d"), 5, [traj("Lake", [0.5]), traj("Box", [1.0, 1.0])], Tok(),
-                             prefix="val_")
+    path = dump_trajectories(
+        str(tmp_path / "d"), 5, [traj("Lake", [0.5]), traj("Box", [1.0, 1.0])], Tok(), prefix="val_"
+    )
     assert path.name == "rollout_dump_data.val_step_5.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["tag"], r["episode_reward"], r["step"]) for r in rows] == [("Lake", 0.5, 5), ("Box", 2.0, 5)]
-    assert rows[0]["turns"] == [{"role": "context", "text": "t1", "num_tokens": 1},
-                                {"role": "policy", "text": "t2 t3", "num_tokens": 2}]
+    assert rows[0]["turns"] == [
+        {"role": "context", "text": "t1", "num_tokens": 1},
+        {"role": "policy", "text": "t2 t3", "num_tokens": 2},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +117,33 @@ def _train(tmp_path, name, model, *args):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = tmp_path / name
     proc = subprocess.run(
-        [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", str(RUNS), "--config_name",
-         "traj_defaults", "+profile=cpu_smoke", f"pretrain={model}", f"reward_pretrain={model}", "max_steps=1",
-         "eval_steps=0", "actor_train.strategy_args.strategy_name=torch_train", f"output_dir={out}",
-         f"logging_dir={out}/logs", f"tracker_kwargs.log_dir={out}/tb", f"checkpoint_config.output_dir={out}/ckpt",
-         f"+rollout_mock.dump_dir={tmp_path}/mock", "+rollout_mock.enable=true", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            "examples/start_agentic_pipeline.py",
+            "--config_path",
+            str(RUNS),
+            "--config_name",
+            "traj_defaults",
+            "+profile=cpu_smoke",
+            f"pretrain={model}",
+            f"reward_pretrain={model}",
+            "max_steps=1",
+            "eval_steps=0",
+            "actor_train.strategy_args.strategy_name=torch_train",
+            f"output_dir={out}",
+            f"logging_dir={out}/logs",
+            f"tracker_kwargs.log_dir={out}/tb",
+            f"checkpoint_config.output_dir={out}/ckpt",
+            f"+rollout_mock.dump_dir={tmp_path}/mock",
+            "+rollout_mock.enable=true",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
 
@@ -125,14 +161,28 @@ def test_a_recording_is_json_and_round_trips_step_wise_trajectories_exactly():
     from roll.core.records import StepRecord
     from roll.pipeline.recorded_rollout import decode_recording, encode_recording
 
-    steps = [StepRecord(step=0, prompt_ids=[5, 6], response_ids=[7], logprobs=[-0.1 - 0.2], reward=1 / 3,
-                        state_hash="ab12"),
-             StepRecord(step=1, prompt_ids=[5, 8], response_ids=[9, 3], logprobs=[-1e-9, -2.5e-7], reward=0.0,
-                        state_hash="cd34")]
-    step_wise = Trajectory(tag="Lake", traj_group_id="g1", traj_id="Lake-1", env_seed=3, step_rewards=[1 / 3, 0.0],
-                           success=True, stop_reason="terminated", policy_version=4, num_actions=2,
-                           num_valid_actions=2, steps=steps, metrics={"fell_in_hole": 0.0},
-                           policy_versions=[3, 4], rollout_s=0.125)
+    steps = [
+        StepRecord(step=0, prompt_ids=[5, 6], response_ids=[7], logprobs=[-0.1 - 0.2], reward=1 / 3, state_hash="ab12"),
+        StepRecord(
+            step=1, prompt_ids=[5, 8], response_ids=[9, 3], logprobs=[-1e-9, -2.5e-7], reward=0.0, state_hash="cd34"
+        ),
+    ]
+    step_wise = Trajectory(
+        tag="Lake",
+        traj_group_id="g1",
+        traj_id="Lake-1",
+        env_seed=3,
+        step_rewards=[1 / 3, 0.0],
+        success=True,
+        stop_reason="terminated",
+        policy_version=4,
+        num_actions=2,
+        num_valid_actions=2,
+        steps=steps,
+        metrics={"fell_in_hole": 0.0},
+        policy_versions=[3, 4],
+        rollout_s=0.125,
+    )
     text = encode_recording([step_wise, traj("Box", [0.5])], ["a cause"])
     assert json.loads(text)["dropped"] == ["a cause"]  # plain JSON: loading it runs no code
     trajs, dropped = decode_recording(text)

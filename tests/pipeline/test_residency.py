@@ -95,15 +95,25 @@ def test_training_roles_sharing_a_gpu_without_the_engine_swap_only_the_reference
     log: list[str] = []
     res = residency({"actor_train": [0], "actor_infer": [1], "critic": [0], "reference": [0]}, 1, log, gpus=2)
     assert calls_per_phase(res, log, STEP) == [
-        ("rollout", []), ("score", []), ("train", ["reference.offload"]), ("sync", []), ("validate", []),
-        ("checkpoint", []), ("rollout", []), ("score", ["reference.reload"]),
+        ("rollout", []),
+        ("score", []),
+        ("train", ["reference.offload"]),
+        ("sync", []),
+        ("validate", []),
+        ("checkpoint", []),
+        ("rollout", []),
+        ("score", ["reference.reload"]),
     ]
 
 
-@pytest.mark.parametrize("mappings", [
-    {"actor_train": None, "actor_infer": None, "critic": None, "reference": None},
-    {"actor_train": [0], "actor_infer": [1], "critic": [2], "reference": [3]},
-], ids=["cpu", "disjoint-gpus"])
+@pytest.mark.parametrize(
+    "mappings",
+    [
+        {"actor_train": None, "actor_infer": None, "critic": None, "reference": None},
+        {"actor_train": [0], "actor_infer": [1], "critic": [2], "reference": [3]},
+    ],
+    ids=["cpu", "disjoint-gpus"],
+)
 def test_no_shared_device_means_no_call_at_all(mappings):
     log: list[str] = []
     res = residency(mappings, 1, log, gpus=4)
@@ -116,11 +126,16 @@ def test_every_rank_of_a_role_is_offloaded_and_reloaded():
     """actor_train as two ranks (a RankGroup) on the engine's two GPUs: both leave for the rollout."""
     log: list[str] = []
     strategies = {**STRATEGIES, "actor_train": "fsdp2"}
-    plan = plan_devices({"actor_train": [0, 1], "actor_infer": [0, 1]}, strategies=strategies,
-                        inference_replicas=2, visible_gpus=2)
+    plan = plan_devices(
+        {"actor_train": [0, 1], "actor_infer": [0, 1]}, strategies=strategies, inference_replicas=2, visible_gpus=2
+    )
     res = PhaseResidency(plan, get=lambda refs: refs)
-    res.attach_workers({"actor": RankGroup([FakeHandle(f"actor_train/{i}", log) for i in range(2)]),
-                        "inference": [FakeHandle(f"actor_infer/{i}", log) for i in range(2)]})
+    res.attach_workers(
+        {
+            "actor": RankGroup([FakeHandle(f"actor_train/{i}", log) for i in range(2)]),
+            "inference": [FakeHandle(f"actor_infer/{i}", log) for i in range(2)],
+        }
+    )
     assert calls_per_phase(res, log, STEP[:4]) == [
         ("rollout", ["actor_train/0.offload", "actor_train/1.offload"]),
         ("score", ["actor_infer/0.offload", "actor_infer/1.offload", "actor_train/0.reload", "actor_train/1.reload"]),
@@ -141,9 +156,12 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     log: list[str] = []
     p = object.__new__(AgenticPipeline)
     p.cfg = load_config(CONFIG_DIR, "minimal_agentic", [f"pretrain={model}", f"output_dir={tmp_path / 'out'}"])
-    p.workers = {"actor": FakeHandle("actor", log, {"compute_logprobs": torch.zeros(2, 3), "train": {},
-                                                    "get_weights": "weights"}),
-                 "inference": [FakeHandle("inference", log)]}
+    p.workers = {
+        "actor": FakeHandle(
+            "actor", log, {"compute_logprobs": torch.zeros(2, 3), "train": {}, "get_weights": "weights"}
+        ),
+        "inference": [FakeHandle("inference", log)],
+    }
     p.residency = residency({"actor_train": [0], "actor_infer": [0]}, 1, log, gpus=1)
     p.train_rollout = p.val_rollout = FakeHandle("rollout", log)
     p.train_rollout.collect = lambda *args, **kwargs: log.append("rollout.collect") or ([], [])
@@ -166,11 +184,19 @@ def test_pipeline_phases_offload_and_reload_in_order(pipeline):
     p.validate(step=1)
     p.save(step=1)
     assert log == [
-        "actor_train.offload", "rollout.collect",  # the engine has the GPU for the rollout
-        "actor_infer.offload", "actor_train.reload", "actor.compute_logprobs",
+        "actor_train.offload",
+        "rollout.collect",  # the engine has the GPU for the rollout
+        "actor_infer.offload",
+        "actor_train.reload",
+        "actor.compute_logprobs",
         "actor.train",
         # weights first (CPU copies, before the actor leaves the GPU), then into the awake engine
-        "actor.get_weights", "actor_train.offload", "actor_infer.reload", "inference.update_weights",
+        "actor.get_weights",
+        "actor_train.offload",
+        "actor_infer.reload",
+        "inference.update_weights",
         "rollout.collect",  # validation on the engine, already awake
-        "actor_infer.offload", "actor_train.reload", "actor.save_checkpoint",
+        "actor_infer.offload",
+        "actor_train.reload",
+        "actor.save_checkpoint",
     ]

@@ -26,19 +26,25 @@ def test_traj_rows_get_the_normalised_score_on_their_last_generated_token():
     # scores: 1+2 = 3, 1, 0 and 4 (groups a: 3, 1 -> mean 2; b: 0, 4 -> mean 2)
     batch = _traj_batch(
         [[0, 1.0, 0, 2.0, 0], [0, 0, 1.0, 0, 0], [0, 0, 0, 0, 0], [4.0, 0, 0, 0, 0]],
-        [[0, 1, 1, 1, 0], [0, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+        [[0, 1, 1, 1, 0], [0, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]],
+    )
     meta = RowInfo(traj_group_id=["a", "a", "b", "b"], traj_id=["1", "2", "3", "4"], tag=["x"] * 4)
     normalize_traj_rewards(batch, meta, RewardNormalization(norm_mean_type="group", norm_std_type=None))
     assert batch["token_level_rewards"].tolist() == [
-        [0, 0, 0, 1.0, 0], [0, 0, -1.0, 0, 0], [0, 0, 0, 0, -2.0], [2.0, 0, 0, 0, 0]]
+        [0, 0, 0, 1.0, 0],
+        [0, 0, -1.0, 0, 0],
+        [0, 0, 0, 0, -2.0],
+        [2.0, 0, 0, 0, 0],
+    ]
 
 
 def test_traj_batch_whitening_divides_by_the_unbiased_batch_std():
     # scores 0, 0, 2, 2: batch mean 1, unbiased std sqrt(4/3) -> +-1/sqrt(4/3) = +-0.8660...
     batch = _traj_batch([[0.0, 0], [0, 0], [0, 2.0], [2.0, 0]], [[1, 1]] * 4)
     meta = RowInfo(traj_group_id=["a", "b", "c", "d"], traj_id=["1", "2", "3", "4"], tag=["x"] * 4)
-    normalize_traj_rewards(batch, meta, RewardNormalization(grouping="batch", norm_mean_type="batch",
-                                                            norm_std_type="batch"))
+    normalize_traj_rewards(
+        batch, meta, RewardNormalization(grouping="batch", norm_mean_type="batch", norm_std_type="batch")
+    )
     expected = 1 / (4 / 3) ** 0.5
     last = batch["token_level_rewards"][:, 1]
     assert last.tolist() == pytest.approx([-expected, -expected, expected, expected], abs=1e-5)
@@ -48,15 +54,23 @@ def test_traj_batch_whitening_divides_by_the_unbiased_batch_std():
 def test_step_rows_normalise_over_trajectories_not_rows():
     # t1 (3 steps, score 1) and t2 (1 step, score 0) in group g: the mean over trajectories is 0.5
     # (a mean over rows would be 0.75); t3 alone in group h has no spread -> 0.
-    meta = RowInfo(traj_id=["t1", "t1", "t2", "t1", "t3"], traj_group_id=["g", "g", "g", "g", "h"],
-                   tag=["x"] * 5, episode_scores=torch.tensor([1.0, 1.0, 0.0, 1.0, 5.0]))
+    meta = RowInfo(
+        traj_id=["t1", "t1", "t2", "t1", "t3"],
+        traj_group_id=["g", "g", "g", "g", "h"],
+        tag=["x"] * 5,
+        episode_scores=torch.tensor([1.0, 1.0, 0.0, 1.0, 5.0]),
+    )
     normalize_step_episode_scores(meta, RewardNormalization())
     assert meta.episode_scores.tolist() == [0.5, 0.5, -0.5, 0.5, 0.0]
 
 
 def test_grouping_by_tag():
-    meta = RowInfo(traj_id=["t1", "t2", "t3"], traj_group_id=["g1", "g2", "g3"], tag=["A", "A", "B"],
-                   episode_scores=torch.tensor([1.0, 3.0, 7.0]))
+    meta = RowInfo(
+        traj_id=["t1", "t2", "t3"],
+        traj_group_id=["g1", "g2", "g3"],
+        tag=["A", "A", "B"],
+        episode_scores=torch.tensor([1.0, 3.0, 7.0]),
+    )
     normalize_step_episode_scores(meta, RewardNormalization(grouping="tag"))
     assert meta.episode_scores.tolist() == [-1.0, 1.0, 0.0]
 
@@ -64,8 +78,10 @@ def test_grouping_by_tag():
 def test_the_critic_input_has_one_more_position_holding_the_last_state():
     # rows of length 3 and 1 (right-padded to T = 3): each gets one more attended position, at its
     # own length, so values (B, T + 1) of that input hold V(whole row) at index 3 and 1.
-    batch = TensorDict({"input_ids": torch.tensor([[5, 6, 7], [5, 0, 0]]),
-                        "attention_mask": torch.tensor([[1, 1, 1], [1, 0, 0]])}, batch_size=[2])
+    batch = TensorDict(
+        {"input_ids": torch.tensor([[5, 6, 7], [5, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 0, 0]])},
+        batch_size=[2],
+    )
     critic_input = with_final_state(batch)
     assert critic_input["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert critic_input["input_ids"][:, :3].tolist() == batch["input_ids"].tolist()
@@ -78,10 +94,14 @@ def test_roll_method_and_tags_grouping():
     # unbiased std sqrt(2): -1 / sqrt(2), +1 / sqrt(2); tag B alone: no spread -> 0.
     norm = RewardNormalization(grouping="tags", method="mean_std")
     assert (norm.norm_mean_type, norm.norm_std_type, norm.clip_range) == ("group", "group", None)
-    meta = RowInfo(traj_id=["t1", "t2", "t3"], traj_group_id=["g1", "g2", "g3"], tag=["A", "A", "B"],
-                   episode_scores=torch.tensor([1.0, 3.0, 7.0]))
+    meta = RowInfo(
+        traj_id=["t1", "t2", "t3"],
+        traj_group_id=["g1", "g2", "g3"],
+        tag=["A", "A", "B"],
+        episode_scores=torch.tensor([1.0, 3.0, 7.0]),
+    )
     normalize_step_episode_scores(meta, norm)
-    assert meta.episode_scores.tolist() == pytest.approx([-2 ** -0.5, 2 ** -0.5, 0.0], abs=1e-5)
+    assert meta.episode_scores.tolist() == pytest.approx([-(2**-0.5), 2**-0.5, 0.0], abs=1e-5)
 
 
 def test_explicit_norm_types_win_over_method():
@@ -94,16 +114,22 @@ def test_reward_clip_on_traj_rows_counts_rows():
     # limit 1: row 0's 2.0 -> 1.0 (clamped), row 1's -0.5 stays, row 2's -3.0 sits on a masked
     # (observation) token: clamped too, but the row does not count. 1 row of 3.
     batch = _traj_batch([[0, 2.0], [-0.5, 0], [-3.0, 0.5]], [[1, 1], [1, 1], [0, 1]])
-    metrics = clip_rewards(batch, RowInfo(traj_group_id=["a"] * 3, traj_id=["1", "2", "3"], tag=["x"] * 3), 1.0,
-                           step_wise=False)
+    metrics = clip_rewards(
+        batch, RowInfo(traj_group_id=["a"] * 3, traj_id=["1", "2", "3"], tag=["x"] * 3), 1.0, step_wise=False
+    )
     assert batch["token_level_rewards"].tolist() == [[0, 1.0], [-0.5, 0], [-1.0, 0.5]]
     assert metrics == {"critic/reward_clip_frac": pytest.approx(1 / 3)}
 
 
 def test_reward_clip_on_step_rows_clamps_episode_scores_and_step_rewards():
     # limit 2: episode scores 3 -> 2, -1 stays; step rewards 0.5 stays, -4 -> -2. Rows 0 and 1 clamp.
-    meta = RowInfo(traj_group_id=["g"] * 3, traj_id=["t1", "t1", "t2"], tag=["x"] * 3,
-                   episode_scores=torch.tensor([3.0, 3.0, -1.0]), step_rewards=torch.tensor([0.5, -4.0, 0.5]))
+    meta = RowInfo(
+        traj_group_id=["g"] * 3,
+        traj_id=["t1", "t1", "t2"],
+        tag=["x"] * 3,
+        episode_scores=torch.tensor([3.0, 3.0, -1.0]),
+        step_rewards=torch.tensor([0.5, -4.0, 0.5]),
+    )
     metrics = clip_rewards(None, meta, 2.0, step_wise=True)
     assert meta.episode_scores.tolist() == [2.0, 2.0, -1.0]
     assert meta.step_rewards.tolist() == [0.5, -2.0, 0.5]
@@ -115,8 +141,17 @@ def test_advantage_clip_after_the_estimator():
     # -0.5. advantage_clip 1: 3 -> 1 on both of row 0's tokens: 2 of 4 generated tokens.
     batch = _traj_batch([[0.0, 3.0], [0.0, -0.5]], [[1, 1], [1, 1]])
     meta = RowInfo(traj_group_id=["a", "b"], traj_id=["1", "2"], tag=["x"] * 2)
-    metrics = score_batch(batch, meta, adv_estimator="reinforce", gamma=1.0, lambd=1.0, kl_coef=None,
-                          whiten_advantages=False, norm_adv_by_std=True, advantage_clip=1.0)
+    metrics = score_batch(
+        batch,
+        meta,
+        adv_estimator="reinforce",
+        gamma=1.0,
+        lambd=1.0,
+        kl_coef=None,
+        whiten_advantages=False,
+        norm_adv_by_std=True,
+        advantage_clip=1.0,
+    )
     assert batch["advantages"].tolist() == [[1.0, 1.0], [-0.5, -0.5]]
     assert batch["returns"].tolist() == [[3.0, 3.0], [-0.5, -0.5]]
     assert metrics["critic/advantage_clip_frac"] == pytest.approx(0.5)
@@ -126,13 +161,26 @@ def test_step_reinforce_normalises_its_step_returns_as_roll():
     # gamma 1. Group g: t1 steps rewards (1, 2) -> returns 3, 2; t2 one step reward 1 -> 1. Group h:
     # t3 reward 4 -> 4. Group mean (ROLL's norm_mean_type group) over g's rows: 2, std None -> 1, 0, -1;
     # h alone -> 0. Each row's advantage is on its generated tokens.
-    rows = RowInfo(traj_group_id=["g", "g", "g", "h"], traj_id=["t1", "t1", "t2", "t3"], tag=["x"] * 4,
-                   step=[0, 1, 0, 0], step_rewards=torch.tensor([1.0, 2.0, 1.0, 4.0]),
-                   episode_scores=torch.tensor([3.0, 3.0, 1.0, 4.0]), state_hash=["a", "b", "c", "d"])
+    rows = RowInfo(
+        traj_group_id=["g", "g", "g", "h"],
+        traj_id=["t1", "t1", "t2", "t3"],
+        tag=["x"] * 4,
+        step=[0, 1, 0, 0],
+        step_rewards=torch.tensor([1.0, 2.0, 1.0, 4.0]),
+        episode_scores=torch.tensor([3.0, 3.0, 1.0, 4.0]),
+        state_hash=["a", "b", "c", "d"],
+    )
     mask = torch.tensor([[0, 1, 1], [0, 0, 1], [1, 1, 0], [0, 1, 0]])
     batch = TensorDict({"response_mask": mask}, batch_size=[4])
-    score_step_batch(batch, rows, adv_estimator="step_reinforce", step_reward_gamma=1.0, episode_weight=1.0,
-                     step_weight=1.0, norm_adv_by_std=True, whiten_advantages=False,
-                     return_norm=RewardNormalization(grouping="traj_group_id", norm_mean_type="group",
-                                                     norm_std_type=None))
+    score_step_batch(
+        batch,
+        rows,
+        adv_estimator="step_reinforce",
+        step_reward_gamma=1.0,
+        episode_weight=1.0,
+        step_weight=1.0,
+        norm_adv_by_std=True,
+        whiten_advantages=False,
+        return_norm=RewardNormalization(grouping="traj_group_id", norm_mean_type="group", norm_std_type=None),
+    )
     assert batch["advantages"].tolist() == [[0, 1.0, 1.0], [0, 0, 0.0], [-1.0, -1.0, 0], [0, 0.0, 0]]

@@ -20,14 +20,16 @@ from roll.pipeline import warm_start
 from roll.pipeline.tiny_model import env_corpus
 
 MOVES = ("Left", "Down", "Right", "Up")
-SPEC = EnvSpec(tag="FL", env_type="frozen_lake", env_config={}, max_steps=8, max_tokens_per_step=4,
-               response_prefix="<answer>")
+SPEC = EnvSpec(
+    tag="FL", env_type="frozen_lake", env_config={}, max_steps=8, max_tokens_per_step=4, response_prefix="<answer>"
+)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny",
-                            corpus=env_corpus("frozen_lake", {"show_neighbours": True}, num_seeds=5))
+    return build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny", corpus=env_corpus("frozen_lake", {"show_neighbours": True}, num_seeds=5)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,9 @@ def tokenizer(model_dir):
 
 def play(tokenizer, mode, seeds, seed=7):
     teacher = warm_start.Teacher(tokenizer, "<answer>", np.random.default_rng(seed))
-    manager = make_env_manager(SPEC, tokenizer, teacher.generate, SamplingParams(max_new_tokens=4), 2048,
-                               mode=mode, history_length=0)
+    manager = make_env_manager(
+        SPEC, tokenizer, teacher.generate, SamplingParams(max_new_tokens=4), 2048, mode=mode, history_length=0
+    )
     return warm_start.teacher_samples(manager, teacher, seeds), manager
 
 
@@ -51,8 +54,9 @@ def test_trajectory_wise_the_sample_is_the_conversation_with_the_answers_masked(
     env = manager.env.unwrapped
     rng = np.random.default_rng(7)  # the teacher's draws again: uniform over the 4 moves
     obs, info = env.reset(seed=3)
-    assert sample["token_ids"][:len(manager.chat.initial_prompt(info["env_instruction"], obs))] == \
-        manager.chat.initial_prompt(info["env_instruction"], obs)
+    assert sample["token_ids"][
+        : len(manager.chat.initial_prompt(info["env_instruction"], obs))
+    ] == manager.chat.initial_prompt(info["env_instruction"], obs)
     masked = [t for t, m in zip(sample["token_ids"], sample["response_mask"]) if m]
     moves, expected = [], []
     for _ in range(8):
@@ -75,8 +79,9 @@ def test_step_wise_every_step_is_its_prompt_then_its_answer(tokenizer):
 
 
 def test_batch_tensors_pad_right_and_label_only_answers():
-    batch = warm_start.batch_tensors([{"token_ids": [5, 6, 7], "response_mask": [0, 1, 1]},
-                                      {"token_ids": [8, 9], "response_mask": [0, 1]}], pad_id=0)
+    batch = warm_start.batch_tensors(
+        [{"token_ids": [5, 6, 7], "response_mask": [0, 1, 1]}, {"token_ids": [8, 9], "response_mask": [0, 1]}], pad_id=0
+    )
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [-100, 9, -100]]
@@ -88,9 +93,23 @@ def test_imitation_teaches_the_format_and_main_writes_a_loadable_model(model_dir
     the teacher's floor: per answer one uniform choice of 4 moves (ln 4) and a certain `</answer>`
     (0), i.e. ln(4) / 2 per answer token (`last_loss`: the mean of the last 10 steps)."""
     out = tmp_path / "warm"
-    warm_start.main(["--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake",
-                     "--output_dir", str(out), "--episodes", "128", "--steps", "400", "--batch_size", "16",
-                     f"pretrain={model_dir}"])
+    warm_start.main(
+        [
+            "--config_path",
+            "frozen_lake",
+            "--config_name",
+            "agent_val_frozen_lake",
+            "--output_dir",
+            str(out),
+            "--episodes",
+            "128",
+            "--steps",
+            "400",
+            "--batch_size",
+            "16",
+            f"pretrain={model_dir}",
+        ]
+    )
     record = json.loads((out / "warm_start.json").read_text())
     tokenizer = load_tokenizer(out)
     assert (record["tag"], record["env_type"]) == ("FrozenLake", "frozen_lake")
@@ -101,7 +120,7 @@ def test_imitation_teaches_the_format_and_main_writes_a_loadable_model(model_dir
     prompt = [t for t, m in zip(samples[0]["token_ids"], samples[0]["response_mask"]) if not m]
     torch.manual_seed(0)
     ids = model.generate(torch.tensor([prompt] * 20), max_new_tokens=2, do_sample=True, pad_token_id=0)
-    answers = {tokenizer.decode(row[len(prompt):]).replace(" ", "") for row in ids.tolist()}
+    answers = {tokenizer.decode(row[len(prompt) :]).replace(" ", "") for row in ids.tolist()}
     assert answers <= {f"{m}</answer>" for m in MOVES} and len(answers) > 1  # valid, and still varied
 
 
@@ -124,13 +143,24 @@ def test_an_env_without_a_teacher_is_refused(tokenizer):
     teacher.env = _OpenText()
     with pytest.raises(ValueError, match="_OpenText has no teacher"):
         import asyncio
+
         asyncio.run(teacher.generate(None))
 
 
 def test_a_tag_not_in_custom_envs_is_a_config_error(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        warm_start.main(["--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake",
-                         "--output_dir", str(tmp_path / "w"), "--tag", "Nope", f"pretrain={model_dir}"])
+        warm_start.main(
+            [
+                "--config_path",
+                "frozen_lake",
+                "--config_name",
+                "agent_val_frozen_lake",
+                "--output_dir",
+                str(tmp_path / "w"),
+                "--tag",
+                "Nope",
+                f"pretrain={model_dir}",
+            ]
+        )
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == (
-        "config error: --tag: 'Nope' is not under custom_envs (FrozenLake)")
+    assert capsys.readouterr().err.strip() == ("config error: --tag: 'Nope' is not under custom_envs (FrozenLake)")

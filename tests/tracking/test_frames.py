@@ -18,9 +18,18 @@ CAPTIONS = ["reset (seed 3)", "'Down' -> reward 0", "'Right' -> reward 1"]  # on
 
 def trajectory(traj_id="val-0-0", frames=FRAMES, captions=CAPTIONS, success=True):
     return Trajectory(
-        tag="FrozenLake", traj_group_id="val-0", traj_id=traj_id, env_seed=3,
-        step_rewards=[0.0, 1.0], success=success, stop_reason="terminated", policy_version=2,
-        num_actions=2, num_valid_actions=2, frames=list(frames), frame_captions=list(captions),
+        tag="FrozenLake",
+        traj_group_id="val-0",
+        traj_id=traj_id,
+        env_seed=3,
+        step_rewards=[0.0, 1.0],
+        success=success,
+        stop_reason="terminated",
+        policy_version=2,
+        num_actions=2,
+        num_valid_actions=2,
+        frames=list(frames),
+        frame_captions=list(captions),
     )
 
 
@@ -46,7 +55,10 @@ def test_frozen_lake_episode_writes_text_pngs_and_gif(tmp_path):
     pngs = [root / "val-0-0" / f"frame_00{i}.png" for i in range(3)]
     assert paths == [root / "val-0-0.txt", *pngs, root / "val-0-0.gif"]
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*.*")) == [
-        "val-0-0.gif", "val-0-0.txt", "val-0-0/frame_000.png", "val-0-0/frame_001.png",
+        "val-0-0.gif",
+        "val-0-0.txt",
+        "val-0-0/frame_000.png",
+        "val-0-0/frame_001.png",
         "val-0-0/frame_002.png",
     ]
     assert (root / "val-0-0.txt").read_text() == (
@@ -105,8 +117,7 @@ def test_env_without_images_writes_only_text(tmp_path):
 
 
 def test_episode_without_frames_writes_only_the_header(tmp_path):
-    paths = save_episode_frames(tmp_path, trajectory(frames=[], captions=[], success=False),
-                                FrozenLakeEnv)
+    paths = save_episode_frames(tmp_path, trajectory(frames=[], captions=[], success=False), FrozenLakeEnv)
     assert paths == [tmp_path / "val-0-0.txt"]
     assert paths[0].read_text() == "# val-0-0 seed=3 reward=1.0 success=False\n\n\n"
 

@@ -14,8 +14,10 @@ from roll.tracking import Tracker
 from roll.tracking.traces import RolloutTracer, as_markdown, trace_record
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2"}}</tool_call>'
-TOK = build_tiny_tokenizer(["What is two tool result", CALL],
-                           ["<tool_call>", "</tool_call>", '"name"', '"arguments"', '"calculator"', '"expression"'])
+TOK = build_tiny_tokenizer(
+    ["What is two tool result", CALL],
+    ["<tool_call>", "</tool_call>", '"name"', '"arguments"', '"calculator"', '"expression"'],
+)
 
 
 def ids(text):
@@ -24,14 +26,33 @@ def ids(text):
 
 def traj(i: int) -> Trajectory:
     """prompt (mask 0), a tool call (mask 1), the tool result (mask 0), the answer (mask 1)."""
-    parts = [(ids("<|im_start|>user\nWhat is two<|im_end|>\n<|im_start|>assistant\n"), 0), (ids(CALL), 1),
-             (ids("<|im_end|>\n<|im_start|>tool\nresult<|im_end|>\n<|im_start|>assistant\n"), 0), (ids("2"), 1)]
+    parts = [
+        (ids("<|im_start|>user\nWhat is two<|im_end|>\n<|im_start|>assistant\n"), 0),
+        (ids(CALL), 1),
+        (ids("<|im_end|>\n<|im_start|>tool\nresult<|im_end|>\n<|im_start|>assistant\n"), 0),
+        (ids("2"), 1),
+    ]
     token_ids = [t for p, _ in parts for t in p]
     mask = [m for p, m in parts for _ in p]
-    return Trajectory(tag="Math", traj_group_id="g", traj_id=f"g-{i}", env_seed=7, step_rewards=[0.0, 1.0],
-                      success=True, stop_reason="terminated", policy_version=4, num_actions=2, num_valid_actions=2,
-                      token_ids=token_ids, response_mask=mask, infer_logprobs=[0.0] * len(token_ids),
-                      turn_end_positions=[], metrics={"tool_calls": 1.0}, policy_versions=[3, 4], rollout_s=0.25)
+    return Trajectory(
+        tag="Math",
+        traj_group_id="g",
+        traj_id=f"g-{i}",
+        env_seed=7,
+        step_rewards=[0.0, 1.0],
+        success=True,
+        stop_reason="terminated",
+        policy_version=4,
+        num_actions=2,
+        num_valid_actions=2,
+        token_ids=token_ids,
+        response_mask=mask,
+        infer_logprobs=[0.0] * len(token_ids),
+        turn_end_positions=[],
+        metrics={"tool_calls": 1.0},
+        policy_versions=[3, 4],
+        rollout_s=0.25,
+    )
 
 
 def test_a_record_has_the_turns_tool_calls_and_counts():
@@ -63,16 +84,22 @@ def test_tracer_writes_a_file_per_step_and_text_to_tensorboard(tmp_path):
     assert path.name == "step_3.jsonl" and [r["traj_id"] for r in lines] == ["g-0", "g-1", "g-2"]
     assert (tmp_path / "out" / "traces" / "val_step_3.jsonl").is_file()
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
-    assert sorted(acc.Tags()["tensors"]) == ["traces/train/0/text_summary", "traces/train/1/text_summary",
-                                             "traces/val/0/text_summary"]
+    assert sorted(acc.Tags()["tensors"]) == [
+        "traces/train/0/text_summary",
+        "traces/train/1/text_summary",
+        "traces/val/0/text_summary",
+    ]
     text = acc.Tensors("traces/train/1/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "**g-1**" in text
 
 
 def test_mlflow_gets_the_file_when_installed_and_is_skipped_otherwise(tmp_path, monkeypatch, caplog):
     logged = []
-    monkeypatch.setitem(sys.modules, "mlflow", types.SimpleNamespace(
-        log_artifact=lambda path, artifact_path: logged.append((path, artifact_path))))
+    monkeypatch.setitem(
+        sys.modules,
+        "mlflow",
+        types.SimpleNamespace(log_artifact=lambda path, artifact_path: logged.append((path, artifact_path))),
+    )
     path = RolloutTracer(tmp_path, TOK, mlflow=True).write(1, [traj(0)])
     assert logged == [(str(path), "traces")]
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import fails

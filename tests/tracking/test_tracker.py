@@ -31,10 +31,7 @@ def test_each_log_call_is_one_flushed_json_line_of_floats(tmp_path):
     tracker.log(2, {"val/success": np.float32(0.75)})
     # flushed: readable while the run is still going
     assert (tmp_path / "out" / "metrics.jsonl").read_text().splitlines() == [
-        (
-            '{"step": 1, "train/success": 0.5, "losses/entropy": 1.25, '
-            '"rollout/dropped_trajectories": 3.0, "flag": 1.0}'
-        ),
+        ('{"step": 1, "train/success": 0.5, "losses/entropy": 1.25, "rollout/dropped_trajectories": 3.0, "flag": 1.0}'),
         '{"step": 2, "val/success": 0.75}',
     ]
     tracker.close()
@@ -84,7 +81,8 @@ def test_a_damaged_metrics_line_is_kept_aside_and_reported(tmp_path, caplog):
         Tracker(tmp_path, tmp_path / "tb", resume_step=3).close()
     assert (tmp_path / "metrics.jsonl.corrupt").read_text() == '{"step": 4, "lo\n'
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-        f"{tmp_path / 'metrics.jsonl'}: 1 damaged line(s) moved to {tmp_path / 'metrics.jsonl.corrupt'}"]
+        f"{tmp_path / 'metrics.jsonl'}: 1 damaged line(s) moved to {tmp_path / 'metrics.jsonl.corrupt'}"
+    ]
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()] == [1, 2, 3]
 
 

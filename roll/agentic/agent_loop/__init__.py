@@ -9,7 +9,19 @@ from roll.agentic.agent_loop.tools import Tool, ToolCall, ToolResult, parse_tool
 from roll.agentic.episode import EpisodeSpec, TokenLedger  # the ledger agents share with env managers
 
 __all__ = [
-    "AgentLoop", "EpisodeSpec", "SingleTurnAgent", "TokenLedger", "ToolAgent", "Tool", "ToolCall",
-    "ToolResult", "get_agent_class", "list_agents", "load_agent_cfg", "make_agent", "parse_tool_calls",
-    "register", "run_tool_calls",
+    "AgentLoop",
+    "EpisodeSpec",
+    "SingleTurnAgent",
+    "TokenLedger",
+    "ToolAgent",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
+    "get_agent_class",
+    "list_agents",
+    "load_agent_cfg",
+    "make_agent",
+    "parse_tool_calls",
+    "register",
+    "run_tool_calls",
 ]

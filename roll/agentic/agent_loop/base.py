@@ -30,8 +30,8 @@ from roll.agentic.agent_loop.registry import register, to_cfg
 from roll.agentic.episode import EpisodeSpec, TokenLedger
 from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
 from roll.core.enums import StopReason
-from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
 from roll.core.imports import ObjectNotFound, import_object
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
 from roll.models.chat_template import continuation_ids as template_continuation_ids
 from roll.models.chat_template import encode, render_text
 from roll.utils.seeding import derive_seed
@@ -40,6 +40,7 @@ RewardFn = Callable[[dict, str], float]
 
 
 # ---- chat template helpers ----------------------------------------------------------------
+
 
 def continuation_ids(tokenizer, messages: list[dict], generated: GenerateOutput) -> list[int]:
     """The ids to append after `generated` when `messages` (role "tool" or "user") come next
@@ -54,8 +55,10 @@ def continuation_ids(tokenizer, messages: list[dict], generated: GenerateOutput)
 def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
     """A reward fn from a callable or its import path "package.module:function"."""
     if spec is None:
-        raise ValueError("no reward_fn: name one in the agent config or the row "
-                         "(a callable reward(row, response_text) -> float, or 'package.module:function')")
+        raise ValueError(
+            "no reward_fn: name one in the agent config or the row "
+            "(a callable reward(row, response_text) -> float, or 'package.module:function')"
+        )
     if isinstance(spec, str):
         try:
             spec = import_object(spec)
@@ -67,6 +70,7 @@ def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
 
 
 # ---- the agent base class -----------------------------------------------------------------
+
 
 class AgentLoop:
     """Base of every agent. Subclasses implement `rollout(episode, row)`; `run(**row)` is the
@@ -89,8 +93,10 @@ class AgentLoop:
         given = to_cfg(cfg)
         unknown = sorted(set(given) - set(self.defaults))
         if unknown:
-            raise ValueError(f"unknown config key(s) {', '.join(map(repr, unknown))} for agent "
-                             f"{self.agent_name!r}; accepted: {', '.join(sorted(self.defaults))}")
+            raise ValueError(
+                f"unknown config key(s) {', '.join(map(repr, unknown))} for agent "
+                f"{self.agent_name!r}; accepted: {', '.join(sorted(self.defaults))}"
+            )
         self.cfg = to_cfg({**self.defaults, **given})
         if is_ray_actor(client):  # a bare inference worker handle: route through a gateway of one
             client = InferenceGateway([client])
@@ -117,9 +123,12 @@ class AgentLoop:
         """The row's ids; without a `traj_id` a fresh one (then pass `sample_seed` to reproduce)."""
         traj_id = str(row.get("traj_id") or f"{self.agent_name}-{uuid.uuid4().hex[:12]}")
         return EpisodeSpec(
-            tag=str(row.get("tag", self.agent_name)), traj_group_id=str(row.get("traj_group_id", traj_id)),
-            traj_id=traj_id, env_seed=int(row.get("env_seed", 0)),
-            sample_seed=int(row.get("sample_seed", derive_seed(traj_id))))
+            tag=str(row.get("tag", self.agent_name)),
+            traj_group_id=str(row.get("traj_group_id", traj_id)),
+            traj_id=traj_id,
+            env_seed=int(row.get("env_seed", 0)),
+            sample_seed=int(row.get("sample_seed", derive_seed(traj_id))),
+        )
 
     def initial_messages(self, row: Mapping[str, Any]) -> list[dict]:
         if row.get("messages"):
@@ -131,15 +140,25 @@ class AgentLoop:
             messages.insert(0, {"role": "system", "content": str(self.cfg.system_prompt)})
         return messages
 
-    async def generate(self, episode: EpisodeSpec, turn: int, prompt_ids: list[int],
-                       max_new_tokens: int) -> GenerateOutput:
+    async def generate(
+        self, episode: EpisodeSpec, turn: int, prompt_ids: list[int], max_new_tokens: int
+    ) -> GenerateOutput:
         """Turn `turn`'s generation: request `traj_id/turn`, session `traj_id` (the engine keeps
         the conversation's KV between turns), seed derived from the episode and the turn."""
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(self.cfg.temperature),
-                                top_p=float(self.cfg.top_p), top_k=int(self.cfg.top_k),
-                                do_sample=bool(self.cfg.do_sample))
-        request = GenerateRequest(f"{episode.traj_id}/{turn}", list(prompt_ids), params,
-                                  derive_seed(episode.sample_seed, turn), session_id=episode.traj_id)
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=float(self.cfg.temperature),
+            top_p=float(self.cfg.top_p),
+            top_k=int(self.cfg.top_k),
+            do_sample=bool(self.cfg.do_sample),
+        )
+        request = GenerateRequest(
+            f"{episode.traj_id}/{turn}",
+            list(prompt_ids),
+            params,
+            derive_seed(episode.sample_seed, turn),
+            session_id=episode.traj_id,
+        )
         return await self._generate(request)
 
     def decode(self, ids: list[int]) -> str:
@@ -152,15 +171,31 @@ class AgentLoop:
             value = await value
         return float(value)
 
-    def trajectory(self, episode: EpisodeSpec, ledger: TokenLedger, *, success: bool, stop_reason: StopReason,
-                   num_valid_actions: int, metrics: Mapping[str, float] | None = None) -> Trajectory:
+    def trajectory(
+        self,
+        episode: EpisodeSpec,
+        ledger: TokenLedger,
+        *,
+        success: bool,
+        stop_reason: StopReason,
+        num_valid_actions: int,
+        metrics: Mapping[str, float] | None = None,
+    ) -> Trajectory:
         return Trajectory(
-            tag=episode.tag, traj_group_id=episode.traj_group_id, traj_id=episode.traj_id,
-            env_seed=episode.env_seed, step_rewards=list(ledger.step_rewards), success=success,
-            stop_reason=stop_reason, policy_version=max(ledger.versions, default=0),
-            num_actions=ledger.num_turns, num_valid_actions=num_valid_actions,
+            tag=episode.tag,
+            traj_group_id=episode.traj_group_id,
+            traj_id=episode.traj_id,
+            env_seed=episode.env_seed,
+            step_rewards=list(ledger.step_rewards),
+            success=success,
+            stop_reason=stop_reason,
+            policy_version=max(ledger.versions, default=0),
+            num_actions=ledger.num_turns,
+            num_valid_actions=num_valid_actions,
             metrics={k: float(v) for k, v in (metrics or {}).items()},
-            policy_versions=list(ledger.versions), **ledger.sample_fields())
+            policy_versions=list(ledger.versions),
+            **ledger.sample_fields(),
+        )
 
 
 @register("single_turn")
@@ -176,5 +211,6 @@ class SingleTurnAgent(AgentLoop):
         reward = await self.reward(row, self.decode(out.token_ids))
         ledger.step_rewards[-1] += reward
         stop_reason = StopReason.of_answer(out.finish_reason)
-        return self.trajectory(episode, ledger, success=reward >= self.cfg.success_reward,
-                               stop_reason=stop_reason, num_valid_actions=1)
+        return self.trajectory(
+            episode, ledger, success=reward >= self.cfg.success_reward, stop_reason=stop_reason, num_valid_actions=1
+        )

@@ -25,13 +25,23 @@ MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_DIGITS = 100
 _MAX_BITS = 333  # 10**100 < 2**333: a number of at most 100 digits has at most 333 bits
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 # A word-level tokenizer (the tiny model's) decodes "12.5 ** 2" as "1 2 . 5 * * 2". Joined back,
 # only what would otherwise be a syntax error: two numbers or operators are never just adjacent.
-_RESPACE = [(re.compile(r"(?<=\d)\s+(?=[\d.])|(?<=\.)\s+(?=\d)"), ""),
-            (re.compile(r"\*\s+\*"), "**"), (re.compile(r"/\s+/"), "//")]
+_RESPACE = [
+    (re.compile(r"(?<=\d)\s+(?=[\d.])|(?<=\.)\s+(?=\d)"), ""),
+    (re.compile(r"\*\s+\*"), "**"),
+    (re.compile(r"/\s+/"), "//"),
+]
 
 
 def _bits(value: Fraction) -> int:

@@ -133,8 +133,10 @@ def check_agent_cfg(cls: type, cfg: Mapping[str, Any]) -> None:
     defaults = getattr(cls, "defaults", {})
     unknown = sorted(set(cfg) - set(defaults))
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(map(repr, unknown))} for agent "
-                         f"{cls.agent_name!r}; accepted: {', '.join(sorted(defaults))}")
+        raise ValueError(
+            f"unknown config key(s) {', '.join(map(repr, unknown))} for agent "
+            f"{cls.agent_name!r}; accepted: {', '.join(sorted(defaults))}"
+        )
     if cfg.get("tools"):
         tool_map(cfg["tools"])
     if isinstance(cfg.get("reward_fn"), str):
@@ -165,8 +167,10 @@ def agent_corpus(env_config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         tools = tool_map(cfg.get("tools") or [])
         schemas = "\n".join(_json.dumps(t.schema["function"]) for t in tools.values())
         texts.append(TOOLS_SYSTEM_PROMPT.format(schemas=schemas))
-        texts.append("Error: unknown tool; available: invalid arguments for timed out after raised "
-                     "unsupported element not an arithmetic expression division by zero truncated")
+        texts.append(
+            "Error: unknown tool; available: invalid arguments for timed out after raised "
+            "unsupported element not an arithmetic expression division by zero truncated"
+        )
         for tool in tools.values():
             params = tool.schema["function"]["parameters"].get("properties", {})
             extra += [f'"{tool.name}"', *(f'"{p}"' for p in params)]

@@ -63,9 +63,14 @@ def route_after_invalid(state: MessagesState) -> str:
 def report_invalid_tool_calls(state: MessagesState) -> dict[str, list[ToolMessage]]:
     """One error ToolMessage per malformed call of the last turn, which the model reads next."""
     last = state["messages"][-1]
-    return {"messages": [ToolMessage(content=f"Error: {c['error']}", tool_call_id=c["id"] or "",
-                                     name=c["name"] or "?", status="error")
-                         for c in last.invalid_tool_calls]}
+    return {
+        "messages": [
+            ToolMessage(
+                content=f"Error: {c['error']}", tool_call_id=c["id"] or "", name=c["name"] or "?", status="error"
+            )
+            for c in last.invalid_tool_calls
+        ]
+    }
 
 
 class AgentGraph(AgentLoop):
@@ -87,10 +92,14 @@ class AgentGraph(AgentLoop):
         async def generate(turn: int, prompt_ids: list[int], max_new_tokens: int):
             return await self.generate(episode, turn, prompt_ids, max_new_tokens)
 
-        return RollChatModel(generate_fn=generate, tokenizer=self.tokenizer, max_turns=int(self.cfg.max_turns),
-                             max_tokens_per_turn=int(self.cfg.max_tokens_per_turn),
-                             max_total_tokens=int(self.cfg.max_total_tokens),
-                             format_penalty=float(self.cfg.format_penalty))
+        return RollChatModel(
+            generate_fn=generate,
+            tokenizer=self.tokenizer,
+            max_turns=int(self.cfg.max_turns),
+            max_tokens_per_turn=int(self.cfg.max_tokens_per_turn),
+            max_total_tokens=int(self.cfg.max_total_tokens),
+            format_penalty=float(self.cfg.format_penalty),
+        )
 
     async def rollout(self, episode: EpisodeSpec, row: dict[str, Any]) -> Trajectory:
         bound = copy.copy(self)  # self.llm belongs to this episode only
@@ -105,8 +114,9 @@ class AgentGraph(AgentLoop):
             messages = []
         return await self.finish(episode, row, bound.llm, messages)
 
-    async def finish(self, episode: EpisodeSpec, row: dict[str, Any], llm: RollChatModel,
-                     messages: list[BaseMessage]) -> Trajectory:
+    async def finish(
+        self, episode: EpisodeSpec, row: dict[str, Any], llm: RollChatModel, messages: list[BaseMessage]
+    ) -> Trajectory:
         """The trajectory of the conversation that produced the final message, with its reward."""
         final = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
         meta = final.response_metadata if final is not None else {}
@@ -125,11 +135,18 @@ class AgentGraph(AgentLoop):
         metrics = {
             "tool_calls": conv.tool_calls if conv else 0,
             "malformed_tool_calls": conv.malformed_tool_calls if conv else 0,
-            "tool_errors": sum(isinstance(m, ToolMessage) and m.status == "error" and m.tool_call_id in called
-                               for m in messages),
+            "tool_errors": sum(
+                isinstance(m, ToolMessage) and m.status == "error" and m.tool_call_id in called for m in messages
+            ),
             "retemplated_turns": model_metrics["retemplated_turns"],
             "dropped_turns": model_metrics["generated_turns"] - ledger.num_turns,
         }
         success = bool(ledger.num_turns) and reward >= self.cfg.success_reward
-        return self.trajectory(episode, ledger, success=success, stop_reason=stop_reason,
-                               num_valid_actions=conv.num_valid if conv else 0, metrics=metrics)
+        return self.trajectory(
+            episode,
+            ledger,
+            success=success,
+            stop_reason=stop_reason,
+            num_valid_actions=conv.num_valid if conv else 0,
+            metrics=metrics,
+        )

@@ -69,8 +69,9 @@ def to_chat_dict(message: BaseMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": role, "content": message_text(message)}
     if isinstance(message, AIMessage) and message.tool_calls and "<tool_call>" not in out["content"]:
         out["content"] += "".join(
-            f'<tool_call>{json.dumps({"name": c["name"], "arguments": c["args"]})}</tool_call>'
-            for c in message.tool_calls)
+            f"<tool_call>{json.dumps({'name': c['name'], 'arguments': c['args']})}</tool_call>"
+            for c in message.tool_calls
+        )
     if isinstance(message, ToolMessage) and message.name:
         out["name"] = message.name
     return out
@@ -153,16 +154,26 @@ class RollChatModel(BaseChatModel):
         return self._conversations[-1] if self._conversations else None
 
     def metrics(self) -> dict[str, float]:
-        return {"retemplated_turns": float(self._retemplated), "conversations": float(len(self._conversations)),
-                "generated_turns": float(self._turns)}
+        return {
+            "retemplated_turns": float(self._retemplated),
+            "conversations": float(len(self._conversations)),
+            "generated_turns": float(self._turns),
+        }
 
     # -- generation --
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         raise NotImplementedError("RollChatModel is async only: use ainvoke / agenerate")
 
-    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                         run_manager: Any = None, tools: list[dict] | None = None, **kwargs: Any) -> ChatResult:
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        tools: list[dict] | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         """One turn: continue the matching conversation (or start one), generate, parse tool calls.
         `stop` is ignored: the engine stops on the template's end-of-turn token."""
         dicts = [to_chat_dict(m) for m in messages]
@@ -207,8 +218,9 @@ class RollChatModel(BaseChatModel):
             return StopReason.MAX_TOKENS  # no room to generate
         return None
 
-    def _message(self, conv: Conversation, out: GenerateOutput, prompt_ids: list[int], turn: int,
-                 tool_names: set[str]) -> AIMessage:
+    def _message(
+        self, conv: Conversation, out: GenerateOutput, prompt_ids: list[int], turn: int, tool_names: set[str]
+    ) -> AIMessage:
         """The AIMessage of a generated turn; malformed calls are penalised on the turn's reward."""
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         valid, invalid = [], []
@@ -231,9 +243,16 @@ class RollChatModel(BaseChatModel):
             stop_reason = "tool_calls"
         else:
             stop_reason = StopReason.of_answer(out.finish_reason)
-        metadata = {"token_ids": list(out.token_ids), "logprobs": list(out.logprobs), "prompt_ids": prompt_ids,
-                    "finish_reason": out.finish_reason, "policy_version": out.policy_version, "turn": turn,
-                    "conversation": conv.index, "stop_reason": stop_reason}
+        metadata = {
+            "token_ids": list(out.token_ids),
+            "logprobs": list(out.logprobs),
+            "prompt_ids": prompt_ids,
+            "finish_reason": out.finish_reason,
+            "policy_version": out.policy_version,
+            "turn": turn,
+            "conversation": conv.index,
+            "stop_reason": stop_reason,
+        }
         return AIMessage(content=text, tool_calls=valid, invalid_tool_calls=invalid, response_metadata=metadata)
 
 

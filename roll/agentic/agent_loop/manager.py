@@ -43,7 +43,8 @@ class BoundedClient:
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         if self.stop_token_ids and not request.params.stop_token_ids:
             request = dataclasses.replace(
-                request, params=dataclasses.replace(request.params, stop_token_ids=list(self.stop_token_ids)))
+                request, params=dataclasses.replace(request.params, stop_token_ids=list(self.stop_token_ids))
+            )
         return await generate_within(self._generate, request, self.timeout_s)
 
 
@@ -51,8 +52,14 @@ class AgentPool:
     """The agents of one env worker, built on first use and shared by its managers (an agent holds
     no per-episode state: `run` keeps everything in locals)."""
 
-    def __init__(self, tokenizer, generate: GenerateFn, sampling: SamplingParams, sequence_length: int,
-                 generate_timeout_s: float | None):
+    def __init__(
+        self,
+        tokenizer,
+        generate: GenerateFn,
+        sampling: SamplingParams,
+        sequence_length: int,
+        generate_timeout_s: float | None,
+    ):
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.sequence_length = sequence_length
@@ -70,9 +77,15 @@ class AgentPool:
     def defaults_for(self, cls: type, spec: EnvSpec) -> dict[str, Any]:
         """The manager's settings for the keys the agent class reads (see the module docstring)."""
         s = self.sampling
-        inherited = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "do_sample": s.do_sample,
-                     "max_tokens_per_turn": spec.max_tokens_per_step, "max_turns": spec.max_steps,
-                     "max_total_tokens": self.sequence_length}
+        inherited = {
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "do_sample": s.do_sample,
+            "max_tokens_per_turn": spec.max_tokens_per_step,
+            "max_turns": spec.max_steps,
+            "max_total_tokens": self.sequence_length,
+        }
         accepted = getattr(cls, "defaults", {})
         return {k: v for k, v in inherited.items() if k in accepted}
 
@@ -91,8 +104,13 @@ class AgentManager:
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
         row = self.dataset.row_for_seed(episode.env_seed)
         agent = self.pool.agent(row["agent_name"], row["agent_cfg_path"], self.spec)
-        row.update(tag=self.spec.tag, traj_group_id=episode.traj_group_id, traj_id=episode.traj_id,
-                   env_seed=episode.env_seed, sample_seed=episode.sample_seed)
+        row.update(
+            tag=self.spec.tag,
+            traj_group_id=episode.traj_group_id,
+            traj_id=episode.traj_id,
+            env_seed=episode.env_seed,
+            sample_seed=episode.sample_seed,
+        )
         return await agent.run(**row)
 
     def close(self) -> None:

@@ -20,13 +20,13 @@ from typing import Any
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
+from roll.agentic.agent_loop.calculator import evaluate, format_number
 from roll.agentic.agent_loop.graph import (
     AgentGraph,
     report_invalid_tool_calls,
     route_after_agent,
     route_after_invalid,
 )
-from roll.agentic.agent_loop.calculator import evaluate, format_number
 from roll.agentic.agent_loop.registry import register
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -60,8 +60,7 @@ class MathGraphAgent(AgentGraph):
     defaults = {
         **AgentGraph.defaults,
         "reward_fn": "roll.agentic.agent_loop.math_graph:boxed_answer_reward",
-        "system_prompt": "Solve the problem. Use the calculator for arithmetic. "
-                         "Put the final answer in \\boxed{}.",
+        "system_prompt": "Solve the problem. Use the calculator for arithmetic. Put the final answer in \\boxed{}.",
     }
 
     def build_graph(self) -> Any:

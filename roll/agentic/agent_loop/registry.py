@@ -35,8 +35,7 @@ def register(name: str) -> Callable[[T], T]:
     def wrap(cls: T) -> T:
         known = _AGENTS.get(name)
         if known is not None and known is not cls:
-            raise ValueError(f"agent name {name!r} is already registered by "
-                             f"{known.__module__}.{known.__qualname__}")
+            raise ValueError(f"agent name {name!r} is already registered by {known.__module__}.{known.__qualname__}")
         _AGENTS[name] = cls
         cls.agent_name = name
         return cls
@@ -61,8 +60,9 @@ def get_agent_class(name: str) -> type:
         except ModuleNotFoundError as e:
             raise ValueError(f"agent {name!r} needs {needs} (no module {e.name!r})") from None
     if name not in _AGENTS:
-        raise ValueError(f"unknown agent {name!r}; known: {', '.join(list_agents()) or 'none'} "
-                         "(or give package.module:ClassName)")
+        raise ValueError(
+            f"unknown agent {name!r}; known: {', '.join(list_agents()) or 'none'} (or give package.module:ClassName)"
+        )
     return _AGENTS[name]
 
 
@@ -92,8 +92,9 @@ def load_agent_cfg(path: str | os.PathLike[str]) -> DictConfig:
     return to_cfg(loaded)
 
 
-def make_agent(name: str, cfg: Mapping[str, Any] | DictConfig | str | os.PathLike[str] | None,
-               client: Any, tokenizer: Any) -> Any:
+def make_agent(
+    name: str, cfg: Mapping[str, Any] | DictConfig | str | os.PathLike[str] | None, client: Any, tokenizer: Any
+) -> Any:
     """Build the agent `name` (an `AgentLoop`) from a config mapping or the path of its YAML file
     (the edge where config becomes an object). The registry knows names and classes only: it
     does not import `base.AgentLoop`, which imports it (`@register`)."""

@@ -129,5 +129,6 @@ class ToolAgent(AgentLoop):
             "tool_timeouts": counts["timeout"],
         }
         success = bool(ledger.num_turns) and reward >= cfg.success_reward
-        return self.trajectory(episode, ledger, success=success, stop_reason=stop_reason,
-                               num_valid_actions=num_valid, metrics=metrics)
+        return self.trajectory(
+            episode, ledger, success=success, stop_reason=stop_reason, num_valid_actions=num_valid, metrics=metrics
+        )

@@ -108,8 +108,7 @@ class Tool:
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         summary, arg_docs = _docstring_parts(fn)
         self.description = description if description is not None else summary
-        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None))
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
         try:
             hints = typing.get_type_hints(fn if inspect.isroutine(fn) else type(fn).__call__)
         except TypeError:  # a builtin has no annotations to read
@@ -121,18 +120,23 @@ class Tool:
                 continue  # not expressible in a schema; the model cannot pass them
             default = ... if p.default is p.empty else p.default
             # fields are aliased so that a parameter named e.g. "json" cannot shadow BaseModel
-            fields[f"arg{i}"] = (hints.get(p.name, Any),
-                                 pydantic.Field(default, alias=p.name, description=arg_docs.get(p.name)))
+            fields[f"arg{i}"] = (
+                hints.get(p.name, Any),
+                pydantic.Field(default, alias=p.name, description=arg_docs.get(p.name)),
+            )
             self._params.append((f"arg{i}", p.name))
         self.args_model = pydantic.create_model(
-            f"{self.name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields)
+            f"{self.name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+        )
 
     @property
     def schema(self) -> dict[str, Any]:
         """The tool in the OpenAI function format, as `apply_chat_template(tools=...)` takes it."""
         parameters = _drop_titles(self.args_model.model_json_schema(by_alias=True))
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": parameters},
+        }
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments for `fn`, coerced to its types; raises pydantic.ValidationError."""
@@ -224,8 +228,9 @@ def _parse_block(body: str) -> ToolCall:
     return ToolCall(obj["name"], arguments, raw=body)
 
 
-async def run_tool_calls(calls: list[ToolCall], tools: Mapping[str, Tool] | Iterable[Tool | Callable],
-                         timeout_s: float | None = None) -> list[ToolResult]:
+async def run_tool_calls(
+    calls: list[ToolCall], tools: Mapping[str, Tool] | Iterable[Tool | Callable], timeout_s: float | None = None
+) -> list[ToolResult]:
     """Run the calls of one turn concurrently, each bounded by `timeout_s` (None: unbounded);
     results in call order. Never raises for anything a call or a tool does."""
     registry = tools if isinstance(tools, Mapping) else tool_map(tools)

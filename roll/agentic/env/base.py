@@ -64,17 +64,19 @@ class SharedText(spaces.Text):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if getattr(self, "_frozen", False) and name != "_np_random":
-            raise AttributeError(f"{type(self).__name__} is shared by many envs and read-only; assign "
-                                 f"the env a new space instead of changing {name!r}")
+            raise AttributeError(
+                f"{type(self).__name__} is shared by many envs and read-only; assign "
+                f"the env a new space instead of changing {name!r}"
+            )
         super().__setattr__(name, value)
 
     def __reduce__(self):
         return text_space, (self.max_length, self.min_length, self._charset_arg)
 
-    def __copy__(self) -> "SharedText":
+    def __copy__(self) -> SharedText:
         return self
 
-    def __deepcopy__(self, memo: dict) -> "SharedText":
+    def __deepcopy__(self, memo: dict) -> SharedText:
         return self
 
 
@@ -96,8 +98,14 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     instruction: str = ""
     cheap_calls: frozenset[str] = frozenset()  # of "reset", "step": see the module docstring
 
-    def __init__(self, *, format_penalty: float = -0.1, render_mode: str | None = None,
-                 action_pattern: str | None = None, env_instruction: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+        action_pattern: str | None = None,
+        env_instruction: str | None = None,
+    ) -> None:
         """`action_pattern` and `env_instruction` are ROLL's env_config keys: a regex whose last
         group is the action (None: `<answer>...</answer>`), and the task text reported as
         `info["env_instruction"]` instead of the env's own."""
@@ -109,9 +117,7 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         self.action_pattern = action_pattern
         self.env_instruction = env_instruction
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"render_mode {render_mode!r} not in {self.metadata['render_modes']}"
-            )
+            raise ValueError(f"render_mode {render_mode!r} not in {self.metadata['render_modes']}")
         self.format_penalty = float(format_penalty)
         self.render_mode = render_mode
         self.observation_space = text_space()
@@ -168,9 +174,7 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         return match_choice(extract_answer(text), self.actions)
 
     # --- the gymnasium API, final ----------------------------------------------------------
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         super().reset(seed=None if seed is None else int(seed))

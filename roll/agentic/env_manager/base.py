@@ -32,7 +32,6 @@ from roll.utils.seeding import derive_seed
 GenerateFn = Callable[[GenerateRequest], Awaitable[GenerateOutput]]
 
 
-
 @dataclass(frozen=True)
 class EnvSpec:
     """One env tag's settings as plain values (built from `custom_envs.<tag>` at the edge)."""
@@ -76,12 +75,17 @@ def check_step_output(result) -> tuple[str, float, bool, bool, dict]:
         raise MalformedEnvOutput(f"env.step returned {type(result).__name__}, not a 5-tuple")
     obs, reward, terminated, truncated, info = result
     problems = [
-        what for what, bad in (
+        what
+        for what, bad in (
             ("observation is not a str", not isinstance(obs, str)),
             ("reward is not a finite number", not (isinstance(reward, (int, float)) and math.isfinite(reward))),
-            ("terminated/truncated are not bools", not all(isinstance(x, (bool, np.bool_)) for x in (terminated, truncated))),
+            (
+                "terminated/truncated are not bools",
+                not all(isinstance(x, (bool, np.bool_)) for x in (terminated, truncated)),
+            ),
             ("info is not a dict", not isinstance(info, dict)),
-        ) if bad
+        )
+        if bad
     ]
     if problems:
         raise MalformedEnvOutput("env.step output: " + "; ".join(problems))
@@ -117,24 +121,37 @@ class BaseEnvManager:
     def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
         raise NotImplementedError
 
-    def __init__(self, spec: EnvSpec, tokenizer, generate: GenerateFn, sampling: SamplingParams,
-                 sequence_length: int, step_timeout_s: float | None = 60.0,
-                 generate_timeout_s: float | None = 300.0):
+    def __init__(
+        self,
+        spec: EnvSpec,
+        tokenizer,
+        generate: GenerateFn,
+        sampling: SamplingParams,
+        sequence_length: int,
+        step_timeout_s: float | None = 60.0,
+        generate_timeout_s: float | None = 300.0,
+    ):
         self.spec = spec
         self.env = make_env(spec.env_type, dict(spec.env_config))
         self.chat = ChatFormatter(tokenizer, spec.response_prefix)
         self._generate = generate
         # as in ROLL: min(max_tokens_per_step, generating_args.max_new_tokens) per env step
-        self.sampling = dataclasses.replace(sampling, max_new_tokens=min(spec.max_tokens_per_step,
-                                                                         sampling.max_new_tokens))
+        self.sampling = dataclasses.replace(
+            sampling, max_new_tokens=min(spec.max_tokens_per_step, sampling.max_new_tokens)
+        )
         self.sequence_length = sequence_length
-        self.env_calls = EnvCaller(self.env, tag=spec.tag, timeout_s=step_timeout_s,
-                                   use_thread_lock=spec.use_thread_lock,
-                                   max_env_step_concurrent=spec.max_env_step_concurrent)
+        self.env_calls = EnvCaller(
+            self.env,
+            tag=spec.tag,
+            timeout_s=step_timeout_s,
+            use_thread_lock=spec.use_thread_lock,
+            max_env_step_concurrent=spec.max_env_step_concurrent,
+        )
         self.generate_timeout_s = generate_timeout_s
 
-    async def generate(self, request_id: str, prompt_ids: list[int], seed: int,
-                       session_id: str | None = None) -> GenerateOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], seed: int, session_id: str | None = None
+    ) -> GenerateOutput:
         """One turn's generation, bounded in time (None: unbounded). A request that times out may
         still be served by the engine; its answer is then discarded, and the episode is dropped."""
         request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id)
@@ -169,9 +186,12 @@ class BaseEnvManager:
             if prompt_ids is None:
                 stop_reason = StopReason.MAX_TOKENS
                 break
-            out = await self.generate(f"{episode.traj_id}/{turn}", prompt_ids,
-                                      derive_seed(episode.sample_seed, turn),
-                                      episode.traj_id if self.reuse_kv_across_turns else None)
+            out = await self.generate(
+                f"{episode.traj_id}/{turn}",
+                prompt_ids,
+                derive_seed(episode.sample_seed, turn),
+                episode.traj_id if self.reuse_kv_across_turns else None,
+            )
             versions.append(out.policy_version)
             obs, reward, terminated, truncated, info = await self.env_step(self.chat.response_text(out.token_ids))
             rewards.append(float(reward))
@@ -187,10 +207,19 @@ class BaseEnvManager:
             if turn + 1 < self.spec.max_steps:  # the observation is only needed for another turn
                 builder.add_observation(obs, out, float(reward))
         return Trajectory(
-            tag=self.spec.tag, traj_group_id=episode.traj_group_id, traj_id=episode.traj_id,
-            env_seed=episode.env_seed, step_rewards=rewards, success=success, stop_reason=stop_reason,
-            policy_version=max(versions, default=0), num_actions=len(rewards), num_valid_actions=num_valid,
-            metrics={k: float(v) for k, v in (info.get("metrics") or {}).items()}, frames=frames,
-            frame_captions=captions, policy_versions=versions,
+            tag=self.spec.tag,
+            traj_group_id=episode.traj_group_id,
+            traj_id=episode.traj_id,
+            env_seed=episode.env_seed,
+            step_rewards=rewards,
+            success=success,
+            stop_reason=stop_reason,
+            policy_version=max(versions, default=0),
+            num_actions=len(rewards),
+            num_valid_actions=num_valid,
+            metrics={k: float(v) for k, v in (info.get("metrics") or {}).items()},
+            frames=frames,
+            frame_captions=captions,
+            policy_versions=versions,
             **builder.sample_fields(),
         )

@@ -55,8 +55,7 @@ class ChatFormatter:
     def turn_ids(self, observation: str) -> list[int]:
         """What follows an assistant turn when the next user message is `observation`."""
         message = {"role": "user", "content": observation}
-        return _memoised((id(self.tokenizer), "turn", observation),
-                         lambda: continuation_ids(self.tokenizer, [message]))
+        return _memoised((id(self.tokenizer), "turn", observation), lambda: continuation_ids(self.tokenizer, [message]))
 
     def response_text(self, generated_ids: list[int]) -> str:
         """The text the env parses: the forced prefix plus what the model wrote."""

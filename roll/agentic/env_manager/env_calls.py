@@ -49,16 +49,22 @@ def declared_cheap_calls(env) -> frozenset[str]:
     declared = frozenset(type(env).__dict__.get("cheap_calls", frozenset()))
     unknown = sorted(declared - INLINE_CALLS)
     if unknown:
-        raise ValueError(f"{type(env).__name__}.cheap_calls names {unknown}; it may name only "
-                         f"{sorted(INLINE_CALLS)}")
+        raise ValueError(f"{type(env).__name__}.cheap_calls names {unknown}; it may name only {sorted(INLINE_CALLS)}")
     return declared
 
 
 class EnvCaller:
     """Calls one env's `reset` / `step` on the cheapest safe path (see the module docstring)."""
 
-    def __init__(self, env, *, tag: str = "", timeout_s: float | None = 60.0, use_thread_lock: bool = False,
-                 max_env_step_concurrent: int = 0):
+    def __init__(
+        self,
+        env,
+        *,
+        tag: str = "",
+        timeout_s: float | None = 60.0,
+        use_thread_lock: bool = False,
+        max_env_step_concurrent: int = 0,
+    ):
         self.env = env
         self.timeout_s = timeout_s
         self.inline = set(declared_cheap_calls(env))  # shrinks when a call proves slow
@@ -107,6 +113,7 @@ class EnvCaller:
                     for guard in guards:
                         stack.enter_context(guard)
                     return unguarded(*a, **kw)
+
         try:
             return await asyncio.wait_for(asyncio.to_thread(call, *args, **kwargs), self.timeout_s)
         except TimeoutError:

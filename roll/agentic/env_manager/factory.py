@@ -11,16 +11,25 @@ from roll.core.enums import SampleMode
 from roll.core.records import SamplingParams
 
 
-def make_env_manager(spec: EnvSpec, tokenizer, generate: GenerateFn, sampling: SamplingParams,
-                     sequence_length: int, *, mode: SampleMode, history_length: int,
-                     step_timeout_s: float | None = 60.0, generate_timeout_s: float | None = 300.0
-                     ) -> TrajEnvManager | StepEnvManager:
+def make_env_manager(
+    spec: EnvSpec,
+    tokenizer,
+    generate: GenerateFn,
+    sampling: SamplingParams,
+    sequence_length: int,
+    *,
+    mode: SampleMode,
+    history_length: int,
+    step_timeout_s: float | None = 60.0,
+    generate_timeout_s: float | None = 300.0,
+) -> TrajEnvManager | StepEnvManager:
     """Trajectory-wise, step-wise, or step-wise on the env's own chat (`spec.native_chat`);
     `history_length` is the manager's, which a tag's own `spec.history_length` overrides."""
     args = (spec, tokenizer, generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
     if mode == SampleMode.STEP and spec.native_chat:
         return NativeStepEnvManager(*args)
     if mode == SampleMode.STEP:
-        return StepEnvManager(*args, history_length=history_length if spec.history_length is None
-                              else spec.history_length)
+        return StepEnvManager(
+            *args, history_length=history_length if spec.history_length is None else spec.history_length
+        )
     return TrajEnvManager(*args)

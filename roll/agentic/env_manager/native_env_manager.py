@@ -24,12 +24,19 @@ from roll.core.records import GenerateOutput, StepRecord
 def chat_of(info: dict, tag: str) -> list[dict]:
     """`info["messages"]` checked: a list of {"role", "content": str} dicts, not empty."""
     messages = info.get("messages") if isinstance(info, dict) else None
-    ok = (isinstance(messages, list) and messages
-          and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                  for m in messages))
+    ok = (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
     if not ok:
-        raise MalformedEnvOutput(f"{tag}: a native env hands its chat out as info['messages'], a non-empty list of "
-                                 "{'role', 'content'} dicts")
+        raise MalformedEnvOutput(
+            f"{tag}: a native env hands its chat out as info['messages'], a non-empty list of "
+            "{'role', 'content'} dicts"
+        )
     return messages
 
 
@@ -67,8 +74,16 @@ class _NativeStepBuilder(EpisodeBuilder):
         return self._prompt if len(self._prompt) <= self.budget else None
 
     def add_response(self, out: GenerateOutput, reward: float) -> None:
-        self.steps.append(StepRecord(step=len(self.steps), prompt_ids=self._prompt, response_ids=list(out.token_ids),
-                                     logprobs=list(out.logprobs), reward=reward, state_hash=self._state))
+        self.steps.append(
+            StepRecord(
+                step=len(self.steps),
+                prompt_ids=self._prompt,
+                response_ids=list(out.token_ids),
+                logprobs=list(out.logprobs),
+                reward=reward,
+                state_hash=self._state,
+            )
+        )
 
     def add_observation(self, observation: str, out: GenerateOutput, reward: float) -> None:
         pass  # the env has added the answer and the new state to its chat

@@ -29,15 +29,23 @@ class StepEnvManager(BaseEnvManager):
     def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
         budget = self.sequence_length - self.sampling.max_new_tokens
         if self.spec.agent_template is not None:
-            return _TemplateStepBuilder(self.chat, instruction, observation, self.history_length, budget,
-                                        self.spec.agent_template, self.spec.agent_system_template,
-                                        self.spec.max_tokens_per_step)
+            return _TemplateStepBuilder(
+                self.chat,
+                instruction,
+                observation,
+                self.history_length,
+                budget,
+                self.spec.agent_template,
+                self.spec.agent_system_template,
+                self.spec.max_tokens_per_step,
+            )
         return _StepBuilder(self.chat, instruction, observation, self.history_length, budget)
 
 
 class _StepBuilder(EpisodeBuilder):
-    def __init__(self, chat: ChatFormatter, instruction: str | None, observation: str,
-                 history_length: int, budget: int):
+    def __init__(
+        self, chat: ChatFormatter, instruction: str | None, observation: str, history_length: int, budget: int
+    ):
         self.chat = chat
         self.system = [{"role": "system", "content": instruction}] if instruction else []
         self.history_length = history_length
@@ -49,7 +57,7 @@ class _StepBuilder(EpisodeBuilder):
         self._prompt: list[int] = []
 
     def prompt(self) -> list[int] | None:
-        window = self.turns[-self.history_length:] if self.history_length else []
+        window = self.turns[-self.history_length :] if self.history_length else []
         messages = list(self.system)
         for user, assistant in window:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
@@ -59,9 +67,16 @@ class _StepBuilder(EpisodeBuilder):
         return ids if len(ids) <= self.budget else None
 
     def add_response(self, out: GenerateOutput, reward: float) -> None:
-        self.steps.append(StepRecord(
-            step=len(self.steps), prompt_ids=self._prompt, response_ids=list(out.token_ids),
-            logprobs=list(out.logprobs), reward=reward, state_hash=state_hash(self.observation)))
+        self.steps.append(
+            StepRecord(
+                step=len(self.steps),
+                prompt_ids=self._prompt,
+                response_ids=list(out.token_ids),
+                logprobs=list(out.logprobs),
+                reward=reward,
+                state_hash=state_hash(self.observation),
+            )
+        )
 
     def add_observation(self, observation: str, out: GenerateOutput, reward: float) -> None:
         self.turns.append((self.user_text, self.chat.response_text(out.token_ids)))
@@ -78,8 +93,17 @@ class _TemplateStepBuilder(_StepBuilder):
     message, `agent_template` filled with the instruction, the last `history_length` steps as
     text, and the current observation (`roll.agentic.env_manager.templates.step_prompt_text`)."""
 
-    def __init__(self, chat: ChatFormatter, instruction: str | None, observation: str, history_length: int,
-                 budget: int, template: str, system_template: str | None, max_response_length: int):
+    def __init__(
+        self,
+        chat: ChatFormatter,
+        instruction: str | None,
+        observation: str,
+        history_length: int,
+        budget: int,
+        template: str,
+        system_template: str | None,
+        max_response_length: int,
+    ):
         super().__init__(chat, None, observation, history_length, budget)
         self.instruction = instruction or ""
         self.template = template
@@ -88,10 +112,15 @@ class _TemplateStepBuilder(_StepBuilder):
         self.history: list[tuple[str, str, float]] = []  # (observation, action, reward)
 
     def prompt(self) -> list[int] | None:
-        shown = self.history[-self.history_length:] if self.history_length else []
-        text = step_prompt_text(self.template, env_instruction=self.instruction, history=shown,
-                                step=len(self.steps), observation=self.observation,
-                                max_response_length=self.max_response_length)
+        shown = self.history[-self.history_length :] if self.history_length else []
+        text = step_prompt_text(
+            self.template,
+            env_instruction=self.instruction,
+            history=shown,
+            step=len(self.steps),
+            observation=self.observation,
+            max_response_length=self.max_response_length,
+        )
         messages = [*self.system, {"role": "user", "content": text}]
         ids = self.chat.template_ids(messages, add_generation_prompt=True) + self.chat.prefix_ids
         self._prompt = ids

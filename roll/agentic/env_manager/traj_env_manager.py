@@ -21,22 +21,37 @@ class TrajEnvManager(BaseEnvManager):
     def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
         template = self.spec.agent_template
         if template is None:
-            return _ConversationBuilder(self.chat, instruction, observation, self.sampling.max_new_tokens,
-                                        self.sequence_length)
+            return _ConversationBuilder(
+                self.chat, instruction, observation, self.sampling.max_new_tokens, self.sequence_length
+            )
 
         def user_text(obs: str, turn: int) -> str:  # ROLL's agent_template, filled as ROLL fills it
-            return traj_turn_text(template, obs, turn, self.spec.max_steps - turn,
-                                  self.spec.max_tokens_per_step, instruction)
+            return traj_turn_text(
+                template, obs, turn, self.spec.max_steps - turn, self.spec.max_tokens_per_step, instruction
+            )
 
-        return _ConversationBuilder(self.chat, self.spec.agent_system_template, user_text(observation, 0),
-                                    self.sampling.max_new_tokens, self.sequence_length, user_text)
+        return _ConversationBuilder(
+            self.chat,
+            self.spec.agent_system_template,
+            user_text(observation, 0),
+            self.sampling.max_new_tokens,
+            self.sequence_length,
+            user_text,
+        )
 
 
 class _ConversationBuilder(EpisodeBuilder):
     """The episode as one growing conversation: a `TokenLedger` (shared with the agent loops)."""
 
-    def __init__(self, chat: ChatFormatter, instruction: str | None, observation: str,
-                 max_new_tokens: int, sequence_length: int, user_text=None):
+    def __init__(
+        self,
+        chat: ChatFormatter,
+        instruction: str | None,
+        observation: str,
+        max_new_tokens: int,
+        sequence_length: int,
+        user_text=None,
+    ):
         self.chat = chat
         self.user_text = user_text  # (observation, turn) -> the user message; None: the observation
         self.budget = sequence_length - max_new_tokens

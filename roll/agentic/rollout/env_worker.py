@@ -19,8 +19,8 @@ from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
-from roll.core.records import GroupResult, SamplingParams
 from roll.core.errors import engine_failure
+from roll.core.records import GroupResult, SamplingParams
 from roll.models.loading import load_tokenizer
 from roll.models.templates import apply_template
 from roll.utils.seeding import derive_seed
@@ -38,8 +38,10 @@ class GroupSpec:
 
     def episode(self, member: int) -> EpisodeSpec:
         return EpisodeSpec(
-            traj_group_id=self.traj_group_id, traj_id=f"{self.traj_group_id}-{member}",
-            env_seed=self.env_seed, sample_seed=derive_seed(self.sample_seed, member),
+            traj_group_id=self.traj_group_id,
+            traj_id=f"{self.traj_group_id}-{member}",
+            env_seed=self.env_seed,
+            sample_seed=derive_seed(self.sample_seed, member),
             keep_frames=self.keep_frames,
         )
 
@@ -50,11 +52,22 @@ class EnvWorker:
     inference worker's handle or actor name (which a restarted env worker looks up again), or a
     list of them, one per replica."""
 
-    def __init__(self, slots: list[EnvSpec], group_size: int, tokenizer_path: str, inference,
-                 sampling: SamplingParams, sequence_length: int, *, manager_type: SampleMode | str = SampleMode.TRAJ,
-                 history_length: int = 0, step_timeout_s: float | None = 60.0,
-                 generate_timeout_s: float | None = 300.0, redundancy: int = 0,
-                 chat_template: str | None = None):
+    def __init__(
+        self,
+        slots: list[EnvSpec],
+        group_size: int,
+        tokenizer_path: str,
+        inference,
+        sampling: SamplingParams,
+        sequence_length: int,
+        *,
+        manager_type: SampleMode | str = SampleMode.TRAJ,
+        history_length: int = 0,
+        step_timeout_s: float | None = 60.0,
+        generate_timeout_s: float | None = 300.0,
+        redundancy: int = 0,
+        chat_template: str | None = None,
+    ):
         torch.set_num_threads(1)  # env workers only tokenize; leave the cores to the engine
         self.group_size = group_size
         n_envs = max(1, len(slots) * (group_size + redundancy))
@@ -74,9 +87,17 @@ class EnvWorker:
         if spec.env_type == AGENT_ENV_TYPE:  # dataset rows played by agent loops (traj-wise samples)
             return AgentManager(spec, self._agent_pool)
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
-        return make_env_manager(spec, self.tokenizer, self._generate, sampling, sequence_length,
-                                mode=self._manager_type, history_length=self._history_length,
-                                step_timeout_s=step_timeout_s, generate_timeout_s=generate_timeout_s)
+        return make_env_manager(
+            spec,
+            self.tokenizer,
+            self._generate,
+            sampling,
+            sequence_length,
+            mode=self._manager_type,
+            history_length=self._history_length,
+            step_timeout_s=step_timeout_s,
+            generate_timeout_s=generate_timeout_s,
+        )
 
     async def _generate(self, request):
         return await self._gateway.generate(request)

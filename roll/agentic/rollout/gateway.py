@@ -110,6 +110,11 @@ class InferenceGateway:
         return self._sticky.get(session_id)
 
     def get_stats(self) -> dict[str, Any]:
-        return {"requests_per_worker": list(self.requests), "in_flight_per_worker": list(self.in_flight),
-                "in_flight": sum(self.in_flight), "sticky_hits": self.sticky_hits,
-                "sticky_sessions": len(self._sticky), "sticky_evictions": self.evictions}
+        return {
+            "requests_per_worker": list(self.requests),
+            "in_flight_per_worker": list(self.in_flight),
+            "in_flight": sum(self.in_flight),
+            "sticky_hits": self.sticky_hits,
+            "sticky_sessions": len(self._sticky),
+            "sticky_evictions": self.evictions,
+        }

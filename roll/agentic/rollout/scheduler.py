@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import ray
 
 from roll.agentic.rollout.env_worker import GroupSpec
-from roll.core.records import GroupResult, Trajectory
 from roll.core.errors import engine_failure
+from roll.core.records import GroupResult, Trajectory
 from roll.utils.seeding import derive_seed
 
 
@@ -58,8 +58,9 @@ class _StepState:
 
 
 class RolloutScheduler:
-    def __init__(self, workers: list, slots: list[Slot], seed: int, mode: str, timeout_s: float = 900.0,
-                 group_size: int = 1):
+    def __init__(
+        self, workers: list, slots: list[Slot], seed: int, mode: str, timeout_s: float = 900.0, group_size: int = 1
+    ):
         self.workers = workers
         self.group_size = group_size  # trajectories a group owes: what a dead worker's group loses
         self.slots = slots
@@ -77,8 +78,10 @@ class RolloutScheduler:
     def group_spec(self, step: int, j: int, keep_frames: bool) -> GroupSpec:
         key = (self.seed, self.mode) if self.mode == "val" else (self.seed, self.mode, step)
         return GroupSpec(
-            group_index=j, traj_group_id=f"{self.mode}-{step}-{j}" if self.mode != "val" else f"val-{j}",
-            env_seed=derive_seed(*key, "env", j), sample_seed=derive_seed(*key, "sample", j),
+            group_index=j,
+            traj_group_id=f"{self.mode}-{step}-{j}" if self.mode != "val" else f"val-{j}",
+            env_seed=derive_seed(*key, "env", j),
+            sample_seed=derive_seed(*key, "sample", j),
             keep_frames=keep_frames,
         )
 
@@ -95,8 +98,15 @@ class RolloutScheduler:
             self._push(self.tag_of(j), step, self.group_spec(step, j, keep_frames))
         self._launch()
 
-    def collect(self, step: int, num_groups: int, keep_frames: bool = False, *,
-                policy_version: int | None = None, max_staleness: int = 0) -> tuple[list[Trajectory], list[str]]:
+    def collect(
+        self,
+        step: int,
+        num_groups: int,
+        keep_frames: bool = False,
+        *,
+        policy_version: int | None = None,
+        max_staleness: int = 0,
+    ) -> tuple[list[Trajectory], list[str]]:
         """Play (or finish) the `num_groups` groups of `step`; return their trajectories ordered by
         group index, and the causes of dropped trajectories.
 

@@ -89,21 +89,35 @@ class RunningBatch:
         returns next-token logits (B, V)."""
         positions = self.mask.sum(-1, keepdim=True)
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.size, 1)], dim=1)
-        return model(input_ids=self.last.view(-1, 1), attention_mask=self.mask, position_ids=positions,
-                     past_key_values=self.cache, use_cache=True).logits[:, -1, :].float()
+        return (
+            model(
+                input_ids=self.last.view(-1, 1),
+                attention_mask=self.mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+            .logits[:, -1, :]
+            .float()
+        )
 
     def sampler(self) -> RowSampler:
         if self._sampler is None:  # rows change only in `merge` / `keep`, which make a new batch
-            self._sampler = RowSampler([r.request for r in self.rows], self.mask.device,
-                                        [r.generator for r in self.rows])
+            self._sampler = RowSampler(
+                [r.request for r in self.rows], self.mask.device, [r.generator for r in self.rows]
+            )
         return self._sampler
 
     def merge(self, other: RunningBatch) -> RunningBatch:
         """Both batches' rows, the narrower left-padded with masked zeros to the wider's width."""
         width = max(self.mask.shape[1], other.mask.shape[1])
-        layers = [(torch.cat([_left_pad(k1, width, 2), _left_pad(k2, width, 2)]),
-                   torch.cat([_left_pad(v1, width, 2), _left_pad(v2, width, 2)]))
-                  for (k1, v1), (k2, v2) in zip(self.layers(), other.layers(), strict=True)]
+        layers = [
+            (
+                torch.cat([_left_pad(k1, width, 2), _left_pad(k2, width, 2)]),
+                torch.cat([_left_pad(v1, width, 2), _left_pad(v2, width, 2)]),
+            )
+            for (k1, v1), (k2, v2) in zip(self.layers(), other.layers(), strict=True)
+        ]
         mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)])
         return RunningBatch(self.rows + other.rows, DynamicCache(layers), mask, torch.cat([self.last, other.last]))
 
@@ -114,16 +128,20 @@ class RunningBatch:
         idx = torch.tensor(index, device=self.mask.device)
         mask = self.mask.index_select(0, idx)
         first = int(mask.any(0).nonzero()[0])
-        layers = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:])
-                  for k, v in self.layers()]
-        return RunningBatch([self.rows[i] for i in index], DynamicCache(layers), mask[:, first:],
-                            self.last.index_select(0, idx))
+        layers = [
+            (k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in self.layers()
+        ]
+        return RunningBatch(
+            [self.rows[i] for i in index], DynamicCache(layers), mask[:, first:], self.last.index_select(0, idx)
+        )
 
     def row_kv(self, i: int, skip: int) -> Chunk:
         """Row i's keys and values at its real ids after the first `skip`, as a chunk of its own."""
         columns = self.mask[i].nonzero().squeeze(1)[skip:]
-        return [(k[i][:, columns].transpose(0, 1).contiguous(), v[i][:, columns].transpose(0, 1).contiguous())
-                for k, v in self.layers()]
+        return [
+            (k[i][:, columns].transpose(0, 1).contiguous(), v[i][:, columns].transpose(0, 1).contiguous())
+            for k, v in self.layers()
+        ]
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -135,7 +153,9 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def serve(engine: HFInferStrategy, take: Take, deliver: Deliver, max_rows: int, stop_admitting: Callable[[], bool]) -> None:
+def serve(
+    engine: HFInferStrategy, take: Take, deliver: Deliver, max_rows: int, stop_admitting: Callable[[], bool]
+) -> None:
     """Decode until no row runs and `take` has nothing new: before each decode step, admit up to
     `max_rows - running` new requests. Once `stop_admitting()` is true, no request is taken and
     the call returns when the running rows are done (a weight update or offload is waiting).
@@ -183,19 +203,24 @@ def _admit(engine: HFInferStrategy, requests: list[GenerateRequest], deliver: De
     return _sample_and_retire(engine, batch, logits, deliver)
 
 
-def _sample_and_retire(engine: HFInferStrategy, batch: RunningBatch, logits: torch.Tensor, deliver: Deliver) -> RunningBatch | None:
+def _sample_and_retire(
+    engine: HFInferStrategy, batch: RunningBatch, logits: torch.Tensor, deliver: Deliver
+) -> RunningBatch | None:
     """Sample each row's next token; answer the rows that are done and drop them from the batch."""
     tokens, logprobs = batch.sampler().sample(logits)
     batch.last = tokens
-    done = [i for i, (row, tok, lp) in enumerate(zip(batch.rows, tokens.tolist(), logprobs.tolist()))
-            if row.record(tok, lp)]
+    done = [
+        i for i, (row, tok, lp) in enumerate(zip(batch.rows, tokens.tolist(), logprobs.tolist())) if row.record(tok, lp)
+    ]
     if not done:
         return batch
     for i in done:
         row = batch.rows[i]
         _store_session(engine, batch, i, row)
-        deliver(row.request, GenerateOutput(row.request.request_id, row.token_ids, row.logprobs, row.finish,
-                                            engine.policy_version))
+        deliver(
+            row.request,
+            GenerateOutput(row.request.request_id, row.token_ids, row.logprobs, row.finish, engine.policy_version),
+        )
     finished = set(done)
     return batch.keep([i for i in range(batch.size) if i not in finished])
 
@@ -205,5 +230,8 @@ def _store_session(engine: HFInferStrategy, batch: RunningBatch, i: int, row: Ro
     path does: the reused chunks as they are, plus the row's new columns."""
     if not engine.kv_cache.enabled or row.request.session_id is None:
         return
-    engine.kv_cache.store(row.request.session_id, row.request.prompt_ids + row.token_ids[:-1],
-                          row.prefix.chunks + [batch.row_kv(i, row.prefix.length)])
+    engine.kv_cache.store(
+        row.request.session_id,
+        row.request.prompt_ids + row.token_ids[:-1],
+        row.prefix.chunks + [batch.row_kv(i, row.prefix.length)],
+    )

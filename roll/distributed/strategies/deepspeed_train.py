@@ -42,8 +42,14 @@ from roll.distributed.strategies.offload import move_optimizer_state_
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import TorchTrainStrategy, _as_float, restore_schedule
 
-OWNED_KEYS = ("optimizer", "scheduler", "train_batch_size", "train_micro_batch_size_per_gpu",
-              "gradient_accumulation_steps", "gradient_clipping")
+OWNED_KEYS = (
+    "optimizer",
+    "scheduler",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+)
 """DeepSpeed config keys that `training_args` decides (see module docstring)."""
 CHECKPOINT_TAG = "deepspeed"
 """Subdirectory of a checkpoint with DeepSpeed's own files (partitioned optimizer state)."""
@@ -53,7 +59,9 @@ def _import_deepspeed():
     try:
         import deepspeed
     except ImportError:
-        raise ImportError('strategy "deepspeed" needs DeepSpeed: DS_BUILD_OPS=0 pip install "deepspeed>=0.19"') from None
+        raise ImportError(
+            'strategy "deepspeed" needs DeepSpeed: DS_BUILD_OPS=0 pip install "deepspeed>=0.19"'
+        ) from None
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     return deepspeed
 
@@ -93,11 +101,13 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
         _skip_shm_build(deepspeed)
         self.dp_rank, self.dp_size = ensure_process_group(self.device)  # DeepSpeed averages over them
         deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
-        config = deepspeed_config(ds_config or {}, micro_batch_size=self.micro_batch_size,
-                                  max_grad_norm=self.max_grad_norm)
+        config = deepspeed_config(
+            ds_config or {}, micro_batch_size=self.micro_batch_size, max_grad_norm=self.max_grad_norm
+        )
         self.zero_stage = int(config["zero_optimization"].get("stage", 0))
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=self.model, optimizer=self.optimizer, config=config)
+            model=self.model, optimizer=self.optimizer, config=config
+        )
         self.model = self.engine.module
         # Training forwards go through the engine: ZeRO-3 counts micro-batches there, and a forward
         # that bypasses it makes the next backward overwrite the accumulated gradient.
@@ -156,8 +166,9 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
 
     def load_checkpoint(self, directory: str | Path) -> None:
         directory = Path(directory)
-        self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True,
-                                    load_lr_scheduler_states=False)
+        self.engine.load_checkpoint(
+            str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
         restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))
 
     def offload(self, to: str | torch.device = "cpu") -> None:
@@ -177,13 +188,15 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
 
         include = None
         if self.zero_stage == 3:
-            include = [OffloadStateTypeEnum.lp_params, OffloadStateTypeEnum.lp_grads,
-                       OffloadStateTypeEnum.contiguous_grad_buffer]
+            include = [
+                OffloadStateTypeEnum.lp_params,
+                OffloadStateTypeEnum.lp_grads,
+                OffloadStateTypeEnum.contiguous_grad_buffer,
+            ]
             if not self.engine.zero_use_cpu_optimizer():
                 move_optimizer_state_(self.engine.optimizer.optimizer, to, with_params=True)
         # pinned host memory makes the way back faster; there is nothing to pin for on CPU
-        self.engine.offload_states(include=include, device=OffloadDeviceEnum.cpu,
-                                   pin_memory=self.device.type == "cuda")
+        self.engine.offload_states(include=include, device=OffloadDeviceEnum.cpu, pin_memory=self.device.type == "cuda")
 
     def reload(self) -> None:
         if self.zero_stage == 0:

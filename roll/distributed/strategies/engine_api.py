@@ -31,12 +31,19 @@ class EngineUnavailable(ImportError):
     """An inference engine cannot run here; the message is one line that says how to fix it."""
 
 
-def generate_live(requests: list[GenerateRequest], generate: Callable[[list[GenerateRequest]], list[GenerateOutput]],
-                  policy_version: int) -> list[GenerateOutput]:
+def generate_live(
+    requests: list[GenerateRequest],
+    generate: Callable[[list[GenerateRequest]], list[GenerateOutput]],
+    policy_version: int,
+) -> list[GenerateOutput]:
     """`generate(live)` for the requests that ask for tokens, in one call; requests with
     `max_new_tokens <= 0` answer an empty "length" output without reaching the engine (vLLM refuses
     max_tokens=0, and this is what `hf` answers). Outputs come back in request order."""
     live = [r for r in requests if r.params.max_new_tokens > 0]
     answered = iter(generate(live) if live else [])
-    return [next(answered) if r.params.max_new_tokens > 0
-            else GenerateOutput(r.request_id, [], [], "length", policy_version) for r in requests]
+    return [
+        next(answered)
+        if r.params.max_new_tokens > 0
+        else GenerateOutput(r.request_id, [], [], "length", policy_version)
+        for r in requests
+    ]

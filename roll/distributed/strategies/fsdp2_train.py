@@ -62,17 +62,27 @@ def mesh_shape(world_size: int, fsdp_size: int | None) -> tuple[int, ...]:
     return (world_size // fsdp_size, fsdp_size)
 
 
-def shard_model(model: nn.Module, device: torch.device, reshard_after_forward: bool = True, *,
-                fsdp_size: int | None = None, param_dtype: str | None = None, reduce_dtype: str | None = None,
-                offload_policy: bool = False) -> int:
+def shard_model(
+    model: nn.Module,
+    device: torch.device,
+    reshard_after_forward: bool = True,
+    *,
+    fsdp_size: int | None = None,
+    param_dtype: str | None = None,
+    reduce_dtype: str | None = None,
+    offload_policy: bool = False,
+) -> int:
     """`fully_shard` every decoder layer, then the root; returns the number of layer units."""
     _, world_size = ensure_process_group(device)
     shape = mesh_shape(world_size, fsdp_size)
     names = ("replicate", "shard") if len(shape) == 2 else None
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
-    options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
-               "mp_policy": MixedPrecisionPolicy(param_dtype=_dtype(param_dtype), reduce_dtype=_dtype(reduce_dtype)),
-               "offload_policy": CPUOffloadPolicy() if offload_policy and device.type != "cpu" else OffloadPolicy()}
+    options = {
+        "mesh": mesh,
+        "reshard_after_forward": reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=_dtype(param_dtype), reduce_dtype=_dtype(reduce_dtype)),
+        "offload_policy": CPUOffloadPolicy() if offload_policy and device.type != "cpu" else OffloadPolicy(),
+    }
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
     for layer in layers:
@@ -86,14 +96,29 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
 
     FUSED_ADAMW = False  # measured on an H100: not faster on the sharded parameters (benchmarks/README)
 
-    def __init__(self, model: nn.Module, *, reshard_after_forward: bool = True, fsdp_size: int | None = None,
-                 param_dtype: str | None = None, reduce_dtype: str | None = None, offload_policy: bool = False,
-                 device="cpu", **kwargs) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        reshard_after_forward: bool = True,
+        fsdp_size: int | None = None,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = None,
+        offload_policy: bool = False,
+        device="cpu",
+        **kwargs,
+    ) -> None:
         device = torch.device(device)
         self.model_class = type(model)  # fully_shard swaps in a subclass; load checkpoints with this
-        self.num_fsdp_units = shard_model(model.to(device), device, reshard_after_forward, fsdp_size=fsdp_size,
-                                          param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                          offload_policy=offload_policy)
+        self.num_fsdp_units = shard_model(
+            model.to(device),
+            device,
+            reshard_after_forward,
+            fsdp_size=fsdp_size,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+            offload_policy=offload_policy,
+        )
         # the optimizer is built after sharding, on the DTensor parameters
         super().__init__(model, device=device, **kwargs)
         self.rank = torch.distributed.get_rank()
@@ -121,6 +146,7 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
         directory = Path(directory)
         self.load_state_dict(self._saved_model_state(directory))
         optim_state = torch.load(directory / "optimizer.pt", weights_only=True)
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state,
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self.model, self.optimizer, optim_state, options=StateDictOptions(full_state_dict=True)
+        )
         restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))

@@ -37,16 +37,27 @@ from roll.distributed.strategies.offload import move_module_, release_cached_mem
 
 
 class HFInferStrategy:
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_ids: list[int],
-                 max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_token_id: int,
+        eos_token_ids: list[int],
+        max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+    ):
         self.model = model.eval()
         self.device = next(model.parameters()).device  # where `reload` puts the model back
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.policy_version = 0
         self.kv_cache = SessionKVCache(max_cached_tokens)
-        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0, "prefill_rows_computed": 0,
-                      "prefill_calls": 0, "decode_steps": 0, "joined_running": 0}  # the last: continuous only
+        self.stats = {
+            "prefix_tokens_reused": 0,
+            "prefill_tokens": 0,
+            "prefill_rows_computed": 0,
+            "prefill_calls": 0,
+            "decode_steps": 0,
+            "joined_running": 0,
+        }  # the last: continuous only
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """New weights make every cached key and value stale, so the session cache is cleared."""
@@ -106,13 +117,17 @@ class HFInferStrategy:
                 logits = self.prefill_forward(prefill)
             else:
                 self.stats["decode_steps"] += 1
-                logits = self.model(
-                    input_ids=step_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    past_key_values=prefill.cache,
-                    use_cache=True,
-                ).logits[:, -1, :].float()
+                logits = (
+                    self.model(
+                        input_ids=step_ids,
+                        attention_mask=attention_mask,
+                        position_ids=position_ids,
+                        past_key_values=prefill.cache,
+                        use_cache=True,
+                    )
+                    .logits[:, -1, :]
+                    .float()
+                )
             tokens, logprobs = sampler.sample(logits)
             row_tokens, row_logprobs = tokens.tolist(), logprobs.tolist()  # one device sync a step, not 2n
             for i in range(n):
@@ -154,14 +169,17 @@ class HFInferStrategy:
         logits = out.logits[:, -1, :].float()
         if inverse is None:
             return logits
-        layers = [(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse))
-                  for layer in out.past_key_values.layers]
+        layers = [
+            (layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse))
+            for layer in out.past_key_values.layers
+        ]
         prefill.cache = DynamicCache(layers)
         self.stats["prefill_rows_computed"] += len(unique)
         return logits.index_select(0, inverse)
 
-    def _store_sessions(self, requests: list[GenerateRequest], prefixes: list[Prefix], prefill: Prefill,
-                        out_ids: list[list[int]]) -> None:
+    def _store_sessions(
+        self, requests: list[GenerateRequest], prefixes: list[Prefix], prefill: Prefill, out_ids: list[list[int]]
+    ) -> None:
         """Keep each session's KV for the ids it fed: prompt + generated ids but the last.
 
         The reused chunks are kept as they are; the new chunk is the row's KV from the batch cache,
@@ -176,8 +194,9 @@ class HFInferStrategy:
             if r.session_id is None or not out_ids[i]:
                 continue
             fed = slice(end_of_prompt - prefill.new[i], end_of_prompt + len(out_ids[i]) - 1)
-            self.kv_cache.store(r.session_id, r.prompt_ids + out_ids[i][:-1],
-                                prefixes[i].chunks + [row_chunk(layers, i, fed)])
+            self.kv_cache.store(
+                r.session_id, r.prompt_ids + out_ids[i][:-1], prefixes[i].chunks + [row_chunk(layers, i, fed)]
+            )
 
 
 @dataclass
@@ -192,14 +211,15 @@ class Prefill:
     new: list[int]  # m_i
 
 
-def build_prefill(requests: list[GenerateRequest], prefixes: list[Prefix], pad_id: int,
-                  device: torch.device) -> Prefill:
-    new_ids = [r.prompt_ids[p.length:] for r, p in zip(requests, prefixes)]
+def build_prefill(
+    requests: list[GenerateRequest], prefixes: list[Prefix], pad_id: int, device: torch.device
+) -> Prefill:
+    new_ids = [r.prompt_ids[p.length :] for r, p in zip(requests, prefixes)]
     input_ids, new_mask = _left_pad(new_ids, pad_id)
     width = max(p.length for p in prefixes)
     past_mask = torch.zeros((len(requests), width), dtype=torch.long)
     for i, p in enumerate(prefixes):
-        past_mask[i, width - p.length:] = 1
+        past_mask[i, width - p.length :] = 1
     attention_mask = torch.cat([past_mask, new_mask], dim=1).to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
     cache = DynamicCache(left_padded_past(prefixes)) if width else DynamicCache()
@@ -219,8 +239,8 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s) :] = 1
     return ids, mask
 
 
@@ -236,8 +256,9 @@ class RowSampler:
     share random numbers.
     """
 
-    def __init__(self, requests: list[GenerateRequest], device: torch.device,
-                 generators: list[torch.Generator] | None = None):
+    def __init__(
+        self, requests: list[GenerateRequest], device: torch.device, generators: list[torch.Generator] | None = None
+    ):
         self.greedy = torch.tensor([r.params.greedy for r in requests], device=device)
         temps = [1.0 if r.params.greedy else r.params.temperature for r in requests]
         self.temperature = torch.tensor(temps, device=device).unsqueeze(1)

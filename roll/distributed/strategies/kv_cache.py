@@ -170,6 +170,10 @@ def left_padded_past(prefixes: list[Prefix]) -> list[LayerKV]:
 def row_chunk(batch_layers: list[LayerKV], row: int, span: slice) -> Chunk:
     """Row `row`'s KV at positions `span` of a batch cache (per layer (B, H_kv, L, D)), copied into
     tensors of its own so that the batch's memory is not pinned."""
-    return [(k[row, :, span].transpose(0, 1).clone(memory_format=torch.contiguous_format),
-             v[row, :, span].transpose(0, 1).clone(memory_format=torch.contiguous_format))
-            for k, v in batch_layers]
+    return [
+        (
+            k[row, :, span].transpose(0, 1).clone(memory_format=torch.contiguous_format),
+            v[row, :, span].transpose(0, 1).clone(memory_format=torch.contiguous_format),
+        )
+        for k, v in batch_layers
+    ]

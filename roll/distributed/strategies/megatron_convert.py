@@ -197,8 +197,11 @@ def check_tensor_parallel(arch: DecoderArch, tp_size: int, vocab_size: int) -> N
     """A one-line ValueError unless every split dimension divides by `tp_size`. Query groups must
     divide: a rank then holds whole groups of the interleaved qkv (Megatron's layout for fewer
     groups than ranks, which replicates a KV head over ranks, is not supported here)."""
-    sizes = {"num_query_groups": arch.num_query_groups, "ffn_hidden_size": arch.ffn_hidden_size,
-             "the vocabulary size": vocab_size}
+    sizes = {
+        "num_query_groups": arch.num_query_groups,
+        "ffn_hidden_size": arch.ffn_hidden_size,
+        "the vocabulary size": vocab_size,
+    }
     for name, size in sizes.items():
         if size % tp_size:
             hint = " (pad it: hf_to_megatron's padded_vocab_size)" if name == "the vocabulary size" else ""
@@ -255,8 +258,9 @@ def renumber_layers(state: Mapping[str, torch.Tensor], shift: int, keep: range |
     return out
 
 
-def stage_state(mc: Mapping[str, torch.Tensor], arch: DecoderArch, offset: int, num_stage_layers: int,
-                first: bool, last: bool) -> Tensors:
+def stage_state(
+    mc: Mapping[str, torch.Tensor], arch: DecoderArch, offset: int, num_stage_layers: int, first: bool, last: bool
+) -> Tensors:
     """A whole (all layers) `GPTModel` state dict -> one pipeline stage's (module docstring): layers
     offset .. offset + num_stage_layers - 1 renamed from 0, the embedding if `first`, the final norm
     and output layer if `last` (with tied embeddings and `last` but not `first`: the embedding)."""
@@ -277,6 +281,11 @@ def from_stage(stage: Mapping[str, torch.Tensor], offset: int, arch: DecoderArch
     """Inverse of `stage_state` for one stage: its entries under whole-model names (layers shifted
     by `offset`; a tied output copy dropped, the first stage's embedding stands for it)."""
     out = renumber_layers(stage, offset)
-    out.update({name: tensor for name, tensor in stage.items()
-                if not name.startswith(LAYERS_PREFIX) and not (name == OUTPUT and arch.tied_embeddings)})
+    out.update(
+        {
+            name: tensor
+            for name, tensor in stage.items()
+            if not name.startswith(LAYERS_PREFIX) and not (name == OUTPUT and arch.tied_embeddings)
+        }
+    )
     return out

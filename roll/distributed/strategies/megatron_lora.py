@@ -44,15 +44,28 @@ from roll.distributed.strategies.megatron_convert import DecoderArch, fuse_qkv, 
 from roll.models.lora import target_modules
 
 QKV, PROJ, FC1, FC2 = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
-TARGET_MODULES = {"q_proj": QKV, "k_proj": QKV, "v_proj": QKV, "linear_qkv": QKV,
-                  "o_proj": PROJ, "linear_proj": PROJ,
-                  "gate_proj": FC1, "up_proj": FC1, "linear_fc1": FC1,
-                  "down_proj": FC2, "linear_fc2": FC2}
+TARGET_MODULES = {
+    "q_proj": QKV,
+    "k_proj": QKV,
+    "v_proj": QKV,
+    "linear_qkv": QKV,
+    "o_proj": PROJ,
+    "linear_proj": PROJ,
+    "gate_proj": FC1,
+    "up_proj": FC1,
+    "linear_fc1": FC1,
+    "down_proj": FC2,
+    "linear_fc2": FC2,
+}
 """`lora_target` name (HF or megatron) -> the megatron module it adapts, within a decoder layer."""
 ROW_PARALLEL = (PROJ, FC2)
 """Modules split by input columns (A is split, B replicated); the others by output rows."""
-HF_PARTS = {QKV: ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), PROJ: ("self_attn.o_proj",),
-            FC1: ("mlp.gate_proj", "mlp.up_proj"), FC2: ("mlp.down_proj",)}
+HF_PARTS = {
+    QKV: ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    PROJ: ("self_attn.o_proj",),
+    FC1: ("mlp.gate_proj", "mlp.up_proj"),
+    FC2: ("mlp.down_proj",),
+}
 """The HF linears a fused megatron module stands for, in the order its output rows hold them."""
 HF_ADAPTER_PREFIX = "base_model.model.model.layers.{}."
 """Key prefix of a decoder layer's tensors in a saved peft adapter (peft drops the adapter name)."""
@@ -68,8 +81,10 @@ def megatron_targets(target: str) -> list[str]:
         raise ValueError("lists no module name")
     unknown = [name for name in names if name not in TARGET_MODULES]
     if unknown:
-        raise ValueError(f"{unknown[0]!r} has no counterpart in the megatron model (targets: "
-                         f"{', '.join(TARGET_MODULES)} or all-linear)")
+        raise ValueError(
+            f"{unknown[0]!r} has no counterpart in the megatron model (targets: "
+            f"{', '.join(TARGET_MODULES)} or all-linear)"
+        )
     wanted = {TARGET_MODULES[name] for name in names}
     return [module for module in (QKV, PROJ, FC1, FC2) if module in wanted]
 
@@ -79,8 +94,18 @@ class ParallelLoRA(nn.Module):
     tensor-parallel ranks as the module docstring says; called and answering like the base layer:
     `forward(x) -> (output, bias)`. `lora_A` and `lora_B` are this rank's pieces."""
 
-    def __init__(self, base_layer: nn.Module, *, rank: int, alpha: int, row_parallel: bool,
-                 tp_group, tp_rank: int, tp_size: int, generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        base_layer: nn.Module,
+        *,
+        rank: int,
+        alpha: int,
+        row_parallel: bool,
+        tp_group,
+        tp_rank: int,
+        tp_size: int,
+        generator: torch.Generator,
+    ) -> None:
         super().__init__()
         self.base_layer, self.row_parallel, self.tp_group = base_layer, row_parallel, tp_group
         self.scaling = alpha / rank
@@ -100,8 +125,9 @@ class ParallelLoRA(nn.Module):
         out, bias = self.base_layer(x, *args, **kwargs)
         h = F.linear(x.to(self.lora_A.dtype), self.lora_A)
         # row parallel: sum the ranks' partial A x; column parallel: A's gradient from every B shard
-        h = (reduce_from_tensor_model_parallel_region if self.row_parallel
-             else copy_to_tensor_model_parallel_region)(h, group=self.tp_group)
+        h = (reduce_from_tensor_model_parallel_region if self.row_parallel else copy_to_tensor_model_parallel_region)(
+            h, group=self.tp_group
+        )
         return (out + F.linear(h, self.lora_B) * self.scaling).to(out.dtype), bias
 
     def __getattr__(self, name: str):
@@ -113,8 +139,9 @@ class ParallelLoRA(nn.Module):
             return getattr(self.base_layer, name)
 
 
-def _draw_whole_a(base_layer: nn.Module, rank: int, row_parallel: bool, tp_size: int,
-                  generator: torch.Generator) -> torch.Tensor:
+def _draw_whole_a(
+    base_layer: nn.Module, rank: int, row_parallel: bool, tp_size: int, generator: torch.Generator
+) -> torch.Tensor:
     """The whole (all tensor-parallel ranks') A of an adapter on `base_layer`, drawn as peft's
     kaiming_uniform_(a=sqrt(5)) draws it, from `generator`."""
     in_local = base_layer.weight.shape[1]
@@ -123,8 +150,18 @@ def _draw_whole_a(base_layer: nn.Module, rank: int, row_parallel: bool, tp_size:
     return torch.empty(rank, in_full).uniform_(-bound, bound, generator=generator)
 
 
-def apply_megatron_lora(gpt: nn.Module, *, rank: int, alpha: int, target: str, tp_group, tp_rank: int,
-                        tp_size: int, seed: int, layer_offset: int = 0) -> list[str]:
+def apply_megatron_lora(
+    gpt: nn.Module,
+    *,
+    rank: int,
+    alpha: int,
+    target: str,
+    tp_group,
+    tp_rank: int,
+    tp_size: int,
+    seed: int,
+    layer_offset: int = 0,
+) -> list[str]:
     """Freeze `gpt` and put a `ParallelLoRA` around each targeted module of every decoder layer;
     returns the wrapped modules' names (the model's own: a pipeline stage numbers its layers from 0).
     A is drawn from a generator seeded with `seed`, in full and in module order on every rank (then
@@ -139,16 +176,28 @@ def apply_megatron_lora(gpt: nn.Module, *, rank: int, alpha: int, target: str, t
     for _ in range(layer_offset):
         for module in modules:
             parent_name, child = module.split(".")
-            _draw_whole_a(getattr(getattr(template, parent_name), child), rank, module in ROW_PARALLEL, tp_size,
-                          generator)
+            _draw_whole_a(
+                getattr(getattr(template, parent_name), child), rank, module in ROW_PARALLEL, tp_size, generator
+            )
     wrapped = []
     for index, layer in enumerate(gpt.decoder.layers):
         for module in modules:
             parent_name, child = module.split(".")
             parent = getattr(layer, parent_name)
-            setattr(parent, child, ParallelLoRA(getattr(parent, child), rank=rank, alpha=alpha,
-                                                row_parallel=module in ROW_PARALLEL, tp_group=tp_group,
-                                                tp_rank=tp_rank, tp_size=tp_size, generator=generator))
+            setattr(
+                parent,
+                child,
+                ParallelLoRA(
+                    getattr(parent, child),
+                    rank=rank,
+                    alpha=alpha,
+                    row_parallel=module in ROW_PARALLEL,
+                    tp_group=tp_group,
+                    tp_rank=tp_rank,
+                    tp_size=tp_size,
+                    generator=generator,
+                ),
+            )
             wrapped.append(f"decoder.layers.{index}.{module}")
     return wrapped
 
@@ -253,8 +302,10 @@ def adapter_from_hf(hf: Mapping[str, torch.Tensor], arch: DecoderArch, modules: 
             raise ValueError(f"saved adapter has no {missing[0].removeprefix('base_model.model.')}")
         a_parts = [hf[f"{p}.lora_A.weight"] for p in prefixes]
         if any(not torch.equal(a, a_parts[0]) for a in a_parts[1:]):
-            raise ValueError(f"saved adapter has different A matrices for the parts of {module_path} "
-                             "(not saved by the megatron strategy): megatron adapts the fused layer")
+            raise ValueError(
+                f"saved adapter has different A matrices for the parts of {module_path} "
+                "(not saved by the megatron strategy): megatron adapts the fused layer"
+            )
         b_parts = [hf[f"{p}.lora_B.weight"] for p in prefixes]
         used.update(f"{p}.lora_{kind}.weight" for p in prefixes for kind in "AB")
         adapter[f"{module_path}.lora_A"] = a_parts[0]

@@ -64,17 +64,24 @@ def init_model_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1) ->
     other sizes is an error: megatron keeps its groups in module globals, one layout per process.
     """
     if parallel_state.model_parallel_is_initialized():
-        have = (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_pipeline_model_parallel_world_size())
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
         if have != (tensor_parallel, pipeline_parallel):
             raise RuntimeError(f"megatron is already initialised with (tp, pp) = {have} in this process")
         return
     parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel, create_gloo_process_groups=False)
 
 
-def transformer_config(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
-                       sequence_parallel: bool = False, pipeline_parallel: int = 1,
-                       stage_layers: tuple[int | None, int | None] = (None, None)) -> TransformerConfig:
+def transformer_config(
+    arch: DecoderArch,
+    dtype: torch.dtype,
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
+    pipeline_parallel: int = 1,
+    stage_layers: tuple[int | None, int | None] = (None, None),
+) -> TransformerConfig:
     """The `TransformerConfig` of an HF Llama/Qwen2 model: pre-norm RMSNorm, SwiGLU MLP without
     biases, grouped-query attention with q/k/v biases only for Qwen2, no dropout (PPO compares
     forwards of the same weights, see roll.distributed.strategies.torch_train).
@@ -122,16 +129,31 @@ class SdpaAttention(MegatronModule):
     docstring). Grouped-query attention maps query head h to KV head h // (heads / groups), as
     Megatron's interleaved qkv and HF's `repeat_kv` both do."""
 
-    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type, attention_type: str,
-                 cp_comm_type: str | None = None, softmax_scale: float | None = None, pg_collection=None) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type,
+        attention_type: str,
+        cp_comm_type: str | None = None,
+        softmax_scale: float | None = None,
+        pg_collection=None,
+    ) -> None:
         super().__init__(config=config)
         if config.attention_dropout or config.context_parallel_size > 1:
             raise ValueError("SdpaAttention supports neither attention dropout nor context parallelism")
         self.softmax_scale = softmax_scale  # None: 1 / sqrt(head_dim)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ) -> torch.Tensor:
         """query (Sq, B, heads, d), key and value (Sk, B, groups, d) -> (Sq, B, heads * d).
 
         `attention_mask`: None for plain causal attention, else (B, 1, Sq, Sk) bool with True
@@ -140,8 +162,9 @@ class SdpaAttention(MegatronModule):
             raise ValueError("SdpaAttention takes neither an attention bias nor packed sequences")
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         allowed = None if attention_mask is None else ~attention_mask
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=attention_mask is None,
-                                             scale=self.softmax_scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, is_causal=attention_mask is None, scale=self.softmax_scale, enable_gqa=True
+        )
         return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
 
 
@@ -166,10 +189,16 @@ class BufferRotaryEmbedding(RotaryEmbedding):
 _TE_ATTENTION_SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 
 
-def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int = 1,
-                    sequence_parallel: bool = False, pg_collection: ProcessGroupCollection | None = None,
-                    recompute_granularity: str | None = None, pipeline_parallel: int = 1,
-                    stage_layers: tuple[int | None, int | None] = (None, None)) -> GPTModel:
+def build_gpt_model(
+    arch: DecoderArch,
+    dtype: torch.dtype,
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
+    pg_collection: ProcessGroupCollection | None = None,
+    recompute_granularity: str | None = None,
+    pipeline_parallel: int = 1,
+    stage_layers: tuple[int | None, int | None] = (None, None),
+) -> GPTModel:
     """A `GPTModel` with `arch`'s shape on CPU, uninitialised (load weights next). Its vocabulary is
     `arch.vocab_size` rounded up to a multiple of `tensor_parallel` (Megatron's vocab padding).
     With tensor parallelism its logits are each rank's vocabulary slice (`MegatronCausalLM`
@@ -196,18 +225,29 @@ def build_gpt_model(arch: DecoderArch, dtype: torch.dtype, tensor_parallel: int 
     # while the model is built, then restored as the user set them.
     te_switches = {name: os.environ.pop(name) for name in _TE_ATTENTION_SWITCHES if name in os.environ}
     try:
-        gpt = GPTModel(config, spec, vocab_size=padded_vocab_size(arch, tensor_parallel),
-                       max_sequence_length=arch.max_positions,
-                       share_embeddings_and_output_weights=arch.tied_embeddings and pipeline_parallel == 1,
-                       position_embedding_type="rope", rotary_base=arch.rope_theta, pg_collection=pg_collection,
-                       **stage_kwargs)
+        gpt = GPTModel(
+            config,
+            spec,
+            vocab_size=padded_vocab_size(arch, tensor_parallel),
+            max_sequence_length=arch.max_positions,
+            share_embeddings_and_output_weights=arch.tied_embeddings and pipeline_parallel == 1,
+            position_embedding_type="rope",
+            rotary_base=arch.rope_theta,
+            pg_collection=pg_collection,
+            **stage_kwargs,
+        )
     finally:
         for name in _TE_ATTENTION_SWITCHES:
             os.environ.pop(name, None)
         os.environ.update(te_switches)
     gpt.rotary_pos_emb = BufferRotaryEmbedding(
-        kv_channels=config.kv_channels, rotary_percent=1.0, rotary_interleaved=config.rotary_interleaved,
-        rotary_base=arch.rope_theta, use_cpu_initialization=True, cp_group=gpt.pg_collection.cp)
+        kv_channels=config.kv_channels,
+        rotary_percent=1.0,
+        rotary_interleaved=config.rotary_interleaved,
+        rotary_base=arch.rope_theta,
+        use_cpu_initialization=True,
+        cp_group=gpt.pg_collection.cp,
+    )
     for param in gpt.parameters():  # megatron builds its RMSNorm weights in float32 whatever params_dtype
         param.data = param.data.to(dtype)  # says; Megatron-LM's Float16Module casts them (buffers: RoPE stays fp32)
     recompute_(gpt, recompute_granularity)
@@ -298,8 +338,9 @@ class MegatronCausalLM(nn.Module):
         self.tp_group = gpt.pg_collection.tp
         self.pipeline = pipeline if pipeline is not None and pipeline.size > 1 else None
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> CausalLMOutput:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> CausalLMOutput:
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
         pipe = self.pipeline

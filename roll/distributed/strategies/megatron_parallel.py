@@ -19,16 +19,28 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                 "context_parallel_size", "sequence_parallel", "use_distributed_optimizer",
-                 "recompute_granularity")
+PARALLEL_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "expert_model_parallel_size",
+    "context_parallel_size",
+    "sequence_parallel",
+    "use_distributed_optimizer",
+    "recompute_granularity",
+)
 """ROLL's `strategy_config` keys of `megatron_train` / `megatron_infer` that this strategy reads."""
 
 
-def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                          expert_model_parallel_size: int = 1, context_parallel_size: int = 1,
-                          sequence_parallel: bool = False, use_distributed_optimizer: bool = False,
-                          recompute_granularity: str | None = None) -> None:
+def check_parallel_config(
+    world_size: int,
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    context_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+    use_distributed_optimizer: bool = False,
+    recompute_granularity: str | None = None,
+) -> None:
     """A one-line ValueError naming the first key whose value is not built, else None.
 
     Built: tensor parallel of any size that divides the model (checked when the weights are
@@ -37,20 +49,26 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
     optimizer state, which gives the same steps; only memory differs), `recompute_granularity`
     "full" or "selective" or null (megatron's activation recomputation, `TransformerConfig`).
     Not built: expert parallel (no MoE model converts), context parallel, sequence parallel."""
-    sizes = {"tensor_model_parallel_size": tensor_model_parallel_size,
-             "pipeline_model_parallel_size": pipeline_model_parallel_size,
-             "expert_model_parallel_size": expert_model_parallel_size,
-             "context_parallel_size": context_parallel_size}
+    sizes = {
+        "tensor_model_parallel_size": tensor_model_parallel_size,
+        "pipeline_model_parallel_size": pipeline_model_parallel_size,
+        "expert_model_parallel_size": expert_model_parallel_size,
+        "context_parallel_size": context_parallel_size,
+    }
     for key, size in sizes.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"strategy_config.{key}: must be an integer >= 1 (got {size!r})")
     refusals = {
-        "expert_model_parallel_size": (expert_model_parallel_size > 1,
-                                       "expert parallel needs a MoE model; only dense Llama/Qwen2 convert"),
+        "expert_model_parallel_size": (
+            expert_model_parallel_size > 1,
+            "expert parallel needs a MoE model; only dense Llama/Qwen2 convert",
+        ),
         "context_parallel_size": (context_parallel_size > 1, "context parallel is not built"),
         "sequence_parallel": (bool(sequence_parallel), "sequence parallel is not built"),
-        "recompute_granularity": (recompute_granularity not in (None, "full", "selective"),
-                                  f"{recompute_granularity!r} is not one of full, selective, null"),
+        "recompute_granularity": (
+            recompute_granularity not in (None, "full", "selective"),
+            f"{recompute_granularity!r} is not one of full, selective, null",
+        ),
     }
     for key, (refused, why) in refusals.items():
         if refused:
@@ -58,12 +76,15 @@ def check_parallel_config(world_size: int, tensor_model_parallel_size: int = 1, 
     model_parallel = tensor_model_parallel_size * pipeline_model_parallel_size
     if world_size % model_parallel:
         key = "tensor_model_parallel_size" if tensor_model_parallel_size > 1 else "pipeline_model_parallel_size"
-        raise ValueError(f"strategy_config.{key}: world_size {world_size} is not divisible "
-                         f"by tensor_model_parallel_size * pipeline_model_parallel_size = {model_parallel}")
+        raise ValueError(
+            f"strategy_config.{key}: world_size {world_size} is not divisible "
+            f"by tensor_model_parallel_size * pipeline_model_parallel_size = {model_parallel}"
+        )
 
 
-def check_pipeline_stages(pipeline_model_parallel_size: int, num_layers: int, first: int | None = None,
-                          last: int | None = None) -> list[int]:
+def check_pipeline_stages(
+    pipeline_model_parallel_size: int, num_layers: int, first: int | None = None, last: int | None = None
+) -> list[int]:
     """The decoder layers of each pipeline stage, as megatron splits them: `first` / `last`
     (`num_layers_in_first_pipeline_stage` / `..._last_...`, None: an equal share) on the first and
     last stage, the rest in equal shares over the stages between. A one-line ValueError naming
@@ -78,16 +99,20 @@ def check_pipeline_stages(pipeline_model_parallel_size: int, num_layers: int, fi
             raise ValueError(f"strategy_config.{key}: needs pipeline_model_parallel_size >= 2 (got {pp})")
     if first is None and last is None:
         if num_layers % pp:
-            raise ValueError(f"strategy_config.pipeline_model_parallel_size: {pp} does not divide the model's "
-                             f"{num_layers} decoder layers (num_hidden_layers); each stage holds num_layers / pp, "
-                             "or set num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage")
+            raise ValueError(
+                f"strategy_config.pipeline_model_parallel_size: {pp} does not divide the model's "
+                f"{num_layers} decoder layers (num_hidden_layers); each stage holds num_layers / pp, "
+                "or set num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage"
+            )
         return [num_layers // pp] * pp
     rest = num_layers - (first or 0) - (last or 0)
     middle = pp - (first is not None) - (last is not None)
     key = "num_layers_in_first_pipeline_stage" if first is not None else "num_layers_in_last_pipeline_stage"
     if rest < middle or (middle == 0 and rest) or (middle and rest % middle):
-        raise ValueError(f"strategy_config.{key}: the other {middle} stage(s) cannot share the remaining {rest} "
-                         f"of {num_layers} decoder layers equally (at least one each)")
+        raise ValueError(
+            f"strategy_config.{key}: the other {middle} stage(s) cannot share the remaining {rest} "
+            f"of {num_layers} decoder layers equally (at least one each)"
+        )
     share = rest // middle if middle else 0
     return [first or share] + [share] * (pp - 2) + [last or share]
 
@@ -107,9 +132,13 @@ def gather_shards(local: dict[str, torch.Tensor], group: dist.ProcessGroup | Non
     return shards
 
 
-def clip_grad_norm_tensor_parallel_(params: Iterable[tuple[nn.Parameter, bool]], max_norm: float,
-                                    group: dist.ProcessGroup | None, pipeline_group: dist.ProcessGroup | None = None,
-                                    copies: Iterable[nn.Parameter] = ()) -> float:
+def clip_grad_norm_tensor_parallel_(
+    params: Iterable[tuple[nn.Parameter, bool]],
+    max_norm: float,
+    group: dist.ProcessGroup | None,
+    pipeline_group: dist.ProcessGroup | None = None,
+    copies: Iterable[nn.Parameter] = (),
+) -> float:
     """Clip the gradients of one tensor-parallel model replica by the L2 norm of the WHOLE
     gradient, as `torch.nn.utils.clip_grad_norm_` does for an unsplit model: squares of sharded
     gradients are summed over the ranks, replicated ones counted once (on rank 0 of `group`).

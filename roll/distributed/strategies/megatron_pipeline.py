@@ -61,8 +61,9 @@ class _ReceiveActivation(torch.autograd.Function):
     `anchor` is an empty tensor that requires grad, so autograd records this node at all."""
 
     @staticmethod
-    def forward(ctx, anchor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
-                links: PipelineLinks) -> torch.Tensor:
+    def forward(
+        ctx, anchor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, links: PipelineLinks
+    ) -> torch.Tensor:
         ctx.links = links
         hidden = torch.empty(shape, dtype=dtype, device=anchor.device)
         dist.recv(hidden, src=links.ranks[links.stage - 1], group=links.group)
@@ -96,8 +97,9 @@ class _LogitsFromLastStage(torch.autograd.Function):
         return grad, None, None
 
 
-def receive_activation(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                       links: PipelineLinks) -> torch.Tensor:
+def receive_activation(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, links: PipelineLinks
+) -> torch.Tensor:
     """The previous stage's output (stage > 0), in the autograd graph when grad is enabled."""
     anchor = torch.empty(0, device=device, requires_grad=torch.is_grad_enabled())
     return _ReceiveActivation.apply(anchor, shape, dtype, links)
@@ -114,7 +116,9 @@ def broadcast_logits(logits: torch.Tensor, links: PipelineLinks) -> None:
     dist.broadcast(logits.detach().contiguous(), src=links.ranks[-1], group=links.group)
 
 
-def gather_stages(local: dict[str, torch.Tensor], links: PipelineLinks, device: torch.device) -> dict[str, torch.Tensor]:
+def gather_stages(
+    local: dict[str, torch.Tensor], links: PipelineLinks, device: torch.device
+) -> dict[str, torch.Tensor]:
     """Every stage's `local` tensors (whole-model names, disjoint between stages) on every stage, in
     stage order; all stages must call it. Names, shapes and dtypes go first (a small object
     all-gather), then each tensor is broadcast from its stage."""

@@ -145,24 +145,44 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     `recompute_granularity: full` when that key is not set. `lora` ({rank, alpha, target},
     `ModelArgs.lora`): adapters on the targeted layers, the rest frozen (megatron_lora)."""
 
-    def __init__(self, model: nn.Module, *, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                 expert_model_parallel_size: int = 1, context_parallel_size: int = 1, sequence_parallel: bool = False,
-                 use_distributed_optimizer: bool = False, recompute_granularity: str | None = None,
-                 num_layers_in_first_pipeline_stage: int | None = None,
-                 num_layers_in_last_pipeline_stage: int | None = None,
-                 recompute: bool = False, lora: dict | None = None, device: str | torch.device = "cpu",
-                 **kwargs) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        tensor_model_parallel_size: int = 1,
+        pipeline_model_parallel_size: int = 1,
+        expert_model_parallel_size: int = 1,
+        context_parallel_size: int = 1,
+        sequence_parallel: bool = False,
+        use_distributed_optimizer: bool = False,
+        recompute_granularity: str | None = None,
+        num_layers_in_first_pipeline_stage: int | None = None,
+        num_layers_in_last_pipeline_stage: int | None = None,
+        recompute: bool = False,
+        lora: dict | None = None,
+        device: str | torch.device = "cpu",
+        **kwargs,
+    ) -> None:
         if recompute and recompute_granularity is None:
             recompute_granularity = "full"
         check_megatron_available()
         device = torch.device(device)
         self.rank, world_size = ensure_process_group(device)
-        check_parallel_config(world_size, tensor_model_parallel_size, pipeline_model_parallel_size,
-                              expert_model_parallel_size, context_parallel_size, sequence_parallel,
-                              use_distributed_optimizer, recompute_granularity)
+        check_parallel_config(
+            world_size,
+            tensor_model_parallel_size,
+            pipeline_model_parallel_size,
+            expert_model_parallel_size,
+            context_parallel_size,
+            sequence_parallel,
+            use_distributed_optimizer,
+            recompute_granularity,
+        )
         if not type(model).__name__.endswith("ForCausalLM"):
-            raise ValueError(f'strategy "megatron" trains causal LMs; {type(model).__name__} (a value model?) '
-                             "needs torch, deepspeed or fsdp2")
+            raise ValueError(
+                f'strategy "megatron" trains causal LMs; {type(model).__name__} (a value model?) '
+                "needs torch, deepspeed or fsdp2"
+            )
         from roll.distributed.strategies import megatron_model
 
         self.arch = arch_from_hf(model.config)
@@ -172,25 +192,40 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         self.generation_config = getattr(model, "generation_config", None)
         self._join_parallel_groups(tensor_model_parallel_size, pipeline_model_parallel_size)
         self.gpt = megatron_model.build_gpt_model(
-            self.arch, next(model.parameters()).dtype, tensor_parallel=self.tp_size,
-            recompute_granularity=recompute_granularity, pipeline_parallel=self.pipeline.size,
-            stage_layers=stage_layers)
+            self.arch,
+            next(model.parameters()).dtype,
+            tensor_parallel=self.tp_size,
+            recompute_granularity=recompute_granularity,
+            pipeline_parallel=self.pipeline.size,
+            stage_layers=stage_layers,
+        )
         self.layer_offset = megatron_model.layer_offset(self.gpt)
         # with tied embeddings over several stages: the first stage's embedding and the last
         # stage's output layer are one weight, whose gradient the two stages sum (_clip_and_step);
         # with LoRA it is frozen
-        self.tied_copies = (self.pipeline.size > 1 and self.arch.tied_embeddings and lora is None
-                            and (self.pipeline.first or self.pipeline.last))
+        self.tied_copies = (
+            self.pipeline.size > 1
+            and self.arch.tied_embeddings
+            and lora is None
+            and (self.pipeline.first or self.pipeline.last)
+        )
         self.embedding_group = megatron_model.parallel_state.get_embedding_group() if self.tied_copies else None
         self._load_hf_weights(model.state_dict())
         self.lora, self.lora_modules = lora, []
         if lora is not None:  # the worker seeded torch: every rank draws the same A
-            self.lora_modules = apply_megatron_lora(self.gpt, **lora, tp_group=self.tp_group, tp_rank=self.tp_rank,
-                                                    tp_size=self.tp_size, seed=torch.initial_seed(),
-                                                    layer_offset=self.layer_offset)
+            self.lora_modules = apply_megatron_lora(
+                self.gpt,
+                **lora,
+                tp_group=self.tp_group,
+                tp_rank=self.tp_rank,
+                tp_size=self.tp_size,
+                seed=torch.initial_seed(),
+                layer_offset=self.layer_offset,
+            )
         hf_params = sum(p.numel() for p in model.parameters())
-        super().__init__(megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline),
-                         device=device, **kwargs)
+        super().__init__(
+            megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline), device=device, **kwargs
+        )
         state = megatron_model.parallel_state  # TorchTrainStrategy.__init__ starts every engine at one rank
         self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
         self.param_counts = self._param_counts(hf_params)
@@ -202,8 +237,11 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
         megatron_model.init_model_parallel(tp, pp)
         state = megatron_model.parallel_state
-        self.tp_group, self.tp_rank, self.tp_size = (state.get_tensor_model_parallel_group(),
-                                                     state.get_tensor_model_parallel_rank(), tp)
+        self.tp_group, self.tp_rank, self.tp_size = (
+            state.get_tensor_model_parallel_group(),
+            state.get_tensor_model_parallel_rank(),
+            tp,
+        )
         self.pipeline = pipeline_links(state.get_pipeline_model_parallel_group())
         self.data_parallel_group = state.get_data_parallel_group()
 
@@ -223,8 +261,10 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         """`model/trainable_params` and `model/total_params` of the whole model, as the other
         strategies count them: the HF model's parameters (not megatron's padded, per-rank shards)
         plus the adapters' whole size (summed over the pipeline stages: a collective over them)."""
-        adapters = sum(p.numel() * (self.tp_size if is_sharded_adapter(name) else 1)
-                       for name, p in adapter_state(dict(self.gpt.named_parameters())).items())
+        adapters = sum(
+            p.numel() * (self.tp_size if is_sharded_adapter(name) else 1)
+            for name, p in adapter_state(dict(self.gpt.named_parameters())).items()
+        )
         if self.pipeline.size > 1:
             total = torch.tensor([adapters], dtype=torch.int64, device=self.device)
             dist.all_reduce(total, group=self.pipeline.group)
@@ -238,8 +278,9 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         shard = split_tensor_parallel(full, self.arch, self.tp_size)[self.tp_rank]
         if self.pipeline.size == 1:
             return shard
-        return stage_state(shard, self.arch, self.layer_offset, len(self.gpt.decoder.layers),
-                           self.pipeline.first, self.pipeline.last)
+        return stage_state(
+            shard, self.arch, self.layer_offset, len(self.gpt.decoder.layers), self.pipeline.first, self.pipeline.last
+        )
 
     # ---- data, tensor and pipeline parallel ---------------------------------------------------
     def _clip_and_step(self, finite: bool) -> tuple[float, bool]:
@@ -250,10 +291,14 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         if self.tied_copies:
             tied = self._sum_tied_gradients()
             copies = [tied] if self.pipeline.last else []
-        params = [(p, is_tensor_parallel(name) or is_sharded_adapter(name)) for name, p in self.gpt.named_parameters()
-                  if not any(p is copy for copy in copies)]
-        grad_norm = clip_grad_norm_tensor_parallel_(params, self.max_grad_norm, self.tp_group, self.pipeline.group,
-                                                    copies)
+        params = [
+            (p, is_tensor_parallel(name) or is_sharded_adapter(name))
+            for name, p in self.gpt.named_parameters()
+            if not any(p is copy for copy in copies)
+        ]
+        grad_norm = clip_grad_norm_tensor_parallel_(
+            params, self.max_grad_norm, self.tp_group, self.pipeline.group, copies
+        )
         skipped = not (finite and math.isfinite(grad_norm))
         if not skipped:
             self.optimizer.step()
@@ -378,8 +423,13 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME
         from safetensors.torch import save_file
 
-        config = LoraConfig(r=self.lora["rank"], lora_alpha=self.lora["alpha"], lora_dropout=0.0, bias="none",
-                            target_modules=hf_target_modules(self.lora_modules))
+        config = LoraConfig(
+            r=self.lora["rank"],
+            lora_alpha=self.lora["alpha"],
+            lora_dropout=0.0,
+            bias="none",
+            target_modules=hf_target_modules(self.lora_modules),
+        )
         config.save_pretrained(str(directory))
         save_file(adapter_to_hf(adapter, self.arch), str(directory / SAFETENSORS_WEIGHTS_NAME))
 
@@ -410,5 +460,6 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             self.load_state_dict(saved.state_dict())
             del saved
         self._load_optimizer_state(
-            torch.load(directory / self._optimizer_file(), weights_only=True, map_location=self.device))
+            torch.load(directory / self._optimizer_file(), weights_only=True, map_location=self.device)
+        )
         restore_schedule(self.scheduler, torch.load(directory / "scheduler.pt", weights_only=True))

@@ -25,12 +25,14 @@ def move_module_(module: nn.Module, device: str | torch.device) -> None:
     params = list(module.parameters())
     module._apply(lambda tensor: tensor.to(device, copy=True))
     if any(old is not new for old, new in zip(params, module.parameters(), strict=True)):
-        raise RuntimeError(f"moving the model to {device} replaced its parameters; the optimizer and tied "
-                           "weights would lose them")
+        raise RuntimeError(
+            f"moving the model to {device} replaced its parameters; the optimizer and tied weights would lose them"
+        )
 
 
-def move_optimizer_state_(optimizer: torch.optim.Optimizer, device: str | torch.device, *,
-                          with_params: bool = False) -> None:
+def move_optimizer_state_(
+    optimizer: torch.optim.Optimizer, device: str | torch.device, *, with_params: bool = False
+) -> None:
     """Every tensor of the optimizer's per-parameter state (Adam's moments) onto `device`, in place
     (the same state dicts, keyed by the same parameters); `with_params` moves the parameters the
     optimizer steps too (by `.data`, keeping the objects), for an optimizer whose parameters no

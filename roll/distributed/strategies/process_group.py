@@ -17,7 +17,6 @@ import uuid
 import torch
 import torch.distributed as dist
 
-
 STORE_FILE_ENV = "ROLL_PG_STORE_FILE"
 """A file the ranks of a group meet in instead of rank 0's TCP store, which torch binds on every
 interface whatever MASTER_ADDR says: set for groups whose ranks share one machine."""
@@ -52,7 +51,7 @@ def remove_stale_store_files(directory: str | None = None) -> list[str]:
     directory = directory or tempfile.gettempdir()
     removed = []
     for name in os.listdir(directory):
-        pid = name[len(STORE_PREFIX):].split("-", 1)[0] if name.startswith(STORE_PREFIX) else ""
+        pid = name[len(STORE_PREFIX) :].split("-", 1)[0] if name.startswith(STORE_PREFIX) else ""
         if not pid.isdigit() or _alive(int(pid)):
             continue
         path = os.path.join(directory, name)
@@ -97,8 +96,9 @@ def _gloo_on_node_interface() -> None:
 def _interface_of(ip: str) -> str | None:
     import psutil
 
-    return next((name for name, addresses in psutil.net_if_addrs().items()
-                 if any(a.address == ip for a in addresses)), None)
+    return next(
+        (name for name, addresses in psutil.net_if_addrs().items() if any(a.address == ip for a in addresses)), None
+    )
 
 
 def ensure_process_group(device: torch.device) -> tuple[int, int]:
@@ -116,8 +116,12 @@ def ensure_process_group(device: torch.device) -> tuple[int, int]:
             if backend == "gloo":
                 _gloo_on_node_interface()
             if os.environ.get(STORE_FILE_ENV):  # ranks on one machine: no TCP store
-                dist.init_process_group(backend, init_method=f"file://{os.environ[STORE_FILE_ENV]}",
-                                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+                dist.init_process_group(
+                    backend,
+                    init_method=f"file://{os.environ[STORE_FILE_ENV]}",
+                    rank=int(os.environ["RANK"]),
+                    world_size=int(os.environ["WORLD_SIZE"]),
+                )
             else:
                 dist.init_process_group(backend)
         else:

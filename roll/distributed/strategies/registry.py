@@ -37,9 +37,16 @@ INFER_STRATEGIES = {
     "sglang": f"{_STRATEGIES}.sglang_infer:SGLangInferStrategy",
 }
 """Inference engines (actor_infer) by ROLL's name; all but `hf_infer` are built from a model dir."""
-ALIASES = {"torch": "torch_train", "deepspeed": "deepspeed_train", "fsdp2": "fsdp2_train",
-           "megatron": "megatron_train", "hf": "hf_infer",
-           "megatron_infer": "megatron_train", "deepspeed_infer": "deepspeed_train", "fsdp2_infer": "fsdp2_train"}
+ALIASES = {
+    "torch": "torch_train",
+    "deepspeed": "deepspeed_train",
+    "fsdp2": "fsdp2_train",
+    "megatron": "megatron_train",
+    "hf": "hf_infer",
+    "megatron_infer": "megatron_train",
+    "deepspeed_infer": "deepspeed_train",
+    "fsdp2_infer": "fsdp2_train",
+}
 """Our short names -> ROLL's; ROLL's forward-only `megatron_infer` / `deepspeed_infer` / `fsdp2_infer`
 run the same engines as `megatron_train` / `deepspeed_train` / `fsdp2_train`."""
 
@@ -56,8 +63,9 @@ def strategy_class(name: str, *, kind: str) -> type:
     if key not in table:
         short = {v: k for k, v in ALIASES.items()}
         choices = ", ".join(short.get(k, k) for k in table)
-        raise ValueError(f"unknown {'training' if kind == 'train' else 'inference'} strategy {name!r}; "
-                         f"choose one of {choices}")
+        raise ValueError(
+            f"unknown {'training' if kind == 'train' else 'inference'} strategy {name!r}; choose one of {choices}"
+        )
     return import_object(table[key])
 
 

@@ -42,7 +42,7 @@ import torch
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
 
-INSTALL_HINT = "install it on a CUDA machine with `pip install \"sglang[all]\"` (no CPU build exists)"
+INSTALL_HINT = 'install it on a CUDA machine with `pip install "sglang[all]"` (no CPU build exists)'
 
 
 def import_sglang():
@@ -70,13 +70,28 @@ class SGLangInferStrategy:
     - any other key goes to `sglang.Engine` as is (its `ServerArgs`, e.g. `attention_backend`).
     """
 
-    def __init__(self, model_path: str, eos_token_ids: list[int], *, dtype: str = "bfloat16",
-                 mem_fraction_static: float | None = None, context_length: int | None = None,
-                 enable_deterministic_inference: bool = True, seed: int = 0, **engine_kwargs: Any):
+    def __init__(
+        self,
+        model_path: str,
+        eos_token_ids: list[int],
+        *,
+        dtype: str = "bfloat16",
+        mem_fraction_static: float | None = None,
+        context_length: int | None = None,
+        enable_deterministic_inference: bool = True,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ):
         sglang = import_sglang()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang")
-        options = dict(model_path=model_path, dtype=dtype, skip_tokenizer_init=True, random_seed=seed,
-                       enable_deterministic_inference=enable_deterministic_inference, **engine_kwargs)
+        options = dict(
+            model_path=model_path,
+            dtype=dtype,
+            skip_tokenizer_init=True,
+            random_seed=seed,
+            enable_deterministic_inference=enable_deterministic_inference,
+            **engine_kwargs,
+        )
         if mem_fraction_static is not None:
             options["mem_fraction_static"] = mem_fraction_static
         if context_length is not None:
@@ -93,8 +108,7 @@ class SGLangInferStrategy:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights in place and flush the radix cache (its KV is stale)."""
-        result = self._call(self.engine.update_weights_from_tensor, list(state_dict.items()),
-                            flush_cache=True)
+        result = self._call(self.engine.update_weights_from_tensor, list(state_dict.items()), flush_cache=True)
         ok, message = _success(result)
         if not ok:
             raise RuntimeError(f"sglang weight update failed: {message}")
@@ -121,8 +135,12 @@ class SGLangInferStrategy:
         return generate_live(requests, self._generate, self.policy_version)
 
     def _generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
-        results = self._call(self.engine.generate, input_ids=[r.prompt_ids for r in requests],
-                             sampling_params=[self._sampling_params(r) for r in requests], return_logprob=True)
+        results = self._call(
+            self.engine.generate,
+            input_ids=[r.prompt_ids for r in requests],
+            sampling_params=[self._sampling_params(r) for r in requests],
+            return_logprob=True,
+        )
         return [self._to_output(r, result) for r, result in zip(requests, results, strict=True)]
 
     def _sampling_params(self, request: GenerateRequest) -> dict[str, Any]:
@@ -145,8 +163,9 @@ class SGLangInferStrategy:
         reused = int(meta.get("cached_tokens", 0))  # prompt ids served from the radix cache
         self.stats["prefix_tokens_reused"] += reused
         self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
-        return GenerateOutput(request.request_id, [int(s[1]) for s in steps], [float(s[0]) for s in steps],
-                              reason, self.policy_version)
+        return GenerateOutput(
+            request.request_id, [int(s[1]) for s in steps], [float(s[0]) for s in steps], reason, self.policy_version
+        )
 
 
 def _success(result) -> tuple[bool, str]:

