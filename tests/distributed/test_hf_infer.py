@@ -27,11 +27,15 @@ def model_path(tmp_path_factory):
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), corpus=["You are P."], seed=3)
 
 
-@pytest.fixture(scope="module")
-def engine(model_path):
+@pytest.fixture(scope="module", params=[True, False], ids=["slots", "dynamic"])
+def engine(model_path, request):
+    """The engine on static decode slots (the default for this architecture) and on the dynamic-cache loop."""
     tok = load_tokenizer(model_path)
     model = load_causal_lm(model_path)
-    return HFInferStrategy(model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id]), tok
+    strategy = HFInferStrategy(
+        model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id], static_decode=request.param
+    )
+    return strategy, tok
 
 
 def req(rid, prompt, seed, **kw):
@@ -114,9 +118,13 @@ def observation(turn, i):
     return [5 + (i + k) % 9 for k in range(1 + (3 * i + turn) % 7)]
 
 
-def engine_on(model, tok, max_cached_tokens=10_000):
+def engine_on(model, tok, max_cached_tokens=10_000, static_decode=None):
     return HFInferStrategy(
-        model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id], max_cached_tokens=max_cached_tokens
+        model,
+        pad_token_id=tok.pad_token_id,
+        eos_token_ids=[tok.eos_token_id],
+        max_cached_tokens=max_cached_tokens,
+        static_decode=static_decode,
     )
 
 
@@ -148,7 +156,7 @@ def assert_same_outputs(got, want):
 
 def test_multi_turn_reuse_matches_recompute(engine):
     strategy, tok = engine
-    cached, fresh = engine_on(strategy.model, tok), engine_on(strategy.model, tok, max_cached_tokens=0)
+    cached, fresh = engine_on(strategy.model, tok, static_decode=strategy.static_decode), engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode)
     with_reuse, without = converse(cached), converse(fresh)
     reused_per_turn = []
     for (prompts, outs), (prompts_ref, outs_ref) in zip(with_reuse, without):
@@ -173,7 +181,7 @@ def test_multi_turn_reuse_matches_recompute(engine):
 
 def test_diverging_prompts_reuse_only_the_common_prefix(engine):
     strategy, tok = engine
-    cached, fresh = engine_on(strategy.model, tok), engine_on(strategy.model, tok, max_cached_tokens=0)
+    cached, fresh = engine_on(strategy.model, tok, static_decode=strategy.static_decode), engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode)
     a, b, r = [2, 5, 9, 11, 7, 7, 8, 9, 10], [2, 6, 7, 8], [2, 8, 8, 9, 5, 6]
     first = [req("a", a, 1, max_new_tokens=3), req("b", b, 2, max_new_tokens=2), req("r", r, 3, max_new_tokens=1)]
     for q in first:
@@ -199,7 +207,7 @@ def test_diverging_prompts_reuse_only_the_common_prefix(engine):
 
 def test_load_weights_clears_the_session_cache(engine):
     strategy, tok = engine
-    cached = engine_on(strategy.model, tok)
+    cached = engine_on(strategy.model, tok, static_decode=strategy.static_decode)
     converse(cached, turns=1)
     assert len(cached.kv_cache) == 5
     cached.load_weights(strategy.model.state_dict(), version=3)
@@ -210,7 +218,7 @@ def test_load_weights_clears_the_session_cache(engine):
 
 def test_lru_bound_evicts_least_recently_used_sessions(engine):
     strategy, tok = engine
-    cached = engine_on(strategy.model, tok, max_cached_tokens=20)
+    cached = engine_on(strategy.model, tok, max_cached_tokens=20, static_decode=strategy.static_decode)
     prompts = {s: [2, *range(5 + k, 12 + k)] for k, s in enumerate("abc")}  # 8 ids each
     reqs = [req(s, p, 1, do_sample=False, max_new_tokens=1) for s, p in prompts.items()]
     for q in reqs:
@@ -231,7 +239,7 @@ def test_lru_bound_evicts_least_recently_used_sessions(engine):
 
 def test_traj_env_manager_sends_its_trajectory_id_as_session(engine):
     strategy, tok = engine
-    cached, fresh = engine_on(strategy.model, tok), engine_on(strategy.model, tok, max_cached_tokens=0)
+    cached, fresh = engine_on(strategy.model, tok, static_decode=strategy.static_decode), engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode)
     spec = EnvSpec(
         tag="FrozenLake",
         env_type="frozen_lake",

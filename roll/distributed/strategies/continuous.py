@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.hf_infer import HFInferStrategy, RowSampler, build_prefill, request_generator
+from roll.distributed.strategies.hf_infer import HFInferStrategy, RowSampler, build_prefill
 from roll.distributed.strategies.kv_cache import Chunk, Prefix
+from roll.distributed.strategies.slot_serving import serve_slots
 
 Take = Callable[[int], list[GenerateRequest]]
 """`take(n)`: up to n requests that arrived since the last call (none: an empty list)."""
@@ -50,7 +51,6 @@ class Row:
 
     request: GenerateRequest
     prefix: Prefix  # the session KV it reused
-    generator: torch.Generator
     stop_ids: frozenset[int]
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -101,10 +101,13 @@ class RunningBatch:
             .float()
         )
 
-    def sampler(self) -> RowSampler:
+    def sampler(self, vocab: int) -> RowSampler:
         if self._sampler is None:  # rows change only in `merge` / `keep`, which make a new batch
             self._sampler = RowSampler(
-                [r.request for r in self.rows], self.mask.device, [r.generator for r in self.rows]
+                [r.request for r in self.rows],
+                self.mask.device,
+                vocab,
+                [len(r.token_ids) for r in self.rows],
             )
         return self._sampler
 
@@ -161,8 +164,10 @@ def serve(
     the call returns when the running rows are done (a weight update or offload is waiting).
 
     Runs on the engine's thread; `take` and `deliver` are the inference worker's thread-safe
-    hand-offs to and from its event loop.
+    hand-offs to and from its event loop. An engine on static decode slots runs `serve_slots`.
     """
+    if engine.static_decode:
+        return serve_slots(engine, take, deliver, max_rows, stop_admitting)
     running: RunningBatch | None = None
     while True:
         room = max_rows - (running.size if running else 0)
@@ -198,7 +203,7 @@ def _admit(engine: HFInferStrategy, requests: list[GenerateRequest], deliver: De
     engine.stats["prefill_tokens"] += sum(prefill.new)
     logits = engine.prefill_forward(prefill)
     eos = frozenset(engine.eos_token_ids)
-    rows = [Row(r, p, request_generator(r), eos | frozenset(r.params.stop_token_ids)) for r, p in zip(live, prefixes)]
+    rows = [Row(r, p, eos | frozenset(r.params.stop_token_ids)) for r, p in zip(live, prefixes)]
     batch = RunningBatch(rows, prefill.cache, prefill.attention_mask, torch.zeros(len(rows), dtype=torch.long))
     return _sample_and_retire(engine, batch, logits, deliver)
 
@@ -207,7 +212,7 @@ def _sample_and_retire(
     engine: HFInferStrategy, batch: RunningBatch, logits: torch.Tensor, deliver: Deliver
 ) -> RunningBatch | None:
     """Sample each row's next token; answer the rows that are done and drop them from the batch."""
-    tokens, logprobs = batch.sampler().sample(logits)
+    tokens, logprobs = batch.sampler(logits.shape[-1]).sample(logits)
     batch.last = tokens
     done = [
         i for i, (row, tok, lp) in enumerate(zip(batch.rows, tokens.tolist(), logprobs.tolist())) if row.record(tok, lp)

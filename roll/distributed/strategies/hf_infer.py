@@ -13,6 +13,12 @@ numbers of new ids; each row is laid out as [pad | reused KV | pad | new ids], t
 out and every real id at its position among the row's real ids, so the logits are those of a
 plain forward over the row alone (up to round-off).
 
+Decode runs on static decode slots (`static_decode.py`, driven by `slot_serving.py`) for the
+architectures they support: a static KV cache per batch-size bucket, the step replayed as a CUDA
+graph on a GPU and sampling on the device. Other architectures (and `static_decode=False`) take
+the dynamic-cache loop below. Both draw a request's k-th token with the uniform of (seed, k)
+(`device_sampling.py`), so they give the same tokens up to round-off.
+
 Log-probs are those of the temperature-scaled full distribution, `log_softmax(logits / T)` — what
 the trainer recomputes — so top-k / top-p truncation is not reflected in them (as in vLLM's
 default). Greedy rows report `log_softmax(logits)`.
@@ -26,6 +32,8 @@ import torch
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
+from roll.distributed.strategies.static_decode import supports as slots_support
+from roll.distributed.strategies.device_sampling import SamplingState, sample
 from roll.distributed.strategies.kv_cache import (
     DEFAULT_MAX_CACHED_TOKENS,
     Prefix,
@@ -34,6 +42,7 @@ from roll.distributed.strategies.kv_cache import (
     row_chunk,
 )
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
+from roll.distributed.strategies.slot_serving import SlotPool, serve_slots
 
 
 class HFInferStrategy:
@@ -43,8 +52,15 @@ class HFInferStrategy:
         pad_token_id: int,
         eos_token_ids: list[int],
         max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+        static_decode: bool | None = None,
     ):
+        """`static_decode`: decode on static slots (None: wherever the architecture supports it)."""
         self.model = model.eval()
+        supported = slots_support(model)
+        if static_decode and not supported:
+            raise ValueError(f"static_decode: the {model.config.model_type!r} architecture is not supported")
+        self.static_decode = supported if static_decode is None else static_decode
+        self.slot_pool = SlotPool()
         self.device = next(model.parameters()).device  # where `reload` puts the model back
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
@@ -60,7 +76,8 @@ class HFInferStrategy:
         }  # the last: continuous only
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """New weights make every cached key and value stale, so the session cache is cleared."""
+        """New weights make every cached key and value stale, so the session cache is cleared.
+        The weights are copied into the parameters in place: captured decode graphs read them."""
         self.model.load_state_dict(state_dict, strict=False)
         self.policy_version = version
         self.kv_cache.clear()
@@ -74,6 +91,7 @@ class HFInferStrategy:
         and stale after the weight update that follows anyway) and move the model to `to`. The
         cache object with its bound, the policy version and the stats stay."""
         self.kv_cache.clear()
+        self.slot_pool.clear()  # their graphs point at the parameters' device storage
         move_module_(self.model, to)
         release_cached_memory(self.device)
 
@@ -84,6 +102,8 @@ class HFInferStrategy:
     @torch.no_grad()
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """Decode all requests together; each row stops on its own stop ids or length."""
+        if self.static_decode:
+            return self._generate_on_slots(requests)
         device = next(self.model.parameters()).device
         prefixes = [self.kv_cache.match(r.session_id, r.prompt_ids) for r in requests]
         prefill = build_prefill(requests, prefixes, self.pad_token_id, device)
@@ -96,13 +116,27 @@ class HFInferStrategy:
             for i, r in enumerate(requests)
         ]
 
+    def _generate_on_slots(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        """The slot loop fed every request at its first admission."""
+        queue, answers = list(requests), {}
+
+        def take(n: int) -> list[GenerateRequest]:
+            taken, queue[:] = queue[:n], queue[n:]
+            return taken
+
+        def deliver(request: GenerateRequest, output: GenerateOutput) -> None:
+            answers[id(request)] = output
+
+        serve_slots(self, take, deliver, max(len(requests), 1), lambda: False)
+        return [answers[id(r)] for r in requests]
+
     def _decode(self, requests: list[GenerateRequest], prefill: Prefill):
         """Prefill then one token per step for every unfinished row; grows `prefill.cache`.
 
         Returns per row (token ids, log-probs, finish reason).
         """
         n = len(requests)
-        sampler = RowSampler(requests, prefill.input_ids.device)
+        sampler = RowSampler(requests, prefill.input_ids.device, self.model.config.vocab_size)
         stop_sets = [set(r.params.stop_token_ids) | set(self.eos_token_ids) for r in requests]
         max_new = [r.params.max_new_tokens for r in requests]
         out_ids: list[list[int]] = [[] for _ in range(n)]
@@ -165,6 +199,7 @@ class HFInferStrategy:
             position_ids=prefill.position_ids if inverse is None else prefill.position_ids[index],
             past_key_values=prefill.cache if inverse is None else DynamicCache(),
             use_cache=True,
+            logits_to_keep=1,  # rows are left-padded: the last position is every row's last id
         )
         logits = out.logits[:, -1, :].float()
         if inverse is None:
@@ -244,52 +279,23 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-def request_generator(request: GenerateRequest) -> torch.Generator:
-    """The request's own random stream: its k-th token is drawn with the k-th uniform."""
-    return torch.Generator().manual_seed(request.seed)
-
-
 class RowSampler:
-    """Per-row temperature / top-k / top-p sampling with one torch.Generator per request.
+    """Per-row temperature / top-k / top-p sampling for the dynamic-cache decode loops.
 
-    A row's token is found by inverse-CDF with a uniform from its own generator, so rows never
-    share random numbers.
+    Row i's k-th token is drawn with `counter_uniform(seed_i, k)` (`device_sampling`), the same
+    stream the static decode slots use, so every path gives a request the same tokens.
+    `counters` are the rows' token counts so far (default: all 0); each `sample` advances them.
     """
 
     def __init__(
-        self, requests: list[GenerateRequest], device: torch.device, generators: list[torch.Generator] | None = None
+        self, requests: list[GenerateRequest], device: torch.device, vocab: int, counters: list[int] | None = None
     ):
-        self.greedy = torch.tensor([r.params.greedy for r in requests], device=device)
-        temps = [1.0 if r.params.greedy else r.params.temperature for r in requests]
-        self.temperature = torch.tensor(temps, device=device).unsqueeze(1)
-        self.top_k = [r.params.top_k for r in requests]
-        self.top_p = torch.tensor([r.params.top_p for r in requests], device=device).unsqueeze(1)
-        self.generators = generators if generators is not None else [request_generator(r) for r in requests]
+        self.state = SamplingState.from_requests(requests, vocab, device)
+        self.truncate = SamplingState.truncates(requests)
+        self.counters = torch.tensor(counters or [0] * len(requests), dtype=torch.long, device=device)
 
     def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """logits (N, V) -> (tokens (N,), logprobs (N,))."""
-        scaled = logits / self.temperature
-        logprobs_full = torch.log_softmax(scaled, dim=-1)
-        probs = self._truncate(scaled).softmax(dim=-1)
-        u = torch.stack([torch.rand((), generator=g) for g in self.generators]).to(logits.device)
-        cdf = probs.cumsum(dim=-1)
-        sampled = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1)
-        sampled = sampled.clamp(max=logits.shape[-1] - 1)
-        tokens = torch.where(self.greedy, logits.argmax(dim=-1), sampled)
-        return tokens, logprobs_full.gather(1, tokens.unsqueeze(1)).squeeze(1)
-
-    def _truncate(self, scaled: torch.Tensor) -> torch.Tensor:
-        """Apply top-k then top-p (nucleus) as -inf masks; rows with neither pass unchanged."""
-        out = scaled
-        if any(k > 0 for k in self.top_k):
-            vocab = scaled.shape[-1]  # a top_k above the vocabulary keeps every token
-            k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in self.top_k], device=scaled.device)
-            kth = torch.sort(scaled, dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
-            out = out.masked_fill(out < kth, float("-inf"))
-        if bool((self.top_p < 1.0).any()):
-            sorted_logits, order = torch.sort(out, dim=-1, descending=True)
-            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= self.top_p  # keep the first token always
-            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-            out = out.masked_fill(drop, float("-inf"))
-        return out
+        tokens, logprobs = sample(logits, self.state, self.counters, self.truncate)
+        self.counters += 1
+        return tokens, logprobs

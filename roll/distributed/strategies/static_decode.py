@@ -1,0 +1,234 @@
+"""Decode slots of the `hf` engine: a static KV cache per batch-size bucket, one decode step as a
+fixed-shape function, replayed as a CUDA graph on a GPU.
+
+`DecodeSlots(model, slots=S, length=L)` owns per layer keys and values of shape (S, H_kv, L, D) and
+the per-slot state of a decode step as device tensors: the id to feed, its position among the
+row's real ids, the cache column it is written to, the attention mask (S, 1, 1, L) over the
+columns, the row's sampling settings and its token counter. A row is admitted into a free slot
+with the KV of its prefill (computed elsewhere, with session prefix reuse) and its first token;
+`step()` then feeds every slot one token, writes its KV at the slot's column, samples the next
+token on the device (`device_sampling.sample`) and advances the state, all with fixed shapes, so
+on CUDA the step is captured once per (S, L, truncation) and replayed. The host reads one small
+copy a step: the sampled tokens and their log-probs. Free slots compute garbage that nobody reads.
+
+Rows are independent: a slot's logits are those of a forward over its row alone (up to float
+round-off), and its tokens depend on its own seed and counter only. The caller keeps every live
+row's column below L (`grow`) and the row count at most S.
+
+The model is called with a prepared 4D mask (which transformers passes through as it is) and
+a cache object whose `update` writes at the slots' columns, the two hooks of transformers'
+decoder-only models that `generate` uses itself; `supports(model)` names the architectures checked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roll.core.records import GenerateRequest
+from roll.distributed.strategies.device_sampling import SamplingState, sample
+
+# Decoder-only families whose forward takes a prepared mask mapping and calls `cache.update`.
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+MIN_LENGTH = 256
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """True for the architectures this path is written for, with full attention in every layer."""
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return config.model_type in SUPPORTED_MODEL_TYPES and set(layer_types) == {"full_attention"}
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+    """The power of two at or above max(n, minimum)."""
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+class _SlotCache:
+    """What the model's attention layers see as `past_key_values`: `update` writes the new key and
+    value of each slot at that slot's column and returns the whole static cache of the layer."""
+
+    def __init__(self, slots: DecodeSlots):
+        self.slots = slots
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        s = self.slots
+        index = s.column.view(-1, 1, 1, 1).expand(-1, key_states.shape[1], 1, key_states.shape[3])
+        s.keys[layer_idx].scatter_(2, index, key_states)
+        s.values[layer_idx].scatter_(2, index, value_states)
+        return s.keys[layer_idx], s.values[layer_idx]
+
+
+class DecodeSlots:
+    def __init__(self, model: torch.nn.Module, slots: int, length: int, use_graphs: bool | None = None):
+        param = next(model.parameters())
+        self.model, self.device, self.size, self.length = model, param.device, slots, length
+        config = model.config
+        heads = config.num_key_value_heads or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (slots, heads, length, head_dim)
+        self.keys = [torch.zeros(shape, dtype=param.dtype, device=self.device) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        zeros = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.ids, self.positions, self.column, self.counters = (
+            zeros.view(-1, 1).clone(),
+            zeros.view(-1, 1).clone(),
+            zeros.clone(),
+            zeros.clone(),
+        )
+        self.mask = torch.zeros((slots, 1, 1, length), dtype=torch.bool, device=self.device)
+        self.mask[:, :, :, 0] = True  # a free slot attends to one (zero) column: finite garbage, never NaN
+        vocab = config.vocab_size
+        self.vocab = vocab
+        self.sampling = SamplingState(
+            greedy=torch.ones(slots, dtype=torch.bool, device=self.device),
+            temperature=torch.ones((slots, 1), device=self.device),
+            top_k=torch.full((slots,), vocab, device=self.device),
+            top_p=torch.ones((slots, 1), device=self.device),
+            seeds=zeros.clone(),
+        )
+        self.tokens, self.logprobs = zeros.clone(), torch.zeros(slots, device=self.device)
+        self.free = list(range(slots))
+        self.cache = _SlotCache(self)
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self._host = torch.empty((2, slots), dtype=torch.float64, pin_memory=self.device.type == "cuda")
+
+    # ---- admission and release (host side, between steps) ----
+
+    def admit(
+        self,
+        requests: list[GenerateRequest],
+        layers: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+        first: torch.Tensor,
+    ) -> list[int]:
+        """Put prefilled rows into free slots; returns their slots.
+
+        `layers`: per layer (keys, values) of the prefill, (B, H_kv, W, D); `mask` (B, W), 1 on real
+        ids; `first` (B,) the token each row sampled from its prefill logits (counter 0).
+        """
+        width = mask.shape[1]
+        assert len(requests) <= len(self.free) and width < self.length, "grow the slots first"
+        slots = [self.free.pop(0) for _ in requests]
+        idx = torch.tensor(slots, device=self.device)
+        for (k, v), keys, values in zip(layers, self.keys, self.values, strict=True):
+            keys[:, :, :width].index_copy_(0, idx, k.to(keys.dtype))
+            values[:, :, :width].index_copy_(0, idx, v.to(values.dtype))
+        row_mask = torch.zeros((len(slots), self.length), dtype=torch.bool, device=self.device)
+        row_mask[:, :width] = mask.bool()
+        self.mask.index_copy_(0, idx, row_mask.view(-1, 1, 1, self.length))
+        self.ids.index_copy_(0, idx, first.view(-1, 1))
+        self.positions.index_copy_(0, idx, mask.sum(-1, keepdim=True).long())
+        self.column.index_fill_(0, idx, width)
+        self.counters.index_fill_(0, idx, 1)
+        new = SamplingState.from_requests(requests, self.vocab, self.device)
+        for name in ("greedy", "temperature", "top_k", "top_p", "seeds"):
+            getattr(self.sampling, name).index_copy_(0, idx, getattr(new, name))
+        return slots
+
+    def release(self, slots: list[int]) -> None:
+        if not slots:
+            return
+        idx = torch.tensor(slots, device=self.device)
+        self.mask.index_fill_(0, idx, False)
+        self.mask[idx, 0, 0, 0] = True
+        self.column.index_fill_(0, idx, 0)
+        self.free.extend(slots)
+        self.free.sort()
+
+    def row_kv(self, slot: int, skip: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The slot's keys and values at its real ids after the first `skip`, each (n, H_kv, D),
+        for the session cache. Call before `release`: the last step's column holds no fed id yet."""
+        real = self.mask[slot, 0, 0].clone()
+        real[int(self.column[slot]) :] = False
+        columns = real.nonzero().squeeze(1)[skip:]
+        return [
+            (k[slot][:, columns].transpose(0, 1).contiguous(), v[slot][:, columns].transpose(0, 1).contiguous())
+            for k, v in zip(self.keys, self.values, strict=True)
+        ]
+
+    def grown(self, slots: int, length: int) -> DecodeSlots:
+        """A copy with at least `slots` slots and `length` columns (same rows in the same slots)."""
+        other = DecodeSlots(self.model, max(slots, self.size), max(length, self.length), self.use_graphs)
+        n, width = self.size, self.length
+        for src, dst in ((self.keys, other.keys), (self.values, other.values)):
+            for a, b in zip(src, dst, strict=True):
+                b[:n, :, :width].copy_(a)
+        other.mask[:n, :, :, :width].copy_(self.mask)
+        for name in ("ids", "positions", "column", "counters", "tokens", "logprobs"):
+            getattr(other, name)[:n].copy_(getattr(self, name))
+        for name in ("greedy", "temperature", "top_k", "top_p", "seeds"):
+            getattr(other.sampling, name)[:n].copy_(getattr(self.sampling, name))
+        used = set(range(n)) - set(self.free)
+        other.free = [i for i in range(other.size) if i not in used]
+        return other
+
+    # ---- the decode step ----
+
+    def step(self, truncate: bool) -> tuple[list[int], list[float]]:
+        """Feed every slot its id, sample its next one; returns (tokens, log-probs) per slot."""
+        if self.use_graphs:
+            graph = self._graphs.get(truncate) or self._capture(truncate)
+            graph.replay()
+        else:
+            self._step(truncate)
+        host = self._host
+        host[0].copy_(self.tokens, non_blocking=True)
+        host[1].copy_(self.logprobs, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        tokens, logprobs = host.tolist()
+        return [int(t) for t in tokens], logprobs
+
+    def _step(self, truncate: bool) -> None:
+        self.mask.scatter_(3, self.column.view(-1, 1, 1, 1), True)
+        out = self.model(
+            input_ids=self.ids,
+            position_ids=self.positions,
+            attention_mask=self.mask,  # 4D: the models take a prepared mask as it is
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        tokens, logprobs = sample(out.logits[:, -1, :], self.sampling, self.counters, truncate)
+        self.tokens.copy_(tokens)
+        self.logprobs.copy_(logprobs)
+        self.ids.copy_(tokens.view(-1, 1))
+        self.positions.add_(1)
+        self.column.add_(1).clamp_(max=self.length - 1)
+        self.counters.add_(1)
+
+    def _capture(self, truncate: bool) -> torch.cuda.CUDAGraph:
+        """Warm the step up on a side stream, then capture it. The per-slot state is saved and
+        restored around both, so capturing changes nothing that a later step reads: the keys and
+        values they wrote sit at columns no mask has opened yet, and are overwritten first."""
+        saved = [t.clone() for t in self._state_tensors()]
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step(truncate)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=_graph_pool(self.device)):
+            self._step(truncate)
+        for tensor, value in zip(self._state_tensors(), saved, strict=True):
+            tensor.copy_(value)
+        self._graphs[truncate] = graph
+        return graph
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [self.ids, self.positions, self.column, self.counters, self.mask, self.tokens, self.logprobs]
+
+
+_POOLS: dict[torch.device, object] = {}
+
+
+def _graph_pool(device: torch.device):
+    """One memory pool for every captured step on a device: steps replay one at a time."""
+    if device not in _POOLS:
+        _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]
