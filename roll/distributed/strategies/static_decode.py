@@ -8,7 +8,8 @@ columns, the row's sampling settings and its token counter. A row is admitted in
 with the KV of its prefill (computed elsewhere, with session prefix reuse) and its first token;
 `step()` then feeds every slot one token, writes its KV at the slot's column, samples the next
 token on the device (`device_sampling.sample`) and advances the state, all with fixed shapes, so
-on CUDA the step is captured once per (S, L, truncation) and replayed. The host reads one small
+on CUDA the step is captured once per (S, L, truncation) and replayed (after a few eager steps,
+so that a generation of a handful of tokens never pays for a capture). The host reads one small
 copy a step: the sampled tokens and their log-probs. Free slots compute garbage that nobody reads.
 
 Rows are independent: a slot's logits are those of a forward over its row alone (up to float
@@ -30,6 +31,7 @@ from roll.distributed.strategies.device_sampling import SamplingState, sample
 # Decoder-only families whose forward takes a prepared mask mapping and calls `cache.update`.
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 MIN_LENGTH = 256
+EAGER_STEPS = 4  # steps a DecodeSlots runs eagerly before it captures: short generations never pay a capture
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -95,6 +97,7 @@ class DecodeSlots:
         self.cache = _SlotCache(self)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self.steps = 0
         self._host = torch.empty((2, slots), dtype=torch.float64, pin_memory=self.device.type == "cuda")
 
     # ---- admission and release (host side, between steps) ----
@@ -171,7 +174,8 @@ class DecodeSlots:
 
     def step(self, truncate: bool) -> tuple[list[int], list[float]]:
         """Feed every slot its id, sample its next one; returns (tokens, log-probs) per slot."""
-        if self.use_graphs:
+        self.steps += 1
+        if self.use_graphs and self.steps > EAGER_STEPS:
             graph = self._graphs.get(truncate) or self._capture(truncate)
             graph.replay()
         else:
@@ -213,7 +217,7 @@ class DecodeSlots:
                 self._step(truncate)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=_graph_pool(self.device)):
+        with torch.cuda.graph(graph, pool=_graph_pool(self.device), capture_error_mode="thread_local"):
             self._step(truncate)
         for tensor, value in zip(self._state_tensors(), saved, strict=True):
             tensor.copy_(value)
