@@ -86,7 +86,8 @@ def test_continuous_arrivals_grow_the_slots_and_keep_every_token(model_path):
     for rid in got:
         assert_same(got[rid], want[rid])
     sizes = [(s.size, s.length) for s in slots.slot_pool.entries]
-    assert sizes[-1] == (8, 512)  # grew from (1, 256): 8 rows; 4 * 30 prompt ids + 12 new need 512 columns
+    # grew from (1, 128) to 8 rows of 384 columns (up to 9 * 30 prompt ids + 12 new), then shrank as rows left
+    assert sizes[0] == (1, 128) and (8, 384) in sizes and sizes[-1][0] < 8
 
 
 def test_sessions_reuse_the_kv_the_slots_stored(model_path):
@@ -117,7 +118,7 @@ def test_offload_drops_the_slots(model_path):
 def test_graph_replay_equals_the_eager_step(model_path):
     tok = load_tokenizer(model_path)
     model = load_causal_lm(model_path).to("cuda")
-    make = lambda: HFInferStrategy(model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id])  # noqa: E731
+    make = lambda: HFInferStrategy(model, pad_token_id=tok.pad_token_id, eos_token_ids=[])  # noqa: E731  every row runs 20 steps
     graphed, eager = make(), make()
     reqs = [req(str(i), p, seed=i, max_new_tokens=20, top_k=5 if i == 1 else 0) for i, p in enumerate(PROMPTS)]
     got = graphed.generate_batch(reqs)

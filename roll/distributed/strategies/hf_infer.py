@@ -32,7 +32,7 @@ import torch
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.static_decode import supports as slots_support
+from roll.distributed.strategies import decode_attention
 from roll.distributed.strategies.device_sampling import SamplingState, sample
 from roll.distributed.strategies.kv_cache import (
     DEFAULT_MAX_CACHED_TOKENS,
@@ -43,6 +43,7 @@ from roll.distributed.strategies.kv_cache import (
 )
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.strategies.slot_serving import SlotPool, serve_slots
+from roll.distributed.strategies.static_decode import supports as slots_support
 
 
 class HFInferStrategy:
@@ -60,6 +61,8 @@ class HFInferStrategy:
         if static_decode and not supported:
             raise ValueError(f"static_decode: the {model.config.model_type!r} architecture is not supported")
         self.static_decode = supported if static_decode is None else static_decode
+        if self.static_decode:
+            decode_attention.use_on(model)  # single-token steps read the GQA cache once, not per query head
         self.slot_pool = SlotPool()
         self.device = next(model.parameters()).device  # where `reload` puts the model back
         self.pad_token_id = pad_token_id

@@ -23,9 +23,10 @@ import torch
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.device_sampling import SamplingState, sample
 from roll.distributed.strategies.kv_cache import Prefix, row_chunk
-from roll.distributed.strategies.static_decode import MIN_LENGTH, DecodeSlots, bucket
+from roll.distributed.strategies.static_decode import DecodeSlots, bucket, columns_for
 
-POOL_SIZE = 3  # DecodeSlots kept between calls (each holds a KV cache and its captured graphs)
+POOL_SIZE = 6  # DecodeSlots kept between calls (each holds a KV cache and its captured graphs)
+SHRINK_BELOW = 4  # move the rows to slots a quarter the size once they fill less than that
 
 
 @dataclass
@@ -35,6 +36,7 @@ class SlotRow:
     request: GenerateRequest
     prefix: Prefix
     stop_ids: frozenset[int]
+    width: int = 0  # the slot column of its first generated id (its prefill's width)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
@@ -64,20 +66,24 @@ class SlotPool:
         self.entries: list[DecodeSlots] = []
 
     def fitting(self, model: torch.nn.Module, rows: int, length: int) -> DecodeSlots:
-        """The smallest kept slots with room for `rows` rows of `length` columns, all free; or new ones."""
-        fits = [s for s in self.entries if s.size >= rows and s.length >= length]
-        slots = min(fits, key=lambda s: s.size * s.length) if fits else None
-        if slots is None:
-            slots = DecodeSlots(model, bucket(rows), bucket(length, MIN_LENGTH))
+        """Kept slots, all free, with room for `rows` rows of `length` columns and at most twice
+        that (a step costs in proportion to both); or new ones."""
+        size, columns = bucket(rows), columns_for(length)
+        fits = [s for s in self.entries if size <= s.size <= 2 * size and columns <= s.length <= 2 * columns]
+        slots = min(fits, key=lambda s: s.size * s.length) if fits else DecodeSlots(model, size, columns)
         slots.release([i for i in range(slots.size) if i not in slots.free])
         self._touch(slots)
         return slots
 
-    def grow(self, slots: DecodeSlots, rows: int, length: int) -> DecodeSlots:
-        grown = slots.grown(bucket(rows), bucket(length, MIN_LENGTH))
-        self.entries = [s for s in self.entries if s is not slots]
-        self._touch(grown)
-        return grown
+    def resize(self, slots: DecodeSlots, keep: list[int], rows: int, length: int) -> DecodeSlots:
+        """The rows of slots `keep` moved, in that order, to slots sized for `rows` x `length`:
+        kept ones if some fit exactly, else new ones."""
+        size, columns = bucket(rows), max(columns_for(length), slots.length)
+        kept = [s for s in self.entries if s is not slots and s.size == size and s.length == columns]
+        target = kept[0] if kept else DecodeSlots(slots.model, size, columns, slots.use_graphs)
+        target.take_rows(slots, keep)
+        self._touch(target)
+        return target
 
     def clear(self) -> None:
         self.entries.clear()
@@ -88,17 +94,22 @@ class SlotPool:
 
 
 class _Run:
-    """One serve call: the rows by slot and the slots they live in."""
+    """One serve call: the rows by slot, the slots they live in, and the steps in flight."""
 
     def __init__(self, engine, deliver: Callable[[GenerateRequest, GenerateOutput], None]):
         self.engine, self.deliver = engine, deliver
         self.rows: dict[int, SlotRow] = {}
         self.slots: DecodeSlots | None = None
+        self.truncate = False  # whether a running row asks for top-k / top-p
 
     def admit(self, requests: list[GenerateRequest]) -> None:
         """Prefill new requests in one chunk, sample their first token, put the live ones in slots."""
         engine = self.engine
-        live = [r for r in requests if r.params.max_new_tokens > 0 or self._answer_empty(r)]
+        self.drain()  # a slot may be reused: every launched step's tokens go to the rows it ran for
+        for r in requests:
+            if r.params.max_new_tokens <= 0:
+                self.deliver(r, GenerateOutput(r.request_id, [], [], "length", engine.policy_version))
+        live = [r for r in requests if r.params.max_new_tokens > 0]
         if not live:
             return
         from roll.distributed.strategies.hf_infer import build_prefill  # hf_infer imports this module
@@ -113,10 +124,12 @@ class _Run:
         zeros = torch.zeros(len(live), dtype=torch.long, device=device)
         first, first_lp = sample(logits, state, zeros, SamplingState.truncates(live))
         eos = frozenset(engine.eos_token_ids)
-        rows = [SlotRow(r, p, eos | frozenset(r.params.stop_token_ids)) for r, p in zip(live, prefixes, strict=True)]
-        keep = []
-        layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
         width = prefill.attention_mask.shape[1]
+        rows = [
+            SlotRow(r, p, eos | frozenset(r.params.stop_token_ids), width) for r, p in zip(live, prefixes, strict=True)
+        ]
+        layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
+        keep = []
         for i, (row, tok, lp) in enumerate(zip(rows, first.tolist(), first_lp.tolist(), strict=True)):
             if row.record(tok, lp):
                 self._store(row, [row_chunk(layers, i, slice(width - prefill.new[i], width))])
@@ -127,36 +140,56 @@ class _Run:
             self._place([rows[i] for i in keep], layers, prefill.attention_mask, first, keep)
 
     def _place(self, rows: list[SlotRow], layers, mask: torch.Tensor, first: torch.Tensor, keep: list[int]) -> None:
-        width = mask.shape[1]
         need_rows = len(self.rows) + len(rows)
-        need_length = width + max(r.request.params.max_new_tokens for r in rows)
+        need_length = mask.shape[1] + max(r.request.params.max_new_tokens for r in rows)
         pool = self.engine.slot_pool
         if self.slots is None:
             self.slots = pool.fitting(self.engine.model, need_rows, need_length)
         elif need_rows > self.slots.size or need_length > self.slots.length:
-            self.slots = pool.grow(self.slots, need_rows, need_length)
+            self._move(need_rows, need_length)
         idx = torch.tensor(keep, device=mask.device)
         picked = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in layers]
         placed = self.slots.admit(
             [r.request for r in rows], picked, mask.index_select(0, idx), first.index_select(0, idx)
         )
         self.rows.update(zip(placed, rows, strict=True))
+        self.truncate = any(row.truncates for row in self.rows.values())
 
-    def step(self) -> None:
-        """One decode step for every running row; rows that are done leave."""
-        truncate = any(row.truncates for row in self.rows.values())
-        tokens, logprobs = self.slots.step(truncate)
+    def _move(self, rows: int, length: int) -> None:
+        """Move the running rows to slots sized for `rows` x `length` (growing, or shrinking)."""
+        keep = sorted(self.rows)
+        self.slots = self.engine.slot_pool.resize(self.slots, keep, rows, length)
+        self.rows = {new: self.rows[old] for new, old in enumerate(keep)}
+
+    def advance(self) -> None:
+        """Launch steps until `depth` are in flight, then read the oldest one."""
+        depth = 2 if self.slots.device.type == "cuda" else 1  # on a GPU the host reads step t during step t+1
+        while self.slots.inflight < depth:
+            self.slots.launch(self.truncate)
+        self._read()
+        if self.rows and len(self.rows) * SHRINK_BELOW <= self.slots.size and self.slots.size >= 8:
+            self.drain()
+            self._move(len(self.rows), self.slots.length)
+
+    def drain(self) -> None:
+        while self.slots is not None and self.slots.inflight:
+            self._read()
+
+    def _read(self) -> None:
+        """Take the oldest launched step's tokens; rows that are done leave their slots."""
+        tokens, logprobs = self.slots.collect()
+        if not self.rows:
+            return
         self.engine.stats["decode_steps"] += 1
         done = [slot for slot, row in self.rows.items() if row.record(tokens[slot], logprobs[slot])]
         for slot in done:
             row = self.rows.pop(slot)
-            self._store(row, [self.slots.row_kv(slot, row.prefix.length)])
+            end = row.width + len(row.token_ids) - 1  # its first id went in at `width`; the last was never fed
+            self._store(row, [self.slots.row_kv(slot, row.prefix.length, end)])
             self.deliver(row.request, row.output(self.engine.policy_version))
-        self.slots.release(done)
-
-    def _answer_empty(self, request: GenerateRequest) -> bool:
-        self.deliver(request, GenerateOutput(request.request_id, [], [], "length", self.engine.policy_version))
-        return False
+        if done:
+            self.slots.release(done)
+            self.truncate = any(row.truncates for row in self.rows.values())
 
     def _store(self, row: SlotRow, new_chunks) -> None:
         """Keep the session's KV for the ids it fed: prompt + generated ids but the last."""
@@ -186,5 +219,6 @@ def serve_slots(
         if not run.rows:
             if joiners:
                 continue
+            run.drain()
             return
-        run.step()
+        run.advance()

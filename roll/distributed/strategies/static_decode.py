@@ -9,7 +9,9 @@ with the KV of its prefill (computed elsewhere, with session prefix reuse) and i
 `step()` then feeds every slot one token, writes its KV at the slot's column, samples the next
 token on the device (`device_sampling.sample`) and advances the state, all with fixed shapes, so
 on CUDA the step is captured once per (S, L, truncation) and replayed (after a few eager steps,
-so that a generation of a handful of tokens never pays for a capture). The host reads one small
+so that a generation of a handful of tokens never pays for a capture). `launch` starts a step and
+`collect` returns the oldest launched step's tokens, so on a GPU the next step can run while the
+host reads the last one (the step feeds itself: its sampled ids are the next step's input). The host reads one small
 copy a step: the sampled tokens and their log-probs. Free slots compute garbage that nobody reads.
 
 Rows are independent: a slot's logits are those of a forward over its row alone (up to float
@@ -30,7 +32,9 @@ from roll.distributed.strategies.device_sampling import SamplingState, sample
 
 # Decoder-only families whose forward takes a prepared mask mapping and calls `cache.update`.
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
-MIN_LENGTH = 256
+ATTENTION_WITH_4D_MASKS = frozenset({"sdpa", "eager", "roll_sdpa"})  # flash attention takes no 4D mask
+MIN_LENGTH = 128
+LENGTH_STEP = 128  # columns come in multiples of this: attention reads every column of a slot
 EAGER_STEPS = 4  # steps a DecodeSlots runs eagerly before it captures: short generations never pay a capture
 
 
@@ -38,15 +42,24 @@ def supports(model: torch.nn.Module) -> bool:
     """True for the architectures this path is written for, with full attention in every layer."""
     config = model.config
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return config.model_type in SUPPORTED_MODEL_TYPES and set(layer_types) == {"full_attention"}
+    return (
+        config.model_type in SUPPORTED_MODEL_TYPES
+        and set(layer_types) == {"full_attention"}
+        and config._attn_implementation in ATTENTION_WITH_4D_MASKS
+    )
 
 
 def bucket(n: int, minimum: int = 1) -> int:
-    """The power of two at or above max(n, minimum)."""
+    """The power of two at or above max(n, minimum): slot counts."""
     size = minimum
     while size < n:
         size *= 2
     return size
+
+
+def columns_for(n: int) -> int:
+    """The multiple of LENGTH_STEP at or above max(n, MIN_LENGTH): slot lengths."""
+    return max(MIN_LENGTH, -(-n // LENGTH_STEP) * LENGTH_STEP)
 
 
 class _SlotCache:
@@ -98,7 +111,9 @@ class DecodeSlots:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self.steps = 0
-        self._host = torch.empty((2, slots), dtype=torch.float64, pin_memory=self.device.type == "cuda")
+        # two host buffers of (tokens, log-probs): a step's results land in one while the host reads the other
+        self._host = torch.empty((2, 2, slots), dtype=torch.float64, pin_memory=self.device.type == "cuda")
+        self._inflight: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
 
     # ---- admission and release (host side, between steps) ----
 
@@ -143,50 +158,64 @@ class DecodeSlots:
         self.free.extend(slots)
         self.free.sort()
 
-    def row_kv(self, slot: int, skip: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The slot's keys and values at its real ids after the first `skip`, each (n, H_kv, D),
-        for the session cache. Call before `release`: the last step's column holds no fed id yet."""
-        real = self.mask[slot, 0, 0].clone()
-        real[int(self.column[slot]) :] = False
-        columns = real.nonzero().squeeze(1)[skip:]
+    def row_kv(self, slot: int, skip: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The slot's keys and values at its real ids in columns [0, end) after the first `skip`,
+        each (n, H_kv, D), for the session cache (`end`: one past the last column the row fed)."""
+        columns = self.mask[slot, 0, 0, :end].nonzero().squeeze(1)[skip:]
         return [
             (k[slot][:, columns].transpose(0, 1).contiguous(), v[slot][:, columns].transpose(0, 1).contiguous())
             for k, v in zip(self.keys, self.values, strict=True)
         ]
 
-    def grown(self, slots: int, length: int) -> DecodeSlots:
-        """A copy with at least `slots` slots and `length` columns (same rows in the same slots)."""
-        other = DecodeSlots(self.model, max(slots, self.size), max(length, self.length), self.use_graphs)
-        n, width = self.size, self.length
-        for src, dst in ((self.keys, other.keys), (self.values, other.values)):
+    def take_rows(self, source: DecodeSlots, keep: list[int]) -> None:
+        """Hold the rows of `source`'s slots `keep`, in that order, in slots 0, 1, ...; every other
+        slot free. Neither may have a step in flight; this one needs at least `source`'s columns."""
+        assert not source.inflight and not self.inflight and self.length >= source.length and len(keep) <= self.size
+        self.release([i for i in range(self.size) if i not in self.free])
+        n, width = len(keep), source.length
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for src, dst in ((source.keys, self.keys), (source.values, self.values)):
             for a, b in zip(src, dst, strict=True):
-                b[:n, :, :width].copy_(a)
-        other.mask[:n, :, :, :width].copy_(self.mask)
+                b[:n, :, :width].copy_(a.index_select(0, idx))
+        self.mask[:n].fill_(False)
+        self.mask[:n, :, :, :width].copy_(source.mask.index_select(0, idx))
         for name in ("ids", "positions", "column", "counters", "tokens", "logprobs"):
-            getattr(other, name)[:n].copy_(getattr(self, name))
+            getattr(self, name)[:n].copy_(getattr(source, name).index_select(0, idx))
         for name in ("greedy", "temperature", "top_k", "top_p", "seeds"):
-            getattr(other.sampling, name)[:n].copy_(getattr(self.sampling, name))
-        used = set(range(n)) - set(self.free)
-        other.free = [i for i in range(other.size) if i not in used]
-        return other
+            getattr(self.sampling, name)[:n].copy_(getattr(source.sampling, name).index_select(0, idx))
+        self.free = list(range(n, self.size))
 
     # ---- the decode step ----
 
-    def step(self, truncate: bool) -> tuple[list[int], list[float]]:
-        """Feed every slot its id, sample its next one; returns (tokens, log-probs) per slot."""
+    def launch(self, truncate: bool) -> None:
+        """Run one step for every slot and start copying its tokens and log-probs to the host; on
+        CUDA this returns before the GPU is done, so the host can look at the previous step meanwhile."""
         self.steps += 1
         if self.use_graphs and self.steps > EAGER_STEPS:
             graph = self._graphs.get(truncate) or self._capture(truncate)
             graph.replay()
         else:
             self._step(truncate)
-        host = self._host
-        host[0].copy_(self.tokens, non_blocking=True)
-        host[1].copy_(self.logprobs, non_blocking=True)
+        buffer = self._host[self.steps % 2]
+        buffer[0].copy_(self.tokens, non_blocking=True)
+        buffer[1].copy_(self.logprobs, non_blocking=True)
+        event = None
         if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        tokens, logprobs = host.tolist()
+            event = torch.cuda.Event()
+            event.record()
+        self._inflight.append((buffer, event))
+
+    def collect(self) -> tuple[list[int], list[float]]:
+        """(tokens, log-probs) per slot of the oldest launched step, waiting for it if needed."""
+        buffer, event = self._inflight.pop(0)
+        if event is not None:
+            event.synchronize()
+        tokens, logprobs = buffer.tolist()
         return [int(t) for t in tokens], logprobs
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
 
     def _step(self, truncate: bool) -> None:
         self.mask.scatter_(3, self.column.view(-1, 1, 1, 1), True)
