@@ -33,6 +33,17 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu_lane import SIZES, source_commit  # noqa: E402
 
+
+def new_record_path(results: Path) -> Path:
+    """results/decode-<date>.json, or -2, -3, ... after it: a later run of the day keeps the earlier record."""
+    today, n = datetime.date.today().isoformat(), 1
+    path = results / f"decode-{today}.json"
+    while path.exists():
+        n += 1
+        path = results / f"decode-{today}-{n}.json"
+    return path
+
+
 PROMPT_LEN = 64
 
 
@@ -111,6 +122,24 @@ def engine_run(engine, batch_prompts: list[list[int]], new_tokens: list[int], de
 
 
 @torch.no_grad()
+def slot_step_ms(engine, batch: int, device, steps: int = 50) -> float | None:
+    """Milliseconds of one decode step of the engine's slots alone (launch + collect, host loop
+    excluded), on the slots the last run used: where the engine's time goes, beside the floor."""
+    fitting = [s for s in engine.slot_pool.entries if s.size == batch]
+    if not fitting:
+        return None
+    slots = fitting[-1]
+    slots.launch(False)
+    slots.collect()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        slots.launch(False)
+        slots.collect()
+    return 1000 * (time.perf_counter() - start) / steps
+
+
+@torch.no_grad()
 def generate_run(model, batch_prompts: list[list[int]], new_tokens: int, device) -> float:
     ids = torch.tensor(batch_prompts, device=device)
     kwargs = dict(do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
@@ -129,6 +158,7 @@ def measure_batch(model, engine, batch: int, new_tokens: int, device, with_gener
     engine_run(engine, batch_prompts, [new_tokens] * batch, device)  # warm-up: captures this shape's graphs
     seconds, generated = engine_run(engine, batch_prompts, [new_tokens] * batch, device)
     result["tokens_per_s"] = generated / seconds
+    result["engine_step_ms"] = slot_step_ms(engine, batch, device)
     result["ratio_to_floor"] = result["tokens_per_s"] / result["floor_tokens_per_s"]
     if with_generate:
         result["generate_tokens_per_s"] = batch * new_tokens / generate_run(model, batch_prompts, new_tokens, device)
@@ -171,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("no CUDA device: decode lane skipped, nothing written (`--smoke` runs it on CPU)")
         return 0
-    out = args.out or (None if args.smoke else REPO / "benchmarks" / "results" / f"decode-{datetime.date.today()}.json")
+    out = args.out or (None if args.smoke else new_record_path(REPO / "benchmarks" / "results"))
     model = build(size, device, dtype)
     engine = HFInferStrategy(model, pad_token_id=0, eos_token_ids=[])
     record = {

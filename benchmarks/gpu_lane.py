@@ -37,6 +37,7 @@ import importlib
 import importlib.util
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -371,7 +372,10 @@ def new_record_path(results: Path, today: str | None = None) -> Path:
 
 
 def source_commit() -> str | None:
-    """The checkout's commit (None where the tree travelled without .git, as to a lent machine)."""
+    """The checkout's commit: git's, else $ROLL_COMMIT (a tree sent to a lent machine travels without
+    .git, so the call names it), else None."""
+    if os.environ.get("ROLL_COMMIT"):
+        return os.environ["ROLL_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
