@@ -8,6 +8,8 @@ in place. With `async_generation_ratio` k > 0 the groups of steps t+1..t+k start
 t's rollout, on the weights of that moment, and generate while step t trains (`run_ahead`).
 Roles that share GPUs take turns on them: each phase first makes its roles resident
 (`self.residency.enter`, roll/pipeline/residency.py), which does nothing when no GPU is shared.
+Each step logs its phase times (`time/*_s`; the residency's offload and reload waits are parts of
+them) and, with roles on GPUs, each role's peak GPU memory (`memory/<role>_peak_gib`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
+from roll.distributed.rank_group import RankGroup
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import (
     build_pg_options,
@@ -32,6 +35,7 @@ from roll.pipeline.builders import (
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
+from roll.pipeline.residency import WORKER_ROLES
 from roll.pipeline.samples import (
     adjust_batch,
     batch_divisor,
@@ -142,6 +146,8 @@ class AgenticPipeline:
                 **train_metrics,
                 **{f"time/{k}_s": v for k, v in timings.items()},
                 "time/step_s": sum(timings.values()),
+                **self.residency.take_seconds(),
+                **self.memory_metrics(),
             }
             # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
             write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer)
@@ -172,9 +178,19 @@ class AgenticPipeline:
             **summarize_trajectories(trajs, "train"),
             **staleness_metrics(trajs, step - 1),
             "rollout/dropped_trajectories": float(len(dropped)),
+            "rollout/generated_tokens": float(sum(tr.num_generated_tokens for tr in trajs)),
             "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
             "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories),
         }
+
+    def memory_metrics(self) -> dict[str, float]:
+        """`memory/<role>_peak_gib`: the most GPU memory each role's first process held since the
+        last step (`take_peak_memory_gib`); nothing when every role runs on CPU."""
+        roles = {key: role for key, role in WORKER_ROLES.items() if key in self.workers}
+        if not any(self.residency.plan.devices(role) for role in roles.values()):
+            return {}
+        refs = {role: _first_process(self.workers[key]).peak_memory_gib.remote() for key, role in roles.items()}
+        return {f"memory/{role}_peak_gib": ray.get(ref, timeout=self.timeout_s) for role, ref in refs.items()}
 
     def rollout(self, step: int) -> tuple[list, list[str]]:
         """The step's complete groups and the causes of dropped trajectories; then the groups of
@@ -306,14 +322,18 @@ class AgenticPipeline:
         ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=self.timeout_s)
 
     def validate(self, step: int) -> dict[str, float]:
-        cfg = self.cfg
+        cfg, start = self.cfg, time.perf_counter()
         self.residency.enter("validate")
         keep_frames = cfg.render_save_dir is not None
         trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
         for cause in dropped:
             logger.warning("validation at step %d: dropped a trajectory: %s", step, cause)
         write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer, val=True, frames=keep_frames)
-        return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
+        return {
+            **summarize_trajectories(trajs, "val"),
+            "val/dropped_trajectories": float(len(dropped)),
+            "time/validate_s": time.perf_counter() - start,
+        }
 
     def save(self, step: int) -> None:
         self.residency.enter("checkpoint")
@@ -344,6 +364,13 @@ class AgenticPipeline:
         self.sync_weights(version=state["step"])
         logger.warning("resumed from %s (step %d)", path, state["step"])
         return int(state["step"])
+
+
+def _first_process(handles):
+    """A role's first actor handle: the inference entry is a list, a role of several ranks a `RankGroup`."""
+    if isinstance(handles, RankGroup):
+        return handles.handles[0]
+    return handles[0] if isinstance(handles, list) else handles
 
 
 @contextmanager

@@ -14,10 +14,14 @@ the awake engine; the actor's weights were taken before it left the GPU) -> vali
 -> checkpoint (engine offloaded, actor and critic reloaded; only on save steps). Colocating the
 engine with a training role needs `async_generation_ratio: 0`: with k > 0 rollout runs during
 scoring and training (the config refuses it).
+
+`seconds` adds up the time spent waiting for offloads and reloads; `take_seconds` hands it to the
+pipeline's step metrics (`time/offload_s`, `time/reload_s`, parts of the phase times) and restarts it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,6 +57,7 @@ class PhaseResidency:
         self._get = get or (lambda refs: ray.get(refs, timeout=timeout_s))
         self._handles: dict[Key, Any] = {}
         self.offloaded: set[Key] = set()
+        self.seconds = {"offload": 0.0, "reload": 0.0}
 
     def attach(self, role: str, handles: Sequence[Any]) -> None:
         """The actor handles of a role's processes, in the plan's process order."""
@@ -82,11 +87,22 @@ class PhaseResidency:
         ]
         restore = [key for key in self._handles if key in needed_keys and key in self.offloaded]
         if evict:
-            self._get([self._handles[key].offload.remote() for key in evict])
+            self._timed("offload", [self._handles[key].offload.remote() for key in evict])
             self.offloaded.update(evict)
         if restore:
-            self._get([self._handles[key].reload.remote() for key in restore])
+            self._timed("reload", [self._handles[key].reload.remote() for key in restore])
             self.offloaded.difference_update(restore)
+
+    def take_seconds(self) -> dict[str, float]:
+        """`time/offload_s` and `time/reload_s` since the last call."""
+        taken = {f"time/{kind}_s": seconds for kind, seconds in self.seconds.items()}
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        return taken
+
+    def _timed(self, kind: str, refs: list) -> None:
+        start = time.perf_counter()
+        self._get(refs)
+        self.seconds[kind] += time.perf_counter() - start
 
     def _placement(self, key: Key) -> ProcessPlacement:
         return self.plan.process(*key)

@@ -38,6 +38,7 @@ from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
     shuffled_minibatches,
+    take_peak_memory_gib,
     train_on_share,
 )
 from roll.models.loading import DType, load_causal_lm, load_tokenizer
@@ -165,6 +166,10 @@ class ActorWorker:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
         return self.strategy.state_dict()
+
+    def peak_memory_gib(self) -> float:
+        """Peak GPU memory since the last call, GiB (`take_peak_memory_gib`); 0.0 on CPU."""
+        return take_peak_memory_gib()
 
     def param_counts(self) -> dict[str, float]:
         """`model/trainable_params` and `model/total_params` of the trained model (LoRA: adapters)."""

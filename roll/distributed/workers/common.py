@@ -1,5 +1,5 @@
 """Pieces shared by the training-side roles: thread setup, mini-batch order, rank shares, metric
-averaging."""
+averaging, the process's peak GPU memory."""
 
 from __future__ import annotations
 
@@ -19,6 +19,16 @@ def set_num_threads(num_threads: int | None) -> None:
     Several roles share one machine in a CPU run, so the pipeline passes each its share.
     """
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
+
+
+def take_peak_memory_gib() -> float:
+    """The most GPU memory this process's tensors held (`torch.cuda.max_memory_allocated` of its one
+    visible device, GiB) since the last call, which restarts the count; 0.0 where CUDA was never used."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return 0.0
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def shuffled_minibatches(batch: TensorDict, rows: int, *seed_keys: object) -> Iterator[TensorDict]:
