@@ -121,8 +121,8 @@ def _tokens_per_s(steps: list[dict]) -> float | None:
 
 
 def _sync_path(steps: list[dict]) -> str | None:
-    """Which way the weights went (`sync/cuda_ipc` 1: CUDA IPC handles on the shared GPU; 0: CPU copies)."""
+    """Which way the weights went: `sync/cuda_ipc` 1 "cuda_ipc" (handles on the shared GPU), 0 "cpu_copy"."""
     flags = {r["sync/cuda_ipc"] for r in steps if "sync/cuda_ipc" in r}
     if not flags:
         return None
-    return "cuda_ipc" if flags == {1.0} else "cpu" if flags == {0.0} else "mixed"
+    return "cuda_ipc" if flags == {1.0} else "cpu_copy" if flags == {0.0} else "mixed"

@@ -25,6 +25,7 @@ from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
 from roll.distributed.rank_group import RankGroup
+from roll.distributed.weight_transfer import CUDA_IPC
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import (
     build_pg_options,
@@ -55,6 +56,7 @@ from roll.pipeline.scoring import (
     with_final_state,
 )
 from roll.pipeline.startup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
+from roll.pipeline.weight_sync import sync_path
 from roll.tracking.progress import ProgressBar
 from roll.utils.seeding import seed_everything
 
@@ -97,6 +99,7 @@ class AgenticPipeline:
         )
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
+        self.sync_path = sync_path(cfg, self.residency.plan)  # CUDA IPC when actor and engine share a GPU
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
         self.tracker = make_tracker(cfg, resume_step=self.start_step if self.start_step else -1)
@@ -147,6 +150,7 @@ class AgenticPipeline:
                 **{f"time/{k}_s": v for k, v in timings.items()},
                 "time/step_s": sum(timings.values()),
                 **self.residency.take_seconds(),
+                "sync/cuda_ipc": float(self.sync_path == CUDA_IPC),
                 **self.memory_metrics(),
             }
             # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
@@ -314,11 +318,18 @@ class AgenticPipeline:
         return metrics
 
     def sync_weights(self, version: int) -> None:
-        """The actor's weights into every engine. They are requested first (CPU copies; Ray runs an
-        actor's calls in order, so before an offload empties the module), then the phase may move
-        the actor off a shared GPU and wake the engine: weights must reach an awake engine."""
-        weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
-        self.residency.enter("sync")
+        """The actor's weights into every engine. On a shared GPU (`CUDA_IPC`) both stay resident
+        while the engine copies from the actor's own tensors through IPC handles. Otherwise they are
+        requested first (CPU copies; Ray runs an actor's calls in order, so before an offload empties
+        the module), then the phase may move the actor off a shared GPU and wake the engine:
+        weights must reach an awake engine. Either way the handles or copies are passed by
+        reference: nothing goes through the driver."""
+        if self.sync_path == CUDA_IPC:
+            self.residency.enter("sync_on_device")
+            weights = self.workers["actor"].share_weights.remote()
+        else:
+            weights = self.workers["actor"].get_weights.remote()
+            self.residency.enter("sync")
         ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=self.timeout_s)
 
     def validate(self, step: int) -> dict[str, float]:

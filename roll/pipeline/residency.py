@@ -35,6 +35,7 @@ PHASE_ROLES: dict[str, tuple[str, ...]] = {
     "score": ("actor_train", "reference", "critic"),
     "train": ("actor_train", "critic"),
     "sync": ("actor_infer",),  # the actor's weights are CPU copies taken before it is offloaded
+    "sync_on_device": ("actor_infer", "actor_train"),  # the engine copies from the actor's GPU tensors
     "validate": ("actor_infer",),
     "checkpoint": ("actor_train", "critic"),
 }

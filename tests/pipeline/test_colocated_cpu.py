@@ -42,4 +42,6 @@ def test_three_roles_on_one_device_take_turns(tmp_path):
         assert row["time/offload_s"] > 0 and row["time/reload_s"] > 0
         assert row["memory/actor_train_peak_gib"] == row["memory/reference_peak_gib"] == 0.0  # no CUDA here
         assert row["losses/kl_loss"] >= 0 and row["rollout/generated_tokens"] > 0
+        assert row["sync/cuda_ipc"] == 1.0  # the device path (its envelope carries CPU tensors here)
+    assert rows[2]["rollout/logprob_abs_diff"] < 1e-4  # the engine generated with the actor's step-1 weights
     assert "val/success" in rows[2] and (out / "checkpoints" / "step_2" / "config.json").exists()

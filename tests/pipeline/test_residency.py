@@ -15,6 +15,7 @@ from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
 from roll.distributed.placement import plan_devices
 from roll.distributed.rank_group import RankGroup
+from roll.distributed.weight_transfer import CPU_COPY, CUDA_IPC
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.builders import build_pg_options
@@ -168,6 +169,7 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     p.tracer, p.tokenizer, p.step_wise, p.temperature = None, None, False, 1.0
     p.kl_ctl = make_kl_controller(0.0, None, 100)
     p.pg_options = build_pg_options(p.cfg)
+    p.sync_path = CPU_COPY
     monkeypatch.setattr(agentic_pipeline.ray, "get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(agentic_pipeline, "score_batch", lambda *args, **kwargs: {})
     monkeypatch.setattr(agentic_pipeline, "summarize_trajectories", lambda *args: {})
@@ -199,4 +201,25 @@ def test_pipeline_phases_offload_and_reload_in_order(pipeline):
         "actor_infer.offload",
         "actor_train.reload",
         "actor.save_checkpoint",
+    ]
+
+
+def test_on_a_shared_gpu_the_engine_copies_from_the_resident_actor(pipeline):
+    """CUDA IPC: the engine wakes beside the actor, which stays on the GPU while the engine copies
+    from its tensors; the actor leaves only when the next phase (here validation) needs the room."""
+    p, log = pipeline
+    p.sync_path = CUDA_IPC
+    batch = TensorDict({"infer_logprobs": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)}, batch_size=[2])
+    p.rollout(step=1)
+    p.score(batch, None)
+    p.update(batch, step=1)
+    del log[:]
+    p.sync_weights(version=1)
+    p.validate(step=1)
+    assert log == [
+        "actor_infer.reload",
+        "actor.share_weights",
+        "inference.update_weights",
+        "actor_train.offload",
+        "rollout.collect",
     ]

@@ -34,6 +34,7 @@ from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
 from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.registry import build_train_strategy
+from roll.distributed.weight_transfer import IpcWeights, share_state
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
@@ -166,6 +167,12 @@ class ActorWorker:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
         return self.strategy.state_dict()
+
+    def share_weights(self) -> IpcWeights:
+        """CUDA IPC handles of the policy's own device tensors, no copy, for an engine on the same
+        GPU (`roll.distributed.weight_transfer`; one `torch` rank without LoRA: the module holds the
+        HF weights). Valid while the module stays on the device and unchanged."""
+        return share_state(self.strategy.model.state_dict())
 
     def peak_memory_gib(self) -> float:
         """Peak GPU memory since the last call, GiB (`take_peak_memory_gib`); 0.0 on CPU."""
