@@ -24,7 +24,6 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
-from roll.distributed.rank_group import RankGroup
 from roll.distributed.weight_transfer import CUDA_IPC
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import (
@@ -36,7 +35,6 @@ from roll.pipeline.builders import (
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
-from roll.pipeline.residency import WORKER_ROLES
 from roll.pipeline.samples import (
     adjust_batch,
     batch_divisor,
@@ -116,6 +114,7 @@ class AgenticPipeline:
             self.tracker.close()
             return metrics
         progress = ProgressBar(cfg.max_steps, initial=self.start_step)
+        self.residency.take_seconds()  # the first step's offload time starts now, not with the workers' startup
         # model/trainable_params, model/total_params: once per run, with the first logged step
         model_size = ray.get(self.workers["actor"].param_counts.remote(), timeout=self.timeout_s)
         if self.val_rollout is not None and self.start_step == 0:
@@ -151,7 +150,7 @@ class AgenticPipeline:
                 "time/step_s": sum(timings.values()),
                 **self.residency.take_seconds(),
                 "sync/cuda_ipc": float(self.sync_path == CUDA_IPC),
-                **self.memory_metrics(),
+                **self.memory_metrics(first_step=step == self.start_step + 1),
             }
             # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
             write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer)
@@ -187,14 +186,19 @@ class AgenticPipeline:
             "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories),
         }
 
-    def memory_metrics(self) -> dict[str, float]:
-        """`memory/<role>_peak_gib`: the most GPU memory each role's first process held since the
-        last step (`take_peak_memory_gib`); nothing when every role runs on CPU."""
-        roles = {key: role for key, role in WORKER_ROLES.items() if key in self.workers}
-        if not any(self.residency.plan.devices(role) for role in roles.values()):
-            return {}
-        refs = {role: _first_process(self.workers[key]).peak_memory_gib.remote() for key, role in roles.items()}
-        return {f"memory/{role}_peak_gib": ray.get(ref, timeout=self.timeout_s) for role, ref in refs.items()}
+    def memory_metrics(self, first_step: bool) -> dict[str, float]:
+        """`memory/<role>_peak_gib`: the most GPU memory a process of each role held since the last
+        step (`take_memory_gib`); nothing when every role runs on CPU. After the run's first step,
+        roles that share a GPU and fit on it together stop taking turns (`stay_if_room`)."""
+        readings = self.residency.read_memory()
+        if first_step and readings:
+            kept = self.residency.stay_if_room(readings)
+            if kept:
+                logger.warning("GPU %s: the roles there fit together; they stay resident from now on", kept)
+        peaks: dict[str, float] = {}
+        for (role, _), reading in readings.items():
+            peaks[role] = max(peaks.get(role, 0.0), reading["peak"])
+        return {f"memory/{role}_peak_gib": peak for role, peak in peaks.items()}
 
     def rollout(self, step: int) -> tuple[list, list[str]]:
         """The step's complete groups and the causes of dropped trajectories; then the groups of
@@ -375,13 +379,6 @@ class AgenticPipeline:
         self.sync_weights(version=state["step"])
         logger.warning("resumed from %s (step %d)", path, state["step"])
         return int(state["step"])
-
-
-def _first_process(handles):
-    """A role's first actor handle: the inference entry is a list, a role of several ranks a `RankGroup`."""
-    if isinstance(handles, RankGroup):
-        return handles.handles[0]
-    return handles[0] if isinstance(handles, list) else handles
 
 
 @contextmanager

@@ -39,7 +39,7 @@ from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
     shuffled_minibatches,
-    take_peak_memory_gib,
+    take_memory_gib,
     train_on_share,
 )
 from roll.models.loading import DType, load_causal_lm, load_tokenizer
@@ -174,9 +174,9 @@ class ActorWorker:
         HF weights). Valid while the module stays on the device and unchanged."""
         return share_state(self.strategy.model.state_dict())
 
-    def peak_memory_gib(self) -> float:
-        """Peak GPU memory since the last call, GiB (`take_peak_memory_gib`); 0.0 on CPU."""
-        return take_peak_memory_gib()
+    def memory_gib(self) -> dict[str, float]:
+        """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
+        return take_memory_gib()
 
     def param_counts(self) -> dict[str, float]:
         """`model/trainable_params` and `model/total_params` of the trained model (LoRA: adapters)."""

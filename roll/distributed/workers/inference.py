@@ -48,7 +48,7 @@ from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.distributed.weight_transfer import IpcWeights
-from roll.distributed.workers.common import take_peak_memory_gib
+from roll.distributed.workers.common import take_memory_gib
 from roll.models.loading import load_causal_lm, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -148,9 +148,9 @@ class InferenceWorker:
             self.engine.reload()
             self._awake.set()
 
-    def peak_memory_gib(self) -> float:
-        """Peak GPU memory since the last call, GiB (`take_peak_memory_gib`); 0.0 on CPU."""
-        return take_peak_memory_gib()
+    def memory_gib(self) -> dict[str, float]:
+        """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
+        return take_memory_gib()
 
     def release_session(self, session_id: str) -> bool:
         """Drop a finished conversation's cached KV (safe while the engine runs); True if cached."""
