@@ -23,6 +23,7 @@ What each field means: docs/gpu.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -107,7 +108,7 @@ def run_pipeline(name: str, overrides: list[str], output_dir: Path, budget_s: fl
         log.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         while proc.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.2)
             _note_arrivals(output_dir / "metrics.jsonl", arrivals, time.monotonic() - start)
             if time.monotonic() - start > budget_s and status == "ok":
                 status, stopped = "stopped_at_budget", time.monotonic()
@@ -195,10 +196,11 @@ def part_a(lane: Lane, cpu: bool = False) -> dict:
     return {"overrides": overrides, **summarize_run(lane.work / name, run)}
 
 
-def part_b(lane: Lane) -> dict:
-    model = qwen2_shaped_model(lane)
+def b_overrides(lane: Lane, model: Path) -> list[str]:
+    """Part b's run: 32 trajectories a step (smoke: the profile's), one PPO epoch, micro-batches of
+    8 rows, up to 32 tokens an action, every role in bf16 (smoke: float32) on GPU 0."""
     dtype = "float32" if lane.smoke else "bf16"
-    overrides = [
+    return [
         f"pretrain={model}",
         f"max_steps={lane.steps['b']}",
         "save_steps=0",
@@ -216,6 +218,10 @@ def part_b(lane: Lane) -> dict:
         *lane.devices(),
         *lane.profile(),
     ]
+
+
+def part_b(lane: Lane) -> dict:
+    overrides = b_overrides(lane, qwen2_shaped_model(lane))
     run = run_pipeline("b", overrides, lane.work / "b", lane.budgets_s["b"], lane)
     result = {"overrides": overrides, **summarize_run(lane.work / "b", run)}
     if not lane.smoke and torch.cuda.is_available():
@@ -229,11 +235,17 @@ def engine_alone() -> dict:
     import gpu_lane
 
     settings = gpu_lane.lane_settings(smoke=False, steps=None)
-    settings = gpu_lane.LaneSettings(**{**settings.__dict__, "gen_prompts": 32, "gen_tokens": 32})
+    settings = dataclasses.replace(settings, gen_prompts=32, gen_tokens=32)
     try:
         return gpu_lane.generate(settings)
     except Exception as err:  # a figure beside the pipeline's, never a reason to lose the record
         return {"error": f"{type(err).__name__}: {err}"}
+
+
+def c_overrides(lane: Lane, done: int) -> list[str]:
+    """Part a's run resumed from its checkpoint of step `done`, for steps_c more steps."""
+    overrides = [o for o in a_overrides(lane) if not o.startswith(("max_steps=", "save_steps="))]
+    return overrides + [f"max_steps={done + lane.steps['c']}", "save_steps=0", "resume_from_checkpoint=true"]
 
 
 def part_c(lane: Lane) -> dict:
@@ -245,8 +257,7 @@ def part_c(lane: Lane) -> dict:
     last = checkpoints[-1]
     loaded = resume_check(last)
     done = int(last.name.split("_")[1])
-    overrides = [o for o in a_overrides(lane) if not o.startswith(("max_steps=", "save_steps="))]
-    overrides += [f"max_steps={done + lane.steps['c']}", "save_steps=0", "resume_from_checkpoint=true"]
+    overrides = c_overrides(lane, done)
     run = run_pipeline("c", overrides, base, lane.budgets_s["c"], lane)
     summary = summarize_run(base, run, first_step=done + 1)
     return {"checkpoint": str(last), "loaded_on_cpu": loaded, "resumed_from_step": done, **summary}

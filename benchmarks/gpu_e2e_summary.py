@@ -10,7 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
-PHASES = ("rollout", "score", "train", "sync", "offload", "reload", "validate")
+PHASES = ("rollout", "batch", "score", "train", "sync", "offload", "reload", "validate")
 """`time/<phase>_s` keys; offload and reload are parts of the other phases' times."""
 VAL_TARGET = 0.9
 
@@ -41,6 +41,7 @@ def summarize_run(output_dir: Path, run: dict, first_step: int = 1) -> dict:
         "steps_done": max((r["step"] for r in steps), default=first_step - 1),
         "val_success": {str(r["step"]): r["val/success"] for r in rows if "val/success" in r},
         "step_s": _stats([r["time/step_s"] for r in timed]),
+        "wall_step_s": _wall_step(run.get("arrivals", {}), first_step + 1),
         "split_s": {p: _mean([r[f"time/{p}_s"] for r in timed if f"time/{p}_s" in r]) for p in PHASES},
         "peak_memory_gib": _peaks(steps),
         "generated_tokens_per_s": _tokens_per_s(timed),
@@ -96,6 +97,13 @@ def _stats(values: list[float]) -> dict:
         "max": round(max(values), 4),
         "n": len(values),
     }
+
+
+def _wall_step(arrivals: dict[int, float], first: int) -> float | None:
+    """The median gap between consecutive steps' lines as the lane saw them appear (polled every
+    0.2 s): the step's wall time, logging, validation and checkpoints included where they fell."""
+    gaps = [arrivals[s] - arrivals[s - 1] for s in sorted(arrivals) if s >= first and s - 1 in arrivals]
+    return round(statistics.median(gaps), 3) if gaps else None
 
 
 def _mean(values: list[float]) -> float | None:

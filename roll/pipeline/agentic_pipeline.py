@@ -126,8 +126,9 @@ class AgenticPipeline:
             with _timer(timings, "rollout"):
                 trajs, dropped = self.rollout(step)
             # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
-            kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
-            batch, rows = self.build_batch(kept, self.pad_id)
+            with _timer(timings, "batch"):
+                kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
+                batch, rows = self.build_batch(kept, self.pad_id)
             # 3. Score: old/ref log-probs, values, then advantages
             with _timer(timings, "score"):
                 score_metrics = self.score(batch, rows)

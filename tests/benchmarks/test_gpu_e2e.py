@@ -47,6 +47,7 @@ def test_summary_of_a_run_by_hand(tmp_path):
     got = summary.summarize_run(tmp_path, run)
     assert got["steps_done"] == 3
     assert got["step_s"] == {"mean": 2.0, "median": 2.0, "min": 1.0, "max": 3.0, "n": 2}
+    assert got["wall_step_s"] == 2.0  # gaps 13.5 - 12.0 and 16.0 - 13.5 after the warm-up step
     assert got["split_s"]["sync"] == 0.2 and got["split_s"]["offload"] == 0.1 and got["split_s"]["reload"] is None
     assert got["time_to_val_0_9_s"] == 3.75 and got["val_0_9_step"] == 2 and got["wall_to_val_0_9_s"] == 13.5
     assert got["generated_tokens_per_s"] == 150.0
@@ -74,6 +75,25 @@ def test_budgets_and_record_names(tmp_path, monkeypatch):
     first.parent.mkdir(parents=True)
     first.write_text("{}")
     assert gpu_e2e.record_path("2026-11-27").name == "gpu-e2e-2026-11-27-2.json"
+
+
+def test_the_gpu_runs_overrides_make_valid_configs(tmp_path):
+    """What the lane asks of the GPU run, validated here (the GPU machine's time is short): every
+    role on GPU 0, the reference built (the KL loss is on), part b in bf16 with Qwen2's shape."""
+    from roll.configs import load_config
+
+    lane = gpu_e2e.Lane(False, tmp_path, None, {"a": 200, "b": 5, "c": 3}, {}, None)
+    model = tmp_path / "qwen"  # only its config.json's presence is checked here
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    for overrides in (gpu_e2e.a_overrides(lane), gpu_e2e.b_overrides(lane, model), gpu_e2e.c_overrides(lane, 50)):
+        cfg = load_config(str(REPO / "examples" / "frozen_lake"), "agent_val_frozen_lake", overrides)
+        assert set(cfg.built_roles) == {"actor_train", "actor_infer", "reference"}
+        assert all(worker.device_mapping == [0] for worker in cfg.built_roles.values())
+    assert cfg.max_steps == 53 and cfg.resume_from_checkpoint is True and cfg.save_steps == 0
+    cfg = load_config(str(REPO / "examples" / "frozen_lake"), "agent_val_frozen_lake", gpu_e2e.b_overrides(lane, model))
+    assert {str(w.model_args.dtype) for w in cfg.built_roles.values()} == {"bfloat16"}
+    assert cfg.rollout_batch_size == 32 and cfg.custom_envs["FrozenLake"].max_tokens_per_step == 32
 
 
 STAND_IN_CLI = """
