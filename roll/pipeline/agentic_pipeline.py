@@ -8,6 +8,8 @@ in place. With `async_generation_ratio` k > 0 the groups of steps t+1..t+k start
 t's rollout, on the weights of that moment, and generate while step t trains (`run_ahead`).
 Roles that share GPUs take turns on them: each phase first makes its roles resident
 (`self.residency.enter`, roll/pipeline/residency.py), which does nothing when no GPU is shared.
+Each step logs its phase times (`time/*_s`; the residency's offload and reload waits are parts of
+them) and, with roles on GPUs, each role's peak GPU memory (`memory/<role>_peak_gib`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
+from roll.distributed.weight_transfer import CUDA_IPC
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import (
     build_pg_options,
@@ -51,6 +54,7 @@ from roll.pipeline.scoring import (
     with_final_state,
 )
 from roll.pipeline.startup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
+from roll.pipeline.weight_sync import sync_path
 from roll.tracking.progress import ProgressBar
 from roll.utils.seeding import seed_everything
 
@@ -93,6 +97,7 @@ class AgenticPipeline:
         )
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
+        self.sync_path = sync_path(cfg, self.residency.plan)  # CUDA IPC when actor and engine share a GPU
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
         self.tracker = make_tracker(cfg, resume_step=self.start_step if self.start_step else -1)
@@ -109,6 +114,7 @@ class AgenticPipeline:
             self.tracker.close()
             return metrics
         progress = ProgressBar(cfg.max_steps, initial=self.start_step)
+        self.residency.take_seconds()  # the first step's offload time starts now, not with the workers' startup
         # model/trainable_params, model/total_params: once per run, with the first logged step
         model_size = ray.get(self.workers["actor"].param_counts.remote(), timeout=self.timeout_s)
         if self.val_rollout is not None and self.start_step == 0:
@@ -120,8 +126,9 @@ class AgenticPipeline:
             with _timer(timings, "rollout"):
                 trajs, dropped = self.rollout(step)
             # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
-            kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
-            batch, rows = self.build_batch(kept, self.pad_id)
+            with _timer(timings, "batch"):
+                kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
+                batch, rows = self.build_batch(kept, self.pad_id)
             # 3. Score: old/ref log-probs, values, then advantages
             with _timer(timings, "score"):
                 score_metrics = self.score(batch, rows)
@@ -142,6 +149,9 @@ class AgenticPipeline:
                 **train_metrics,
                 **{f"time/{k}_s": v for k, v in timings.items()},
                 "time/step_s": sum(timings.values()),
+                **self.residency.take_seconds(),
+                "sync/cuda_ipc": float(self.sync_path == CUDA_IPC),
+                **self.memory_metrics(first_step=step == self.start_step + 1),
             }
             # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
             write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer)
@@ -172,9 +182,24 @@ class AgenticPipeline:
             **summarize_trajectories(trajs, "train"),
             **staleness_metrics(trajs, step - 1),
             "rollout/dropped_trajectories": float(len(dropped)),
+            "rollout/generated_tokens": float(sum(tr.num_generated_tokens for tr in trajs)),
             "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
             "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories),
         }
+
+    def memory_metrics(self, first_step: bool) -> dict[str, float]:
+        """`memory/<role>_peak_gib`: the most GPU memory a process of each role held since the last
+        step (`take_memory_gib`); nothing when every role runs on CPU. After the run's first step,
+        roles that share a GPU and fit on it together stop taking turns (`stay_if_room`)."""
+        readings = self.residency.read_memory()
+        if first_step and readings:
+            kept = self.residency.stay_if_room(readings)
+            if kept:
+                logger.warning("GPU %s: the roles there fit together; they stay resident from now on", kept)
+        peaks: dict[str, float] = {}
+        for (role, _), reading in readings.items():
+            peaks[role] = max(peaks.get(role, 0.0), reading["peak"])
+        return {f"memory/{role}_peak_gib": peak for role, peak in peaks.items()}
 
     def rollout(self, step: int) -> tuple[list, list[str]]:
         """The step's complete groups and the causes of dropped trajectories; then the groups of
@@ -298,22 +323,33 @@ class AgenticPipeline:
         return metrics
 
     def sync_weights(self, version: int) -> None:
-        """The actor's weights into every engine. They are requested first (CPU copies; Ray runs an
-        actor's calls in order, so before an offload empties the module), then the phase may move
-        the actor off a shared GPU and wake the engine: weights must reach an awake engine."""
-        weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
-        self.residency.enter("sync")
+        """The actor's weights into every engine. On a shared GPU (`CUDA_IPC`) both stay resident
+        while the engine copies from the actor's own tensors through IPC handles. Otherwise they are
+        requested first (CPU copies; Ray runs an actor's calls in order, so before an offload empties
+        the module), then the phase may move the actor off a shared GPU and wake the engine:
+        weights must reach an awake engine. Either way the handles or copies are passed by
+        reference: nothing goes through the driver."""
+        if self.sync_path == CUDA_IPC:
+            self.residency.enter("sync_on_device")
+            weights = self.workers["actor"].share_weights.remote()
+        else:
+            weights = self.workers["actor"].get_weights.remote()
+            self.residency.enter("sync")
         ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=self.timeout_s)
 
     def validate(self, step: int) -> dict[str, float]:
-        cfg = self.cfg
+        cfg, start = self.cfg, time.perf_counter()
         self.residency.enter("validate")
         keep_frames = cfg.render_save_dir is not None
         trajs, dropped = self.val_rollout.collect(step, cfg.val_groups_per_eval, keep_frames=keep_frames)
         for cause in dropped:
             logger.warning("validation at step %d: dropped a trajectory: %s", step, cause)
         write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer, val=True, frames=keep_frames)
-        return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
+        return {
+            **summarize_trajectories(trajs, "val"),
+            "val/dropped_trajectories": float(len(dropped)),
+            "time/validate_s": time.perf_counter() - start,
+        }
 
     def save(self, step: int) -> None:
         self.residency.enter("checkpoint")

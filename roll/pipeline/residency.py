@@ -14,10 +14,21 @@ the awake engine; the actor's weights were taken before it left the GPU) -> vali
 -> checkpoint (engine offloaded, actor and critic reloaded; only on save steps). Colocating the
 engine with a training role needs `async_generation_ratio: 0`: with k > 0 rollout runs during
 scoring and training (the config refuses it).
+
+Taking turns costs a copy each way and a wait at every phase. Where the roles of a device fit on
+it together, that is needless: after the first step the pipeline reads every GPU process's peak
+memory (`read_memory`) and `stay_if_room` stops the turns on each device where the processes'
+reserved peaks, plus `PROCESS_OVERHEAD_GIB` each (CUDA context), fit in `ROOM_FRACTION` of it;
+from then on the offloaded processes are reloaded once, when a phase needs them, and never
+offloaded again. Training and generation are the same either way (a move is an exact copy).
+
+`seconds` adds up the time spent waiting for offloads and reloads; `take_seconds` hands it to the
+pipeline's step metrics (`time/offload_s`, `time/reload_s`, parts of the phase times) and restarts it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +42,7 @@ PHASE_ROLES: dict[str, tuple[str, ...]] = {
     "score": ("actor_train", "reference", "critic"),
     "train": ("actor_train", "critic"),
     "sync": ("actor_infer",),  # the actor's weights are CPU copies taken before it is offloaded
+    "sync_on_device": ("actor_infer", "actor_train"),  # the engine copies from the actor's GPU tensors
     "validate": ("actor_infer",),
     "checkpoint": ("actor_train", "critic"),
 }
@@ -39,6 +51,10 @@ WORKER_ROLES = {"actor": "actor_train", "inference": "actor_infer", "critic": "c
 """The pipeline's worker keys (`build_workers`) by config role."""
 
 Key = tuple[str, int]  # (role, process index)
+ROOM_FRACTION = 0.8
+"""Colocated processes stay resident when their reserved peaks fill at most this much of the device."""
+PROCESS_OVERHEAD_GIB = 1.0
+"""Added for each process: its CUDA context and workspaces, which torch's allocator does not count."""
 
 
 class PhaseResidency:
@@ -53,6 +69,8 @@ class PhaseResidency:
         self._get = get or (lambda refs: ray.get(refs, timeout=timeout_s))
         self._handles: dict[Key, Any] = {}
         self.offloaded: set[Key] = set()
+        self.seconds = {"offload": 0.0, "reload": 0.0}
+        self.resident_devices: set[int] = set()  # devices whose processes stopped taking turns
 
     def attach(self, role: str, handles: Sequence[Any]) -> None:
         """The actor handles of a role's processes, in the plan's process order."""
@@ -78,18 +96,55 @@ class PhaseResidency:
             for key in self._handles
             if key not in needed_keys
             and key not in self.offloaded
+            and self._placement(key).device not in self.resident_devices
             and any(_share(self._placement(key), p) for p in needed)
         ]
         restore = [key for key in self._handles if key in needed_keys and key in self.offloaded]
         if evict:
-            self._get([self._handles[key].offload.remote() for key in evict])
+            self._timed("offload", [self._handles[key].offload.remote() for key in evict])
             self.offloaded.update(evict)
         if restore:
-            self._get([self._handles[key].reload.remote() for key in restore])
+            self._timed("reload", [self._handles[key].reload.remote() for key in restore])
             self.offloaded.difference_update(restore)
+
+    def read_memory(self) -> dict[Key, dict[str, float]]:
+        """`memory_gib` of every process on a GPU (peaks since the last read); {} when none is."""
+        keys = [key for key in self._handles if self._placement(key).device is not None]
+        if not keys:
+            return {}
+        return dict(zip(keys, self._get([self._handles[key].memory_gib.remote() for key in keys]), strict=True))
+
+    def stay_if_room(self, readings: dict[Key, dict[str, float]]) -> list[int]:
+        """Stop taking turns on each shared device where the processes fit together (`fits_together`
+        on `read_memory`'s readings); returns those devices."""
+        by_device: dict[int, list[dict[str, float]]] = {}
+        for key, reading in readings.items():
+            by_device.setdefault(self._placement(key).device, []).append(reading)
+        for device, shared in by_device.items():
+            if len(shared) > 1 and fits_together([r["reserved_peak"] for r in shared], shared[0]["total"]):
+                self.resident_devices.add(device)
+        return sorted(self.resident_devices)
+
+    def take_seconds(self) -> dict[str, float]:
+        """`time/offload_s` and `time/reload_s` since the last call."""
+        taken = {f"time/{kind}_s": seconds for kind, seconds in self.seconds.items()}
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        return taken
+
+    def _timed(self, kind: str, refs: list) -> None:
+        start = time.perf_counter()
+        self._get(refs)
+        self.seconds[kind] += time.perf_counter() - start
 
     def _placement(self, key: Key) -> ProcessPlacement:
         return self.plan.process(*key)
+
+
+def fits_together(reserved_peaks_gib: Sequence[float], total_gib: float) -> bool:
+    """Whether processes with these reserved peaks fit on one device of `total_gib` at once, with
+    `PROCESS_OVERHEAD_GIB` each and within `ROOM_FRACTION` (False where the size is unknown, 0)."""
+    need = sum(reserved_peaks_gib) + PROCESS_OVERHEAD_GIB * len(reserved_peaks_gib)
+    return total_gib > 0 and need <= ROOM_FRACTION * total_gib
 
 
 def _share(a: ProcessPlacement, b: ProcessPlacement) -> bool:

@@ -15,10 +15,11 @@ from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
 from roll.distributed.placement import plan_devices
 from roll.distributed.rank_group import RankGroup
+from roll.distributed.weight_transfer import CPU_COPY, CUDA_IPC
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.builders import build_pg_options
-from roll.pipeline.residency import PHASE_ROLES, PhaseResidency
+from roll.pipeline.residency import PHASE_ROLES, PhaseResidency, fits_together
 
 STRATEGIES = {"actor_train": "torch", "critic": "torch", "reference": "torch", "actor_infer": "hf"}
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -77,6 +78,41 @@ def test_fully_colocated_step():
         ("rollout", ["actor_train.offload", "critic.offload", "actor_infer/0.reload"]),
         ("score", ["actor_infer/0.offload", "actor_train.reload", "critic.reload", "reference.reload"]),
     ]
+
+
+def test_fits_together_by_hand():
+    """Three processes on an 80 GiB GPU: 20 + 30 + 10 reserved + 3 x 1 GiB contexts = 63 <= 64."""
+    assert fits_together([20.0, 30.0, 10.0], 80.0)
+    assert not fits_together([20.0, 31.5, 10.0], 80.0)  # 64.5 > 0.8 x 80
+    assert not fits_together([0.0, 0.0], 0.0)  # no CUDA: size unknown
+
+
+def test_roles_that_fit_stop_taking_turns_after_one_reload():
+    """GPU 0 (actor, engine, reference) fits; GPU 1 (the second replica with the critic) does not:
+    only GPU 0's processes stay, each reloaded once when a phase needs it."""
+    log: list[str] = []
+    res = residency({"actor_train": [0], "actor_infer": [0, 1], "critic": [1], "reference": [0]}, 2, log, gpus=2)
+    calls_per_phase(res, log, ["rollout", "score"])
+    small, large = {"reserved_peak": 2.0, "total": 80.0}, {"reserved_peak": 40.0, "total": 80.0}
+    readings = {("actor_train", 0): small, ("actor_infer", 0): small, ("reference", 0): small}
+    readings |= {("actor_infer", 1): large, ("critic", 0): large}
+    assert res.stay_if_room(readings) == [0]
+    assert calls_per_phase(res, log, ["train", "sync", "rollout", "score", "train", "sync"]) == [
+        ("train", []),
+        ("sync", ["critic.offload", "actor_infer/0.reload", "actor_infer/1.reload"]),
+        ("rollout", []),
+        ("score", ["actor_infer/1.offload", "critic.reload"]),
+        ("train", []),
+        ("sync", ["critic.offload", "actor_infer/1.reload"]),
+    ]
+
+
+def test_memory_is_read_from_gpu_processes_only():
+    log: list[str] = []
+    res = residency({"actor_train": [0], "actor_infer": [0]}, 1, log, gpus=1)
+    assert set(res.read_memory()) == {("actor_train", 0), ("actor_infer", 0)}
+    assert log == ["actor_train.memory_gib", "actor_infer.memory_gib"]
+    assert residency({"actor_train": None, "actor_infer": None}, 1, log).read_memory() == {}
 
 
 def test_partial_overlap_only_touches_what_shares_a_device():
@@ -168,6 +204,7 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     p.tracer, p.tokenizer, p.step_wise, p.temperature = None, None, False, 1.0
     p.kl_ctl = make_kl_controller(0.0, None, 100)
     p.pg_options = build_pg_options(p.cfg)
+    p.sync_path = CPU_COPY
     monkeypatch.setattr(agentic_pipeline.ray, "get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(agentic_pipeline, "score_batch", lambda *args, **kwargs: {})
     monkeypatch.setattr(agentic_pipeline, "summarize_trajectories", lambda *args: {})
@@ -199,4 +236,25 @@ def test_pipeline_phases_offload_and_reload_in_order(pipeline):
         "actor_infer.offload",
         "actor_train.reload",
         "actor.save_checkpoint",
+    ]
+
+
+def test_on_a_shared_gpu_the_engine_copies_from_the_resident_actor(pipeline):
+    """CUDA IPC: the engine wakes beside the actor, which stays on the GPU while the engine copies
+    from its tensors; the actor leaves only when the next phase (here validation) needs the room."""
+    p, log = pipeline
+    p.sync_path = CUDA_IPC
+    batch = TensorDict({"infer_logprobs": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)}, batch_size=[2])
+    p.rollout(step=1)
+    p.score(batch, None)
+    p.update(batch, step=1)
+    del log[:]
+    p.sync_weights(version=1)
+    p.validate(step=1)
+    assert log == [
+        "actor_infer.reload",
+        "actor.share_weights",
+        "inference.update_weights",
+        "actor_train.offload",
+        "rollout.collect",
     ]

@@ -34,10 +34,12 @@ from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
 from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.registry import build_train_strategy
+from roll.distributed.weight_transfer import IpcWeights, share_state
 from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
     shuffled_minibatches,
+    take_memory_gib,
     train_on_share,
 )
 from roll.models.loading import DType, load_causal_lm, load_tokenizer
@@ -165,6 +167,16 @@ class ActorWorker:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
         return self.strategy.state_dict()
+
+    def share_weights(self) -> IpcWeights:
+        """CUDA IPC handles of the policy's own device tensors, no copy, for an engine on the same
+        GPU (`roll.distributed.weight_transfer`; one `torch` rank without LoRA: the module holds the
+        HF weights). Valid while the module stays on the device and unchanged."""
+        return share_state(self.strategy.model.state_dict())
+
+    def memory_gib(self) -> dict[str, float]:
+        """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
+        return take_memory_gib()
 
     def param_counts(self) -> dict[str, float]:
         """`model/trainable_params` and `model/total_params` of the trained model (LoRA: adapters)."""

@@ -1,5 +1,5 @@
 """Pieces shared by the training-side roles: thread setup, mini-batch order, rank shares, metric
-averaging."""
+averaging, the process's GPU memory."""
 
 from __future__ import annotations
 
@@ -19,6 +19,21 @@ def set_num_threads(num_threads: int | None) -> None:
     Several roles share one machine in a CPU run, so the pipeline passes each its share.
     """
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
+
+
+def take_memory_gib() -> dict[str, float]:
+    """GPU memory of this process's one visible device, GiB: `peak` (the most its tensors held,
+    `max_memory_allocated`) and `reserved_peak` (the most torch's caching allocator held) since the
+    last call, which restarts both; `total` (the device's size). Zeros where CUDA was never used."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {"peak": 0.0, "reserved_peak": 0.0, "total": 0.0}
+    reading = {
+        "peak": torch.cuda.max_memory_allocated() / 2**30,
+        "reserved_peak": torch.cuda.max_memory_reserved() / 2**30,
+        "total": torch.cuda.mem_get_info()[1] / 2**30,
+    }
+    torch.cuda.reset_peak_memory_stats()
+    return reading
 
 
 def shuffled_minibatches(batch: TensorDict, rows: int, *seed_keys: object) -> Iterator[TensorDict]:

@@ -22,6 +22,7 @@ from roll.distributed.workers.common import (
     average_metrics,
     set_num_threads,
     shuffled_minibatches,
+    take_memory_gib,
     train_on_share,
 )
 from roll.models.loading import DType, load_value_model
@@ -105,6 +106,10 @@ class CriticWorker:
         ]
         self.strategy.step_lr_scheduler()
         return average_metrics(per_step, summed=("critic/skipped_steps",), last=("critic/consecutive_skipped_steps",))
+
+    def memory_gib(self) -> dict[str, float]:
+        """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
+        return take_memory_gib()
 
     def param_counts(self) -> dict[str, float]:
         """`model/trainable_params` and `model/total_params` of the trained model (LoRA: adapters)."""

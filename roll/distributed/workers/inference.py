@@ -47,6 +47,8 @@ from roll.distributed.strategies import continuous
 from roll.distributed.strategies.hf_infer import HFInferStrategy
 from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
+from roll.distributed.weight_transfer import IpcWeights
+from roll.distributed.workers.common import take_memory_gib
 from roll.models.loading import load_causal_lm, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -114,7 +116,7 @@ class InferenceWorker:
         """Several requests in one Ray call (an env worker's batch); each is served as if alone."""
         return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+    async def update_weights(self, state_dict: dict[str, torch.Tensor] | IpcWeights, version: int) -> int:
         """Load new actor weights between engine calls, never in the middle of one: a batch already
         running finishes on the old weights (async training's sync policy; nothing is aborted; a
         continuous engine call admits no new request meanwhile, so no response mixes weights),
@@ -124,7 +126,12 @@ class InferenceWorker:
         async with self._between_engine_calls():
             if not self._awake.is_set():
                 raise RuntimeError("update_weights: the engine is offloaded; reload it first")
-            self.engine.load_weights(state_dict, version)
+            if isinstance(state_dict, IpcWeights):  # the actor's GPU tensors, shared: copied in, then let go
+                tensors = state_dict.open()
+                self.engine.load_weights(tensors, version)
+                IpcWeights.close(tensors)
+            else:
+                self.engine.load_weights(state_dict, version)
         return version
 
     async def offload(self) -> None:
@@ -140,6 +147,10 @@ class InferenceWorker:
         async with self._engine_lock:
             self.engine.reload()
             self._awake.set()
+
+    def memory_gib(self) -> dict[str, float]:
+        """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
+        return take_memory_gib()
 
     def release_session(self, session_id: str) -> bool:
         """Drop a finished conversation's cached KV (safe while the engine runs); True if cached."""

@@ -9,7 +9,7 @@ from torch import nn
 from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
-from roll.distributed.workers.common import set_num_threads
+from roll.distributed.workers.common import set_num_threads, take_memory_gib
 from roll.models.loading import DType, load_causal_lm
 
 
@@ -52,6 +52,10 @@ class ReferenceWorker:
         return forward_in_micro_batches(
             self.model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
         )["logprobs"]
+
+    def memory_gib(self) -> dict[str, float]:
+        """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
+        return take_memory_gib()
 
     def offload(self, to: str | torch.device = "cpu") -> None:
         """The frozen model to `to` (CPU by default) while a colocated role uses the device."""
