@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="32,256")
     parser.add_argument("--new_tokens", type=int, default=256)
     parser.add_argument("--no_generate", action="store_true", help="skip transformers' generate")
+    parser.add_argument("--generate_at", default=None, help="batch sizes that run generate too (default: all)")
     parser.add_argument("--no_nano", action="store_true", help="skip nano-vllm's shape")
     parser.add_argument("--out", default=None, help="record path (default results/decode-<date>.json on a GPU)")
     args = parser.parse_args(argv)
@@ -223,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(out).write_text(json.dumps(record, indent=1) + "\n")
 
     for batch in batches:
-        result = measure_batch(model, engine, batch, new, device, not args.no_generate)
+        with_generate = not args.no_generate and (args.generate_at is None or str(batch) in args.generate_at.split(","))
+        result = measure_batch(model, engine, batch, new, device, with_generate)
         record["batches"].append(result)
         print(json.dumps(result), flush=True)
         save()
