@@ -32,7 +32,14 @@ what the unfused ops compute, on CUDA (some with Apex); roll's megatron runs the
 whatever these say (`megatron_model.transformer_config`), so they change no number. Accepted as
 true or false."""
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
-    "hf": ("max_batch_size", "max_cached_tokens", "num_replicas", "continuous_batching", "batch_wait_ms"),
+    "hf": (
+        "max_batch_size",
+        "max_cached_tokens",
+        "num_replicas",
+        "continuous_batching",
+        "batch_wait_ms",
+        "static_decode",
+    ),
     "torch": ("torch_compile",),
     "fsdp2": ("torch_compile", "reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
@@ -423,11 +430,17 @@ def _missing_requirement(name: str) -> str | None:
 
 
 def _check_hf_batching(role: str, config: dict[str, Any]) -> None:
-    """`continuous_batching` (bool, default true: requests join a running decode batch) and
+    """`static_decode` (bool or null, default null: decode on static slots, CUDA graphs on a GPU,
+    wherever the architecture supports it; see roll/distributed/strategies/static_decode.py),
+    `continuous_batching` (bool, default true: requests join a running decode batch) and
     `batch_wait_ms` (>= 0, default 0: how long a pending request may wait for others to share its
     prefill); see roll/distributed/workers/inference.py."""
     if not isinstance(config.get("continuous_batching", True), bool):
         raise InvalidField(f"{role}.strategy_args.strategy_config.continuous_batching", "must be true or false")
+    if config.get("static_decode") is not None and not isinstance(config["static_decode"], bool):
+        raise InvalidField(
+            f"{role}.strategy_args.strategy_config.static_decode", "must be true, false or null (where supported)"
+        )
     wait = config.get("batch_wait_ms", 0)
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
         raise InvalidField(

@@ -168,6 +168,7 @@ def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) ->
             max_batch_size=int(options.get("max_batch_size", 256)),
             max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
             continuous_batching=bool(options.get("continuous_batching", True)),
+            static_decode=options.get("static_decode"),
             batch_wait_ms=float(options.get("batch_wait_ms", 0.0)),
             device=placement.torch_device,
             **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),

@@ -281,6 +281,10 @@ MALFORMED = [
         "actor_infer.strategy_args.strategy_config.continuous_batching: must be true or false",
     ),
     (
+        ["++actor_infer.strategy_args.strategy_config.static_decode=maybe"],
+        "actor_infer.strategy_args.strategy_config.static_decode: must be true, false or null (where supported)",
+    ),
+    (
         ["actor_train.strategy_args.strategy_name=hf"],
         "actor_train.strategy_args.strategy_name: 'hf' cannot run actor_train; "
         "available for actor_train: torch, deepspeed, fsdp2, megatron",

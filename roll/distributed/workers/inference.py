@@ -70,6 +70,7 @@ class InferenceWorker:
         device: str = "cpu",
         continuous_batching: bool = True,
         batch_wait_ms: float = 0.0,
+        static_decode: bool | None = None,
     ):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
@@ -78,7 +79,11 @@ class InferenceWorker:
             model = load_causal_lm(model_path, dtype=dtype, device=device, training=False).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
             self.engine = HFInferStrategy(
-                model, pad_token_id=pad, eos_token_ids=eos, max_cached_tokens=max_cached_tokens
+                model,
+                pad_token_id=pad,
+                eos_token_ids=eos,
+                max_cached_tokens=max_cached_tokens,
+                static_decode=static_decode,
             )
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
@@ -295,7 +300,7 @@ class InferenceWorker:
                 fut.set_exception(self.failed)
 
 
-WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_wait_ms")
+WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_wait_ms", "static_decode")
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
