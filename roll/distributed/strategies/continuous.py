@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.hf_infer import HFInferStrategy, RowSampler, build_prefill
+from roll.distributed.strategies.hf_infer import HFInferStrategy, RowSampler
 from roll.distributed.strategies.kv_cache import Chunk, Prefix
+from roll.distributed.strategies.prefill import build_prefill
 from roll.distributed.strategies.slot_serving import serve_slots
 
 Take = Callable[[int], list[GenerateRequest]]

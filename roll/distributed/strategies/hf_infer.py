@@ -26,8 +26,6 @@ default). Greedy rows report `log_softmax(logits)`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import DynamicCache
 
@@ -38,10 +36,10 @@ from roll.distributed.strategies.kv_cache import (
     DEFAULT_MAX_CACHED_TOKENS,
     Prefix,
     SessionKVCache,
-    left_padded_past,
     row_chunk,
 )
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
+from roll.distributed.strategies.prefill import Prefill, build_prefill
 from roll.distributed.strategies.slot_serving import SlotPool, serve_slots
 from roll.distributed.strategies.static_decode import supports as slots_support
 
@@ -237,49 +235,12 @@ class HFInferStrategy:
             )
 
 
-@dataclass
-class Prefill:
-    """The first model call of a batch. Row i is [pad | n_i reused | pad | m_i new ids]: the reused
-    KV left-padded to width P in `cache`, the new ids left-padded to width N in `input_ids`."""
-
-    input_ids: torch.Tensor  # (B, N)
-    attention_mask: torch.Tensor  # (B, P + N), 1 on real ids (reused or new)
-    position_ids: torch.Tensor  # (B, N), index among the row's real ids
-    cache: DynamicCache  # P positions per layer
-    new: list[int]  # m_i
-
-
-def build_prefill(
-    requests: list[GenerateRequest], prefixes: list[Prefix], pad_id: int, device: torch.device
-) -> Prefill:
-    new_ids = [r.prompt_ids[p.length :] for r, p in zip(requests, prefixes)]
-    input_ids, new_mask = _left_pad(new_ids, pad_id)
-    width = max(p.length for p in prefixes)
-    past_mask = torch.zeros((len(requests), width), dtype=torch.long)
-    for i, p in enumerate(prefixes):
-        past_mask[i, width - p.length :] = 1
-    attention_mask = torch.cat([past_mask, new_mask], dim=1).to(device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
-    cache = DynamicCache(left_padded_past(prefixes)) if width else DynamicCache()
-    return Prefill(input_ids.to(device), attention_mask, position_ids, cache, [len(s) for s in new_ids])
-
-
 def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(unique rows (U, N), index of each unique row's first occurrence (U,), inverse (B,))."""
     unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
     index = torch.full((len(unique),), len(rows), dtype=torch.long, device=rows.device)
     index.scatter_reduce_(0, inverse, torch.arange(len(rows), device=rows.device), reduce="amin")
     return rows.index_select(0, index), index, inverse
-
-
-def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s) :] = 1
-    return ids, mask
 
 
 class RowSampler:

@@ -23,6 +23,7 @@ import torch
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.device_sampling import SamplingState, sample
 from roll.distributed.strategies.kv_cache import Prefix, row_chunk
+from roll.distributed.strategies.prefill import build_prefill
 from roll.distributed.strategies.static_decode import DecodeSlots, bucket, columns_for
 
 POOL_SIZE = 6  # DecodeSlots kept between calls (each holds a KV cache and its captured graphs)
@@ -112,8 +113,6 @@ class _Run:
         live = [r for r in requests if r.params.max_new_tokens > 0]
         if not live:
             return
-        from roll.distributed.strategies.hf_infer import build_prefill  # hf_infer imports this module
-
         device = next(engine.model.parameters()).device
         prefixes = [engine.kv_cache.match(r.session_id, r.prompt_ids) for r in live]
         prefill = build_prefill(live, prefixes, engine.pad_token_id, device)
