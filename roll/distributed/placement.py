@@ -19,7 +19,8 @@ fractional requests of colocated processes (1/2, 1/3 of a GPU) may not pack onto
 the layout needs, leaving an actor pending forever. The price: Ray's GPU accounting does not see
 these processes, so the run assumes it owns the GPUs it names (as ROLL does), and every GPU process
 is pinned to the driver's node (`roll.pipeline.builders`); on a joined cluster the indices count
-over the cluster's GPU nodes instead, `num_gpus_per_node` per node (`roll.distributed.cluster_plan`). `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`
+over the cluster's GPU nodes instead, `num_gpus_per_node` per node (`roll.distributed.cluster_plan`).
+`RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`
 keeps older Ray versions, which blanked the variable for `num_gpus=0` actors, from undoing it.
 
 Everything here is pure (no torch, no Ray), so the plans are tested on CPU against hand-written
