@@ -104,7 +104,7 @@ def walk(root: type[BaseModel]) -> list[tuple[type[BaseModel], list[str]]]:
     queue = [(root, "")]
     while queue:
         model, prefix = queue.pop(0)
-        for name, field in model.model_fields.items():
+        for name, field in ordered_fields(model):
             for child in nested_models(field.annotation):
                 key = f"{prefix}{name}" + (".<name>" if typing.get_origin(field.annotation) is dict else "")
                 seen = child in paths
@@ -128,6 +128,13 @@ def field_entry(name: str, field: FieldInfo) -> str:
     return "\n".join(lines)
 
 
+def ordered_fields(model: type[BaseModel]) -> list[tuple[str, FieldInfo]]:
+    """The model's own fields first, in source order, then those it inherits (PipelineConfig's ROLL dialect)."""
+    own = model.__dict__.get("__annotations__", {})
+    fields = list(model.model_fields.items())
+    return [item for item in fields if item[0] in own] + [item for item in fields if item[0] not in own]
+
+
 def model_section(model: type[BaseModel], paths: list[str]) -> str:
     title = model.__name__
     where = ", ".join(f"`{p}`" for p in paths) if paths else "the top level of the YAML"
@@ -135,7 +142,7 @@ def model_section(model: type[BaseModel], paths: list[str]) -> str:
     parts = [f"## {title}", "", f"*Where: {where}.* Defined in `{model.__module__}`.", ""]
     if doc:
         parts += [doc, ""]
-    parts += [field_entry(name, field) for name, field in model.model_fields.items()]
+    parts += [field_entry(name, field) for name, field in ordered_fields(model)]
     return "\n".join(parts)
 
 
