@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,3 +33,8 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     result = build(tmp_path, tmp_path / "site")
     assert result.returncode != 0
     assert "no_such_page.md" in result.stderr
+
+
+def test_the_results_page_cites_no_issue_numbers() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert not re.search(r"\bissues? #?\d+|(?<![\w&])#\d+\b", page, re.IGNORECASE)
