@@ -39,8 +39,10 @@ maps the few that differ before validation.
 def type_name(annotation: object) -> str:
     """A short, readable spelling of a field's type (`int | None`, `list[str]`, `"a" | "b"`)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Annotated:
-        return type_name(args[0])
+    if origin is typing.Annotated:  # e.g. list[NonNegativeInt]: the element's bound goes with it
+        bounds = [bound_text(item) for item in annotation.__metadata__]
+        bounds = [b for b in bounds if b]
+        return type_name(args[0]) + (f" ({', '.join(bounds)})" if bounds else "")
     if origin is typing.Literal:
         return " | ".join(f'"{a}"' if isinstance(a, str) else repr(a) for a in args)
     if origin in (typing.Union, types.UnionType):
@@ -55,16 +57,18 @@ def type_name(annotation: object) -> str:
     return str(annotation).replace("typing.", "")
 
 
+SIGNS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "min length", "max_length": "max length"}
+
+
+def bound_text(item: object) -> str:
+    """`>= 0` for an annotated-types bound such as `Ge(0)`, "" for other metadata."""
+    found = [f"{sign} {getattr(item, attr)}" for attr, sign in SIGNS.items() if getattr(item, attr, None) is not None]
+    return ", ".join(found)
+
+
 def constraints(field: FieldInfo) -> str:
     """The bounds pydantic checks (`>= 1`, `> 0`), from the field's metadata."""
-    signs = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "min length", "max_length": "max length"}
-    found = []
-    for item in field.metadata:
-        for attr, sign in signs.items():
-            value = getattr(item, attr, None)
-            if value is not None:
-                found.append(f"{sign} {value}")
-    return ", ".join(found)
+    return ", ".join(text for text in (bound_text(item) for item in field.metadata) if text)
 
 
 def default_text(field: FieldInfo) -> str:
