@@ -14,7 +14,8 @@ another row of their group, the only rows GiGPO's step advantage can touch), ave
 
 Cost on 2 quiet CPU cores (measured): a FrozenLake run about 7 minutes, a Sokoban run about 15
 (the early steps, with long random episodes, cost most), so the defaults (12 runs of 60 steps)
-take about 2 hours and `--envs frozen_lake` about 45 minutes; beside other jobs, 2-3x that. The last line is machine-readable:
+take about 2 hours and `--envs frozen_lake` about 45 minutes; beside other jobs, 2-3x that. The last line is
+machine-readable:
 `RESULT <env>_gigpo_minus_grpo=<x> ...` (difference of mean final success).
 """
 

@@ -228,7 +228,7 @@ def train_one(settings: LaneSettings, strategy: str, variant: str, peak_flops: f
     norms = []
     seconds = timed(
         lambda: norms.extend(
-            engine.train_step(random_minibatch(settings, config.vocab_size, 1 + i), lm_loss)["actor/grad_norm"]
+            engine.train_step(random_minibatch(settings, config.vocab_size, 1 + i), lm_loss)["actor/grad_norm"]  # noqa: F821 - runs before the `del engine` below
             for i in range(settings.steps)
         ),
         settings.device,

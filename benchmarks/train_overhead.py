@@ -20,7 +20,8 @@ dir), and they take turns within each repeat; a variant's
 time is the best of `--repeats`. The raw loop and the dedupe-off worker do the same arithmetic,
 so the script also prints how far apart their weights end up (float noise when they agree).
 
-    python benchmarks/train_overhead.py [--rows 128 --micro_batch 64 --min_len 100 --max_len 300 --threads 1 --repeats 3]
+    python benchmarks/train_overhead.py \
+        [--rows 128 --micro_batch 64 --min_len 100 --max_len 300 --threads 1 --repeats 3]
 
 The last line is `RESULT train_overhead=<x> train_overhead_dedupe=<y>`: our time / raw time - 1
 (in-process worker); the target is <= 0.10.

@@ -1,6 +1,6 @@
 """roll's built-in environments. Importing this package registers them (see roll.agentic.env).
 
-roll finds it through the `roll.envs` entry point (`builtin = envs` in setup.py), never by name.
+roll finds it through the `roll.envs` entry point (`builtin = envs` in pyproject.toml), never by name.
 """
 
 from roll.agentic.env import register_env

@@ -36,6 +36,7 @@ FLOORS = {
     "roll.distributed": "distributed",
     "roll.pipeline": "pipeline",
     "roll.cli": "pipeline",
+    "roll.console": "pipeline",
     "roll": "core",
     "envs": "envs",
 }

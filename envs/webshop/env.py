@@ -237,7 +237,7 @@ class WebShopEnv(TextEnv):
     def tokenizer_whole_words(self) -> list[str]:
         """The product codes (ASINs), each one token of a tiny word-level tokenizer: clicking a
         product means copying its code from the page, which a 2-layer model trained in minutes
-        does not learn for a code spelled as 10 one-character tokens (benchmarks/README,
+        does not learn for a code spelled as 10 one-character tokens (docs/benchmarks.md,
         learning.py: WebShop)."""
         return [product.asin for product in self.catalog.products]
 

@@ -36,7 +36,7 @@ group with a tiny but real spread is still divided by its std + eps, where ROLL 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -49,6 +49,16 @@ from roll.configs.reward_norm import (  # the method table is config data; re-ex
     NormType,
     norm_types_for_method,
 )
+
+__all__ = [
+    "ASYM_CLIP_RANGE",
+    "NORM_TYPES",
+    "NormMethod",
+    "NormType",
+    "clip_symmetric",
+    "norm_types_for_method",
+    "normalize_rewards",
+]
 
 
 @torch.no_grad()
@@ -117,7 +127,7 @@ def normalize_rewards(
         scores = scores.to(torch.get_default_dtype())
     groups = group_index(group_keys, scores.shape[0]).to(scores.device)
     sets = {"batch": torch.zeros_like(groups), "group": groups}
-    kinds = {norm_mean_type, norm_std_type} - {None}
+    kinds = {kind for kind in (norm_mean_type, norm_std_type) if kind is not None}
     stats = {kind: _row_stats(scores, sets[kind], eps) for kind in kinds}
     normalized = scores
     if norm_mean_type is not None:

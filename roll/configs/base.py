@@ -27,7 +27,8 @@ class ConfigModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and _takes_a_number(cls.model_fields[info.field_name].annotation):
+        field = cls.model_fields.get(info.field_name or "")  # a "*" validator: always a field's name
+        if isinstance(value, bool) and field is not None and _takes_a_number(field.annotation):
             raise ValueError(f"expected a number, not a boolean (got {str(value).lower()})")
         return value
 

@@ -238,7 +238,7 @@ def map_role_strategies(data: dict[str, Any]) -> None:
     for role in ("actor_train", "reference", "critic"):
         worker = data.get(role)
         strategy = worker.get("strategy_args") if isinstance(worker, dict) else None
-        if not isinstance(strategy, dict):
+        if not isinstance(worker, dict) or not isinstance(strategy, dict):
             continue
         name = strategy.get("strategy_name")
         if role == "reference" and name in forward_only:

@@ -13,7 +13,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ def _refuse_empty(path: str) -> None:
         raise ConfigError("config_name", f"{path} is empty: there is no config in it")
 
 
-def validate_config(data: dict[str, Any], referenced: set[str] = frozenset()) -> PipelineConfig:
+def validate_config(data: dict[str, Any], referenced: Collection[str] = frozenset()) -> PipelineConfig:
     """Validate an already composed config (a plain dict), raising `ConfigError`. `referenced`:
     top-level keys the YAML interpolated, which are ROLL-style variables (`roll.configs.dialect`)."""
     data = strip_variables(data, set(referenced), PipelineConfig.model_fields)
@@ -84,14 +84,14 @@ def _compose(config_dir: str, config_name: str, overrides: list[str]) -> tuple[d
     try:
         cfg = _compose_adding_schema_keys(config_dir, config_name, overrides)
         referenced = _interpolated_keys(OmegaConf.to_container(cfg, resolve=False))
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), referenced
+        return typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)), referenced
     except MissingConfigException as err:
         raise _missing_file_error(err, config_dir, config_name) from None
     except ConfigCompositionException as err:
         raise _composition_error(err, config_name) from None
     except MissingMandatoryValue as err:
         why = "required value is missing (it is ??? in the YAML)"
-        raise ConfigError(err.full_key, why) from None
+        raise ConfigError(err.full_key or config_name, why) from None
     except OmegaConfBaseException as err:  # e.g. an interpolation of a key that does not exist
         raise ConfigError(err.full_key or config_name, _first_line(err)) from None
     except yaml.YAMLError as err:
@@ -129,9 +129,10 @@ def _compose_adding_schema_keys(config_dir: str, config_name: str, overrides: li
             if not related or "not in struct" not in str(cause):
                 raise
             index = related[0]
+            changed = changed_keys[index]
+            assert changed is not None  # `related` holds only keys still to retry
             if not _is_schema_key(schema_keys[index]):  # a typo: name the override's own key
-                path = changed_keys[index].split(".")
-                raise ConfigError(changed_keys[index], _unknown_key_message(path)) from None
+                raise ConfigError(changed, _unknown_key_message(changed.split("."))) from None
             overrides[index] = "+" + overrides[index]
             changed_keys[index] = None  # "+key=value" now, never retried again
 
@@ -166,7 +167,7 @@ def _into_library_entries(config_dir: str, config_name: str, overrides: list[str
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             cfg = compose(config_name=config_name, overrides=[*others, configs_search_path()])
-        tags = OmegaConf.to_container(cfg, resolve=False).get("custom_envs") or {}
+        tags = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=False)).get("custom_envs") or {}
     except Exception:  # noqa: BLE001 - the real composition below reports it, naming the key
         return overrides
     rewritten = list(overrides)

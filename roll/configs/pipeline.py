@@ -8,7 +8,7 @@ properties here, so no other module recomputes them.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -101,7 +101,8 @@ class PipelineConfig(RollDialect):
     """Normalise episode scores before the estimator (null: off). Trajectory-wise rows then carry
     the normalised score as their only reward, on the last generated token (as in ROLL); step-wise
     rows use it as the episode score of "grpo"/"gigpo"; "step_reinforce" normalises each row's
-    discounted step return with it instead (over the rows of each group, as ROLL). GRPO already centres (and scales) within
+    discounted step return with it instead (over the rows of each group, as ROLL). GRPO already centres (and
+    scales) within
     traj groups, so the useful combinations are other groupings, e.g. batch whitening for GAE."""
     reward_clip: float | None = Field(None, gt=0)
     """Clamp the rewards the estimator sees to [-reward_clip, reward_clip], after normalisation (as
@@ -305,7 +306,7 @@ class PipelineConfig(RollDialect):
             roles["critic"] = self.critic
         if self.uses_kl:
             roles["reference"] = self.reference
-        return roles
+        return cast(dict[str, WorkerConfig], roles)  # the validators require each role returned here
 
     @property
     def device_layout(self) -> dict:

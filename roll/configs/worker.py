@@ -150,7 +150,8 @@ class WorkerConfig(ConfigModel):
     `critic` need a strategy that averages gradients over ranks (`deepspeed`, `fsdp2`,
     `megatron`). With megatron's `tensor_model_parallel_size` tp and `pipeline_model_parallel_size`
     pp, the processes are world_size / (tp * pp) data-parallel ranks of tp * pp processes each, which
-    see the same rows (`roll.distributed.ranks.data_parallel_ranks`). `actor_infer`'s processes are its replicas (`strategy_config.num_replicas`)."""
+    see the same rows (`roll.distributed.ranks.data_parallel_ranks`). `actor_infer`'s processes are its
+    replicas (`strategy_config.num_replicas`)."""
     pg_variant: Literal["vanilla", "ppo", "tis", "topr", "cispo", "kimi15"] = "ppo"
     """`actor_train` only: the policy-gradient loss (`roll.algorithms.pg_variants`): "ppo" the clipped
     surrogate, "vanilla" REINFORCE, "tis" truncated IS, "topr" tapered off-policy REINFORCE,
@@ -324,7 +325,8 @@ def _check_fsdp2_options(role: str, worker: WorkerConfig) -> None:
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int):
             raise InvalidField(f"{key}.fsdp_size", f"expected an integer (got {size!r})")
-        if 1 < size < worker.world_size and worker.world_size % size:
+        world = worker.world_size or 1
+        if 1 < size < world and world % size:
             raise InvalidField(
                 f"{key}.fsdp_size",
                 f"{size} does not divide the role's {worker.world_size} ranks "

@@ -15,7 +15,7 @@ it: their threads spin and wait on each other (measured: `benchmarks/role_cores.
 - 2 cores or fewer: nothing is pinned. An async run splits the threads (one each on 2 cores):
   measured on 2 cores, two pools of 2 threads generated and trained 6-14x slower than two of 1
   thread, and pinning the two 1-thread pools to separate cores changed nothing beyond noise
-  (benchmarks/README.md, role_cores.py). A synchronous run keeps every core for each role.
+  (docs/benchmarks.md, role_cores.py). A synchronous run keeps every core for each role.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """Where each worker process runs: ROLL's `device_mapping`, planned before any process starts.
 
-Semantics. A role's `device_mapping` lists GPU indices of the driver's node, numbered as the
-driver sees them (index i is the i-th entry of the driver's `CUDA_VISIBLE_DEVICES` when that is
-set, else GPU i); `null` runs the role on CPU. ROLL's string form `list(range(0, 8))` is accepted
-too. Each process of a role takes one device: `actor_infer` runs one process per replica
-(`strategy_config.num_replicas`, by default one per listed device), a training role (`actor_train`,
-`critic`, `reference`) runs one data-parallel rank per listed device, `world_size` of them (on CPU,
-`world_size` processes; default 1). The ranks of a role form one torch.distributed group
-(`roll.pipeline.builders`); `actor_train` and `critic` with several ranks need an engine that
-averages gradients over them (`deepspeed`, `fsdp2`, `megatron`): the plain `torch` strategy does
-not, and is refused. Two roles whose lists share a device are colocated: they take turns on it, the
-pipeline offloading one while the other works (`roll.pipeline.residency`), every rank of a role.
+A role's `device_mapping` lists GPU indices of the driver's node as the driver numbers them
+(`null`: CPU; ROLL's `list(range(0, 8))` is accepted). Each process takes one device: `actor_infer`
+one replica per listed device, a training role one data-parallel rank per listed device
+(`world_size`). Roles whose lists share a device are colocated and take turns on it
+(`roll.pipeline.residency`). A process starts with `CUDA_VISIBLE_DEVICES` set to its own device and
+asks Ray for no GPU, so the indices the user wrote are the ones used; on a joined cluster they
+count over the cluster's GPU nodes (`roll.distributed.cluster_plan`).
 
-How a process gets its device. Ray is asked for no GPU (`num_gpus=0`); the process is started with
-`CUDA_VISIBLE_DEVICES` set to its own device and uses `cuda:0`. Why not Ray's `num_gpus`: Ray
-chooses which GPU a request gets, so the indices the user wrote would not be the ones used, and
-fractional requests of colocated processes (1/2, 1/3 of a GPU) may not pack onto the GPUs the way
-the layout needs, leaving an actor pending forever. The price: Ray's GPU accounting does not see
-these processes, so the run assumes it owns the GPUs it names (as ROLL does), and every GPU process
-is pinned to the driver's node (`roll.pipeline.builders`); on a joined cluster the indices count
-over the cluster's GPU nodes instead, `num_gpus_per_node` per node (`roll.distributed.cluster_plan`). `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`
-keeps older Ray versions, which blanked the variable for `num_gpus=0` actors, from undoing it.
+Contract: pure (no torch, no Ray). `check_device_layout` runs at config time, needs no GPU and
+refuses a layout that cannot run; `plan_devices` also checks the layout against this machine's
+GPUs when the pipeline places its workers.
 
-Everything here is pure (no torch, no Ray), so the plans are tested on CPU against hand-written
-layouts (tests/distributed/test_placement.py). Config-time checks (`check_device_layout`) need no
-GPU and run before anything starts (`roll.pipeline.prestart`); `plan_devices` also checks the
-layout against the GPUs this machine has, when the pipeline places its workers.
+The semantics in full, and why not Ray's `num_gpus`: docs/devices.md, "Placement, in full".
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def inference_names(cfg) -> list[str]:
 def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     """Actor and (when needed) reference and critic actors (a `RankGroup` for a role of several
     ranks), then the inference replicas (a list), by worker key, each process on its device
-    (`residency.plan`; `place_workers` when no `residency` is given). Training roles that share GPUs with the engine are offloaded before it
+    (`residency.plan`; `place_workers` when no `residency` is given). Training roles that share GPUs with the
+    engine are offloaded before it
     is built, so that vLLM and SGLang find free the memory they size their KV cache from."""
     residency = residency or PhaseResidency(place_workers(cfg))
     plan, total, pins = residency.plan, cfg.max_steps, []  # pins: waited for once, at the end

@@ -11,7 +11,8 @@ naming the key (the CLI prints one line and exits 2), seconds before anything he
 - `pretrain`, `reward_pretrain`, each role's `model_name_or_path`: the `config.json` parses
   (`AutoConfig`).
 - `custom_envs.<tag>.env_config`: one env per tag in use is built and reset here, bounded by
-  `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a bad value is named now instead of as a dead env worker later.
+  `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a bad value is
+  named now instead of as a dead env worker later.
 - `sequence_length`: holds each tag's first prompt (the chat template of the env's instruction
   and first observation) plus `max_tokens_per_step`. Shorter, step-wise batches could not be
   built and trajectory-wise episodes ended before their first action (zero loss).

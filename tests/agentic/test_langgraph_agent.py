@@ -12,7 +12,7 @@ pytest.importorskip("langgraph")
 
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 
-from roll.agentic.agent_loop.base import continuation_ids, encode, render_text  # noqa: E402
+from roll.agentic.agent_loop.base import continuation_ids, encode  # noqa: E402
 from roll.agentic.agent_loop.langchain_model import RollChatModel, prompt_ids_with_tools  # noqa: E402
 from roll.agentic.agent_loop.math_graph import (  # noqa: E402
     MathGraphAgent,

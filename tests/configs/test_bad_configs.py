@@ -23,7 +23,10 @@ SCRIPT = os.path.join(REPO_ROOT, "examples", "start_agentic_pipeline.py")
 CONFIG_DIR = os.path.join(REPO_ROOT, "tests", "configs")
 CONFIG_NAME = "minimal_agentic"
 FROZEN_LAKE = "envs.frozen_lake.env:FrozenLakeEnv"
-FROZEN_LAKE_ARGS = "size, hole_prob, is_slippery, max_path_length, format_penalty, render_mode, action_pattern, env_instruction, max_steps, show_neighbours"
+FROZEN_LAKE_ARGS = (
+    "size, hole_prob, is_slippery, max_path_length, format_penalty, render_mode, action_pattern, env_instruction, "
+    "max_steps, show_neighbours"
+)
 BOTH_TAGS = "['SimpleFrozenLake', 'LargeFrozenLake']"
 UNKNOWN_ENV_CONFIG_KEY = (
     f"custom_envs.SimpleFrozenLake.env_config.sizee: unknown env_config key(s) 'sizee' for "

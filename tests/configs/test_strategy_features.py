@@ -33,7 +33,8 @@ def llama_dir(tmp_path) -> str:
 BAD = [
     (
         ["+actor_train.model_args.lora_rank=4", "+actor_train.model_args.lora_target='q_proj,qkv_proj'"],
-        "actor_train.model_args.lora_target: 'qkv_proj' matches no module of the model (e.g. q_proj, v_proj, or all-linear)",
+        "actor_train.model_args.lora_target: 'qkv_proj' matches no module of the model "
+        "(e.g. q_proj, v_proj, or all-linear)",
     ),
     (
         ["+actor_train.model_args.lora_alpha=8"],

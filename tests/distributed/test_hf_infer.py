@@ -156,7 +156,10 @@ def assert_same_outputs(got, want):
 
 def test_multi_turn_reuse_matches_recompute(engine):
     strategy, tok = engine
-    cached, fresh = engine_on(strategy.model, tok, static_decode=strategy.static_decode), engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode)
+    cached, fresh = (
+        engine_on(strategy.model, tok, static_decode=strategy.static_decode),
+        engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode),
+    )
     with_reuse, without = converse(cached), converse(fresh)
     reused_per_turn = []
     for (prompts, outs), (prompts_ref, outs_ref) in zip(with_reuse, without):
@@ -181,7 +184,10 @@ def test_multi_turn_reuse_matches_recompute(engine):
 
 def test_diverging_prompts_reuse_only_the_common_prefix(engine):
     strategy, tok = engine
-    cached, fresh = engine_on(strategy.model, tok, static_decode=strategy.static_decode), engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode)
+    cached, fresh = (
+        engine_on(strategy.model, tok, static_decode=strategy.static_decode),
+        engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode),
+    )
     a, b, r = [2, 5, 9, 11, 7, 7, 8, 9, 10], [2, 6, 7, 8], [2, 8, 8, 9, 5, 6]
     first = [req("a", a, 1, max_new_tokens=3), req("b", b, 2, max_new_tokens=2), req("r", r, 3, max_new_tokens=1)]
     for q in first:
@@ -239,7 +245,10 @@ def test_lru_bound_evicts_least_recently_used_sessions(engine):
 
 def test_traj_env_manager_sends_its_trajectory_id_as_session(engine):
     strategy, tok = engine
-    cached, fresh = engine_on(strategy.model, tok, static_decode=strategy.static_decode), engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode)
+    cached, fresh = (
+        engine_on(strategy.model, tok, static_decode=strategy.static_decode),
+        engine_on(strategy.model, tok, max_cached_tokens=0, static_decode=strategy.static_decode),
+    )
     spec = EnvSpec(
         tag="FrozenLake",
         env_type="frozen_lake",

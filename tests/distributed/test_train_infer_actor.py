@@ -23,7 +23,7 @@ RULE = {
 KW = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.0, "loss_agg_mode": "token-mean", "ppo_epochs": 1}
 
 
-def train(model_dir, infer_shift: float | None, correction) -> tuple[dict, dict, dict]:
+def train(model_dir, infer_shift: float | None, correction) -> tuple[dict, dict, dict]:  # noqa: F811 - the fixture
     worker = ActorWorker(model_dir, ARGS, total_train_steps=2, seed=7, num_threads=1)
     batch = repeated_batch([0, 1, 2, 0, 1, 2])
     before = {k: v.clone() for k, v in worker.get_weights().items()}
@@ -34,7 +34,7 @@ def train(model_dir, infer_shift: float | None, correction) -> tuple[dict, dict,
     return metrics, before, worker.get_weights()
 
 
-def test_a_filter_no_token_passes_trains_nothing_and_one_all_pass_trains_as_without(model_dir):
+def test_a_filter_no_token_passes_trains_nothing_and_one_all_pass_trains_as_without(model_dir):  # noqa: F811
     metrics, before, after = train(model_dir, 1.0, {"is_weight": None, "filters": [RULE]})  # ratio e^-1 < 0.8
     assert metrics["actor/train_infer_final_mask_mean"] == 0.0
     assert all(torch.equal(before[k], after[k]) for k in before)

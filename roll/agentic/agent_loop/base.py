@@ -12,7 +12,8 @@ inference workers, or a scripted model in tests.
 Token bookkeeping follows the env managers (DESIGN "Generation"): the first prompt is rendered
 by the chat template once; after that, the ids the engine generated are kept exactly and every
 message that comes back (a tool result, a user reply) is appended as the ids the template puts
-after an assistant turn, derived from a fixed probe conversation (`continuation_ids`, roll.models.chat_template). Past turns
+after an assistant turn, derived from a fixed probe conversation (`continuation_ids`,
+roll.models.chat_template). Past turns
 are never re-rendered, so templates that rewrite history (Qwen3 drops `<think>` blocks of earlier
 turns) cannot change the tokens PPO scores.
 """

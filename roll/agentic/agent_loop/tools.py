@@ -108,7 +108,7 @@ class Tool:
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         summary, arg_docs = _docstring_parts(fn)
         self.description = description if description is not None else summary
-        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 - an async __call__, not callability
         try:
             hints = typing.get_type_hints(fn if inspect.isroutine(fn) else type(fn).__call__)
         except TypeError:  # a builtin has no annotations to read

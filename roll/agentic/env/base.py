@@ -12,7 +12,8 @@ Contract (DESIGN.md "Environments"):
 
 A subclass implements only `actions`, `instruction`, `_reset`, `_apply`, `success` and optionally
 `episode_metrics`, `scripted_action` (a competent move, for local play and scripted tests) and
-`frame_to_rgb` (an image of a frame; add "rgb_array" to `metadata["render_modes"]`), and draws all randomness from `self.np_random` so that equal seeds give equal
+`frame_to_rgb` (an image of a frame; add "rgb_array" to `metadata["render_modes"]`), and draws all randomness
+from `self.np_random` so that equal seeds give equal
 rollouts. A subclass whose observations need characters outside `CHARSET` (or longer than
 `MAX_TEXT_CHARS`) reassigns `self.observation_space` after `super().__init__`, preferably to
 `text_space(...)`, which every env asking for the same space shares.

@@ -2,7 +2,7 @@
 
 `env_type` is a gymnasium id (`roll/FrozenLake-v0`), a short alias (`frozen_lake`) or
 `package.module:ClassName`. `roll` never imports the `envs` package by name: packages that ship
-envs declare a Python entry point in group `roll.envs` (roll's own setup.py has
+envs declare a Python entry point in group `roll.envs` (roll's own pyproject.toml has
 `builtin = envs`), and the first lookup loads each one, which registers its envs through
 `register_env`. Without an installed entry point (a bare checkout) `import envs` does the same.
 """

@@ -7,7 +7,8 @@ completion order and are returned sorted by j, so the batch is the same run afte
 In training, a group whose every trajectory failed is replaced by a fresh group index (at most
 max(8, 2 x the step's groups) times a step), and so is a group whose env-worker process died while
 playing it (Ray restarts the worker, whose envs are then made anew; one that cannot come back
-fails every group it is given, so the step ends in a clear error instead of a hang). Validation replaces nothing: its groups are a fixed set,
+fails every group it is given, so the step ends in a clear error instead of a hang). Validation replaces
+nothing: its groups are a fixed set,
 so a lost episode is counted and the others are scored. An inference engine that failed
 (`EngineFailed`, raised by the env worker) is never replaced around: `collect` raises it at once.
 

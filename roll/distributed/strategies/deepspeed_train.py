@@ -2,29 +2,16 @@
 a DeepSpeed engine (ZeRO stage 0-3 from `strategy_config`). Runs on CPU (gloo) and on GPUs.
 
 `strategy_config` is a DeepSpeed config dict, as in ROLL (`zero_optimization: {stage: 3}`, offload,
-bucket sizes...). The keys that `training_args` already decides are filled in here and may not be
-set there: the optimizer and schedule (our AdamW and LR schedule, stepped once per pipeline step as
-in every strategy), the micro-batch and accumulation (our token-weighted accumulation, see
-`TorchTrainStrategy.train_step`) and gradient clipping.
+bucket sizes...). The keys that `training_args` already decides (optimizer, schedule, micro-batch,
+accumulation, clipping) are filled in here and may not be set there.
 
-How a step maps onto DeepSpeed: a mini-batch has as many micro-batches as it has distinct rows
-to fill them (see `TorchTrainStrategy.train_step`), so DeepSpeed's fixed
-`gradient_accumulation_steps` cannot count them. It is 1, and each backward tells the engine
-whether it is the mini-batch's last (`set_gradient_accumulation_boundary`); one `engine.step()`
-then reduces, clips and updates, exactly the torch strategy's optimizer step. Training forwards go
-through the engine (`train_module`), never the bare module: ZeRO-3 advances its micro-step count
-there, and without it each backward overwrote the gradient accumulated so far (measured, and
-caught by the tests). A non-finite loss skips the update (gradients are zeroed and
-`engine.step()` is not called), as in the torch strategy. Under ZeRO 1-3 DeepSpeed clips and
-reports the norm itself; a finite loss whose gradient norm is not finite is reported in
-`grad_norm` but, unlike the torch strategy, the update has already been applied.
+Contract: one `engine.step()` per mini-batch, exactly the torch strategy's optimizer step (the
+accumulation boundary is set by hand, since the number of micro-batches varies); training forwards
+go through the engine; a non-finite loss skips the update; `state_dict` gathers ZeRO-3's
+partitions, so inference workers and checkpoints get full tensors. Unlike `torch`, under ZeRO 1-3
+an update whose gradient norm is not finite (with a finite loss) has already been applied.
 
-Two details of the CPU path:
-- DeepSpeed's first process-group start builds a C++ shared-memory collective with ninja (about
-  80 s cold). It only speeds up collectives between ranks on one host, gloo does them too, so the
-  build is skipped (`_skip_shm_build`).
-- ZeRO-3 partitions parameters even in one process; `state_dict` gathers them first, so inference
-  workers and checkpoints always get full tensors.
+How a step maps onto DeepSpeed, and the CPU path's details: docs/engines/deepspeed.md.
 """
 
 from __future__ import annotations

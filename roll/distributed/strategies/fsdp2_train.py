@@ -2,26 +2,14 @@
 (`torch.distributed.fsdp.fully_shard`). Runs on CPU (gloo) and on GPUs (nccl).
 
 Each decoder layer (the classes an HF model lists in `_no_split_modules`) is its own FSDP unit,
-then the root: parameters become DTensors sharded over the ranks, gathered one layer at a time in
-forward and backward. AdamW steps the DTensors directly, so there is no separate master copy, and
-clipping and the gradient norm work on DTensors (the norm is read back as a full tensor).
+then the root; AdamW steps the sharded DTensors directly. `strategy_config` takes ROLL's
+`reshard_after_forward`, `fsdp_size` (HSDP when between 1 and the role's ranks), `param_dtype` /
+`reduce_dtype` and `offload_policy`.
 
-`strategy_config` options (ROLL's names and meanings):
-- `reshard_after_forward` (default true): free each layer's gathered parameters after its forward
-  (ZeRO-3-like memory); false keeps them until backward (ZeRO-2-like, less communication).
-- `fsdp_size`: ranks one copy of the model is sharded over. Unset, <= 1 or >= the role's ranks:
-  all of them (a 1-D mesh). Between: HSDP, a (ranks / fsdp_size, fsdp_size) mesh that shards within
-  each group of fsdp_size ranks and replicates (all-reduces gradients) across the groups, e.g.
-  sharding within a node and replicating across nodes.
-- `param_dtype` / `reduce_dtype` (bf16, fp16, fp32 or the long names): FSDP2's mixed precision,
-  the dtype layers compute in after the all-gather / gradients are reduced in; the sharded
-  parameters and the optimizer stay in the model's dtype. Unset: the model's dtype.
-- `offload_policy` (default false): true keeps the sharded parameters, gradients and optimizer
-  state in CPU memory (FSDP2's CPUOffloadPolicy), copied to the device per layer; on a CPU run
-  they are there already and nothing changes.
-
-Weights leave the strategy as full, unsharded CPU tensors (`get_model_state_dict` with
+Contract: weights leave as full, unsharded CPU tensors (`get_model_state_dict` with
 `full_state_dict`), so inference workers and HF checkpoints never see a shard.
+
+What each option means: docs/engines/fsdp2.md.
 """
 
 from __future__ import annotations
@@ -94,7 +82,7 @@ def shard_model(
 class FSDP2TrainStrategy(TorchTrainStrategy):
     """`TorchTrainStrategy` over an FSDP2-sharded model (see module docstring)."""
 
-    FUSED_ADAMW = False  # measured on an H100: not faster on the sharded parameters (benchmarks/README)
+    FUSED_ADAMW = False  # measured on an H100: not faster on the sharded parameters (docs/benchmarks.md)
 
     def __init__(
         self,

@@ -2,30 +2,16 @@
 
 Pure functions over state dicts (no megatron import), so they are tested on any machine. The
 Megatron side is the layout of a `GPTModel` built with the local layer spec
-(`get_gpt_layer_local_spec`, see roll.distributed.strategies.megatron_model), whose norms are
-their own modules (`input_layernorm`, `pre_mlp_layernorm`); Transformer Engine's spec would fuse
-them into `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight` instead.
+(roll.distributed.strategies.megatron_model), whose norms are their own modules.
 
-Per decoder layer, HF -> Megatron:
-- q_proj, k_proj, v_proj -> `linear_qkv`, interleaved per query group: for each of the
-  `num_query_groups` KV heads g, the rows of the query heads that share it, then k_g, then v_g
-  ([q_{g*r} .. q_{g*r+r-1}, k_g, v_g], r = heads / groups). The same for the Qwen2 q/k/v biases.
-  Megatron reads the fused output this way (`SelfAttention.get_query_key_value_tensors`), and it
-  is what lets a tensor-parallel rank hold whole groups: a contiguous slice of rows.
-- gate_proj, up_proj -> `linear_fc1` = [gate; up] (Megatron's SwiGLU halves its output: act(first)
-  * second); down_proj -> `linear_fc2`; o_proj -> `linear_proj`.
-Tied embeddings: Megatron's output layer then has no weight of its own (it reuses the word
-embedding), while an HF state dict lists `lm_head.weight` too, so it is emitted on the way back.
+Contract: HF -> Megatron -> HF is exact. q/k/v become one `linear_qkv` interleaved per query group,
+gate/up become `linear_fc1` = [gate; up]; tied embeddings emit `lm_head.weight` on the way back.
+`split_tensor_parallel` / `merge_tensor_parallel` cut column-parallel layers along dim 0 and
+row-parallel ones along dim 1 (`linear_fc1` per half); `stage_state` / `from_stage` give a
+pipeline stage its layers under local indices, the embedding on the first stage and the final
+norm and output layer on the last.
 
-Tensor parallelism (`split_tensor_parallel` / `merge_tensor_parallel`): column-parallel layers
-(`linear_qkv`, `linear_fc1`, the vocab-parallel embedding and output layer) are cut along dim 0,
-row-parallel ones (`linear_proj`, `linear_fc2`) along dim 1, norms are replicated. `linear_fc1`
-is cut per half, so rank i holds [gate_i; up_i], the layout its local SwiGLU expects.
-
-Pipeline parallelism (`stage_state` / `from_stage`): a stage holds the decoder layers
-[offset, offset + n) under local indices 0..n-1 (megatron names a stage's layers from 0), the
-embedding on the first stage, the final norm and output layer on the last. With tied embeddings
-and more than one stage, the last stage's output layer is its own copy of the embedding.
+Each layout, row by row: docs/engines/megatron.md, "Internals".
 """
 
 from __future__ import annotations

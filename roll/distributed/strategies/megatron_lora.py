@@ -1,34 +1,17 @@
 """LoRA on the `megatron` strategy: adapters around megatron-core's tensor-parallel linear layers.
 
-Why not peft: peft 0.21's Megatron path (`LoraConfig(megatron_config=...)`, `LoraParallelLinear`)
-does not run with megatron-core 0.16 (measured here): `dispatch_megatron` looks up a
-`fan_in_fan_out` keyword that its caller no longer passes (KeyError), and past that
-`reset_lora_parameters` reads a `lora_bias` entry `update_layer` never sets (KeyError); its forward
-also feeds the (output, bias) tuple of a parallel layer into the next layer. `ParallelLoRA` is the
-same construction written out (about 40 lines), and the adapters it trains are exported as an
-ordinary peft adapter of the HF model (`adapter_to_hf`), so the other strategies' format holds.
+peft's Megatron path does not run with megatron-core 0.16, so `ParallelLoRA` is the same
+construction written out, and the adapters it trains are exported as an ordinary peft adapter of
+the HF model (`adapter_to_hf`), so the other strategies' checkpoint format holds.
 
-Targets (`lora_target`) are HF names or megatron's; each names one of the four parallel linears
-of a decoder layer, and the adapter sits on the whole fused layer:
-    q_proj, k_proj, v_proj, linear_qkv -> self_attention.linear_qkv  (column parallel)
-    o_proj, linear_proj                 -> self_attention.linear_proj (row parallel)
-    gate_proj, up_proj, linear_fc1      -> mlp.linear_fc1             (column parallel)
-    down_proj, linear_fc2               -> mlp.linear_fc2             (row parallel)
-    all-linear (or all)                 -> all four (never the output layer, as peft's all-linear)
-So `q_proj` alone adapts k and v too (one A and B over the fused qkv output), and `gate_proj`
-adapts up_proj: the fused layer has one weight. Any other name (lm_head, embed_tokens, ...) has no
-megatron counterpart and is refused by name (`megatron_targets`).
+Contract: `lora_target` takes HF names or megatron's; each names one of the four fused parallel
+linears of a decoder layer (`q_proj` adapts the whole `linear_qkv`, so k and v too); any other name
+is refused by name (`megatron_targets`). An adapter is cut over tensor-parallel ranks the way its
+layer is, so B_local @ A_local is the rank's shard of B @ A and merged weights (`merged_state`)
+gather like the layers. Adapters are float32, drawn from one seeded generator in full and then
+cut, so every tensor- and pipeline-parallel size starts from the same adapters.
 
-The adapter (A: r x in, B: out x r, B = 0 at the start, output + (alpha / r) * B A x) is cut over
-tensor-parallel ranks the way its layer is, so a rank needs no extra collective but megatron's own
-mappings: on a column-parallel layer A is replicated and B split by output rows like the weight
-(linear_fc1 per gate/up half), on a row-parallel layer A is split by input columns like the weight
-and B replicated. B_local @ A_local is then exactly the rank's shard of B @ A, which is why the
-merged weights (`merged_state`) are formed per rank and gathered by the strategy's existing path.
-Adapters are float32 whatever the model's dtype (as peft keeps them); A is drawn from one seeded
-generator in full and then cut, so every tensor-parallel size starts from the same adapters; a
-pipeline stage adapts its own layers and first draws the A of the layers before it
-(`apply_megatron_lora`'s `layer_offset`), so every pipeline size does too.
+Why not peft, the target map and the cut: docs/engines/megatron.md, "Internals".
 """
 
 from __future__ import annotations

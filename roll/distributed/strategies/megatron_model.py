@@ -2,25 +2,16 @@
 
 Imports megatron-core at module level: import it only after `check_megatron_available`.
 
-The model is megatron-core's own: `GPTModel` with the local layer spec (`get_gpt_layer_local_spec`,
-no Transformer Engine), tensor- and sequence-parallel linear layers, RMSNorm, SwiGLU and RoPE
-from `TransformerConfig`. Three pieces are ours, because the stock ones call `torch.cuda`
-unconditionally in forward (measured with 0.16.1):
-- core attention, through the layer spec (`core_attention`, megatron's `CoreAttention` protocol):
-  `SdpaAttention` runs torch's `scaled_dot_product_attention`. The local `DotProductAttention` takes its score
-  buffer from a CUDA memory pool and forks the CUDA RNG tracker even without dropout. On a GPU,
-  SDPA dispatches to its flash / memory-efficient kernels, so the code tested on CPU is the code a
-  GPU runs (Transformer Engine's attention is not used: it is not a dependency).
-- rotary embedding: `RotaryEmbedding.get_emb` moves its frequencies to the current CUDA device on
-  the first forward. `BufferRotaryEmbedding`, a subclass put in place of the one `GPTModel` builds,
-  keeps them in a (non-persistent) buffer, so they follow `model.to(device)` on CPU and GPU alike.
-- with tensor parallelism, the gather of the vocabulary-parallel logits (`GatherVocabSlices`).
+The model is megatron-core's own (`GPTModel` with the local layer spec, no Transformer Engine),
+with three pieces of ours where the stock ones call `torch.cuda` unconditionally: core attention
+through torch's SDPA (`SdpaAttention`), rotary frequencies kept in a buffer that follows the model's
+device (`BufferRotaryEmbedding`), and the gather of vocabulary-parallel logits (`GatherVocabSlices`).
 
-`MegatronCausalLM` is the adapter the roles' loss functions call HF-style:
-`model(input_ids=, attention_mask=, labels=)` -> an output with `.logits` (B, T, V) and `.loss`.
-With pipeline parallelism the `GPTModel` is this rank's stage (`build_gpt_model`) and the adapter
-receives and sends the stage's activations and the logits (roll.distributed.strategies.megatron_pipeline),
-so every stage still returns the whole model's logits.
+Contract: `MegatronCausalLM` is called HF-style, `model(input_ids=, attention_mask=, labels=)` -> an
+output with `.logits` (B, T, V) and `.loss`; with pipeline parallelism every stage still returns
+the whole model's logits (roll.distributed.strategies.megatron_pipeline).
+
+Why each piece is ours: docs/engines/megatron.md, "Internals".
 """
 
 from __future__ import annotations

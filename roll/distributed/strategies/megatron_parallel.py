@@ -1,6 +1,7 @@
 """What the `megatron` strategy's model-parallel ranks do together, besides the model's own
 collectives: agree on the layout from ROLL's keys, gather the weight shards, and clip by the norm
-of the whole gradient (over tensor- and pipeline-parallel ranks). Plain torch.distributed (no megatron import), so it is unit-tested on CPU
+of the whole gradient (over tensor- and pipeline-parallel ranks). Plain torch.distributed (no megatron import),
+so it is unit-tested on CPU
 with one process as with several (gloo on CPU, nccl on CUDA: tensors go to the group's device).
 
 Layout: megatron-core's default rank order "tp-cp-ep-dp-pp" puts the tensor-parallel ranks of

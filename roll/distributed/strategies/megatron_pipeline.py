@@ -1,24 +1,15 @@
 """Pipeline parallel for the `megatron` strategy as autograd across ranks (plain torch.distributed,
 no megatron import): gloo on CPU, nccl on CUDA alike.
 
-Why not megatron-core's schedules (`get_forward_backward_func`): in 0.16.1 their `P2PCommunicator`
-allocates every received activation on `torch.cuda.current_device()` and calls
-`torch.cuda.synchronize()` (on a CPU build: "Torch not compiled with CUDA enabled", measured), and
-the schedules own the loss (forward_step_func / loss_func), while roll's roles call the model
-HF-style per micro-batch and compute their own loss from `.logits`.
+Contract: every stage of one pipeline is called with the same rows (one data-parallel rank); a
+forward sends each stage's output hidden state (S, B, H) to the next, and the last stage
+broadcasts the logits to every stage, so each rank's role code computes the same loss;
+`loss.backward()` on every rank carries the gradients back stage by stage, last to first, and
+nothing waits in a cycle. The schedule is naive, correct and not fast: one micro-batch at a time
+through all stages (no 1F1B, no overlap).
 
-The schedule here is naive, correct and not fast: no 1F1B, no overlap, one micro-batch at a time
-through all stages while the other stages wait. Every stage of one pipeline is called with the
-same rows (it is one data-parallel rank, as tensor-parallel ranks are), and each call is:
-- forward: stage 0 embeds and runs its layers and sends its output hidden state (S, B, H) to
-  stage 1 (`logits_from_last_stage`); stage s > 0 receives it (`receive_activation`) and runs its
-  layers; the last stage adds the final norm and output layer, and broadcasts the logits to every
-  stage (`broadcast_logits`), so each rank's role code computes the same loss from the same logits.
-- backward (`loss.backward()` on every rank): the last stage's own graph carries the loss gradient
-  down to its received activation, whose backward sends the input gradient to stage s - 1; a stage
-  s < last waits in the backward of `logits_from_last_stage` (its logits' gradient is a copy of the
-  last stage's and is dropped, not summed) for the gradient of its output from stage s + 1, and goes
-  on down. Stages run their backwards in order last -> first; nothing waits in a cycle.
+Why not megatron-core's schedules, and each step of a forward and backward:
+docs/engines/megatron.md, "Internals".
 """
 
 from __future__ import annotations

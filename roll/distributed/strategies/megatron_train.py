@@ -1,77 +1,19 @@
 """`megatron` training strategy: the `torch` strategy's step around a megatron-core `GPTModel`.
 
-The role still hands over an HF Llama/Qwen2 causal LM (`pretrain:`). The strategy reads its config
-(`megatron_convert.arch_from_hf`), builds megatron-core's `GPTModel` of the same shape
-(`megatron_model.build_gpt_model`: local layer spec, torch SDPA as core attention), converts the HF
-weights into it (group-interleaved `linear_qkv`, `linear_fc1` = [gate; up]) and lets the HF model
-go. Roles call it HF-style through `megatron_model.MegatronCausalLM`, so their loss functions are
-unchanged. Weights leave in HF names and shapes (`state_dict`), so inference workers and
-checkpoints see an ordinary HF model; `load_state_dict` and `load_checkpoint` take HF weights.
-`optimizer.pt` holds Megatron-layout moments (fused qkv and fc1): it resumes this strategy only.
+The role still hands over an HF Llama/Qwen2 causal LM (`pretrain:`). The strategy builds
+megatron-core's `GPTModel` of the same shape (`megatron_model.build_gpt_model`), converts the HF
+weights into it (`megatron_convert`) and lets the HF model go. Roles call it HF-style through
+`megatron_model.MegatronCausalLM`, so their loss functions are unchanged.
 
-What runs where (megatron-core 0.16.1, torch 2.13 CPU build, measured):
-- One process, CPU or GPU: forward, backward, AdamW, LR schedule, clipping, checkpoints. Tested
-  on CPU (tests/distributed/test_megatron.py): float32 logits equal the HF model's (bit for bit
-  here: SDPA on both sides), PPO steps give the torch strategy's losses, gradient norms and weights,
-  checkpoints are HF dirs and resume the optimizer.
-- Data parallel over all ranks: each rank trains on its share of a mini-batch; gradients are
-  averaged in one all-reduce before clipping. Tested with two CPU ranks against one process
-  (tests/distributed/test_megatron_two_ranks.py).
-- Tensor parallel (`tensor_model_parallel_size`, any size dividing the model): each rank loads
-  its shard of the converted weights (`megatron_convert.split_tensor_parallel`); the ranks of one
-  tensor-parallel group see the same rows (they are one data-parallel rank: world_size = tp * dp,
-  megatron's rank order "tp-...-dp", see megatron_parallel), clip by the norm of the whole gradient
-  (`megatron_parallel.clip_grad_norm_tensor_parallel_`), and gather the shards whenever weights
-  leave (`state_dict` for the inference engines and checkpoints: merged HF weights on every rank;
-  rank 0 writes the HF dir, each tensor-parallel rank its optimizer-tp<r>.pt). Tested with two
-  CPU processes (tests/distributed/test_megatron_two_ranks.py): two PPO steps at TP 2 give the
-  losses, gradient norms and merged weights of TP 1; HF -> shards -> HF is bit-exact.
-- Pipeline parallel (`pipeline_model_parallel_size`, any size dividing the number of layers, or
-  any split given by `num_layers_in_first_pipeline_stage` / `num_layers_in_last_pipeline_stage`):
-  each rank builds its stage of the `GPTModel` (embedding on the first stage, final norm and output
-  layer on the last, the layers megatron's split gives it: `megatron_model.layer_offset`) and
-  loads only that stage's converted weights (`megatron_convert.stage_state`). All stages of one
-  data-parallel rank see the same rows (world_size = tp * dp * pp, megatron's "tp-cp-ep-dp-pp"
-  order: stages outermost). Activations go forward and gradients back by autograd across ranks
-  (`megatron_pipeline`: torch.distributed send/recv, the last stage broadcasts the logits so every
-  stage's role code computes the same loss). The schedule is naive, one micro-batch through all
-  stages while the others wait: correct, not fast (no 1F1B, no overlap). megatron-core's own
-  schedules are not used: its `P2PCommunicator` allocates received activations on
-  `torch.cuda.current_device()` and calls `torch.cuda.synchronize()` (on a CPU build: "Torch not
-  compiled with CUDA enabled", measured), and the schedules own the loss, while roles call the
-  model HF-style. Tied embeddings: the last stage's output layer is its own copy of the embedding
-  (megatron's copy is kept equal by an all-reduce that moves it to CUDA), the two copies' gradients
-  are summed over megatron's embedding group before clipping, so both take the one weight's step.
-  The clip is by the norm of the whole gradient over tensor- and pipeline-parallel ranks (the tied
-  copy counted once); weights leave merged (`state_dict`: tensor-parallel shards merged, then each
-  stage's layers broadcast under their whole-model names, `megatron_pipeline.gather_stages`);
-  checkpoints hold one optimizer-tp<r>-pp<s>.pt per (tp, pp) rank. Tested with two CPU processes
-  (tests/distributed/test_megatron_pipeline.py): two PPO steps at PP 2 give the losses, gradient
-  norms and merged weights of PP 1 (losses to ~1e-7, untied and tied embeddings), HF -> stages ->
-  HF is bit-exact, forward-only log-probs (`megatron_infer`'s use) equal PP 1's, a PP-2 checkpoint
-  resumes; TP 2 x PP 2 and PP 2 x DP 2 over four processes against one process in
-  tests/distributed/megatron_tp_pp_check.py (.ci/run_megatron_tp).
-- `recompute_granularity` full / selective: torch's checkpoint around each layer / core attention
-  (`megatron_model.recompute_`; megatron's own needs CUDA). `use_distributed_optimizer` is
-  accepted and changes nothing but memory: every data-parallel rank keeps the whole optimizer.
-  Expert, context and sequence parallel stop at start-up with one line naming the key.
-- LoRA (`lora_rank`): `megatron_lora.ParallelLoRA` adapters around the fused parallel linears
-  (HF target names map to them, megatron_lora says how), cut over tensor-parallel ranks like the
-  layers they adapt; only adapters train and sit in the optimizer. Weights leave merged (W + (alpha
-  / r) B A, per rank, then gathered as above); a checkpoint is the merged HF dir with the adapter
-  beside it in `adapter/` as a peft adapter of the HF model (exact: each q/k/v, gate/up part gets
-  the fused A and its rows of B), from which `load_checkpoint` restores the adapters (the base is
-  the `pretrain` weights, as built) and the optimizer files their moments. With pipeline stages each
-  stage adapts its own layers (drawing A as if the earlier stages' layers came first, so it starts
-  from PP 1's adapters) and the saved adapter is gathered from all stages. Tested on CPU at TP 1
-  (tests/distributed/test_megatron_lora.py), TP 2 (the .ci/run_megatron_tp lane) and PP 2
-  (tests/distributed/test_megatron_pipeline.py: PP 1's losses, norms, weights, adapter, resume).
-Only a GPU can check: the CUDA path (SDPA kernels, bf16 numerics against HF's, nccl, the pipeline's
-send/recv on device tensors), memory, speed.
-Not supported, one line at start-up: the critic's value model (`*ForTokenClassification`), models
-other than Llama/Qwen2 with SwiGLU and default RoPE, Transformer Engine / FP8, MoE.
-`megatron_infer` (ROLL's name for the same model run for log-probs only, e.g. the reference role)
-is accepted by the config as an alias of `megatron` (roll.configs.worker).
+Contract: weights leave in HF names and shapes (`state_dict`: merged over tensor- and
+pipeline-parallel ranks, LoRA merged in), so inference workers and checkpoints see an ordinary HF
+model; `load_state_dict` and `load_checkpoint` take HF weights; the optimizer files hold
+Megatron-layout moments and resume this strategy only. Data, tensor and pipeline parallel (a naive
+schedule), recompute and LoRA run; expert, context and sequence parallel, models other than
+Llama/Qwen2 and the critic's value model stop at start-up with one line naming the key.
+`megatron_infer` is accepted as an alias (roll.configs.worker).
+
+What runs where, how each part is tested, and what only a GPU can check: docs/engines/megatron.md.
 """
 
 from __future__ import annotations

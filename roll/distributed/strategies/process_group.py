@@ -2,7 +2,8 @@
 
 A worker started by Ray is not started by `torchrun`, so nothing has set RANK / WORLD_SIZE /
 MASTER_ADDR / MASTER_PORT. `ensure_process_group` starts a one-process group (a `file://` store,
-gloo on loopback: no socket outside 127.0.0.1) when they are absent, and joins the group they describe when a launcher did set them (the
+gloo on loopback: no socket outside 127.0.0.1) when they are absent, and joins the group they describe when a
+launcher did set them (the
 two-process test starts its ranks that way, and `roll.pipeline.builders` the ranks of a role with
 `world_size` > 1, through `ProcessPlacement.rank_env`). gloo on CPU, nccl on CUDA.
 """

@@ -1,35 +1,16 @@
 """`sglang` inference strategy: SGLang's offline `Engine` behind the `HFInferStrategy` interface.
 
-UNTESTED HERE: SGLang needs CUDA (sglang 0.5.x has no CPU route: it needs a CUDA build of torch),
-and roll's machines are CPU-only, so this module was written against SGLang's public API
-(`sglang.Engine`, `Engine.generate`, `Engine.update_weights_from_tensor`) and has never run.
-Check it on a GPU before relying on it; `tests/distributed/test_vllm_infer.py` shows the checks
-to port (greedy agreement with `hf`, log-probs against the trainer, seeds, stop and length).
+UNTESTED HERE: SGLang needs CUDA and roll's machines are CPU-only; this module was written against
+SGLang's public API (`sglang.Engine`, `Engine.generate`, `Engine.update_weights_from_tensor`) and
+has never run. Check it on a GPU before relying on it.
 
-Token in, token out: `generate(input_ids=[...], return_logprob=True)` with `skip_tokenizer_init`
-(no detokenisation); each output's `meta_info["output_token_logprobs"]` holds
-(logprob, token id, text) per generated token, from which ids and log-probs are both read, so
-they cannot disagree.
+Contract (as for `vllm`): token in, token out; ids and log-probs are read from the same
+`output_token_logprobs` entries; log-probs are `log(softmax(logits / T))` over the full
+vocabulary; each request's `seed` is its `sampling_seed` (deterministic inference on by default);
+`load_weights` updates the running engine from tensors and flushes the radix cache; every engine
+call runs on the thread that built the engine.
 
-Log-probs: by default SGLang returns `log(softmax(logits / T))` of the full vocabulary, taken
-before top-k/top-p truncation, which is our definition (do not set
-`SGLANG_RETURN_ORIGINAL_LOGPROB`: it returns them before temperature). Greedy requests
-(temperature 0) become top_k = 1 at temperature 1 inside SGLang, so they report
-`log_softmax(logits)`, as `hf` does.
-
-Seeds: each request's `seed` goes in as `sampling_seed`, which SGLang honours on its deterministic
-sampling path (`enable_deterministic_inference`, on by default here; turn it off for speed and
-lose seed reproducibility).
-
-Weights: `update_weights_from_tensor(list(state_dict.items()), flush_cache=True)` loads the
-trainer's tensors into the running engine (shared memory, no disk) and flushes the radix cache,
-whose KV the old weights computed. SGLang caches prefixes itself (radix cache, by token ids), so
-`release` is a no-op and `kv_cache` a stand-in reporting 0 tokens.
-
-Threads: `Engine` drives its tokenizer manager with an asyncio loop it takes or makes in the
-constructing thread, and the inference worker calls engines from an executor thread (and from
-its own event loop for weight updates). So every engine call here runs on one dedicated thread,
-the one that built it.
+Details, and the checks to port from the vllm tests: docs/engines/sglang.md.
 """
 
 from __future__ import annotations

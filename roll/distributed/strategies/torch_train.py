@@ -1,36 +1,19 @@
 """`torch` training strategy: one nn.Module on CPU or one GPU, AdamW, an LR schedule, clipping.
 
 The engine behind the actor and critic roles. It knows nothing about PPO: a role hands it a
-`loss_fn(model, micro) -> (loss, metrics)` and gets back the optimizer step's metrics.
+`loss_fn(model, micro) -> (loss, metrics)` and gets back the optimizer step's metrics. Its
+`train_step` (token-weighted accumulation, clipping, the skipped step) is the step every training
+engine runs (roll.distributed.ranks makes several ranks equal one process).
 
-Three choices differ from a plain HF Trainer and are deliberate:
-- The LR scheduler advances once per `step_lr_scheduler()` call, which the roles make once per
-  pipeline training step (as verl does), not once per optimizer step. A step-wise agentic batch
-  has a different number of rows every step, so the number of optimizer steps in a run is not
-  known up front; pipeline steps are. `total_steps` and `warmup_steps` therefore count pipeline
-  steps.
-- Dropout is switched off: PPO compares forward passes of the same weights (ratio = 1 on the
-  first pass, value clipping around old values), and dropout noise would break that (TRL does
-  the same). HF value heads (`*ForTokenClassification`) default to dropout 0.1.
-- A non-finite loss or gradient norm skips the optimizer step (weights and Adam moments stay as
-  they were) and is reported as `<prefix>/skipped_steps` = 1 instead of crashing the run.
+Contract: the LR schedule advances once per pipeline step (`step_lr_scheduler()`), not per
+optimizer step, so `total_steps` and `warmup_steps` count pipeline steps; dropout is off (PPO
+compares forward passes of the same weights); a non-finite loss or gradient norm skips the
+optimizer step and reports `<prefix>/skipped_steps` = 1; forwards run once per distinct row
+(`<prefix>/unique_row_ratio`, roll.distributed.micro_batches). One process, no gradient averaging:
+a role with several ranks needs `deepspeed`, `fsdp2` or `megatron`. LoRA, gradient checkpointing,
+dynamic batching and `torch_compile` are switched on by `build_train_strategy`.
 
-Forward passes run the model once per distinct row of the whole batch (no grad) or mini-batch
-(training), see roll.distributed.micro_batches; `<prefix>/unique_row_ratio` reports distinct rows / rows.
-
-Data parallel: this strategy is one process and averages no gradients (`dp_size` 1), so a role
-with several ranks needs `deepspeed`, `fsdp2` or `megatron`, which set `dp_rank` / `dp_size`; the
-step that makes their ranks equal one process lives here (`train_step`, roll.distributed.ranks).
-
-Features that `build_train_strategy` switches on for every engine: LoRA (roll.models.lora: only
-the adapters are in the optimizer; `state_dict` and checkpoints give the merged HF weights, the
-adapter is saved beside them), gradient checkpointing, and dynamic batching (`train_budget`,
-`infer_budget`: micro-batches by tokens, roll.distributed.dynamic_batching).
-
-`torch_compile` (strategy_config of `torch` and `fsdp2`, default false) compiles the model's forward
-with `nn.Module.compile` (TorchInductor): fused normalisation, activation and loss kernels, the
-same numbers to float tolerance. It costs a compile at the first step and at new shapes (torch
-makes the sizes dynamic after the second); measured on an H100 in benchmarks/README (GPU lane).
+Why each choice, and the measurements: docs/engines/torch.md.
 """
 
 from __future__ import annotations
@@ -85,7 +68,7 @@ class TorchTrainStrategy:
     """On CUDA, torch's fused AdamW kernel (one launch for all parameters) instead of the per-list
     `foreach` one; the same update to float rounding. False where another library owns the step's
     parameters (DeepSpeed's flat ZeRO partitions) or where it was not faster (FSDP2's DTensors,
-    benchmarks/README's GPU lane)."""
+    docs/benchmarks.md, GPU lane)."""
 
     def __init__(
         self,

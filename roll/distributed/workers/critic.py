@@ -92,7 +92,8 @@ class CriticWorker:
 
         `batch` needs input_ids, attention_mask, response_mask, values (the old values from
         `compute_values`) and returns (B, T). Order from derive_seed(seed, "critic_minibatch",
-        step, epoch); mini-batches and rank shares as in `ActorWorker.train`. "critic/unique_row_ratio" is the mean over mini-batches of their distinct
+        step, epoch); mini-batches and rank shares as in `ActorWorker.train`. "critic/unique_row_ratio" is the
+        mean over mini-batches of their distinct
         rows / rows (the value model runs once per distinct row, roll.distributed.micro_batches).
         """
         batch = batch.select(*TRAIN_KEYS)

@@ -1,32 +1,18 @@
 """Inference worker: token-in/token-out generation with dynamic batching.
 
-Env managers call `generate(request)` concurrently. With the `hf` engine the worker batches
-continuously (`continuous_batching`, on by default; `strategies/continuous.py`): a request that
-arrives while a batch decodes joins it at the next decode step (at most `max_batch_size` rows run
-at once) and each request is answered as soon as its row stops. Otherwise (`continuous_batching:
-false`, and for `vllm` / `sglang`, which batch continuously inside their own engine call) requests
-that arrive while the engine is busy wait for the next engine call, which takes everything pending
-(up to `max_batch_size`). The engine call runs in a thread so the actor's event loop keeps
-accepting requests meanwhile.
+Env managers call `generate(request)` concurrently and the worker batches them: with `hf`
+continuously (a request joins the running batch at the next decode step and is answered when its
+row stops), otherwise each engine call takes everything pending, up to `max_batch_size`. Requests
+with a `session_id` reuse their conversation's KV (`hf`'s `max_cached_tokens`; vLLM and SGLang
+cache prefixes themselves). `strategy_name` picks the engine (`hf`, `vllm`, `sglang`), each
+imported only when chosen.
 
-Requests with a `session_id` reuse the KV of their conversation's earlier turns (see
-`strategies/kv_cache.py`); `max_cached_tokens` bounds that cache and 0 turns it off. The stats
-count prompt ids served from it (`prefix_tokens_reused`) and those fed to the model
-(`prefill_tokens`).
+Contract: `offload` / `reload` (a GPU shared with a training role) wait for the engine call in
+progress; requests that arrive meanwhile wait for `reload`, and new weights are refused until then.
+An engine that raises is failed for good (`EngineFailed`): every pending and later request fails
+with the engine's message, and the run stops with one line, exit 1.
 
-`strategy_name` picks the engine: `hf` (the default, built here from the loaded model), `vllm` or
-`sglang`, each imported only when chosen and given `strategy_config` as its options. vLLM and
-SGLang cache prefixes themselves (by token ids, not sessions), so `max_cached_tokens` is `hf`'s.
-
-When the worker shares its GPU with a training role, the pipeline calls `offload` before that role
-works and `reload` after (`roll.pipeline.residency`). Both wait for the engine call in progress;
-requests that arrive while the engine is offloaded wait for `reload`, and new weights are refused
-until then (they must reach an awake engine).
-
-An engine that raises is failed for good (`EngineFailed`): the batch it was serving and every
-queued request fail at once with the engine's message, later requests fail on arrival, and the
-run stops (the scheduler re-raises it, the CLI prints one line and exits 1). Its state after an
-exception is unknown, and retrying is how vLLM once spun for minutes on a broken batch.
+The batching modes, sessions and the failure rule in full: docs/engines/index.md.
 """
 
 from __future__ import annotations

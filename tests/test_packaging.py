@@ -1,0 +1,39 @@
+"""pyproject.toml: the package metadata, the `roll.envs` entry point and the `roll` console script."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import roll.console
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_dependencies_come_from_requirements_txt(project: dict) -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["dynamic"] == ["dependencies"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
+
+
+def test_builtin_envs_entry_point_and_console_script(project: dict) -> None:
+    assert project["entry-points"]["roll.envs"] == {"builtin": "envs"}
+    assert project["scripts"] == {"roll": "roll.console:main"}
+
+
+def test_test_extra_carries_the_ci_tools(project: dict) -> None:
+    names = {req.split(">")[0].split("=")[0].split("<")[0] for req in project["optional-dependencies"]["test"]}
+    assert {"pytest", "ruff", "mypy", "mkdocs", "mkdocs-material"} <= names
+
+
+def test_console_script_finds_the_examples_folder_and_runs_the_cli(monkeypatch, capsys) -> None:
+    assert roll.console.examples_dir() == str(ROOT / "examples")
+    monkeypatch.chdir(ROOT / "tests")  # a relative --config_path resolves through examples/
+    monkeypatch.setattr("sys.argv", ["roll", "--config_path", "frozen_lake", "--config_name", "no_such_config"])
+    assert roll.console.main() == 2
+    assert "no 'no_such_config' config in" in capsys.readouterr().err
