@@ -23,6 +23,9 @@ setup(
         "megatron": ["megatron-core>=0.16,<0.17"],
         # LangGraph agents (roll/agentic/agent_loop/graph.py); tested with langgraph 1.2.22, langchain-core 1.7.2.
         "agents": ["langgraph>=1.2,<2", "langchain-core>=1.7,<2"],
+        # A LangGraph agent trained through the chat proxy with a langchain-openai chat model
+        # (examples/agent_proxy); tested with langchain-openai 1.7.4.
+        "proxy-agents": ["langgraph>=1.2,<2", "langchain-openai>=0.3,<2"],
         # The test suite runs every engine and agent path that works on CPU, so it needs their extras.
         "test": [
             "pytest>=8",
@@ -31,6 +34,7 @@ setup(
             "megatron-core>=0.16,<0.17",
             "langgraph>=1.2,<2",
             "langchain-core>=1.7,<2",
+            "langchain-openai>=0.3,<2",
             "math-verify>=0.9,<1",
         ],
         # The math agent example (examples/math_agent): math-verify rewards; pyarrow reads
