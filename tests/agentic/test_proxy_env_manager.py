@@ -98,11 +98,20 @@ def test_roll_runner_paths_map_to_ours():
     assert runner_class("roll.agentic.proxy.runners.ToolCallRunner") is ToolCallRunner
 
 
+RUNNERS = [
+    "roll.pipeline.agentic.agent_runner.gem_runner.GEMRunner",  # ROLL's path, mapped to ours
+    "examples.agent_proxy.openai_agent.OpenAIAgentRunner",  # bring your own agent: the openai client
+    "examples.agent_proxy.langgraph_agent.LangGraphAgentRunner",  # ... and LangGraph + langchain-openai
+]
+
+
 @pytest.mark.parametrize("mode", ["traj", "step"])
-def test_gem_runner_trains_on_the_engines_ids_and_the_envs_rewards(model_dir, mode):
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_runners_train_on_the_engines_ids_and_the_envs_rewards(model_dir, runner, mode):
     inference = LocalInference(InferenceWorker(model_dir, num_threads=1))
-    result = play(model_dir, inference, spec("roll.pipeline.agentic.agent_runner.gem_runner.GEMRunner"), mode=mode)
+    result = play(model_dir, inference, spec(runner), mode=mode)
     assert result.dropped == [] and len(result.trajectories) == 2
+    assert max(t.num_actions for t in result.trajectories) >= 2  # multi-turn: later turns extend earlier ids
     by_request = {o.request_id: o for o in inference.outputs}
     for traj in result.trajectories:
         outs = [by_request[f"{traj.traj_id}/{k}"] for k in range(traj.metrics["proxy/generations"].__int__())]
