@@ -19,6 +19,7 @@ it stops the run like any engine failure.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import threading
 
@@ -75,8 +76,9 @@ class ProxyEnvManager:
         self.spec = spec
         self.tokenizer = tokenizer
         self._generate = generate
-        self.sampling = SamplingParams(
-            **{**vars(sampling), "max_new_tokens": min(spec.max_tokens_per_step, sampling.max_new_tokens)}
+        # as in ROLL: min(max_tokens_per_step, generating_args.max_new_tokens) per call
+        self.sampling = dataclasses.replace(
+            sampling, max_new_tokens=min(spec.max_tokens_per_step, sampling.max_new_tokens)
         )
         self.sequence_length = sequence_length
         self.server = server
@@ -157,6 +159,7 @@ class ProxyEnvManager:
                 "proxy/requests": float(live.requests),
                 "proxy/generations": float(len(recorder.calls)),
                 "proxy/forks": float(recorder.forks),
+                "proxy/overhead_ms_per_request": 1e3 * live.overhead_s / max(live.requests, 1),
             }
         )
         return Trajectory(

@@ -74,12 +74,15 @@ class AgentRunner:
         """Release what the runner holds (an env, a connection)."""
 
     def client(self):
-        """An `openai.OpenAI` client of the live episode (no retries: a refused call is final)."""
+        """An `openai.OpenAI` client of the live episode (no retries: a refused call is final). The
+        runner's episodes share one connection pool (a new client costs tens of ms: TLS setup)."""
         import openai
 
-        return openai.OpenAI(
-            base_url=f"{self.base_url}/v1", api_key=self.api_key, max_retries=0, timeout=self.http_timeout
-        )
+        if getattr(self, "_client", None) is None:
+            self._client = openai.OpenAI(
+                base_url=f"{self.base_url}/v1", api_key="-", max_retries=0, timeout=self.http_timeout
+            )
+        return self._client.with_options(api_key=self.api_key)
 
     def _llm_request(self, client, messages: list[dict], tools: list[dict] | None = None, tool_choice: str = "auto"):
         """ROLL's helper: one chat completion through `client` (an `httpx.Client`) as a dict."""

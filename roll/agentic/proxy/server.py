@@ -116,6 +116,15 @@ class ProxyServer:
         return JSONResponse({"object": "list", "data": data})
 
     async def _chat(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            return await self._serve(request)
+        finally:
+            episode = self.episodes.get(_token(request))
+            if episode is not None:
+                episode.handler_s += time.perf_counter() - started
+
+    async def _serve(self, request: Request) -> Response:
         try:
             episode = self._episode(request)
             body = await self._json(request)
@@ -184,6 +193,12 @@ class ProxyServer:
                 "total_tokens": completion.prompt_tokens + generated,
             },
         }
+
+
+def _token(request: Request) -> str:
+    """The bearer token of `request`, or "" without one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 async def _sse(response: dict):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 from roll.agentic.env_manager.base import GenerateFn, generate_within
@@ -55,11 +56,18 @@ class ProxyEpisode:
     out_of_tokens: bool = False  # a request found no room left in sequence_length
     failure: BaseException | None = None  # what the engine raised, if it did
     requests: int = 0
+    handler_s: float = 0.0  # seconds the server spent on this episode's requests (engine included)
+    generate_s: float = 0.0  # ... of which waiting for the engine
     _generations: int = 0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self):
         self.recorder = EpisodeRecorder(self.tokenizer)
+
+    @property
+    def overhead_s(self) -> float:
+        """Seconds the server spent on this episode's requests besides waiting for the engine."""
+        return self.handler_s - self.generate_s
 
     def stop_ids(self, stops: list[str]) -> list[int]:
         ids = []
@@ -116,6 +124,7 @@ class ProxyEpisode:
                 )
                 for k in range(first, first + request.n)
             ]
+            started = time.perf_counter()
             try:
                 outs = await asyncio.gather(
                     *(generate_within(self.generate, r, self.generate_timeout_s) for r in engine_requests)
@@ -123,6 +132,8 @@ class ProxyEpisode:
             except Exception as e:
                 self.failure = e
                 raise
+            finally:
+                self.generate_s += time.perf_counter() - started
             tools_on = bool(tools) and request.tool_choice != "none"
             replies = [reply(self.tokenizer, out, set(stop_ids), tools_on) for out in outs]
             for r in replies:
