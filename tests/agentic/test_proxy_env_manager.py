@@ -18,6 +18,7 @@ from roll.agentic.env_manager.proxy_env_manager import runner_class
 from roll.agentic.proxy.runner import AgentRunner, EpisodeResult
 from roll.agentic.proxy.runners import GEMRunner, ToolCallRunner
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
+from roll.core.errors import EngineFailed
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
@@ -69,7 +70,7 @@ def spec(runner: str, max_steps=3, **kw) -> EnvSpec:
     )
 
 
-def play(model_dir, inference, env_spec, *, mode="traj", group_size=2, timeout=600.0, after=None):
+def play(model_dir, inference, env_spec, *, mode="traj", group_size=2, timeout=600.0, after=None, seq_len=2048):
     async def run():
         worker = EnvWorker(
             [env_spec],
@@ -77,7 +78,7 @@ def play(model_dir, inference, env_spec, *, mode="traj", group_size=2, timeout=6
             model_dir,
             inference,
             SamplingParams(max_new_tokens=32),
-            2048,
+            seq_len,
             manager_type=mode,
             proxy={"episode_timeout_s": timeout},
         )
@@ -232,3 +233,30 @@ def test_failed_and_silent_episodes_are_dropped_with_their_reason(model_dir, run
     inference = LocalInference(InferenceWorker(model_dir, num_threads=1))
     result = play(model_dir, inference, spec(f"{__name__}:{runner}"), group_size=1)
     assert result.trajectories == [] and result.dropped == [reason]
+
+
+class BrokenEngine:
+    """An inference worker whose engine has failed (`EngineFailed` on every request)."""
+
+    def __init__(self):
+        self.generate_many = _Method(self._generate_many)
+        self.release_session = _Method(lambda session: None)
+
+    async def _generate_many(self, requests):
+        raise EngineFailed("engine failed: CUDA error (scripted)")
+
+
+def test_an_engine_failure_seen_by_the_proxy_stops_the_run(model_dir):
+    with pytest.raises(EngineFailed, match="scripted"):
+        play(model_dir, BrokenEngine(), spec("roll.agentic.proxy.runners:GEMRunner"), group_size=1)
+
+
+def test_a_conversation_out_of_room_stops_the_episode_with_max_tokens(model_dir):
+    inference = LocalInference(InferenceWorker(model_dir, num_threads=1))
+    # the first prompt (instruction + grid) fits; the second turn's does not
+    first = play(model_dir, inference, spec("roll.agentic.proxy.runners:GEMRunner"), group_size=1)
+    assert first.trajectories[0].num_actions >= 2
+    prompt = first.trajectories[0].response_mask.index(1)
+    result = play(model_dir, inference, spec("roll.agentic.proxy.runners:GEMRunner"), group_size=1, seq_len=prompt + 7)
+    (traj,) = result.trajectories
+    assert traj.stop_reason == "max_tokens" and traj.num_actions == 1
