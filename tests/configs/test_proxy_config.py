@@ -2,6 +2,7 @@
 of our own in ROLL's dialect: accepted and mapped, or refused with the key named; and one real
 training step of it with +profile=cpu_smoke."""
 
+import json
 import os
 import subprocess
 import sys
@@ -89,9 +90,12 @@ def test_one_cpu_smoke_step_through_the_proxy(model_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    import json
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     assert last["rollout/dropped_trajectories"] == 0.0
     assert last["train/env/proxy/requests"] >= 1.0 and "val/Box/env/proxy/generations" in last
+    # the trainer's log-probs of the recorded tokens are the engine's: the ids and their places
+    # in the sequence are exactly what the engine generated (a re-tokenised or shifted turn would
+    # differ by whole nats)
+    assert last["rollout/logprob_abs_diff"] < 1e-4
