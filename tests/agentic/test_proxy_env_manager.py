@@ -70,7 +70,9 @@ def spec(runner: str, max_steps=3, **kw) -> EnvSpec:
     )
 
 
-def play(model_dir, inference, env_spec, *, mode="traj", group_size=2, timeout=600.0, after=None, seq_len=2048):
+def play(
+    model_dir, inference, env_spec, *, mode="traj", group_size=2, timeout=600.0, after=None, seq_len=2048, frames=False
+):
     async def run():
         worker = EnvWorker(
             [env_spec],
@@ -83,7 +85,7 @@ def play(model_dir, inference, env_spec, *, mode="traj", group_size=2, timeout=6
             proxy={"episode_timeout_s": timeout},
         )
         try:
-            result = await worker.run_group(0, GroupSpec(0, "g0", env_seed=5, sample_seed=9))
+            result = await worker.run_group(0, GroupSpec(0, "g0", env_seed=5, sample_seed=9, keep_frames=frames))
             if after is not None:  # while the server still runs
                 await asyncio.to_thread(after)
             return result
@@ -110,7 +112,7 @@ RUNNERS = [
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_runners_train_on_the_engines_ids_and_the_envs_rewards(model_dir, runner, mode):
     inference = LocalInference(InferenceWorker(model_dir, num_threads=1))
-    result = play(model_dir, inference, spec(runner), mode=mode)
+    result = play(model_dir, inference, spec(runner), mode=mode, frames=True)
     assert result.dropped == [] and len(result.trajectories) == 2
     assert max(t.num_actions for t in result.trajectories) >= 2  # multi-turn: later turns extend earlier ids
     by_request = {o.request_id: o for o in inference.outputs}
@@ -129,7 +131,8 @@ def test_runners_train_on_the_engines_ids_and_the_envs_rewards(model_dir, runner
             assert [s.reward for s in traj.steps] == traj.step_rewards
         # the rewards are the env's for the texts the engine wrote: replay them on a fresh env
         env = make_env("frozen_lake", {"max_path_length": 8})
-        env.reset(seed=5)
+        first_board, _ = env.reset(seed=5)
+        assert traj.frames[0] == first_board and len(traj.frames) == len(traj.frame_captions) == len(outs)
         tok = load_tokenizer(model_dir)
         replayed = [env.step(tok.decode(o.token_ids, skip_special_tokens=True))[1] for o in outs]
         assert traj.step_rewards == pytest.approx(replayed)

@@ -146,12 +146,11 @@ class ProxyEnvManager:
         recorder = live.recorder
         if not recorder.calls:
             raise EpisodeFailed("the runner finished without calling the model")
-        if self.mode == SampleMode.STEP:
-            rewards = spread_rewards(result.score, result.step_scores, len(recorder.calls))
-            fields = recorder.step_fields(rewards)
-        else:
-            rewards = spread_rewards(result.score, result.step_scores, len(recorder.main_chain()))
-            fields = recorder.trajectory_fields(rewards)
+        calls = recorder.calls if self.mode == SampleMode.STEP else recorder.main_chain()
+        rewards = spread_rewards(result.score, result.step_scores, len(calls))
+        fields = recorder.step_fields(rewards) if self.mode == SampleMode.STEP else recorder.trajectory_fields(rewards)
+        if episode.keep_frames:
+            fields.update(recorder.frames(calls, rewards))
         default_stop = StopReason.MAX_TOKENS if live.out_of_tokens else StopReason.TERMINATED
         metrics = {k: float(v) for k, v in result.metrics.items()}
         metrics.update(

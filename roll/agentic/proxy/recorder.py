@@ -38,6 +38,7 @@ class Prompt:
     parent: int | None  # the call whose prompt and answer these ids extend
     state_hash: str
     chain: list[str]  # prefix hashes of the request's messages
+    shown: str = ""  # the text of the request's last message (what the agent last showed)
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Call:
     out: GenerateOutput
     parent: int | None
     state_hash: str
+    shown: str = ""
+    answer: str = ""  # the answer's text, tool calls as the policy wrote them
 
 
 @dataclass
@@ -69,15 +72,16 @@ class EpisodeRecorder:
             parent = self.calls[index]
             ids = parent.prompt_ids + parent.out.token_ids
             ids = ids + continuation_ids(self.tokenizer, template_messages(tail), parent.out)
-            return Prompt(ids, index, state, hashes)
+            return Prompt(ids, index, state, hashes, messages[-1].text())
         if self.calls:
             self.forks += 1
         ids = prompt_ids_with_tools(self.tokenizer, template_messages(messages), tools or [])
-        return Prompt(ids, None, state, hashes)
+        return Prompt(ids, None, state, hashes, messages[-1].text())
 
     def record(self, prompt: Prompt, out: GenerateOutput, answer: Message) -> Call:
         """A generated choice; `answer` is the assistant message returned for it."""
-        call = Call(len(self.calls), list(prompt.ids), out, prompt.parent, prompt.state_hash)
+        text = template_messages([answer])[0]["content"]
+        call = Call(len(self.calls), list(prompt.ids), out, prompt.parent, prompt.state_hash, prompt.shown, text)
         self.calls.append(call)
         self._answers[extend_chain(prompt.chain[-1], answer)] = call.index
         return call
@@ -94,6 +98,14 @@ class EpisodeRecorder:
             if len(path) > len(best):
                 best = path
         return best[::-1]
+
+    def frames(self, calls: list[Call], rewards: list[float]) -> dict:
+        """Frames for `render_save_dir`: what the agent showed before each answer, captioned with
+        the answer and its reward (the env's own frames stay with the runner)."""
+        return {
+            "frames": [c.shown for c in calls],
+            "frame_captions": [f"{c.answer!r} -> reward {r:g}" for c, r in zip(calls, rewards, strict=True)],
+        }
 
     def trajectory_fields(self, rewards: list[float]) -> dict:
         """Trajectory-wise sample fields of the main chain; `rewards` one per turn of it."""
