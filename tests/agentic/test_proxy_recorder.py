@@ -63,3 +63,14 @@ def test_template_messages():
         {"role": "assistant", "content": 'Going.<tool_call>{"name": "act", "arguments": {"action": "Up"}}</tool_call>'},
         {"role": "tool", "content": "moved", "name": "act"},
     ]
+
+
+def test_step_state_hash_is_the_last_messages():
+    from roll.agentic.proxy.recorder import EpisodeRecorder
+    from roll.models.tiny import build_tiny_tokenizer
+
+    recorder = EpisodeRecorder(build_tiny_tokenizer(["a b c"]))
+    one = recorder.prompt([Message(role="user", content="a"), Message(role="user", content="c")], None)
+    two = recorder.prompt([Message(role="user", content="b"), Message(role="user", content="c")], None)
+    three = recorder.prompt([Message(role="user", content="b")], None)
+    assert one.state_hash == two.state_hash != three.state_hash

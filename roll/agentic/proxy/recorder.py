@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from roll.agentic.agent_loop.base import continuation_ids
 from roll.agentic.agent_loop.tool_agent import prompt_ids_with_tools
 from roll.agentic.episode import TokenLedger
-from roll.agentic.proxy.chat import chain, extend_chain, template_messages
+from roll.agentic.proxy.chat import canonical, chain, extend_chain, template_messages
 from roll.agentic.proxy.protocol import Message
 from roll.core.records import GenerateOutput, StepRecord
 
@@ -63,7 +63,8 @@ class EpisodeRecorder:
 
     def prompt(self, messages: list[Message], tools: list[dict] | None) -> Prompt:
         hashes = chain(messages, tools)
-        state = hashlib.blake2b(hashes[-1].encode(), digest_size=8).hexdigest()
+        # GiGPO's anchor state: the last message (the observation), as StepEnvManager hashes it
+        state = hashlib.blake2b(canonical(messages[-1]).encode(), digest_size=8).hexdigest()
         for end in range(len(messages) - 1, -1, -1):  # the longest prefix ending in our answer
             index = self._answers.get(hashes[end])
             tail = messages[end + 1 :]
