@@ -190,6 +190,28 @@ class SilentRunner(AgentRunner):
         return EpisodeResult(score=1.0)
 
 
+class RollStyleRunner(AgentRunner):
+    """Written as ROLL's runners are: `httpx.Client` and the base class's `_llm_request`."""
+
+    def run_job(self, seed):
+        import httpx
+
+        env = make_env("frozen_lake", {"max_path_length": 8})
+        observation, _ = env.reset(seed=seed)
+        with httpx.Client(timeout=60) as client:
+            response = self._llm_request(client, [{"role": "user", "content": observation}])
+        _, reward, *_ = env.step(response["choices"][0]["message"]["content"])
+        return EpisodeResult(status="Finished", score=reward, step_scores=[reward])
+
+
+def test_a_runner_written_for_roll_runs_unchanged(model_dir):
+    inference = LocalInference(InferenceWorker(model_dir, num_threads=1))
+    result = play(model_dir, inference, spec(f"{__name__}.RollStyleRunner"), group_size=1)
+    (traj,) = result.trajectories
+    (out,) = inference.outputs
+    assert [t for t, m in zip(traj.token_ids, traj.response_mask, strict=True) if m] == out.token_ids
+
+
 class FailingRunner(AgentRunner):
     def run_job(self, seed):
         return EpisodeResult(status="Failed", agent_exit_reason="sandbox crashed")
