@@ -41,6 +41,16 @@ NATIVE_ENV_MANAGERS = frozenset(
     }
 )
 """Of those, the step-wise managers whose prompt is the env's own chat (`native_env_manager`)."""
+PROXY_ENV_MANAGERS = frozenset(
+    {
+        "roll.pipeline.agentic.env_manager.proxy_env_manager.ProxyEnvManager",
+        "roll.agentic.env_manager.proxy_env_manager.ProxyEnvManager",
+        "proxy",
+    }
+)
+"""`env_manager_cls` of tags played by an agent runner through the chat proxy; their samples are
+trajectory- or step-wise as the manager's `env_manager_type` says (ROLL's default: trajectory)."""
+_RUNNER_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_]\w*")
 
 WORKER_CLASSES = {
     "roll.pipeline.agentic.agentic_actor_worker.ActorWorker": ("actor_train", "reference"),
@@ -258,11 +268,13 @@ def check_dialect(cfg) -> None:
         if cfg.max_grad_norm is not None and "max_grad_norm" not in worker.training_args.model_fields_set:
             worker.training_args.max_grad_norm = cfg.max_grad_norm
     for tag, env in cfg.custom_envs.items():
-        if env.env_manager_cls is not None and env.env_manager_cls not in ENV_MANAGER_CLASSES:
+        known = (*ENV_MANAGER_CLASSES, *sorted(PROXY_ENV_MANAGERS))
+        if env.env_manager_cls is not None and env.env_manager_cls not in known:
             raise InvalidField(
                 f"custom_envs.{tag}.env_manager_cls",
-                f"unknown class path {env.env_manager_cls!r}; known: {', '.join(ENV_MANAGER_CLASSES)}",
+                f"unknown class path {env.env_manager_cls!r}; known: {', '.join(known)}",
             )
+        _check_runner(tag, env)
     for name, manager in cfg.env_managers.items():
         _manager_type_from_tags(name, manager, cfg.custom_envs)
     if cfg.num_gpus_per_node is not None and cfg.ray_address is None:
@@ -286,6 +298,30 @@ def check_dialect(cfg) -> None:
         )
 
 
+def _check_runner(tag: str, env) -> None:
+    """An agent runner and the proxy manager come together (roll.agentic.proxy)."""
+    proxied = env.env_manager_cls in PROXY_ENV_MANAGERS
+    if env.agent_runner_cls is None and proxied:
+        raise InvalidField(f"custom_envs.{tag}.agent_runner_cls", "ProxyEnvManager needs an agent runner class")
+    if env.agent_runner_cls is None:
+        return
+    if not proxied:
+        raise InvalidField(
+            f"custom_envs.{tag}.agent_runner_cls",
+            "ROLL's agent runner plays through the chat proxy: set env_manager_cls to "
+            "roll.pipeline.agentic.env_manager.proxy_env_manager.ProxyEnvManager (or null the runner)",
+        )
+    if not _RUNNER_PATH.fullmatch(env.agent_runner_cls):
+        raise InvalidField(
+            f"custom_envs.{tag}.agent_runner_cls",
+            f"{env.agent_runner_cls!r} is not a class path (package.module.Class or package.module:Class)",
+        )
+    if env.response_prefix:
+        raise InvalidField(
+            f"custom_envs.{tag}.response_prefix", "a runner writes its own prompts through the proxy; leave it empty"
+        )
+
+
 def _check_worker_cls(role: str, path: str | None) -> None:
     if path is None:
         return
@@ -302,8 +338,8 @@ def _manager_type_from_tags(name: str, manager, custom_envs) -> None:
     types = {
         tag: ENV_MANAGER_CLASSES[custom_envs[tag].env_manager_cls]
         for tag in manager.tags
-        if tag in custom_envs and custom_envs[tag].env_manager_cls is not None
-    }
+        if tag in custom_envs and custom_envs[tag].env_manager_cls in ENV_MANAGER_CLASSES
+    }  # proxy tags follow the manager's type
     if not types:
         return
     if len(set(types.values())) > 1:

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.proxy import ProxyConfig
 from roll.configs.templates import check_agent_template
 from roll.configs.worker import GeneratingArgs
 from roll.core.enums import SampleMode
@@ -55,9 +56,11 @@ class CustomEnvConfig(ConfigModel):
     ("native": step-wise samples whose prompt is the env's own chat, `info["messages"]`;
     roll.agentic.env_manager.native_env_manager). The managers running the tag take that type
     (`roll.configs.dialect.ENV_MANAGER_CLASSES`); any other path is refused."""
-    agent_runner_cls: None = None
-    """ROLL's agent runner class; only null (the env manager itself plays the env). Tool-calling
-    agents are `env_type: agent` here."""
+    agent_runner_cls: str | None = None
+    """ROLL's key: the agent runner that plays this tag through the chat proxy (with
+    `env_manager_cls` ROLL's or our `ProxyEnvManager`; roll.agentic.proxy). ROLL's `GEMRunner` /
+    `ToolCallRunner` paths map to ours (roll.agentic.proxy.runners); a user's runner is named
+    `package.module.Class` or `package.module:Class`. null: the env manager plays the env itself."""
     use_thread_lock: bool = False
     """ROLL's key: this tag's env.reset/env.step calls take one lock shared by the env worker
     process, one call at a time (for envs whose steps are heavy CPU work or not thread-safe)."""
@@ -145,6 +148,8 @@ class EnvManagerConfig(ConfigModel):
     system_envs: dict[str, str] = Field(default_factory=dict)
     """ROLL's key (its env manager is a worker config): environment variables set in this manager's
     env-worker processes, on top of the top-level `system_envs`."""
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    """The chat proxy of tags played by agent runners (`roll.configs.proxy`)."""
     generating_args: GeneratingArgs | None = None
     """Sampling of this manager's requests: the keys given here replace those of
     `actor_infer.generating_args`, the others are inherited (e.g. `{do_sample: false}` for

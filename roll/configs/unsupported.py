@@ -41,12 +41,16 @@ ENV_TYPES = {
     "roll_qa": "ROLL's GEM QA env: GEM envs and their hub data sets are not supported",
 }
 """ROLL env types (its gem registrations) that cannot run here, and why."""
+RUNNERS = {
+    "roll.pipeline.agentic.agent_runner.rock.push_runner.PushModeRunner": f"ROLL's ROCK push-mode runner {_SANDBOX}",
+    "roll.pipeline.agentic.agent_runner.rock.pull_runner.PullModeRunner": f"ROLL's ROCK pull-mode runner {_SANDBOX}",
+    "roll.pipeline.agentic.agent_runner.rock.rock_agent_runner.RockAgentRunner": f"ROLL's ROCK runner {_SANDBOX}",
+}
+"""ROLL agent runners (`agent_runner_cls`) that cannot run here, and why."""
 GEM_NAMESPACES = ("game:", "rg:", "math:", "qa:", "code:", "eval:")
 """Prefixes of GEM env ids (`gem.make("game:GuessTheNumber-v0")`)."""
 
 ENV_KEYS = {
-    "agent_runner_cls": "ROLL's agent runner (GEM / ROCK agents playing the env through an HTTP LLM proxy); roll's "
-    "env managers play the env themselves: leave it null",
     "tool_wrapper": "ROLL's GEM tool wrapper (python code, search or MCP tools around a GEM env); roll's tool "
     'use is env_type "agent" with its own tools (roll.agentic.agent_loop)',
     "pre_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
@@ -102,6 +106,9 @@ def _refuse_env(where: str, env: dict[str, Any]) -> None:
     manager = env.get("env_manager_cls")
     if manager in ENV_MANAGERS:
         raise ConfigError(f"{where}.env_manager_cls", ENV_MANAGERS[manager])
+    runner = env.get("agent_runner_cls")
+    if runner in RUNNERS:
+        raise ConfigError(f"{where}.agent_runner_cls", RUNNERS[runner])
     env_type = env.get("env_type")
     if env_type in ENV_TYPES:
         raise ConfigError(f"{where}.env_type", f"{env_type!r} is {ENV_TYPES[env_type]}")

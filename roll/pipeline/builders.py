@@ -380,11 +380,21 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
                 generate_timeout_s=manager_cfg.generate_timeout_s,
                 redundancy=manager_cfg.group_size_redundancy,
                 chat_template=cfg.actor_infer.data_args.template,
+                proxy=proxy_options(manager_cfg.proxy),
             )
         )
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     ray.get(pin_workers(workers, [role_share(cfg, ENV_WORKERS)] * len(workers)))  # on the env workers' cores
     return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
+
+
+def proxy_options(proxy) -> dict:
+    """The env worker's chat-proxy options from `<manager>.proxy` (roll.configs.proxy)."""
+    return {
+        "model_names": (proxy.model_name,),
+        "max_body_bytes": proxy.max_body_bytes,
+        "episode_timeout_s": proxy.episode_timeout_s,
+    }
 
 
 def _env_worker_options(system_envs: dict[str, str]) -> dict:
@@ -421,6 +431,7 @@ def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
         use_thread_lock=env.use_thread_lock,
         max_env_step_concurrent=env.max_env_step_concurrent,
         native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS,
+        agent_runner_cls=env.agent_runner_cls,
     )
 
 

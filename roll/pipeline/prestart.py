@@ -99,12 +99,26 @@ def check_env_types(custom_envs: dict[str, CustomEnvConfig]) -> None:
                     )
             _check_agent_dataset(f"custom_envs.{tag}.env_config", env.env_config)
             continue
+        if env.agent_runner_cls is not None:
+            _check_runner(f"custom_envs.{tag}.agent_runner_cls", env.agent_runner_cls)
         try:
             resolve_env_class(env.env_type)
         except (ValueError, ImportError) as err:
             raise InvalidField(f"custom_envs.{tag}.env_type", str(err)) from None
         for key, value in env.env_config.items():
             _check_env_config_key(f"custom_envs.{tag}.env_config", env.env_type, key, value)
+
+
+def _check_runner(where: str, path: str) -> None:
+    """The agent runner class imports and is a class with `run_job` (roll.agentic.proxy.runner)."""
+    from roll.agentic.env_manager.proxy_env_manager import runner_class
+
+    try:
+        cls = runner_class(path)
+    except (LookupError, ValueError, ImportError) as err:  # ObjectNotFound is a LookupError
+        raise InvalidField(where, f"{path!r} cannot be imported ({err})") from None
+    if not (isinstance(cls, type) and callable(getattr(cls, "run_job", None))):
+        raise InvalidField(where, f"{path!r} is not an agent runner class (no run_job)")
 
 
 def _check_env_config_key(where: str, env_type: str, key: str, value: object) -> None:

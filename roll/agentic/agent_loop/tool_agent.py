@@ -48,6 +48,22 @@ TOOLS_SYSTEM_PROMPT = (
 )
 
 
+def prompt_ids_with_tools(tokenizer, messages: list[dict], schemas: list[dict]) -> list[int]:
+    """The prompt with the tool schemas: through the template when it renders them, else in the
+    system message (a template that ignores `tools=` renders the same text without)."""
+    if not schemas:
+        return encode(tokenizer, render_text(tokenizer, messages, True))
+    with_tools = render_text(tokenizer, messages, True, tools=schemas)
+    if with_tools != render_text(tokenizer, messages, True):
+        return encode(tokenizer, with_tools)
+    described = TOOLS_SYSTEM_PROMPT.format(schemas="\n".join(json.dumps(s["function"]) for s in schemas))
+    if messages and messages[0]["role"] == "system":
+        messages = [{**messages[0], "content": f"{messages[0]['content']}\n\n{described}"}, *messages[1:]]
+    else:
+        messages = [{"role": "system", "content": described}, *messages]
+    return encode(tokenizer, render_text(tokenizer, messages, True))
+
+
 @register("tool_agent")
 class ToolAgent(AgentLoop):
     defaults = {
@@ -66,19 +82,7 @@ class ToolAgent(AgentLoop):
         self.schemas = [tool.schema for tool in self.tools.values()]
 
     def first_prompt_ids(self, messages: list[dict]) -> list[int]:
-        """The prompt with the tool schemas: through the template when it renders them, else in
-        the system message (a template that ignores `tools=` renders the same text without)."""
-        if not self.schemas:
-            return encode(self.tokenizer, render_text(self.tokenizer, messages, True))
-        with_tools = render_text(self.tokenizer, messages, True, tools=self.schemas)
-        if with_tools != render_text(self.tokenizer, messages, True):
-            return encode(self.tokenizer, with_tools)
-        described = TOOLS_SYSTEM_PROMPT.format(schemas="\n".join(json.dumps(s["function"]) for s in self.schemas))
-        if messages and messages[0]["role"] == "system":
-            messages = [{**messages[0], "content": f"{messages[0]['content']}\n\n{described}"}, *messages[1:]]
-        else:
-            messages = [{"role": "system", "content": described}, *messages]
-        return encode(self.tokenizer, render_text(self.tokenizer, messages, True))
+        return prompt_ids_with_tools(self.tokenizer, messages, self.schemas)
 
     def tool_messages(self, results: list[ToolResult]) -> list[dict]:
         limit = self.cfg.max_tool_response_chars

@@ -50,6 +50,7 @@ class EnvSpec:
     use_thread_lock: bool = False
     max_env_step_concurrent: int = 0  # 0: no limit
     native_chat: bool = False  # step-wise: the env's info["messages"] is the prompt (native_env_manager)
+    agent_runner_cls: str | None = None  # an agent runner plays the env through the chat proxy (proxy_env_manager)
 
 
 class GenerateTimeout(RuntimeError):

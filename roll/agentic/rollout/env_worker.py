@@ -14,9 +14,11 @@ from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
 from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.factory import make_env_manager
+from roll.agentic.env_manager.proxy_env_manager import ProxyEnvManager
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.episode import EpisodeSpec
+from roll.agentic.proxy.server import ProxyServer
 from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
 from roll.core.errors import engine_failure
@@ -67,6 +69,7 @@ class EnvWorker:
         generate_timeout_s: float | None = 300.0,
         redundancy: int = 0,
         chat_template: str | None = None,
+        proxy: dict | None = None,
     ):
         torch.set_num_threads(1)  # env workers only tokenize; leave the cores to the engine
         self.group_size = group_size
@@ -81,12 +84,32 @@ class EnvWorker:
         self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
         self._manager_type, self._history_length = SampleMode(manager_type), history_length
         self._agent_pool = AgentPool(self.tokenizer, self._generate, sampling, sequence_length, generate_timeout_s)
+        # slots played by agent runners share one loopback chat server (`proxy`: its options,
+        # `episode_timeout_s` and `ProxyServer`'s keyword arguments)
+        proxy = dict(proxy or {})
+        self._episode_timeout_s = proxy.pop("episode_timeout_s", 600.0)
+        self._proxy = ProxyServer(**proxy) if any(s.agent_runner_cls for s in slots) else None
+        self._made = 0
         self.groups = [[self._make_manager(spec) for _ in range(group_size + redundancy)] for spec in slots]
 
-    def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager | AgentManager:
+    def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager | AgentManager | ProxyEnvManager:
         if spec.env_type == AGENT_ENV_TYPE:  # dataset rows played by agent loops (traj-wise samples)
             return AgentManager(spec, self._agent_pool)
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
+        if spec.agent_runner_cls:  # an agent runner plays the env through the chat proxy
+            self._made += 1
+            return ProxyEnvManager(
+                spec,
+                self.tokenizer,
+                self._generate,
+                sampling,
+                sequence_length,
+                server=self._proxy,
+                mode=self._manager_type,
+                env_id=self._made - 1,
+                episode_timeout_s=self._episode_timeout_s,
+                generate_timeout_s=generate_timeout_s,
+            )
         return make_env_manager(
             spec,
             self.tokenizer,

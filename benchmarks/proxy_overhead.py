@@ -1,0 +1,196 @@
+"""The chat proxy's overhead per request against the engine's own generate call, and a burst of
+concurrent episodes through it (docs/agent_proxy.md).
+
+As in a run: the inference worker (the tiny FrozenLake model, `hf` engine) is a Ray actor, and this
+process hosts what an env worker hosts: the gateway and the `ProxyServer` on one event loop, and
+the agents' threads. Two modes play the
+same episodes (`--turns` chat turns each, `--max_new_tokens` sampled tokens per turn):
+- proxy: each episode is a thread with the real `openai` client, as `GEMRunner` runs, calling
+  `/v1/chat/completions` with the episode's token; the recorder keeps every engine request;
+- engine: the very engine requests the proxy made (same prompt ids, seeds, sessions) sent to
+  `gateway.generate` by one coroutine per episode, turn after turn: the generate call itself.
+Sampling is seeded per request, so both modes generate the same tokens (checked: `same ids`).
+A request's latency is from the call to its answer; overhead = mean proxy latency / mean engine
+latency - 1, at each `--episodes` count: the modes take turns, and the median over `--repeats`
+of each repeat's ratio is reported (paired, so that load from other jobs hits both sides). It holds
+everything between the agent and the engine: the `openai` client, HTTP on loopback, the server,
+and the agents' threads taking turns with the server for one GIL. `handler ms` is the server's own
+part: its time in the request handler besides waiting for the engine. Then
+`--burst` episodes at once through the proxy, counting failed requests (the target is none).
+
+    python benchmarks/proxy_overhead.py [--episodes 1 64 --burst 256 --turns 3 --max_new_tokens 16 --repeats 7]
+
+The last line is `RESULT overhead_1=<x> overhead_64=<y> burst_failed=<n>` (target <= 0.10, 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import threading
+import time
+
+import openai
+import ray
+import torch
+
+import envs  # noqa: F401  (registers the built-in envs)
+from roll.agentic.env.registry import make_env
+from roll.agentic.proxy.server import ProxyServer
+from roll.agentic.rollout.gateway import InferenceGateway
+from roll.core.records import SamplingParams
+from roll.distributed.workers.inference import InferenceWorker
+from roll.models.loading import load_tokenizer
+from roll.models.tiny import build_tiny_model
+from roll.pipeline.builders import init_ray
+from roll.pipeline.tiny_model import env_corpus
+
+
+class Host:
+    """The event loop of an env worker, in a thread: the inference worker, gateway and proxy."""
+
+    def __init__(self, model_dir: str, threads: int):
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.tokenizer = load_tokenizer(model_dir)
+        worker = ray.remote(InferenceWorker).options(num_cpus=0).remote(model_dir, num_threads=threads)
+        self.gateway = InferenceGateway([worker])
+        self.engine_requests: list = []
+        self.server = ProxyServer()
+        self.base_url = self.run(self.server.start())
+        self.client = openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="-", max_retries=0, timeout=600)
+
+    def run(self, coro, timeout=3600):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def recorded(self, request):
+        out = await self.gateway.generate(request)
+        self.engine_requests.append((request, out))
+        return out
+
+    def open(self, name: str, seed: int, max_new_tokens: int):
+        async def make():
+            return self.server.open_episode(
+                name,
+                sample_seed=seed,
+                tokenizer=self.tokenizer,
+                generate=self.recorded,
+                sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
+                sequence_length=2048,
+            )
+
+        return self.run(make())
+
+
+def proxy_episode(host: Host, name: str, seed: int, args, latencies: list, failures: list, handler: list) -> None:
+    episode = host.open(name, seed, args.max_new_tokens)
+    client = host.client.with_options(api_key=episode.token)  # one connection pool, as a runner keeps
+    board, info = make_env("frozen_lake", {}).reset(seed=seed)
+    messages = [{"role": "system", "content": info["env_instruction"]}, {"role": "user", "content": board}]
+    for turn in range(args.turns):
+        started = time.perf_counter()
+        try:
+            answer = client.chat.completions.create(model="roll-policy", messages=messages).choices[0].message
+        except openai.OpenAIError as e:
+            failures.append(f"{name}/{turn}: {e}")
+            break
+        latencies.append(time.perf_counter() - started)
+        messages += [{"role": "assistant", "content": answer.content or ""}, {"role": "user", "content": "Next?"}]
+    host.server.close_episode(episode)
+    handler.append(episode.overhead_s / max(episode.requests, 1))
+
+
+def run_proxy(host: Host, episodes: int, args, tag: str) -> tuple[list[float], list[str], list, float]:
+    """Latencies, failures, the engine requests made, and the handler's own time per request."""
+    host.engine_requests = []
+    latencies, failures, handler = [], [], []
+    threads = [
+        threading.Thread(target=proxy_episode, args=(host, f"{tag}-{i}", i, args, latencies, failures, handler))
+        for i in range(episodes)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    recorded = list(host.engine_requests)
+    for session in {r.session_id for r, _ in recorded}:  # the engine forgets the conversations' KV
+        host.loop.call_soon_threadsafe(host.gateway.release, session)
+    return latencies, failures, recorded, statistics.mean(handler)
+
+
+def run_engine(host: Host, recorded: list) -> tuple[list[float], list]:
+    """The proxy's engine requests again, straight to the gateway, each episode's turns in order."""
+    by_episode: dict[str, list] = {}
+    for request, _ in recorded:
+        by_episode.setdefault(request.session_id, []).append(request)
+    latencies, outs = [], {}
+
+    async def episode(requests):
+        for r in sorted(requests, key=lambda r: int(r.request_id.rsplit("/", 1)[1])):
+            started = time.perf_counter()
+            outs[r.request_id] = await host.gateway.generate(r)
+            latencies.append(time.perf_counter() - started)
+        host.gateway.release(requests[0].session_id)
+
+    async def all_episodes():
+        await asyncio.gather(*(episode(rs) for rs in by_episode.values()))
+
+    host.run(all_episodes())
+    return latencies, outs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--burst", type=int, default=256)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--max_new_tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    init_ray(None)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(f"{tmp}/m", corpus=env_corpus("frozen_lake", {}))
+        host = Host(model_dir, args.threads)
+        run_proxy(host, 4, args, "warmup")  # first calls of the engine and the server are slower
+        print(
+            f"{'episodes':>8} {'requests':>8} {'engine ms':>10} {'proxy ms':>9} {'overhead':>9} "
+            f"{'handler ms':>10} {'same ids':>8}"
+        )
+        overheads = {}
+        for n in args.episodes:
+            proxy_ms, engine_ms, handler_ms, ratios, same = [], [], [], [], True
+            for r in range(args.repeats):
+                proxy_lat, failures, recorded, handler = run_proxy(host, n, args, f"e{n}r{r}")
+                assert not failures, failures[:3]
+                engine_lat, outs = run_engine(host, recorded)
+                same &= all(outs[q.request_id].token_ids == o.token_ids for q, o in recorded)
+                proxy_ms.append(statistics.mean(proxy_lat) * 1e3)
+                engine_ms.append(statistics.mean(engine_lat) * 1e3)
+                handler_ms.append(handler * 1e3)
+                ratios.append(proxy_ms[-1] / engine_ms[-1] - 1)  # paired: the same minutes of load
+            overheads[n] = statistics.median(ratios)
+            print(
+                f"{n:>8} {len(proxy_lat):>8} {statistics.median(engine_ms):>10.1f} {statistics.median(proxy_ms):>9.1f} "
+                f"{overheads[n]:>+9.1%} {statistics.median(handler_ms):>10.2f} {str(same):>8}"
+            )
+        started = time.perf_counter()
+        burst_lat, failures, _, _ = run_proxy(host, args.burst, args, "burst")
+        wall = time.perf_counter() - started
+        print(
+            f"burst: {args.burst} concurrent episodes, {len(burst_lat)} requests served, {len(failures)} failed, "
+            f"{wall:.1f} s, mean latency {statistics.mean(burst_lat) * 1e3:.0f} ms"
+        )
+        for f in failures[:5]:
+            print("  failed:", f)
+        host.run(host.server.stop())
+    ray.shutdown()
+    summary = " ".join(f"overhead_{n}={v:.4f}" for n, v in overheads.items())
+    print(f"RESULT {summary} burst_failed={len(failures)}")
+
+
+if __name__ == "__main__":
+    main()
