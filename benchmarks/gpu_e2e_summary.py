@@ -75,7 +75,7 @@ def resume_check(checkpoint: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu")
+        model = AutoModelForCausalLM.from_pretrained(checkpoint)  # on CPU: no device_map (no accelerate needed)
         with torch.no_grad():
             logits = model(torch.tensor([[1, 2, 3]])).logits
     except Exception as err:  # recorded, not raised: the lane goes on to the resume

@@ -93,7 +93,7 @@ def test_the_gpu_runs_overrides_make_valid_configs(tmp_path):
     assert cfg.max_steps == 53 and cfg.resume_from_checkpoint is True and cfg.save_steps == 0
     cfg = load_config(str(REPO / "examples" / "frozen_lake"), "agent_val_frozen_lake", gpu_e2e.b_overrides(lane, model))
     assert {str(w.model_args.dtype) for w in cfg.built_roles.values()} == {"bfloat16"}
-    assert cfg.rollout_batch_size == 32 and cfg.custom_envs["FrozenLake"].max_tokens_per_step == 32
+    assert cfg.rollout_batch_size == 32 and cfg.custom_envs["FrozenLake"].max_tokens_per_step == 16
 
 
 STAND_IN_CLI = """
