@@ -48,6 +48,7 @@ PARTS = ("a", "b", "c", "a_cpu")
 DEFAULT_BUDGETS_S = {"a": 240.0, "b": 180.0, "c": 120.0, "a_cpu": 240.0}
 """Seconds each part may run, startup included: a, b and c fit in 9 minutes."""
 SMOKE_STEPS = 2
+SMOKE_BUDGET_S = 900.0
 B_TOKENS_PER_ACTION = 16  # part b: a random model never stops early, so every action is this long
 CLI = ["examples/start_agentic_pipeline.py", "--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake"]
 REFERENCE = ["use_kl_loss=true", "kl_loss_coef=0.001", "+reference.strategy_args.strategy_name=hf_infer"]
@@ -312,9 +313,10 @@ def record_path(today: str | None = None) -> Path:
     return path
 
 
-def parse_budgets(text: str | None) -> dict[str, float]:
-    """--budget_s: one number for every part, or part=seconds pairs ("a=240,b=150")."""
-    budgets = dict(DEFAULT_BUDGETS_S)
+def parse_budgets(text: str | None, smoke: bool = False) -> dict[str, float]:
+    """--budget_s: one number for every part, or part=seconds pairs ("a=240,b=150"); the defaults
+    are DEFAULT_BUDGETS_S, or SMOKE_BUDGET_S a part in smoke mode (a shared CPU may be slow)."""
+    budgets = dict.fromkeys(PARTS, SMOKE_BUDGET_S) if smoke else dict(DEFAULT_BUDGETS_S)
     if not text:
         return budgets
     if "=" not in text:
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         work=Path(args.work),
         out=Path(args.out) if args.out else None,
         steps=steps,
-        budgets_s=parse_budgets(args.budget_s),
+        budgets_s=parse_budgets(args.budget_s, args.smoke),
         record_path=None if args.smoke else record_path(),
     )
     lane.record = new_record(lane)
