@@ -114,6 +114,15 @@ def test_a_run_past_its_budget_is_stopped_and_summarised(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "x" / "metrics.jsonl").exists() and (tmp_path / "out" / "x" / "run.log").exists()
 
 
+def test_a_lane_told_to_stop_stops_its_run(tmp_path, monkeypatch):
+    """SIGTERM to the lane (an outer `timeout`) reaches the run at once; its part is "interrupted"."""
+    monkeypatch.setattr(gpu_e2e, "CLI", ["-c", STAND_IN_CLI])
+    monkeypatch.setattr(gpu_e2e, "_TERMINATED", [15])
+    lane = gpu_e2e.Lane(True, tmp_path, None, {}, {}, None)
+    run = gpu_e2e.run_pipeline("x", [], tmp_path / "x", 600.0, lane)
+    assert run["status"] == "interrupted" and run["rc"] != 0
+
+
 def test_without_cuda_the_wrapper_says_what_it_skipped():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: the wrapper would run the whole lane")
