@@ -47,6 +47,7 @@ def test_summary_of_a_run_by_hand(tmp_path):
     got = summary.summarize_run(tmp_path, run)
     assert got["steps_done"] == 3
     assert got["step_s"] == {"mean": 2.0, "median": 2.0, "min": 1.0, "max": 3.0, "n": 2}
+    assert got["first_step_split_s"]["rollout"] == 1.0 and got["first_step_split_s"]["offload"] is None
     assert got["wall_step_s"] == 2.0  # gaps 13.5 - 12.0 and 16.0 - 13.5 after the warm-up step
     assert got["split_s"]["sync"] == 0.2 and got["split_s"]["offload"] == 0.1 and got["split_s"]["reload"] is None
     assert got["time_to_val_0_9_s"] == 3.75 and got["val_0_9_step"] == 2 and got["wall_to_val_0_9_s"] == 13.5
