@@ -7,7 +7,7 @@ stopped by SIGTERM at its `--budget_s` (the run stops cleanly; what it logged is
   on GPU 0 (`use_kl_loss` with a small `kl_loss_coef`, so the reference runs every step), `--steps_a`
   steps: time to val success >= 0.9, seconds a step and their split.
 - b: a Qwen2-0.5B-shaped random-init model (bf16, Qwen2's vocabulary size, the tiny tokenizer) on
-  FrozenLake, `--steps_b` steps of 32 trajectories, up to 32 tokens an action: per-phase seconds,
+  FrozenLake, `--steps_b` steps of 32 trajectories, 16 tokens an action: per-phase seconds,
   peak GPU memory per role, weight-sync seconds and path, generated tokens/s through the pipeline
   beside the `hf` engine alone on the same shape.
 - c: part a's last checkpoint loaded with `from_pretrained` on CPU, then the run resumed from it on
@@ -45,9 +45,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_e2e_summary import resume_check, summarize_run  # noqa: E402
 
 PARTS = ("a", "b", "c", "a_cpu")
-DEFAULT_BUDGETS_S = {"a": 270.0, "b": 150.0, "c": 120.0, "a_cpu": 270.0}
-"""Seconds each part may run, startup included: a, b and c fit in 9 minutes."""
+DEFAULT_BUDGETS_S = {"a": 180.0, "b": 120.0, "c": 80.0, "a_cpu": 180.0}
+"""Seconds each part may run, startup included: a, b and c with the models' builds fit in 7 minutes
+(.ci/run_gpu_session gives the lane 420 s)."""
+_TERMINATED: list[int] = []  # the lane got SIGTERM: the running part is stopped, the record saved
 SMOKE_STEPS = 2
+SMOKE_BUDGET_S = 900.0
+B_TOKENS_PER_ACTION = 16  # part b: a random model never stops early, so every action is this long
 CLI = ["examples/start_agentic_pipeline.py", "--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake"]
 REFERENCE = ["use_kl_loss=true", "kl_loss_coef=0.001", "+reference.strategy_args.strategy_name=hf_infer"]
 QWEN2_HALF_B = dict(
@@ -98,7 +102,8 @@ class Lane:
 def run_pipeline(name: str, overrides: list[str], output_dir: Path, budget_s: float, lane: Lane) -> dict:
     """One CLI run in its own process group, its log in output_dir/../<name>.log; the arrival time of
     each metrics.jsonl line is noted while it runs (wall seconds since launch). At `budget_s` it gets
-    SIGTERM (the CLI stops cleanly), 60 s later SIGKILL. Returns status, rc, wall_s, arrivals."""
+    SIGTERM (the CLI stops cleanly), 60 s later SIGKILL; when the lane itself gets SIGTERM, the run
+    gets it at once and 20 s. Returns status, rc, wall_s, arrivals."""
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = output_dir.parent / f"{name}.log"
     cmd = [sys.executable, *CLI, f"output_dir={output_dir}", *overrides]
@@ -112,6 +117,9 @@ def run_pipeline(name: str, overrides: list[str], output_dir: Path, budget_s: fl
             _note_arrivals(output_dir / "metrics.jsonl", arrivals, time.monotonic() - start)
             if time.monotonic() - start > budget_s and status == "ok":
                 status, stopped = "stopped_at_budget", time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+            if _TERMINATED and status != "interrupted":
+                status, stopped = "interrupted", time.monotonic() - 40  # 20 s to stop, not 60
                 proc.send_signal(signal.SIGTERM)
             if status != "ok" and time.monotonic() - stopped > 60:
                 os.killpg(proc.pid, signal.SIGKILL)  # the group this lane started for the run
@@ -198,7 +206,7 @@ def part_a(lane: Lane, cpu: bool = False) -> dict:
 
 def b_overrides(lane: Lane, model: Path) -> list[str]:
     """Part b's run: 32 trajectories a step (smoke: the profile's), one PPO epoch, micro-batches of
-    8 rows, up to 32 tokens an action, every role in bf16 (smoke: float32) on GPU 0."""
+    8 rows, B_TOKENS_PER_ACTION tokens an action, every role in bf16 (smoke: float32) on GPU 0."""
     dtype = "float32" if lane.smoke else "bf16"
     return [
         f"pretrain={model}",
@@ -211,7 +219,7 @@ def b_overrides(lane: Lane, model: Path) -> list[str]:
         "actor_train.training_args.per_device_train_batch_size=8",
         "actor_train.training_args.gradient_accumulation_steps=4",
         "+reference.infer_batch_size=8",
-        "custom_env.TinyFrozenLake.max_tokens_per_step=32",
+        f"custom_env.TinyFrozenLake.max_tokens_per_step={B_TOKENS_PER_ACTION}",
         *[f"{role}.model_args.dtype={dtype}" for role in ("actor_train", "actor_infer")],
         f"+reference.model_args.dtype={dtype}",
         *REFERENCE,
@@ -231,11 +239,11 @@ def part_b(lane: Lane) -> dict:
 
 def engine_alone() -> dict:
     """The `hf` engine without the pipeline on the same shape: benchmarks/gpu_lane.py's generation
-    (32 prompts of 64 tokens, 32 sampled tokens each)."""
+    (32 prompts of 64 tokens, B_TOKENS_PER_ACTION sampled tokens each)."""
     import gpu_lane
 
     settings = gpu_lane.lane_settings(smoke=False, steps=None)
-    settings = dataclasses.replace(settings, gen_prompts=32, gen_tokens=32)
+    settings = dataclasses.replace(settings, gen_prompts=32, gen_tokens=B_TOKENS_PER_ACTION)
     try:
         return gpu_lane.generate(settings)
     except Exception as err:  # a figure beside the pipeline's, never a reason to lose the record
@@ -294,6 +302,9 @@ def headline(record: dict) -> None:
 
 
 def _commit() -> str | None:
+    """git's commit, else $ROLL_COMMIT (a tree sent to a lent machine travels without .git)."""
+    if os.environ.get("ROLL_COMMIT"):
+        return os.environ["ROLL_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -311,9 +322,10 @@ def record_path(today: str | None = None) -> Path:
     return path
 
 
-def parse_budgets(text: str | None) -> dict[str, float]:
-    """--budget_s: one number for every part, or part=seconds pairs ("a=240,b=150")."""
-    budgets = dict(DEFAULT_BUDGETS_S)
+def parse_budgets(text: str | None, smoke: bool = False) -> dict[str, float]:
+    """--budget_s: one number for every part, or part=seconds pairs ("a=240,b=150"); the defaults
+    are DEFAULT_BUDGETS_S, or SMOKE_BUDGET_S a part in smoke mode (a shared CPU may be slow)."""
+    budgets = dict.fromkeys(PARTS, SMOKE_BUDGET_S) if smoke else dict(DEFAULT_BUDGETS_S)
     if not text:
         return budgets
     if "=" not in text:
@@ -355,12 +367,15 @@ def main(argv: list[str] | None = None) -> int:
         work=Path(args.work),
         out=Path(args.out) if args.out else None,
         steps=steps,
-        budgets_s=parse_budgets(args.budget_s),
+        budgets_s=parse_budgets(args.budget_s, args.smoke),
         record_path=None if args.smoke else record_path(),
     )
     lane.record = new_record(lane)
     runners = {"a": part_a, "b": part_b, "c": part_c, "a_cpu": lambda lane: part_a(lane, cpu=True)}
+    signal.signal(signal.SIGTERM, lambda signum, frame: _TERMINATED.append(signum))
     for part in parts:
+        if _TERMINATED:
+            break
         print(f"gpu_e2e: part {part} ...", flush=True)
         lane.record["parts"][part] = runners[part](lane)
         headline(lane.record)
@@ -369,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in (lane.record_path, lane.out / "record.json" if lane.out else None):
         if path is not None:
             print(f"wrote {path}")
+    if _TERMINATED:
+        return 128 + signal.SIGTERM
     failed = [p for p, r in lane.record["parts"].items() if r.get("status") not in ("ok", "stopped_at_budget")]
     return 1 if failed else 0
 

@@ -43,6 +43,7 @@ def summarize_run(output_dir: Path, run: dict, first_step: int = 1) -> dict:
         "step_s": _stats([r["time/step_s"] for r in timed]),
         "wall_step_s": _wall_step(run.get("arrivals", {}), first_step + 1),
         "split_s": {p: _mean([r[f"time/{p}_s"] for r in timed if f"time/{p}_s" in r]) for p in PHASES},
+        "first_step_split_s": {p: steps[0].get(f"time/{p}_s") for p in PHASES} if steps else {},
         "peak_memory_gib": _peaks(steps),
         "generated_tokens_per_s": _tokens_per_s(timed),
         "weight_sync_path": _sync_path(steps),
@@ -75,7 +76,7 @@ def resume_check(checkpoint: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu")
+        model = AutoModelForCausalLM.from_pretrained(checkpoint)  # on CPU: no device_map (no accelerate needed)
         with torch.no_grad():
             logits = model(torch.tensor([[1, 2, 3]])).logits
     except Exception as err:  # recorded, not raised: the lane goes on to the resume

@@ -15,15 +15,12 @@ the awake engine; the actor's weights were taken before it left the GPU) -> vali
 engine with a training role needs `async_generation_ratio: 0`: with k > 0 rollout runs during
 scoring and training (the config refuses it).
 
-Taking turns costs a copy each way and a wait at every phase. Where the roles of a device fit on
-it together, that is needless: after the first step the pipeline reads every GPU process's peak
-memory (`read_memory`) and `stay_if_room` stops the turns on each device where the processes'
-reserved peaks, plus `PROCESS_OVERHEAD_GIB` each (CUDA context), fit in `ROOM_FRACTION` of it;
-from then on the offloaded processes are reloaded once, when a phase needs them, and never
-offloaded again. Training and generation are the same either way (a move is an exact copy).
-
-`seconds` adds up the time spent waiting for offloads and reloads; `take_seconds` hands it to the
-pipeline's step metrics (`time/offload_s`, `time/reload_s`, parts of the phase times) and restarts it.
+With the CUDA IPC weight sync (`roll.distributed.weight_transfer`) the sync phase is
+"sync_on_device": the engine wakes beside the actor, which it copies from. After the first step,
+`stay_if_room` stops the turns on each device whose processes fit on it together (their reserved
+peaks from `read_memory`, plus `PROCESS_OVERHEAD_GIB` each, within `ROOM_FRACTION`): those are
+reloaded once, when a phase needs them, and never offloaded again. `take_seconds` hands the time
+spent in offloads and reloads to the step metrics (`time/offload_s`, `time/reload_s`).
 """
 
 from __future__ import annotations

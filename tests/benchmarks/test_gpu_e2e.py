@@ -47,6 +47,7 @@ def test_summary_of_a_run_by_hand(tmp_path):
     got = summary.summarize_run(tmp_path, run)
     assert got["steps_done"] == 3
     assert got["step_s"] == {"mean": 2.0, "median": 2.0, "min": 1.0, "max": 3.0, "n": 2}
+    assert got["first_step_split_s"]["rollout"] == 1.0 and got["first_step_split_s"]["offload"] is None
     assert got["wall_step_s"] == 2.0  # gaps 13.5 - 12.0 and 16.0 - 13.5 after the warm-up step
     assert got["split_s"]["sync"] == 0.2 and got["split_s"]["offload"] == 0.1 and got["split_s"]["reload"] is None
     assert got["time_to_val_0_9_s"] == 3.75 and got["val_0_9_step"] == 2 and got["wall_to_val_0_9_s"] == 13.5
@@ -93,7 +94,7 @@ def test_the_gpu_runs_overrides_make_valid_configs(tmp_path):
     assert cfg.max_steps == 53 and cfg.resume_from_checkpoint is True and cfg.save_steps == 0
     cfg = load_config(str(REPO / "examples" / "frozen_lake"), "agent_val_frozen_lake", gpu_e2e.b_overrides(lane, model))
     assert {str(w.model_args.dtype) for w in cfg.built_roles.values()} == {"bfloat16"}
-    assert cfg.rollout_batch_size == 32 and cfg.custom_envs["FrozenLake"].max_tokens_per_step == 32
+    assert cfg.rollout_batch_size == 32 and cfg.custom_envs["FrozenLake"].max_tokens_per_step == 16
 
 
 STAND_IN_CLI = """
@@ -112,6 +113,15 @@ def test_a_run_past_its_budget_is_stopped_and_summarised(tmp_path, monkeypatch):
     run = gpu_e2e.run_pipeline("x", ["pretrain=none"], tmp_path / "x", 3.0, lane)
     assert run["status"] == "stopped_at_budget" and run["rc"] != 0 and 1 in run["arrivals"]
     assert (tmp_path / "out" / "x" / "metrics.jsonl").exists() and (tmp_path / "out" / "x" / "run.log").exists()
+
+
+def test_a_lane_told_to_stop_stops_its_run(tmp_path, monkeypatch):
+    """SIGTERM to the lane (an outer `timeout`) reaches the run at once; its part is "interrupted"."""
+    monkeypatch.setattr(gpu_e2e, "CLI", ["-c", STAND_IN_CLI])
+    monkeypatch.setattr(gpu_e2e, "_TERMINATED", [15])
+    lane = gpu_e2e.Lane(True, tmp_path, None, {}, {}, None)
+    run = gpu_e2e.run_pipeline("x", [], tmp_path / "x", 600.0, lane)
+    assert run["status"] == "interrupted" and run["rc"] != 0
 
 
 def test_without_cuda_the_wrapper_says_what_it_skipped():
