@@ -1,0 +1,55 @@
+"""Escape attempts against `roll.agentic.sandbox.Sandbox`, run as a script so that a test can run
+them as an unprivileged user too: `python sandbox_escapes.py MODE PORT` prints one JSON object,
+{"info": sandbox.info() after close, "results": {case: CommandResult fields}, "workspace": path}.
+
+PORT is a listening socket on 127.0.0.1 of the test (the network attempt connects there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+
+from roll.agentic.sandbox import Sandbox
+
+LIMITS = {"wall_s": 3.0, "cpu_s": 1, "max_procs": 8, "memory_mb": 256, "output_bytes": 4096}
+OUTSIDE = "/roll_sandbox_escape_{uid}"  # the filesystem root: writable by root only
+
+
+def cases(port: int, outside: str) -> dict[str, tuple[str, str]]:
+    """name -> (kind, command). Each must be contained within LIMITS."""
+    return {
+        "network": ("python", f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"),
+        "write_outside": ("shell", f"echo escaped > {outside}"),
+        "fork_bomb": ("shell", "bomb() { bomb | bomb & }; bomb; sleep 1"),
+        "endless_output": ("shell", "yes 0123456789"),
+        "sleep_forever": ("shell", "sleep 100000"),
+        "kill_parent": ("shell", "kill -9 $PPID; echo survived"),
+        "cpu_burn": ("python", "while True: pass"),
+        "memory_hog": ("python", "x = bytearray(1 << 30)"),
+        "daemon": ("shell", "(setsid sleep 100000 > /dev/null 2>&1 &); echo started"),
+        "workspace_write": ("shell", "echo kept > inside.txt && cat inside.txt"),
+    }
+
+
+def main() -> None:
+    mode, port = sys.argv[1], int(sys.argv[2])
+    sandbox = Sandbox(LIMITS, isolation_mode=mode)
+    outside = OUTSIDE.format(uid=os.getuid())
+    results = {}
+    for name, (kind, command) in cases(port, outside).items():
+        run = sandbox.run_python if kind == "python" else sandbox.run_shell
+        result = asdict(run(command))
+        result["output_len"] = len(result["output"])
+        result["output"] = result["output"][-300:]
+        results[name] = result
+    workspace = sandbox.workspace
+    sandbox.close()
+    report = {"info": sandbox.info(), "results": results, "workspace": workspace, "outside": outside}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
