@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from roll.agentic.sandbox import isolation
+import roll.agentic.sandbox.isolation as isolation
 from roll.agentic.sandbox.limits import CommandResult, SandboxLimits
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
