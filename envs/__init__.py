@@ -9,3 +9,4 @@ register_env("roll/FrozenLake-v0", "envs.frozen_lake.env:FrozenLakeEnv", aliases
 register_env("roll/WebShop-v0", "envs.webshop.env:WebShopEnv", aliases=("webshop",))
 register_env("roll/Sokoban-v0", "envs.sokoban.env:SokobanEnv", aliases=("sokoban",))
 register_env("roll/SokobanNative-v0", "envs.sokoban.native:SokobanNativeEnv", aliases=("sokoban_native_env",))
+register_env("roll/CodeSandbox-v0", "envs.code_sandbox.env:CodeSandboxEnv", aliases=("code_sandbox",))

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from roll.agentic.sandbox import Sandbox
 
 LIMITS = {"wall_s": 3.0, "cpu_s": 1, "max_procs": 8, "memory_mb": 256, "output_bytes": 4096}
+SLOW_WALL_S = 30.0  # cpu_burn's wall limit: 1 s of CPU can take longer than 3 s on a busy machine
 OUTSIDE = "/roll_sandbox_escape_{uid}"  # the filesystem root: writable by root only
 
 
@@ -37,16 +38,20 @@ def cases(port: int, outside: str) -> dict[str, tuple[str, str]]:
 def main() -> None:
     mode, port = sys.argv[1], int(sys.argv[2])
     sandbox = Sandbox(LIMITS, isolation_mode=mode)
+    patient = Sandbox({**LIMITS, "wall_s": SLOW_WALL_S}, isolation_mode=mode)
     outside = OUTSIDE.format(uid=os.getuid())
     results = {}
     for name, (kind, command) in cases(port, outside).items():
-        run = sandbox.run_python if kind == "python" else sandbox.run_shell
+        box = patient if name == "cpu_burn" else sandbox
+        run = box.run_python if kind == "python" else box.run_shell
         result = asdict(run(command))
         result["output_len"] = len(result["output"])
         result["output"] = result["output"][-300:]
         results[name] = result
     workspace = sandbox.workspace
     sandbox.close()
+    patient.close()
+    sandbox.violations.update(patient.violations)
     report = {"info": sandbox.info(), "results": results, "workspace": workspace, "outside": outside}
     print(json.dumps(report))
 

@@ -93,7 +93,7 @@ class Sandbox:
         return self.run(["/bin/sh", "-c", command])
 
     def run_python(self, code: str) -> CommandResult:
-        return self.run([self.python, "-I", "-c", code])
+        return self.run([self.python, "-E", "-s", "-c", code])  # the workspace is importable
 
     def run(self, argv: list[str]) -> CommandResult:
         """Run `argv` in the workspace under the limits and isolation; never raises for what the
@@ -153,7 +153,10 @@ class Sandbox:
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):
-            self.close()
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - at interpreter exit builtins may be gone
+                pass
 
     # --- helpers ---------------------------------------------------------------------------
     def _python(self) -> str:
@@ -283,8 +286,25 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def _pids_of(uid: int) -> list[int]:
+    """Live processes owned by `uid` (a stat per /proc entry: cheaper than reading each status)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == uid and not _zombie(entry):
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _zombie(pid: str) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def _processes_of(uid: int) -> int:
-    return sum(1 for _, owner in _proc_table().values() if owner == uid)
+    return len(_pids_of(uid))
 
 
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
@@ -315,7 +335,7 @@ def _remove_strays(uid: int) -> int:
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` until none is left (a sandbox uid owns nothing else)."""
     for _ in range(100):
-        pids = [pid for pid, (_, owner) in _proc_table().items() if owner == uid]
+        pids = _pids_of(uid)
         if not pids:
             return
         for pid in pids:
