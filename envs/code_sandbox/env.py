@@ -195,6 +195,17 @@ class CodeSandboxEnv(TextEnv):
             return f"<write>{self.task.solution}</write>"
         return "<answer>submit</answer>"
 
+    def tokenizer_whole_words(self) -> list[str]:
+        """The tool tags and `submit`, as whole tokens of a tiny local tokenizer."""
+        return [*(f"<{tool}>" for tool in TOOLS), *(f"</{tool}>" for tool in TOOLS), "submit"]
+
+    def tokenizer_corpus(self) -> list[str]:
+        """Every text of the task set and the env's fixed messages (for `roll.pipeline.tiny_model`)."""
+        fixed = [self.instruction, "solution.py written.", "Hidden tests: passed.", "Episode over: submitted."]
+        fixed += ["ls", "cat solution.py", "python -c", "[exit 0]", "[exit 1]", "Traceback", "Error"]
+        texts = [f"Task: {t.prompt}\nsolution.py:\n{t.starter}\n{t.solution}" for t in self.tasks]
+        return fixed + texts
+
     def close(self) -> None:
         self._close_sandbox()
         super().close()
