@@ -23,6 +23,10 @@ setup(
         "megatron": ["megatron-core>=0.16,<0.17"],
         # LangGraph agents (roll/agentic/agent_loop/graph.py); tested with langgraph 1.2.22, langchain-core 1.7.2.
         "agents": ["langgraph>=1.2,<2", "langchain-core>=1.7,<2"],
+        # GEM envs (envs/gem_envs): what gem-llm 0.0.4's game and reasoning-gym envs import, at
+        # gem-llm's own pins. gem-llm itself is installed by scripts/install_gem.sh with --no-deps
+        # (its math-verify[antlr4_13_2] requirement would break hydra's antlr4 4.9).
+        "gem": ["reasoning-gym==0.1.23", "nltk==3.9.1"],
         # The test suite runs every engine and agent path that works on CPU, so it needs their extras.
         "test": [
             "pytest>=8",
@@ -32,6 +36,8 @@ setup(
             "langgraph>=1.2,<2",
             "langchain-core>=1.7,<2",
             "math-verify>=0.9,<1",
+            "reasoning-gym==0.1.23",  # GEM envs (tests/envs/test_gem_envs.py; .ci/run installs gem-llm)
+            "nltk==3.9.1",
         ],
         # The math agent example (examples/math_agent): math-verify rewards; pyarrow reads
         # MATH-lighteval's parquet files in preprocess.py.

@@ -28,6 +28,7 @@ ENV_MANAGER_CLASSES = {
     "roll.agentic.env_manager.step_env_manager.StepEnvManager": "step",
     "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager": "step",
     "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager": "step",
+    "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager": "step",
     "traj": "traj",
     "step": "step",
     "native": "step",
@@ -41,6 +42,9 @@ NATIVE_ENV_MANAGERS = frozenset(
     }
 )
 """Of those, the step-wise managers whose prompt is the env's own chat (`native_env_manager`)."""
+CONCAT_ENV_MANAGERS = frozenset({"roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager"})
+"""Of those, ROLL's step-wise manager for GEM: `{history}` is the earlier observations, one per
+line, instead of "(step: N, observation: ..., action: ..., reward: ...)" entries."""
 
 WORKER_CLASSES = {
     "roll.pipeline.agentic.agentic_actor_worker.ActorWorker": ("actor_train", "reference"),
