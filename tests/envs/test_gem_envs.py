@@ -148,3 +148,37 @@ def test_rolls_gem_config_keys_are_accepted(tmp_path, monkeypatch):
     assert counting.env_config["tool_wrapper"]["tool_configs"][0]["tool_id"] == "python_code"
     env = make_env(counting.env_type, counting.env_config)
     assert env.reset(seed=0)[0]
+
+
+@pytest.mark.ray
+def test_a_gem_config_in_rolls_dialect_trains_one_step(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from roll.models.tiny import build_tiny_model
+
+    repo = Path(__file__).resolve().parents[2]
+    model = build_tiny_model(str(tmp_path / "m"), corpus=["Guess the number", "letter"], seed=0)
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        str(repo / "tests" / "configs" / "roll_dialect" / "runs"),
+        "--config_name",
+        "gem_step_concat",
+        "+profile=cpu_smoke",
+        f"pretrain={model}",
+        f"reward_pretrain={model}",
+        f"output_dir={tmp_path / 'out'}",
+        f"logging_dir={tmp_path / 'logs'}",
+    ]
+    pythonpath = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        cmd, cwd=repo, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": pythonpath}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 1 and "losses/policy_loss" in rows[-1]
+    assert "train/env/sandbox_commands" in rows[-1]  # the Counting tag's python tool is wired
