@@ -1,6 +1,6 @@
 """The process between the sandbox and the command it runs (stdlib only; run as a script).
 
-`python -I launcher.py SPEC_JSON` is started by `roll.agentic.sandbox.sandbox.Sandbox`, under
+`python -I -S launcher.py SPEC_JSON` is started by `roll.agentic.sandbox.sandbox.Sandbox`, under
 `unshare` (isolation "namespaces") or directly (isolation "rlimits"), always in a session of its
 own. It:
 1. with namespaces (as root, in fresh mount, network, pid, ipc and uts namespaces): binds the

@@ -106,7 +106,7 @@ class Sandbox:
         prefix = isolation.unshare_prefix() if self.mode == "namespaces" else []
         start = time.monotonic()
         proc = subprocess.Popen(
-            [*prefix, sys.executable, "-I", LAUNCHER, json.dumps(spec)],
+            [*prefix, sys.executable, "-I", "-S", LAUNCHER, json.dumps(spec)],  # -S: no site, 3x faster start
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
