@@ -158,3 +158,23 @@ def test_files_move_in_and_out_and_paths_stay_inside():
     assert not os.path.exists(workspace)
     with pytest.raises(RuntimeError, match="closed"):
         sandbox.run_shell("true")
+
+
+@needs_root
+def test_open_sandboxes_never_share_a_uid_so_closing_one_spares_the_other():
+    first, second = Sandbox({"wall_s": 5}), Sandbox({"wall_s": 5})
+    assert first.uid != second.uid
+    survivor = subprocess.Popen(
+        ["setpriv", f"--reuid={second.uid}", f"--regid={second.uid}", "--clear-groups", "sleep", "30"]
+    )
+    try:
+        first.close()
+        assert survivor.poll() is None  # second's uid untouched by first's cleanup
+        second.close()
+        assert survivor.wait(timeout=10) == -9  # ... and killed by its own
+    finally:
+        survivor.kill()
+        survivor.wait()
+    third = Sandbox()
+    assert third.uid in (first.uid, second.uid)  # slots are reused once free
+    third.close()

@@ -5,6 +5,8 @@
 envs declare a Python entry point in group `roll.envs` (roll's own setup.py has
 `builtin = envs`), and the first lookup loads each one, which registers its envs through
 `register_env`. Without an installed entry point (a bare checkout) `import envs` does the same.
+An id namespace (`register_env_namespace`: GEM's `game:`, `rg:`, ...) routes every id with that
+prefix to one adapter class, built as `cls(env_id=env_type, **env_config)`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ A command's violation never raises here: the caller (an env) decides what it cos
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import selectors
@@ -20,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,8 +28,10 @@ import roll.agentic.sandbox.isolation as isolation
 from roll.agentic.sandbox.limits import CommandResult, SandboxLimits
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
-UID_BASE = 200_000  # sandbox uids: UID_BASE + a per-process slot; no user owns them
-_slots = itertools.count()
+UID_BASE = 200_000  # sandbox uids: UID_BASE + (pid mod 2**20) * SLOTS + a slot; no user owns them
+SLOTS = 1024  # sandboxes open at once in one process, each with a uid of its own
+_live_slots: set[int] = set()
+_slot_lock = threading.Lock()
 _FINDINGS = (  # (reason, error text a refused attempt prints), checked in this order
     ("cpu_time", ("CPU time limit exceeded",)),
     ("memory", ("MemoryError", "Cannot allocate memory", "bad_alloc")),
@@ -53,7 +55,8 @@ class Sandbox:
         self.limits = SandboxLimits.of(limits)
         self.mode = isolation.choose_mode(isolation_mode)
         self.as_root = isolation.is_root()
-        self.uid = UID_BASE + (os.getpid() % 50_000) * 16 + next(_slots) % 16 if self.as_root else None
+        self._slot = _take_slot() if self.as_root else None
+        self.uid = None if self._slot is None else UID_BASE + (os.getpid() % 2**20) * SLOTS + self._slot
         self._root = tempfile.mkdtemp(prefix="roll-sandbox-", dir=root_dir)
         os.chmod(self._root, 0o711)
         self.workspace = os.path.join(self._root, "ws")
@@ -144,6 +147,9 @@ class Sandbox:
             _kill_uid(self.uid)
             self.strays_removed += _remove_strays(self.uid)
         shutil.rmtree(self._root, ignore_errors=True)
+        if self._slot is not None:
+            with _slot_lock:
+                _live_slots.discard(self._slot)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -250,6 +256,16 @@ class Sandbox:
             signal=sig,
             details={"launcher_returncode": rc},
         )
+
+
+def _take_slot() -> int:
+    """The lowest slot no open sandbox of this process holds (so no two share a uid)."""
+    with _slot_lock:
+        free = next((slot for slot in range(SLOTS) if slot not in _live_slots), None)
+        if free is None:
+            raise RuntimeError(f"more than {SLOTS} sandboxes open at once in one process")
+        _live_slots.add(free)
+        return free
 
 
 def _read_status(fd: int) -> dict | None:
