@@ -10,6 +10,9 @@ import pytest
 import envs  # noqa: F401  registers the built-ins
 from envs.code_sandbox import TASKS, CodeSandboxEnv
 from roll.agentic.env import make_env
+from roll.agentic.sandbox.isolation import choose_mode
+
+NAMESPACES = choose_mode("auto") == "namespaces"
 
 
 def play_expert(env: CodeSandboxEnv, seed: int) -> tuple[float, dict]:
@@ -87,6 +90,14 @@ def test_shell_and_python_run_in_the_workspace_and_it_is_gone_after_the_episode(
         ("<bash>echo pwned > /etc/roll_code_env_escape</bash>", "write_outside"),
         ("<bash>yes</bash>", "output"),
         ("<bash>bomb() { bomb | bomb & }; bomb; sleep 1</bash>", "processes"),
+        # as root the parent is out of reach (another uid); without root the command may kill its
+        # launcher, which is caught and named
+        ("<bash>kill -9 $PPID; echo survived</bash>", "signal_denied" if os.geteuid() == 0 else "parent_killed"),
+        pytest.param(
+            "<python>import socket; socket.create_connection(('127.0.0.1', 9), timeout=2)</python>",
+            "network",
+            marks=pytest.mark.skipif(not NAMESPACES, reason="the network is open without namespaces (reported)"),
+        ),
     ],
 )
 def test_an_escape_attempt_ends_the_episode_with_its_reason_and_the_run_goes_on(command, reason):
