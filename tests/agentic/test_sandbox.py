@@ -105,6 +105,7 @@ def test_namespaces_contain_every_escape(listener):
     assert not _accepted(listener)
     assert results["write_outside"]["reason"] == "write_outside"
     assert "Read-only file system" in results["write_outside"]["output"]
+    assert results["write_shared"]["reason"] == "write_outside" and not report["shared_left"]
     assert results["kill_parent"]["reason"] == "signal_denied"
     assert "survived" in results["kill_parent"]["output"]
     assert _processes_of(info["uid"]) == []
@@ -120,6 +121,9 @@ def test_rlimits_as_root_run_a_uid_of_their_own(listener):
     assert results["network"]["reason"] == "ok" and _accepted(listener)
     assert results["write_outside"]["reason"] == "write_outside"
     assert "Permission denied" in results["write_outside"]["output"]
+    # /dev/shm is world-writable: the write succeeds, and the file is removed at close
+    assert results["write_shared"]["reason"] == "ok" and not report["shared_left"]
+    assert info["strays_removed"] >= 1
     assert results["kill_parent"]["reason"] == "signal_denied"
     assert _processes_of(info["uid"]) == []
 
@@ -134,6 +138,9 @@ def test_rlimits_without_root_contain_runaways(listener):
     assert results["write_outside"]["reason"] == "write_outside"  # "/" is root's
     # the command may kill its launcher (same uid): that is caught and named, and we live on
     assert results["kill_parent"]["reason"] == "parent_killed"
+    # without root nothing tells the sandbox's files in /dev/shm from the caller's: left (documented)
+    assert results["write_shared"]["reason"] == "ok" and report["shared_left"]
+    Path(report["shared"]).unlink()
     if as_nobody:
         assert _processes_of(NOBODY) == []
 

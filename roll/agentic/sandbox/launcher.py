@@ -65,13 +65,13 @@ def _lock_filesystem(spec: dict) -> None:
         _expose(closed, inside, spec["stage"])
     _mount(workspace, workspace, None, MS_BIND | MS_REC)
     for point in _mount_points():
-        if point == workspace or point.startswith(("/proc", "/sys")):
+        if point == workspace or point == "/proc" or point.startswith("/proc/"):
             continue
         try:
             _mount("none", point, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         except OSError:
             pass  # a mount the kernel will not remount (e.g. a locked one) stays as it was
-    # /proc and /sys: the fresh /proc of this pid namespace shows only the sandbox's processes.
+    # /proc stays: it is this pid namespace's own, showing only the sandbox's processes.
 
 
 def _limit(spec: dict) -> None:

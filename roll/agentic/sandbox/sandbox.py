@@ -303,20 +303,9 @@ def _descendants(root: int) -> list[int]:
 
 
 def _pids_of(uid: int) -> list[int]:
-    """Live processes owned by `uid` (a stat per /proc entry: cheaper than reading each status)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == uid and not _zombie(entry):
-                pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
-def _zombie(pid: str) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    """Live processes whose real uid is `uid` (from /proc/PID/status: after a setuid a process
+    is not dumpable and its /proc folder stays root's, so the folder's owner would miss it)."""
+    return [pid for pid, (_, owner) in _proc_table().items() if owner == uid]
 
 
 def _processes_of(uid: int) -> int:
