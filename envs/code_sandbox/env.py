@@ -2,7 +2,7 @@
 
 Each episode is one task of `tasks.TASKS` (picked by the seed, or named by `tasks`), in a fresh
 `roll.agentic.sandbox.Sandbox` whose workspace holds the task's starter `solution.py`. Actions,
-one per turn (the first closed block of the response counts):
+one per turn (the first block of the response counts):
   `<bash>ls; cat solution.py</bash>`    run a shell command in the workspace
   `<python>print(1 + 1)</python>`       run Python code in the workspace
   `<write>def f(): ...</write>`         replace solution.py (a ``` fence around it is dropped)
@@ -31,8 +31,7 @@ from roll.agentic.env.parsing import strip_special_tokens
 from roll.agentic.sandbox import Sandbox, SandboxLimits
 
 TOOLS = ("bash", "python", "write", "answer")
-# a block must be closed: a response cut off inside one (max_tokens_per_step) runs nothing
-_BLOCK = re.compile(r"<\s*(bash|python|write|answer)\s*>(.*?)<\s*/\s*\1\s*>", re.IGNORECASE | re.DOTALL)
+_BLOCK = re.compile(r"<\s*(bash|python|write|answer)\s*>(.*?)(?:<\s*/\s*\1\s*>|\Z)", re.IGNORECASE | re.DOTALL)
 _FENCE = re.compile(r"^\s*```[\w+-]*\n(.*?)\n?```\s*$", re.DOTALL)
 _ALLOWED = frozenset(CHARSET)
 MAX_OBS_CHARS = 4000
@@ -98,7 +97,7 @@ class CodeSandboxEnv(TextEnv):
         return f"Task: {self.task.prompt}\nsolution.py:\n{self.task.starter}"
 
     def parse_action(self, text: str) -> str | None:
-        """`tool\\n content` of the first closed tool block, or None (none, empty, or unclosed)."""
+        """`tool\\n content` of the first tool block, or None (an empty or unknown block)."""
         if not isinstance(text, str):
             return None
         match = _BLOCK.search(strip_special_tokens(text))
