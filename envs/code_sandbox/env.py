@@ -2,7 +2,8 @@
 
 Each episode is one task of `tasks.TASKS` (picked by the seed, or named by `tasks`), in a fresh
 `roll.agentic.sandbox.Sandbox` whose workspace holds the task's starter `solution.py`. Actions,
-one per turn (the first block of the response counts):
+one per turn (the first block of the response counts; one left open runs to the end of the response,
+as `extract_answer` reads a response cut at `max_tokens_per_step` or a stop string):
   `<bash>ls; cat solution.py</bash>`    run a shell command in the workspace
   `<python>print(1 + 1)</python>`       run Python code in the workspace
   `<write>def f(): ...</write>`         replace solution.py (a ``` fence around it is dropped)

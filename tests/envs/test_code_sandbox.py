@@ -117,6 +117,7 @@ def test_actions_parse_by_tool_and_other_text_is_invalid():
     env = CodeSandboxEnv()
     assert env.parse_action("think first <bash> ls </bash> <python>1</python>") == "bash\nls"
     assert env.parse_action("<ANSWER> Submit </answer>") == "answer\nsubmit"
+    assert env.parse_action("<bash>ls -a") == "bash\nls -a"  # cut off at the token limit
     assert env.parse_action("<write>\n```py\nx = 1\n```\n</write>") == "write\nx = 1"
     for text in ("<answer>Left</answer>", "<bash></bash>", "ls", "<shell>ls</shell>"):
         assert env.parse_action(text) is None
