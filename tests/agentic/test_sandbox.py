@@ -185,3 +185,29 @@ def test_open_sandboxes_never_share_a_uid_so_closing_one_spares_the_other():
     third = Sandbox()
     assert third.uid in (first.uid, second.uid)  # slots are reused once free
     third.close()
+
+
+_KILLED_MIDWAY = """
+import os, sys, threading, time
+from roll.agentic.sandbox import Sandbox
+box = Sandbox({"wall_s": 60}, isolation_mode=sys.argv[1])
+print(box._root, box.uid, flush=True)
+threading.Thread(target=box.run_shell, args=("sleep 100000",), daemon=True).start()
+time.sleep(2)
+os._exit(0)  # killed outright: no close(), no atexit
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["rlimits", "namespaces"])
+def test_what_a_killed_process_left_is_swept_by_the_next_sandbox(mode):
+    if mode == "namespaces" and namespaces_available():
+        pytest.skip(f"no namespaces here: {namespaces_available()}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_MIDWAY, mode], capture_output=True, text=True, env=env, timeout=60
+    )
+    folder, uid = done.stdout.split()
+    assert Path(folder).exists() and _processes_of(int(uid))  # its command still runs, orphaned
+    Sandbox().close()
+    assert not Path(folder).exists() and _processes_of(int(uid)) == []

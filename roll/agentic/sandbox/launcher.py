@@ -9,7 +9,8 @@ own. It:
 2. becomes a child subreaper, forks the command, and in the child sets the rlimits (CPU seconds,
    address space, processes, file size, no core files), drops to the sandbox uid when given one,
    and execs it in the workspace with a scrubbed environment;
-3. waits for the command, then kills every process left under it (orphans come back to it),
+3. waits for the command (killing it a moment after `wall_s` should the caller be gone), then
+   kills every process left under it (orphans come back to it),
    and writes one JSON status line to the status fd: exit code or signal, CPU seconds, processes left over.
 A launcher killed before it writes its status is itself a finding (the command killed its parent).
 """
@@ -153,7 +154,12 @@ def main() -> None:
         except BaseException as e:  # noqa: BLE001 - the child must never return into the launcher
             os.write(2, f"sandbox: cannot start the command: {e}\n".encode())
         os._exit(127)
+    # the caller enforces wall_s; this alarm (a second later) ends the command even if the caller
+    # was killed and nobody is left to enforce it
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
+    signal.alarm(int(float(spec["limits"]["wall_s"])) + 2)
     _, status, usage = os.wait4(pid, 0)
+    signal.alarm(0)
     leftover = _kill_leftovers()
     child_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = {

@@ -4,8 +4,10 @@ Contract: `Sandbox(limits, isolation="auto")` makes a fresh workspace folder (ow
 sandbox uid when we are root); `write_file` / `read_file` move task files in and out from the
 trusted side; `run_shell(cmd)` and `run_python(code)` run one command under the limits and give a
 `CommandResult` whose `reason` names the first limit hit; `close()` kills anything left and
-removes the workspace (also on `with` exit and garbage collection). `info()` says which isolation
-ran and what it guarantees (`isolation.GUARANTEES`), and counts violations by reason.
+removes the workspace (also on `with` exit, garbage collection and interpreter exit; what a
+process killed outright left is swept by the next sandbox made on the machine: janitor.py).
+`info()` says which isolation ran and what it guarantees (`isolation.GUARANTEES`), and counts
+violations by reason.
 A command's violation never raises here: the caller (an env) decides what it costs.
 """
 
@@ -25,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import roll.agentic.sandbox.isolation as isolation
+import roll.agentic.sandbox.janitor as janitor
 from roll.agentic.sandbox.limits import CommandResult, SandboxLimits
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
@@ -57,7 +60,8 @@ class Sandbox:
         self.as_root = isolation.is_root()
         self._slot = _take_slot() if self.as_root else None
         self.uid = None if self._slot is None else UID_BASE + (os.getpid() % 2**20) * SLOTS + self._slot
-        self._root = tempfile.mkdtemp(prefix="roll-sandbox-", dir=root_dir)
+        janitor.sweep(root_dir or tempfile.gettempdir(), _uids_of_pid)  # what killed processes left
+        self._root = tempfile.mkdtemp(prefix=janitor.folder_prefix(), dir=root_dir)
         os.chmod(self._root, 0o711)
         self.workspace = os.path.join(self._root, "ws")
         os.mkdir(self.workspace, 0o755)
@@ -68,6 +72,7 @@ class Sandbox:
         self.commands = 0
         self.strays_removed = 0  # files the sandbox uid left in world-writable folders (rlimits)
         self.closed = False
+        janitor.track(self)
 
     # --- files, from the trusted side ------------------------------------------------------
     def path(self, relative: str) -> Path:
@@ -256,6 +261,12 @@ class Sandbox:
             signal=sig,
             details={"launcher_returncode": rc},
         )
+
+
+def _uids_of_pid(pid: int) -> range:
+    """The sandbox uids a process of this pid hands out (see `Sandbox.uid`)."""
+    first = UID_BASE + (pid % 2**20) * SLOTS
+    return range(first, first + SLOTS)
 
 
 def _take_slot() -> int:
