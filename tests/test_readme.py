@@ -14,7 +14,7 @@ def test_readme_is_short_and_keeps_the_two_set_up_commands() -> None:
     commands = re.findall(r"```bash\n# \d\. .*\n(.*)\n```", README)
     assert commands[:2] == [
         "pip install -r requirements.txt -e . && bash examples/frozen_lake/run_agentic_pipeline_frozen_lake.sh",
-        'pip install -r requirements.txt -e ".[test]" && python -m pytest -q',
+        'pip install -r requirements.txt -e ".[test]" && bash scripts/install_gem.sh && python -m pytest -q',
     ]
 
 

@@ -28,6 +28,7 @@ ENV_MANAGER_CLASSES = {
     "roll.agentic.env_manager.step_env_manager.StepEnvManager": "step",
     "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager": "step",
     "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager": "step",
+    "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager": "step",
     "traj": "traj",
     "step": "step",
     "native": "step",
@@ -51,6 +52,9 @@ PROXY_ENV_MANAGERS = frozenset(
 """`env_manager_cls` of tags played by an agent runner through the chat proxy; their samples are
 trajectory- or step-wise as the manager's `env_manager_type` says (ROLL's default: trajectory)."""
 _RUNNER_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_]\w*")
+CONCAT_ENV_MANAGERS = frozenset({"roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager"})
+"""Of those, ROLL's step-wise manager for GEM: `{history}` is the earlier observations, one per
+line, instead of "(step: N, observation: ..., action: ..., reward: ...)" entries."""
 
 WORKER_CLASSES = {
     "roll.pipeline.agentic.agentic_actor_worker.ActorWorker": ("actor_train", "reference"),

@@ -18,11 +18,30 @@ from pydantic import Field, field_validator, model_validator
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.proxy import ProxyConfig
 from roll.configs.templates import check_agent_template
+from roll.configs.unsupported import GEM_PREFIXES
 from roll.configs.worker import GeneratingArgs
 from roll.core.enums import SampleMode
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 """`env_type` of a class given by import path: "package.module:ClassName"."""
+
+
+class ToolConfig(ConfigModel):
+    """One tool of ROLL's `tool_wrapper.tool_configs`."""
+
+    tool_id: str
+    """ROLL's tool id; only "python_code" (GEM's python tool, run in roll's sandbox)."""
+    tool_args: dict[str, Any] = Field(default_factory=dict)
+    """The tool's arguments (python_code: timeout, sandbox_type, keep_error_last_line)."""
+
+
+class ToolWrapperConfig(ConfigModel):
+    """ROLL's `custom_envs.<Tag>.tool_wrapper` around a GEM env."""
+
+    wrapper_args: dict[str, Any] = Field(default_factory=dict)
+    """GEM `ToolEnvWrapper` arguments: tool_reward, tool_success_reward, max_tool_uses."""
+    tool_configs: list[ToolConfig] = Field(default_factory=list)
+    """The tools; exactly one, python_code."""
 
 
 class CustomEnvConfig(ConfigModel):
@@ -61,6 +80,9 @@ class CustomEnvConfig(ConfigModel):
     `env_manager_cls` ROLL's or our `ProxyEnvManager`; roll.agentic.proxy). ROLL's `GEMRunner` /
     `ToolCallRunner` paths map to ours (roll.agentic.proxy.runners); a user's runner is named
     `package.module.Class` or `package.module:Class`. null: the env manager plays the env itself."""
+    tool_wrapper: ToolWrapperConfig | None = None
+    """ROLL's key, for GEM env ids only: wrap the env in GEM's `ToolEnvWrapper` with one
+    `python_code` tool whose code runs in roll's sandbox (envs/gem_envs/tools.py, docs/gem_envs.md)."""
     use_thread_lock: bool = False
     """ROLL's key: this tag's env.reset/env.step calls take one lock shared by the env worker
     process, one call at a time (for envs whose steps are heavy CPU work or not thread-safe)."""
@@ -93,7 +115,7 @@ class CustomEnvConfig(ConfigModel):
     def _import_path_form(cls, env_type: str) -> str:
         # Checked here because importlib's own errors for a malformed path (".x:C", "a..b:C") say
         # nothing about env_type, and some of them are TypeErrors.
-        if ":" in env_type and not _IMPORT_PATH.fullmatch(env_type):
+        if ":" in env_type and not env_type.startswith(GEM_PREFIXES) and not _IMPORT_PATH.fullmatch(env_type):
             raise ValueError(
                 f"{env_type!r} is not of the form 'package.module:ClassName' "
                 "(or give a registered id or alias, without ':')"

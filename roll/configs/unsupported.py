@@ -21,8 +21,6 @@ ENV_MANAGERS = {
     "and calls the policy through an HTTP LLM proxy); roll's managers play the env themselves: "
     "without env_manager_cls and agent_runner_cls the same env runs trajectory-wise",
     _ROLL_MANAGERS
-    + "step_concat_env_manager.StepConcatEnvManager": "ROLL's step manager for GEM's concatenated observations; "
-    "roll runs no GEM envs",
 }
 """ROLL env manager classes roll does not have, and why."""
 
@@ -47,12 +45,12 @@ RUNNERS = {
     "roll.pipeline.agentic.agent_runner.rock.rock_agent_runner.RockAgentRunner": f"ROLL's ROCK runner {_SANDBOX}",
 }
 """ROLL agent runners (`agent_runner_cls`) that cannot run here, and why."""
-GEM_NAMESPACES = ("game:", "rg:", "math:", "qa:", "code:", "eval:")
-"""Prefixes of GEM env ids (`gem.make("game:GuessTheNumber-v0")`)."""
+GEM_PREFIXES = ("game:", "rg:", "logic:", "math:", "qa:", "code:", "eval:")
+"""Prefixes of GEM env ids (`gem.make("game:GuessTheNumber-v0")`); envs/gem_envs runs them."""
+GEM_DATASET_PREFIXES = ("logic:", "math:", "qa:", "code:", "eval:")
+"""GEM id prefixes whose every env reads a hub dataset (gem registers them with `dataset_name`)."""
 
 ENV_KEYS = {
-    "tool_wrapper": "ROLL's GEM tool wrapper (python code, search or MCP tools around a GEM env); roll's tool "
-    'use is env_type "agent" with its own tools (roll.agentic.agent_loop)',
     "pre_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
     "next_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
 }
@@ -112,12 +110,18 @@ def _refuse_env(where: str, env: dict[str, Any]) -> None:
     env_type = env.get("env_type")
     if env_type in ENV_TYPES:
         raise ConfigError(f"{where}.env_type", f"{env_type!r} is {ENV_TYPES[env_type]}")
-    if isinstance(env_type, str) and env_type.startswith(GEM_NAMESPACES):
+    gem = isinstance(env_type, str) and env_type.startswith(GEM_PREFIXES)
+    if gem and env_type.startswith(GEM_DATASET_PREFIXES):
         raise ConfigError(
             f"{where}.env_type",
-            f"{env_type!r} is a GEM env id (ROLL makes it with gem.make); "
-            "GEM envs are not supported, roll's envs are gymnasium envs "
-            "(roll.agentic.env.registry)",
+            f"{env_type!r} is a GEM env over a hub dataset, which is not available here (no downloads); "
+            "GEM's game: and rg: envs generate their tasks locally",
+        )
+    if env.get("tool_wrapper") not in (None, "") and not gem:
+        raise ConfigError(
+            f"{where}.tool_wrapper",
+            "ROLL's GEM tool wrapper wraps GEM env ids only (game:, rg:); roll's tool use is "
+            'env_type "agent" (roll.agentic.agent_loop) or env_type code_sandbox',
         )
     for key, why in ENV_KEYS.items():
         if env.get(key) not in (None, ""):

@@ -16,7 +16,7 @@ from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.algorithms.pg_variants import PGOptions
-from roll.configs.dialect import NATIVE_ENV_MANAGERS
+from roll.configs.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MANAGERS
 from roll.configs.worker import engine_options
 from roll.core.records import SamplingParams
 from roll.distributed.cluster_plan import plan_cluster_devices
@@ -417,6 +417,8 @@ def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
         env_config["format_penalty"] = penalty  # the manager's default (ROLL's key)
     if env.env_type == "agent" and env_config.get("dataset"):  # as the driver sees it: an env
         env_config["dataset"] = os.path.abspath(env_config["dataset"])  # worker may run elsewhere
+    if env.tool_wrapper is not None:  # a GEM env's tools (envs/gem_envs/tools.py): built by the env
+        env_config["tool_wrapper"] = env.tool_wrapper.model_dump()
     return EnvSpec(
         tag=tag,
         env_type=env.env_type,
@@ -432,6 +434,7 @@ def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
         max_env_step_concurrent=env.max_env_step_concurrent,
         native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS,
         agent_runner_cls=env.agent_runner_cls,
+        concat_history=env.env_manager_cls in CONCAT_ENV_MANAGERS,
     )
 
 

@@ -63,12 +63,12 @@ VL = "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager"
             "custom_envs.Box.env_type: 'rock_tb_native_env' is ROLL's terminal-bench",
         ),
         (
-            ["custom_env.Box.env_type=game:GuessTheNumber-v0"],
-            "custom_envs.Box.env_type: 'game:GuessTheNumber-v0' is a GEM env id",
+            ["custom_env.Box.env_type=math:Math12K"],
+            "custom_envs.Box.env_type: 'math:Math12K' is a GEM env over a hub dataset",
         ),
         (
             ["+custom_env.Lake.tool_wrapper={wrapper_args: {max_tool_uses: 1}}"],
-            "custom_envs.Lake.tool_wrapper: ROLL's GEM tool wrapper",
+            "custom_envs.Lake.tool_wrapper: ROLL's GEM tool wrapper wraps GEM env ids only",
         ),
         (
             ["+actor_train.model_args.freeze_module_prefix=vision_model"],

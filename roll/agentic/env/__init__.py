@@ -8,6 +8,7 @@ from roll.agentic.env.registry import (
     load_plugins,
     make_env,
     register_env,
+    register_env_namespace,
     resolve_env_class,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "make_env",
     "match_choice",
     "register_env",
+    "register_env_namespace",
     "resolve_env_class",
     "strip_special_tokens",
 ]

@@ -5,6 +5,8 @@
 envs declare a Python entry point in group `roll.envs` (roll's own pyproject.toml has
 `builtin = envs`), and the first lookup loads each one, which registers its envs through
 `register_env`. Without an installed entry point (a bare checkout) `import envs` does the same.
+An id namespace (`register_env_namespace`: GEM's `game:`, `rg:`, ...) routes every id with that
+prefix to one adapter class, built as `cls(env_id=env_type, **env_config)`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from roll.core.imports import ObjectNotFound, import_object
 ENTRY_POINT_GROUP = "roll.envs"
 _ENTRY_POINTS: dict[str, str] = {}  # env id -> "module:Class", in registration order
 _ALIASES: dict[str, str] = {}  # alias -> env id
+_NAMESPACES: dict[str, str] = {}  # id prefix ("game:") -> "module:Class" of the adapter
 
 
 def register_env(env_id: str, entry_point: str, aliases: Sequence[str] = ()) -> None:
@@ -43,6 +46,22 @@ def register_env(env_id: str, entry_point: str, aliases: Sequence[str] = ()) -> 
         gym.register(id=env_id, entry_point=entry_point)
         _ENTRY_POINTS[env_id] = entry_point
     _ALIASES.update(dict.fromkeys(aliases, env_id))
+
+
+def register_env_namespace(prefixes: Sequence[str], entry_point: str) -> None:
+    """Route every `env_type` that starts with one of `prefixes` (GEM's "game:", "rg:", ...) to
+    the `TextEnv` class at `entry_point`, built as `cls(env_id=env_type, **env_config)`. The
+    class's `check_env_id(env_id)` (a classmethod, if it has one) refuses an id by name."""
+    for prefix in prefixes:
+        if _NAMESPACES.get(prefix, entry_point) != entry_point:
+            raise ValueError(f"env id prefix {prefix!r} already routes to {_NAMESPACES[prefix]!r}")
+        _NAMESPACES[prefix] = entry_point
+
+
+def namespace_of(env_type: str) -> str | None:
+    """The adapter entry point that `env_type` is routed to by its prefix, or None."""
+    load_plugins()
+    return next((ep for prefix, ep in _NAMESPACES.items() if env_type.startswith(prefix)), None)
 
 
 @functools.cache
@@ -86,7 +105,12 @@ def _import_class(env_type: str) -> Any:
 def resolve_env_class(env_type: str) -> type[TextEnv]:
     """The `TextEnv` subclass that `env_type` (id, alias or "module:Class") names."""
     load_plugins()
-    if ":" in env_type:
+    routed = namespace_of(env_type)
+    if routed is not None:
+        cls = _import_class(routed)
+        if callable(getattr(cls, "check_env_id", None)):
+            cls.check_env_id(env_type)
+    elif ":" in env_type:
         cls = _import_class(env_type)
     else:
         env_id = _ALIASES.get(env_type, env_type)
@@ -138,7 +162,7 @@ def make_env(env_type: str, env_config: Mapping[str, Any]) -> TextEnv | FaultInj
     wrapped in a `FaultInjectingEnv` when `env_config` has a `fault_injection` block."""
     cls = check_env_config(env_type, env_config)
     kwargs = {k: v for k, v in env_config.items() if k != FAULT_INJECTION_KEY}
-    env = cls(**kwargs)
+    env = cls(env_id=env_type, **kwargs) if namespace_of(env_type) else cls(**kwargs)
     if env_config.get(FAULT_INJECTION_KEY):
         return FaultInjectingEnv(env, FaultInjection.model_validate(env_config[FAULT_INJECTION_KEY]))
     return env

@@ -51,6 +51,7 @@ class EnvSpec:
     max_env_step_concurrent: int = 0  # 0: no limit
     native_chat: bool = False  # step-wise: the env's info["messages"] is the prompt (native_env_manager)
     agent_runner_cls: str | None = None  # an agent runner plays the env through the chat proxy (proxy_env_manager)
+    concat_history: bool = False  # step-wise: ROLL's StepConcatEnvManager {history} (templates.step_prompt_text)
 
 
 class GenerateTimeout(RuntimeError):

@@ -38,6 +38,7 @@ class StepEnvManager(BaseEnvManager):
                 self.spec.agent_template,
                 self.spec.agent_system_template,
                 self.spec.max_tokens_per_step,
+                self.spec.concat_history,
             )
         return _StepBuilder(self.chat, instruction, observation, self.history_length, budget)
 
@@ -103,8 +104,10 @@ class _TemplateStepBuilder(_StepBuilder):
         template: str,
         system_template: str | None,
         max_response_length: int,
+        concat_history: bool = False,
     ):
         super().__init__(chat, None, observation, history_length, budget)
+        self.concat_history = concat_history
         self.instruction = instruction or ""
         self.template = template
         self.system = [{"role": "system", "content": system_template}] if system_template is not None else []
@@ -112,7 +115,9 @@ class _TemplateStepBuilder(_StepBuilder):
         self.history: list[tuple[str, str, float]] = []  # (observation, action, reward)
 
     def prompt(self) -> list[int] | None:
-        shown = self.history[-self.history_length :] if self.history_length else []
+        # ROLL's StepConcatEnvManager shows history[-h:-1] of a history that ends with the current step
+        window = self.history_length - 1 if self.concat_history else self.history_length
+        shown = self.history[-window:] if window > 0 else []
         text = step_prompt_text(
             self.template,
             env_instruction=self.instruction,
@@ -120,6 +125,7 @@ class _TemplateStepBuilder(_StepBuilder):
             step=len(self.steps),
             observation=self.observation,
             max_response_length=self.max_response_length,
+            concat=self.concat_history,
         )
         messages = [*self.system, {"role": "user", "content": text}]
         ids = self.chat.template_ids(messages, add_generation_prompt=True) + self.chat.prefix_ids

@@ -48,14 +48,18 @@ def step_prompt_text(
     step: int,
     observation: str,
     max_response_length: int,
+    concat: bool = False,
 ) -> str:
     """The user message of step-wise step `step` (0-based); `history` holds the shown earlier
-    steps, oldest first, as (observation, action, reward)."""
+    steps, oldest first, as (observation, action, reward). With `concat` (ROLL's
+    StepConcatEnvManager, for GEM) `{history}` is those observations alone, one per line."""
     first = step - len(history)
     entries = [
         f"(step: {first + i + 1}, observation: {obs}, action: {action}, reward: {reward})"
         for i, (obs, action, reward) in enumerate(history)
     ]
+    if concat:
+        return _fill(template, {"history": "\n".join(obs for obs, _, _ in history), "current_observation": observation})
     return _fill(
         template,
         {

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Train the tiny local LM on the sandboxed coding env on CPU. Extra arguments are hydra
+# overrides, e.g.  bash examples/code_sandbox/run_agentic_pipeline_code_sandbox.sh max_steps=5
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+MODEL_DIR=./output/models/tiny-code-sandbox
+python -m roll.pipeline.tiny_model --env_type code_sandbox --output_dir "$MODEL_DIR"
+python examples/start_agentic_pipeline.py --config_path code_sandbox --config_name agent_val_code_sandbox \
+  pretrain="$MODEL_DIR" "$@"
