@@ -16,11 +16,6 @@ _ROLL_MANAGERS = "roll.pipeline.agentic.env_manager."
 ENV_MANAGERS = {
     _ROLL_MANAGERS + "vl_traj_env_manager.VLTrajEnvManager": "ROLL's vision-language env manager (image observations, "
     "a VL model's processor); roll trains text-only causal LMs",
-    _ROLL_MANAGERS
-    + "proxy_env_manager.ProxyEnvManager": "ROLL's agent-runner env manager (an agent runner drives the env "
-    "and calls the policy through an HTTP LLM proxy); roll's managers play the env themselves: "
-    "without env_manager_cls and agent_runner_cls the same env runs trajectory-wise",
-    _ROLL_MANAGERS
 }
 """ROLL env manager classes roll does not have, and why."""
 
