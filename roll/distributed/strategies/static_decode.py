@@ -113,6 +113,9 @@ class DecodeSlots:
         self.steps = 0
         # two host buffers of (tokens, log-probs): a step's results land in one while the host reads the other
         self._host = torch.empty((2, 2, slots), dtype=torch.float64, pin_memory=self.device.type == "cuda")
+        # the step's (tokens, log-probs) in the host buffers' dtype, so the copy out is asynchronous
+        self._out = torch.zeros((2, slots), dtype=torch.float64, device=self.device)
+        self._pool = None  # the memory pool of this slots' graphs (they live and die together)
         self._inflight: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
 
     # ---- admission and release (host side, between steps) ----
@@ -197,8 +200,7 @@ class DecodeSlots:
         else:
             self._step(truncate)
         buffer = self._host[self.steps % 2]
-        buffer[0].copy_(self.tokens, non_blocking=True)
-        buffer[1].copy_(self.logprobs, non_blocking=True)
+        buffer.copy_(self._out, non_blocking=True)  # same dtype into pinned memory: no host wait
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()
@@ -229,6 +231,8 @@ class DecodeSlots:
         tokens, logprobs = sample(out.logits[:, -1, :], self.sampling, self.counters, truncate)
         self.tokens.copy_(tokens)
         self.logprobs.copy_(logprobs)
+        self._out[0].copy_(tokens)
+        self._out[1].copy_(logprobs)
         self.ids.copy_(tokens.view(-1, 1))
         self.positions.add_(1)
         self.column.add_(1).clamp_(max=self.length - 1)
@@ -246,7 +250,9 @@ class DecodeSlots:
                 self._step(truncate)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=_graph_pool(self.device), capture_error_mode="thread_local"):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._step(truncate)
         for tensor, value in zip(self._state_tensors(), saved, strict=True):
             tensor.copy_(value)
@@ -255,13 +261,3 @@ class DecodeSlots:
 
     def _state_tensors(self) -> list[torch.Tensor]:
         return [self.ids, self.positions, self.column, self.counters, self.mask, self.tokens, self.logprobs]
-
-
-_POOLS: dict[torch.device, object] = {}
-
-
-def _graph_pool(device: torch.device):
-    """One memory pool for every captured step on a device: steps replay one at a time."""
-    if device not in _POOLS:
-        _POOLS[device] = torch.cuda.graph_pool_handle()
-    return _POOLS[device]
