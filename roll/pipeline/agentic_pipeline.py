@@ -46,6 +46,7 @@ from roll.pipeline.scoring import (
     final_values,
     normalize_step_episode_scores,
     normalize_traj_rewards,
+    reward_kl_coef,
     score_batch,
     score_step_batch,
     with_final_state,
@@ -229,11 +230,12 @@ class AgenticPipeline:
                 adv_estimator=cfg.adv_estimator,
                 gamma=cfg.gamma,
                 lambd=cfg.lambd,
-                kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None,
+                kl_coef=reward_kl_coef(self.kl_ctl.value, cfg.uses_kl_penalty, cfg.add_token_level_kl),
                 kl_kind=cfg.kl_penalty,
                 whiten_advantages=cfg.whiten_advantages,
                 norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
                 advantage_clip=cfg.advantage_clip,
+                whiten_rewards=cfg.whiten_rewards,
             )
         metrics.update(reward_metrics)
         if "critic/kl" in metrics:
@@ -273,6 +275,8 @@ class AgenticPipeline:
                     timeout=self.timeout_s,
                 )
             )
+        if step <= cfg.critic_warmup:  # ROLL's critic_warmup: the first steps train the critic only
+            return metrics
         metrics.update(
             ray.get(
                 self.workers["actor"].train.remote(

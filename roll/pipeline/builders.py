@@ -435,7 +435,8 @@ def _takes(env_type: str, key: str) -> bool:
 
 def build_pg_options(cfg) -> PGOptions:
     """The actor's policy-gradient loss parameters: `actor_train`'s pg_variant keys and the PPO
-    clip range (`pg_clip_low` / `pg_clip_high`, each `pg_clip` when unset)."""
+    clip range (`pg_clip_low` / `pg_clip_high`, each `pg_clip` when unset); `dual_clip_loss`'s bound
+    is ROLL's 1 + 2 * pg_clip."""
     actor = cfg.actor_train
     return PGOptions(
         clip_low=cfg.pg_clip_low or cfg.pg_clip,
@@ -448,4 +449,5 @@ def build_pg_options(cfg) -> PGOptions:
         cispo_epsilon_high=actor.cispo_epsilon_high,
         cispo_use_unified_mask=actor.cispo_use_unified_mask,
         kimi15_tau=actor.kimi15_tau,
+        dual_clip=1.0 + 2.0 * cfg.pg_clip if cfg.dual_clip_loss else None,
     )
