@@ -327,6 +327,8 @@ class AgenticPipeline:
             refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
         ray.get(refs, timeout=self.timeout_s)
         ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+        for path in ckpt.prune(self.cfg.checkpoint_dir, self.cfg.max_ckpt_to_keep):
+            logger.info("max_ckpt_to_keep=%d: deleted %s", self.cfg.max_ckpt_to_keep, path)
 
     def _resume(self) -> int:
         cfg = self.cfg
