@@ -14,7 +14,6 @@ from __future__ import annotations
 from roll.configs.roll_answers import Answer, noop, ok, refused
 
 _DATA = "a key of ROLL's prompt data sets (RLVR, SFT); the agentic pipeline's prompts come from its envs"
-_PACKING = "read only with use_sequence_packing, which roll refuses"
 _DENSE = "roll's models are dense: they have no mixture-of-experts router"
 _NOT_A_MODEL = (
     "an env manager is a CPU env worker: ROLL's EnvManagerConfig inherits this WorkerConfig field, which "
@@ -50,11 +49,11 @@ WORKER_CONFIG: dict[str, Answer] = {
     "max_tokens_per_microbatch_in_infer": ok("the token budget in log-prob passes"),
     "sequence_length_round_in_infer": ok("micro-batch lengths rounded up to a multiple of this"),
     "offload_nccl": noop("ROLL forces it false"),
-    "use_sequence_packing": refused(
-        "packed micro-batches (ROLL: megatron only) are not built in roll; token-budget micro-batches "
-        "(use_dynamic_batching_in_train / _in_infer) cut most of the padding instead"
+    "use_sequence_packing": ok(
+        "micro-batches run as packed rows without padding, attention and positions per row (torch, fsdp2, "
+        "deepspeed training roles and the reference; refused for megatron, whose model is not an HF one)"
     ),
-    "sequence_packing_args": noop(_PACKING, section=("SequencePackingConfig",)),
+    "sequence_packing_args": ok("the plan of packed micro-batches", section=("SequencePackingConfig",)),
     "logits_in_fp32": noop("roll always scores log-probs and entropies in at least float32"),
     "router_replay": noop("see RouterReplayConfig", section=("RouterReplayConfig",)),
     "apply_loss_scale": refused(
@@ -194,12 +193,12 @@ STRATEGY_ARGUMENTS: dict[str, Answer] = {
 }
 
 SEQUENCE_PACKING_CONFIG: dict[str, Answer] = {
-    name: noop(_PACKING)
-    for name in (
-        "algorithm", "max_packed_sequence_length_forward", "max_packed_sequence_length_train",
-        "min_num_micro_batches_forward", "min_num_micro_batches_train",
-    )
-}  # fmt: skip
+    "algorithm": ok('"none" (the usual micro-batches, packed) or "load_balance" (balanced workloads, as ROLL)'),
+    "max_packed_sequence_length_forward": ok("load_balance: target tokens of a packed forward micro-batch"),
+    "max_packed_sequence_length_train": ok("load_balance: target tokens of a packed training micro-batch"),
+    "min_num_micro_batches_forward": ok("load_balance: at least this many forward micro-batches"),
+    "min_num_micro_batches_train": ok("load_balance: at least this many training micro-batches"),
+}
 
 ROUTER_REPLAY_CONFIG: dict[str, Answer] = {
     "mode": refused("MoE router replay (Megatron / SGLang); " + _DENSE, off=(None, "disable")),
