@@ -107,7 +107,8 @@ def main() -> None:
         )
     for name in ("packed", "packed + load_balance"):
         print(
-            f"RESULT {name.replace(' + ', '_')}_over_padded train={times['padded', 'train'] / times[name, 'train']:.2f} "
+            f"RESULT {name.replace(' + ', '_')}_over_padded "
+            f"train={times['padded', 'train'] / times[name, 'train']:.2f} "
             f"logprobs={times['padded', 'logprobs'] / times[name, 'logprobs']:.2f}"
         )
 
