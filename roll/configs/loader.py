@@ -263,7 +263,9 @@ def _unknown_key_message(path: Sequence[str]) -> str:
 
 
 def _is_schema_key(dotted_key: str) -> bool:
-    return _annotation_at(dotted_key.split(".")) is not None
+    """A key of roll's models or a field of ROLL's config classes (answered by roll.configs.roll_keys)."""
+    path = dotted_key.split(".")
+    return _annotation_at(path) is not None or path[-1] in roll_names_at(path[:-1])
 
 
 def _section_model(path: Sequence[str]) -> type[BaseModel] | None:

@@ -183,3 +183,14 @@ def test_the_coming_from_roll_page_is_generated_from_the_table():
     check = [sys.executable, str(REPO / "scripts" / "coming_from_roll.py"), "--check"]
     result = subprocess.run(check, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_roll_fields_work_as_command_line_overrides(model_dir):
+    from roll.configs import load_config
+
+    overrides = [f"pretrain={model_dir}", "response_length=100", "max_ckpt_to_keep=2", "local_rank=3"]
+    cfg = load_config(str(REPO / "tests/configs"), "minimal_agentic", overrides)
+    assert cfg.sequence_length == 1124 and cfg.max_ckpt_to_keep == 2
+    with pytest.raises(ConfigError) as err:
+        load_config(str(REPO / "tests/configs"), "minimal_agentic", [f"pretrain={model_dir}", "use_opd=true"])
+    assert err.value.key == "use_opd" and "distillation" in err.value.message
