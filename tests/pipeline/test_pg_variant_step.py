@@ -182,3 +182,11 @@ def test_critic_warmup_leaves_the_actor_alone_for_its_first_steps(model_dir, mon
     after = p.workers["actor"].worker.get_weights()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert "losses/policy_loss" in p.update(batch, step=3)
+
+
+def test_save_keeps_max_ckpt_to_keep_checkpoints(model_dir, monkeypatch, tmp_path):
+    p = pipeline(model_dir, monkeypatch, False, "+max_ckpt_to_keep=2", f"output_dir={tmp_path}")
+    for step in (1, 2, 3):
+        p.save(step)
+    kept = sorted(d.name for d in (tmp_path / "checkpoints").iterdir() if d.is_dir())
+    assert kept == ["step_2", "step_3"] and (tmp_path / "checkpoints" / "latest").read_text() == "step_3"
