@@ -2,11 +2,12 @@
 
 `answer_roll_keys(data)` walks the YAML (a plain dict) alongside ROLL's classes
 (`roll.configs.roll_table`): a refused field whose value is not off is a `ConfigError` naming the
-key and why; a no-op field, or a refused one that is off, is dropped; a supported one is left to
-roll's pydantic models, which own its meaning. A key that is neither ROLL's nor roll's reaches
-pydantic and fails there as "unknown key", whose did-you-mean looks among both roll's and ROLL's
-names (`roll_names_at`). Two supported keys are translated here, as they are ROLL's spelling of
-roll's fields (`TRANSLATED`): `response_length` and `use_pg_clip_range`.
+key and why; a no-op field, or a refused one that is off, is dropped; a supported one, or any field
+roll's models have (whose validators refuse what they refuse), is left to those models. A key
+that is neither ROLL's nor roll's reaches pydantic and fails there as "unknown key", whose
+did-you-mean looks among both roll's and ROLL's names (`roll_names_at`). Two supported keys are
+translated here, as they are ROLL's spelling of roll's fields (`TRANSLATED`): `response_length`
+and `use_pg_clip_range`.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def _walk(mapping: dict[str, Any], path: str, classes: Sequence[str], model: typ
         if answer is None:
             continue
         where, value = path + key, mapping[key]
-        if not answer.accepts(value):
+        ours = model is not None and key in model.model_fields  # then roll's model owns its checks
+        if not ours and not answer.accepts(value):
             raise ConfigError(where, f"{answer.why} (ROLL's key; accepted only as {_off_values(answer)})")
-        ours = model is not None and key in model.model_fields
         inner = _model(model.model_fields[key].annotation) if ours else None
         if answer.section:
             for place, item in _items(where, value):
