@@ -4,12 +4,17 @@ and ROLL's load-balanced plans against partitions worked out by hand."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-from ppo_cases import ARGS, VOCAB, assert_same_training, ppo_batch
+import torch.multiprocessing as mp
+from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, ppo_batch
+from tensordict import TensorDict
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForTokenClassification
 
+from roll.configs.worker import TrainingArgs
 from roll.distributed.micro_batches import shifted_values, token_logprobs
 from roll.distributed.ranks import rank_share
 from roll.distributed.sequence_packing import (
@@ -19,7 +24,10 @@ from roll.distributed.sequence_packing import (
     balanced_rank_rows,
     workload,
 )
+from roll.distributed.strategies.process_group import free_port
+from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.actor import ActorWorker
+from roll.distributed.workers.common import train_on_share
 from roll.distributed.workers.reference import ReferenceWorker
 
 torch.set_num_threads(1)
@@ -134,9 +142,62 @@ def test_mini_batch_rows_spread_over_ranks_by_workload():
     assert balanced_rank_rows([10, 3, 9, 4, 7, 2], 2) == [[0, 1, 3], [2, 4, 5]]  # 17 / 18 tokens, 3 rows each
     mask = (torch.arange(10)[None, :] < torch.tensor([10, 3, 9, 4, 7, 2])[:, None]).long()
     batch = {"attention_mask": mask, "response_mask": mask.float(), "row": torch.arange(6)}
-    from tensordict import TensorDict
-
     minibatch = TensorDict(batch, batch_size=[6])
     shares = [rank_share(minibatch, rank, 2, "tokens", balanced=True) for rank in (0, 1)]
     assert [share["row"].tolist() for share, _ in shares] == [[0, 1, 3], [2, 4, 5]]
     assert shares[0][1] == shares[1][1] == 35.0  # every rank weighs against the whole mini-batch
+
+
+TWO_RANK_ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, max_grad_norm=0.5)
+
+
+def ragged_minibatch() -> TensorDict:
+    lengths = torch.tensor([10, 3, 9, 4, 7, 2])
+    mask = (torch.arange(10)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(1, VOCAB, (6, 10), generator=torch.Generator().manual_seed(4)) * mask
+    response = mask.float()
+    response[:, 0] = 0
+    return TensorDict({"input_ids": ids, "attention_mask": mask, "response_mask": response}, batch_size=[6])
+
+
+def nll_loss(model, micro):
+    logprobs, _ = token_logprobs(model, micro["input_ids"], micro["attention_mask"], 1.0)
+    mask = micro["response_mask"]
+    return -(logprobs * mask).sum() / mask.sum().clamp(min=1), {}
+
+
+def _two_steps(strategy, share) -> tuple[list[float], dict]:
+    norms = [share(strategy)["actor/grad_norm"] for _ in range(2)]
+    return norms, strategy.state_dict()
+
+
+def _packed_rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    plan = PackingBudget(max_tokens=12)
+    strategy = build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir), TWO_RANK_ARGS, strategy_name="fsdp2", strategy_config={},
+        total_steps=2, metric_prefix="actor", train_budget=plan, infer_budget=plan, sequence_packing=True,
+    )  # fmt: skip
+    assert strategy.balance_ranks and strategy.sequence_packing  # rank_share spreads rows by workload
+    result = _two_steps(strategy, lambda s: train_on_share(s, ragged_minibatch(), nll_loss, "tokens"))
+    if rank == 0:
+        torch.save(result, os.path.join(out_dir, "packed.pt"))
+
+
+def test_two_fsdp2_ranks_packed_and_load_balanced_train_like_one_padded_process(model_dir, tmp_path):
+    """Rows spread over 2 ranks by workload ([10, 3, 4] / [9, 7, 2] tokens), packed micro-batches
+    of ROLL's plan on each: the gradient norms and weights of one padded torch process."""
+    mp.spawn(_packed_rank, args=(model_dir, free_port(), str(tmp_path)), nprocs=2, join=True)
+    norms, weights = torch.load(tmp_path / "packed.pt", weights_only=True)
+    torch.manual_seed(0)
+    padded = build_train_strategy(
+        AutoModelForCausalLM.from_pretrained(model_dir), TWO_RANK_ARGS, total_steps=2, metric_prefix="actor"
+    )
+    want_norms, want_weights = _two_steps(padded, lambda s: s.train_step(ragged_minibatch(), nll_loss))
+    assert norms == pytest.approx(want_norms, rel=1e-4)
+    for key, value in want_weights.items():
+        assert_close(weights[key], value, **WEIGHT_TOL, msg=key)
