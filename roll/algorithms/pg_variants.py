@@ -66,6 +66,9 @@ class PGOptions:
     """cispo: drop the tokens outside PPO's trust region (MiniMax-M1 eq. 7)."""
     kimi15_tau: float = 0.1
     """kimi15: weight tau of the squared log-ratio penalty."""
+    dual_clip: float | None = None
+    """ppo: dual-clip bound c (ROLL's `dual_clip_loss`, c = 1 + 2 * pg_clip): where A < 0 the token
+    loss is min(loss, -c * A); None: no dual clip."""
 
 
 TokenLoss = tuple[Tensor, dict[str, float]]
@@ -86,12 +89,19 @@ def ppo_token_loss(logprobs, ratio, advantages, mask, opts, episode_scores) -> T
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - opts.clip_low, 1.0 + opts.clip_high)
     low, high = ratio < 1.0 - opts.clip_low, ratio > 1.0 + opts.clip_high
-    return torch.maximum(unclipped, clipped), {
+    loss = torch.maximum(unclipped, clipped)
+    metrics = {
         "losses/clipfrac": _frac(clipped > unclipped, mask),
         "actor/ppo_ratio_low_clipfrac": _frac(low, mask),
         "actor/ppo_ratio_high_clipfrac": _frac(high, mask),
         "actor/ppo_ratio_clipfrac": _frac(low | high, mask),
     }
+    if opts.dual_clip is not None:  # ROLL: -max(-loss, c * A) where A < 0, i.e. min(loss, -c * A)
+        bound = -opts.dual_clip * advantages
+        capped = (advantages < 0) & (loss > bound)
+        loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
+        metrics["actor/dual_clipfrac"] = _frac(capped, mask)
+    return loss, metrics
 
 
 def tis_token_loss(logprobs, ratio, advantages, mask, opts, episode_scores) -> TokenLoss:

@@ -97,11 +97,12 @@ class RollDialect(ConfigModel):
 
     system_envs: dict[str, str] = Field(default_factory=dict)
     """Environment variables set in the driver and in every worker process (Ray runtime_env)."""
-    track_with: Literal["tensorboard", "wandb", "mlflow", "stdout"] = "tensorboard"
+    track_with: Literal["tensorboard", "wandb", "mlflow", "stdout", "swanlab", "trackio"] = "tensorboard"
     """Where metrics go besides `metrics.jsonl`: "tensorboard" (under `tracker_kwargs.log_dir`,
     else `logging_dir`), "wandb" (`wandb.init(**tracker_kwargs)`), "mlflow" (`tracker_kwargs`:
     tracking_uri, experiment_name, run_name) or "stdout" (one line per logged step). TensorBoard
-    events are written in every case. wandb/mlflow must be installed."""
+    events are written in every case. wandb/mlflow must be installed. ROLL's "swanlab" and "trackio"
+    are refused: roll has no client for them (wandb runs offline with WANDB_MODE=offline)."""
     tracker_kwargs: TrackerKwargs = Field(default_factory=TrackerKwargs)
     """Arguments of the `track_with` backend."""
     checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -146,6 +147,25 @@ class RollDialect(ConfigModel):
     rpc_timeout: float | None = Field(None, gt=0)
     """ROLL's key: seconds the driver waits for one call on a worker (a scoring pass, a training
     step, a weight sync, a checkpoint) before the run stops with an error. None: 1800."""
+    max_ckpt_to_keep: int = Field(0, ge=0)
+    """ROLL's key: keep the newest N complete checkpoints, deleting older ones after each save
+    (`roll.pipeline.checkpoint.prune`); the newest, which a resume reads, is never deleted. 0 keeps all."""
+    whiten_rewards: bool = False
+    """ROLL's key: whiten the token rewards (after the KL penalty) over the batch's response tokens,
+    (r - mean) / std, before the estimator (trajectory-wise samples; skipped with fewer than two
+    response tokens, as ROLL)."""
+    add_token_level_kl: bool | None = None
+    """ROLL's key. true: the KL penalty (`init_kl_coef` / `target_kl`) is subtracted from the token
+    rewards; false: the KL to the reference is measured (`critic/kl`) and the rewards keep no
+    penalty, as ROLL. None (roll's default): the penalty is on whenever `init_kl_coef > 0` or
+    `target_kl` is set."""
+    critic_warmup: int = Field(0, ge=0)
+    """ROLL's key: the first `critic_warmup` training steps train the critic only; the actor's
+    weights (and so the rollouts) stay those of the start."""
+    dual_clip_loss: bool = False
+    """ROLL's key: dual-clip PPO. Where the advantage is negative, the token loss is capped at
+    c * |A| with ROLL's c = 1 + 2 * pg_clip (`roll.algorithms.losses.ppo_policy_loss`); pg_variant
+    ppo only."""
     profiler_memory: bool = False
     """ROLL's CUDA memory-snapshot profiler (`torch.cuda.memory._record_memory_history`); roll has
     none, so only false is accepted."""
@@ -291,6 +311,7 @@ def check_dialect(cfg) -> None:
                     f"num_gpus_per_node={cfg.num_gpus_per_node} (a local run is one node)",
                 )
     _check_tracker(cfg.track_with)
+    _check_algorithm_keys(cfg)
     if (
         cfg.train_infer_correction is not None
         and cfg.train_infer_correction.loss_options() is not None
@@ -356,8 +377,26 @@ def _manager_type_from_tags(name: str, manager, custom_envs) -> None:
     manager.env_manager_type = kind
 
 
+def _check_algorithm_keys(cfg) -> None:
+    step_wise = cfg.train_env_manager.env_manager_type == "step"
+    if cfg.whiten_rewards and step_wise:
+        raise InvalidField(
+            "whiten_rewards", "whitens token rewards of trajectory-wise samples; step-wise ones have none"
+        )
+    variant = cfg.actor_train.pg_variant if cfg.actor_train is not None else None
+    if cfg.dual_clip_loss and variant not in (None, "ppo"):
+        raise InvalidField("dual_clip_loss", f"is a bound of the PPO loss; pg_variant {variant!r} has its own")
+
+
 def _check_tracker(track_with: str) -> None:
     import importlib.util
+
+    if track_with in ("swanlab", "trackio"):
+        raise InvalidField(
+            "track_with",
+            f"{track_with!r}: roll has no {track_with} client; use tensorboard, wandb (offline with "
+            "WANDB_MODE=offline), mlflow or stdout",
+        )
 
     if track_with in ("wandb", "mlflow") and importlib.util.find_spec(track_with) is None:
         raise InvalidField(

@@ -30,6 +30,7 @@ from roll.configs.base import ConfigError, InvalidField
 from roll.configs.dialect import map_role_strategies, strip_variables
 from roll.configs.pipeline import PipelineConfig
 from roll.configs.profile import apply_profile, configs_search_path
+from roll.configs.roll_keys import answer_roll_keys, roll_names_at
 from roll.configs.unsupported import refuse_unsupported
 
 
@@ -72,6 +73,7 @@ def validate_config(data: dict[str, Any], referenced: Collection[str] = frozense
     top-level keys the YAML interpolated, which are ROLL-style variables (`roll.configs.dialect`)."""
     data = strip_variables(data, set(referenced), PipelineConfig.model_fields)
     refuse_unsupported(data)  # a ROLL feature roll does not run: named before any other key
+    answer_roll_keys(data)  # every other field of ROLL's config classes: its answer (roll.configs.roll_table)
     map_role_strategies(data)
     try:
         return PipelineConfig.model_validate(data)
@@ -255,14 +257,16 @@ def _unknown_key_message(path: Sequence[str]) -> str:
     if section is None:
         return "unknown key"
     valid = list(section.model_fields)
-    close = difflib.get_close_matches(path[-1], valid, n=1)
+    close = difflib.get_close_matches(path[-1], valid + roll_names_at(path[:-1]), n=1)
     if close:
         return f"unknown key (did you mean {close[0]!r}?)"
     return f"unknown key; valid keys here: {', '.join(valid)}"
 
 
 def _is_schema_key(dotted_key: str) -> bool:
-    return _annotation_at(dotted_key.split(".")) is not None
+    """A key of roll's models or a field of ROLL's config classes (answered by roll.configs.roll_keys)."""
+    path = dotted_key.split(".")
+    return _annotation_at(path) is not None or path[-1] in roll_names_at(path[:-1])
 
 
 def _section_model(path: Sequence[str]) -> type[BaseModel] | None:

@@ -106,7 +106,7 @@ def _refuse_env(where: str, env: dict[str, Any]) -> None:
     if env_type in ENV_TYPES:
         raise ConfigError(f"{where}.env_type", f"{env_type!r} is {ENV_TYPES[env_type]}")
     gem = isinstance(env_type, str) and env_type.startswith(GEM_PREFIXES)
-    if gem and env_type.startswith(GEM_DATASET_PREFIXES):
+    if gem and isinstance(env_type, str) and env_type.startswith(GEM_DATASET_PREFIXES):
         raise ConfigError(
             f"{where}.env_type",
             f"{env_type!r} is a GEM env over a hub dataset, which is not available here (no downloads); "

@@ -14,6 +14,7 @@ from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
 from roll.configs.args import ROLL_DTYPES, DataArgs, GeneratingArgs, ModelArgs, TrainingArgs
 from roll.configs.base import ConfigModel, InvalidField
+from roll.configs.packing import SequencePackingArgs
 
 INFERENCE_STRATEGIES = ("hf", "vllm", "sglang")
 """Engines that can serve `actor_infer`."""
@@ -194,6 +195,13 @@ class WorkerConfig(ConfigModel):
     """Token budget of one inference micro-batch; needed with dynamic batching in inference."""
     sequence_length_round_in_infer: int = Field(4, ge=1)
     """Each inference micro-batch is padded to a multiple of this many tokens."""
+    use_sequence_packing: bool = False
+    """ROLL's key: each micro-batch of the training and log-prob / value passes runs as one row of
+    the rows' real tokens, positions restarting per row and attention kept per row, so no compute
+    goes to padding (`roll.distributed.sequence_packing`); the same losses and gradients as padded
+    micro-batches up to float round-off. Training roles on torch, fsdp2 or deepspeed (HF models)."""
+    sequence_packing_args: SequencePackingArgs = Field(default_factory=SequencePackingArgs)
+    """ROLL's micro-batch plan of packed passes (`roll.configs.packing`)."""
 
     @field_validator("device_mapping", mode="before")
     @classmethod
@@ -227,6 +235,19 @@ class WorkerConfig(ConfigModel):
             raise InvalidField(
                 "max_tokens_per_microbatch_in_infer", "must be set (> 0) with use_dynamic_batching_in_infer"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _packing_plan(self) -> WorkerConfig:
+        phases: tuple[tuple[Literal["train", "forward"], str], ...] = (("train", "train"), ("forward", "infer"))
+        for phase, dynamic in phases:
+            plan = self.sequence_packing_args.plan(phase) if self.use_sequence_packing else None
+            if plan is not None and plan["max_tokens"] is None:
+                raise InvalidField(plan["key"], "must be set with algorithm load_balance")
+            if plan is not None and getattr(self, f"use_dynamic_batching_in_{dynamic}"):
+                raise InvalidField(
+                    f"use_dynamic_batching_in_{dynamic}", "and sequence packing's load_balance both plan micro-batches"
+                )
         return self
 
     def dynamic_batching(self, phase: Literal["train", "infer"]) -> dict | None:
@@ -352,6 +373,9 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
             f"{role}.strategy_args.strategy_name",
             f"{name!r} {why}; available for {role}: {', '.join(available)}",
         )
+    if worker.use_sequence_packing and (role == "actor_infer" or (name == "megatron" and role != "reference")):
+        why = "an inference engine generates" if role == "actor_infer" else "megatron runs its own GPT, not an HF model"
+        raise InvalidField(f"{role}.use_sequence_packing", f"packs HF models' training and log-prob passes; {why}")
     allowed = STRATEGY_OPTIONS[name]
     cpu_options(role, worker)  # raises for a bad value
     unknown = sorted(set(worker.strategy_args.strategy_config) - set(allowed or ()) - set(CPU_OPTIONS))

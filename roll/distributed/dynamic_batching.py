@@ -29,6 +29,10 @@ class TokenBudget:
     round_to: int = 1
     key: str = "max_tokens_per_microbatch"
 
+    def bins(self, lengths: list[int]) -> list[list[int]]:
+        """Row indices of each micro-batch (`bin_by_tokens`); a packing plan has the same method."""
+        return bin_by_tokens(lengths, self)
+
 
 def round_up(length: int, multiple: int) -> int:
     """Smallest multiple of `multiple` that is >= `length` (at least `multiple`)."""

@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from roll.algorithms.losses import entropy_from_logits
-from roll.distributed.dynamic_batching import TokenBudget, bin_by_tokens, pad_to_multiple, row_lengths
+from roll.distributed.dynamic_batching import TokenBudget, pad_to_multiple, row_lengths
 
 MicroForward = Callable[[nn.Module, TensorDict], dict[str, torch.Tensor]]
 """`forward(model, micro) -> {name: (b, t)}`, one output row per row of `micro`. A micro-batch
@@ -139,13 +139,14 @@ def distinct_micro_batch_rows(
     """Row indices, in batch order, of each group of `micro_batch_size` distinct rows and every
     row sharing them (see `iter_distinct_micro_batches`). With a token `budget` (dynamic batching)
     the distinct rows are grouped by `bin_by_tokens` over their lengths in `attention_mask`
-    instead, and `micro_batch_size` is not used."""
+    (or by a sequence-packing plan's, `roll.distributed.sequence_packing.PackingBudget`) instead, and
+    `micro_batch_size` is not used."""
     if budget is None:
         for start in range(0, len(rows.index), micro_batch_size):
             yield ((rows.inverse >= start) & (rows.inverse < start + micro_batch_size)).nonzero()[:, 0]
         return
     lengths = row_lengths(attention_mask[rows.index])
-    for distinct in bin_by_tokens(lengths, budget):
+    for distinct in budget.bins(lengths):
         yield torch.isin(rows.inverse, torch.tensor(distinct, device=rows.inverse.device)).nonzero()[:, 0]
 
 

@@ -22,6 +22,9 @@ from typing import Literal
 import torch
 from tensordict import TensorDict
 
+from roll.distributed.dynamic_batching import row_lengths
+from roll.distributed.sequence_packing import balanced_rank_rows
+
 WeightBy = Literal["tokens", "rows"]
 
 
@@ -64,12 +67,20 @@ def weight_counts(response_mask: torch.Tensor, weight_by: WeightBy) -> torch.Ten
     return (response_mask.sum(dim=-1) > 0).float()
 
 
-def rank_share(minibatch: TensorDict, rank: int, world_size: int, weight_by: WeightBy) -> tuple[TensorDict, float]:
+def rank_share(
+    minibatch: TensorDict, rank: int, world_size: int, weight_by: WeightBy, balanced: bool = False
+) -> tuple[TensorDict, float]:
     """Rank `rank`'s rows of `minibatch` and the mini-batch's total count (`weight_counts`) over
     all ranks. A rank left without rows gets the first row with its response mask zeroed: it
-    weighs 0 in every loss and metric, and lets the rank join the engine's collectives."""
-    rows = split_rows(minibatch.batch_size[0], world_size)[rank]
+    weighs 0 in every loss and metric, and lets the rank join the engine's collectives.
+    `balanced` (sequence packing's load_balance): rows spread by workload
+    (`roll.distributed.sequence_packing.balanced_rank_rows`) instead of in consecutive slices."""
     total = float(weight_counts(minibatch["response_mask"], weight_by).sum())
+    if balanced:
+        mine = balanced_rank_rows(row_lengths(minibatch["attention_mask"]), world_size)[rank]
+        rows = torch.tensor(mine, dtype=torch.long)
+        return (minibatch[rows], total) if mine else (without_responses(minibatch[:1]), total)
+    rows = split_rows(minibatch.batch_size[0], world_size)[rank]
     if rows.stop > rows.start:
         return minibatch[rows], total
     return without_responses(minibatch[:1]), total

@@ -49,6 +49,7 @@ from roll.pipeline.scoring import (
     final_values,
     normalize_step_episode_scores,
     normalize_traj_rewards,
+    reward_kl_coef,
     score_batch,
     score_step_batch,
     with_final_state,
@@ -254,11 +255,12 @@ class AgenticPipeline:
                 adv_estimator=cfg.adv_estimator,
                 gamma=cfg.gamma,
                 lambd=cfg.lambd,
-                kl_coef=self.kl_ctl.value if cfg.uses_kl_penalty else None,
+                kl_coef=reward_kl_coef(self.kl_ctl.value, cfg.uses_kl_penalty, cfg.add_token_level_kl),
                 kl_kind=cfg.kl_penalty,
                 whiten_advantages=cfg.whiten_advantages,
                 norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
                 advantage_clip=cfg.advantage_clip,
+                whiten_rewards=cfg.whiten_rewards,
             )
         metrics.update(reward_metrics)
         if "critic/kl" in metrics:
@@ -298,6 +300,8 @@ class AgenticPipeline:
                     timeout=self.timeout_s,
                 )
             )
+        if step <= cfg.critic_warmup:  # ROLL's critic_warmup: the first steps train the critic only
+            return metrics
         metrics.update(
             ray.get(
                 self.workers["actor"].train.remote(
@@ -359,6 +363,8 @@ class AgenticPipeline:
             refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
         ray.get(refs, timeout=self.timeout_s)
         ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+        for path in ckpt.prune(self.cfg.checkpoint_dir, self.cfg.max_ckpt_to_keep):
+            logger.info("max_ckpt_to_keep=%d: deleted %s", self.cfg.max_ckpt_to_keep, path)
 
     def _resume(self) -> int:
         cfg = self.cfg

@@ -127,6 +127,7 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
             attn_implementation=cfg.reference.model_args.attn_implementation,
             micro_batch_size=cfg.reference.infer_batch_size or cfg.reference.training_args.per_device_train_batch_size,
             budget=training_features(cfg.reference)["infer_budget"],
+            sequence_packing=cfg.reference.use_sequence_packing,
             system_envs=cfg.reference.system_envs,
             cfg=cfg,
             pins=pins,
@@ -313,10 +314,17 @@ def _remote(
 def training_features(worker_cfg) -> dict:
     """The strategy features a role's config switches on (`build_train_strategy`'s arguments):
     LoRA, gradient checkpointing (ROLL's `disable_gradient_checkpointing: false`), and the token
-    budgets of dynamic batching in training and inference."""
+    budgets of dynamic batching in training and inference, or sequence packing and its load-balanced
+    plans (`PackingBudget`)."""
     from roll.distributed.dynamic_batching import TokenBudget
+    from roll.distributed.sequence_packing import PackingBudget
+
+    packing = worker_cfg.use_sequence_packing
 
     def budget(phase: str):
+        plan = worker_cfg.sequence_packing_args.plan("train" if phase == "train" else "forward") if packing else None
+        if plan is not None:
+            return PackingBudget(**plan)
         options = worker_cfg.dynamic_batching(phase)
         return None if options is None else TokenBudget(**options)
 
@@ -325,6 +333,7 @@ def training_features(worker_cfg) -> dict:
         "gradient_checkpointing": not worker_cfg.model_args.disable_gradient_checkpointing,
         "train_budget": budget("train"),
         "infer_budget": budget("infer"),
+        "sequence_packing": packing,
     }
 
 
@@ -451,7 +460,8 @@ def _takes(env_type: str, key: str) -> bool:
 
 def build_pg_options(cfg) -> PGOptions:
     """The actor's policy-gradient loss parameters: `actor_train`'s pg_variant keys and the PPO
-    clip range (`pg_clip_low` / `pg_clip_high`, each `pg_clip` when unset)."""
+    clip range (`pg_clip_low` / `pg_clip_high`, each `pg_clip` when unset); `dual_clip_loss`'s bound
+    is ROLL's 1 + 2 * pg_clip."""
     actor = cfg.actor_train
     return PGOptions(
         clip_low=cfg.pg_clip_low or cfg.pg_clip,
@@ -464,4 +474,5 @@ def build_pg_options(cfg) -> PGOptions:
         cispo_epsilon_high=actor.cispo_epsilon_high,
         cispo_use_unified_mask=actor.cispo_use_unified_mask,
         kimi15_tau=actor.kimi15_tau,
+        dual_clip=1.0 + 2.0 * cfg.pg_clip if cfg.dual_clip_loss else None,
     )

@@ -136,6 +136,29 @@ def resolve_resume(resume_from_checkpoint: bool | str, output_dir: str) -> Path 
     return path
 
 
+def prune(output_dir: str, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints (`max_ckpt_to_keep`; 0 deletes none);
+    returns the deleted paths. The one `latest` names is kept whatever its step. Called right after
+    `commit`, whose checkpoint (intact by construction) is the one a resume reads, so that one is
+    never deleted. Each deletion renames `step_N` to `.deleting-step_N` first (atomic), so a kill
+    during the removal never leaves a half-deleted `step_N` that looks complete; leftovers of such a
+    kill are removed by the next call."""
+    root = checkpoint_root(output_dir)
+    for leftover in root.glob(".deleting-step_*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    found = candidates(output_dir)  # newest first, the one `latest` names at the front
+    if keep <= 0 or len(found) <= keep:
+        return []
+    deleted = []
+    for path in found[keep:]:
+        doomed = path.with_name(f".deleting-{path.name}")
+        os.rename(path, doomed)
+        _fsync_dir(root)
+        shutil.rmtree(doomed)
+        deleted.append(path)
+    return deleted
+
+
 def read_state(path: Path) -> dict:
     return json.loads((path / STATE_FILE).read_text())
 

@@ -31,12 +31,14 @@ def score_batch(
     norm_adv_by_std: bool,
     kl_kind: str = "kl",
     advantage_clip: float | None = None,
+    whiten_rewards: bool = False,
 ) -> dict[str, float]:
     """Fill batch["advantages"] and batch["returns"] (B, T); return scoring metrics.
 
     With a reference model in the batch (`ref_logprobs`), the per-token KL penalty (estimator
     `kl_kind`, weight `kl_coef`; None: no penalty) is subtracted from the token rewards first
-    (PPO-RLHF style), so every estimator sees the same rewards.
+    (PPO-RLHF style), so every estimator sees the same rewards; `whiten_rewards` (ROLL's key) then
+    whitens them over the batch's generated tokens, unless there are fewer than two (as ROLL).
     For GRPO the trajectory score is the sum of its (penalised) token rewards. GAE bootstraps a
     truncated row from `rows.final_values` (the value of its last state), a terminated one from 0.
     Advantages are whitened, then clamped to +-advantage_clip (None: not), as in ROLL.
@@ -49,6 +51,8 @@ def score_batch(
             token_rewards, batch[Batch.OLD_LOGPROBS], batch[Batch.REF_LOGPROBS], mask, kl_coef, kl_kind
         )
         metrics.update(kl_metrics)
+    if whiten_rewards and mask.sum() > 1:  # an unbiased variance needs two tokens
+        token_rewards = masked_whiten(token_rewards, mask)
     scores = token_rewards.sum(dim=-1)
     bootstrap = None
     if rows.final_values is not None and rows.truncated is not None:
@@ -70,6 +74,15 @@ def score_batch(
     adv, metrics = _clip_advantages(adv, mask, advantage_clip, metrics)
     batch[Batch.ADVANTAGES], batch[Batch.RETURNS] = adv, returns
     return metrics | _advantage_metrics(adv, returns, mask, scores)
+
+
+def reward_kl_coef(controller_value: float, penalty_on: bool, add_token_level_kl: bool | None) -> float | None:
+    """The weight of the KL penalty in the token rewards: None when no KL is measured; 0 when it is
+    measured only (ROLL's `add_token_level_kl: false` with `init_kl_coef > 0`, which still feeds
+    the controller); else the controller's value."""
+    if not penalty_on:
+        return None
+    return 0.0 if add_token_level_kl is False else controller_value
 
 
 def with_final_state(batch) -> TensorDict:

@@ -62,6 +62,21 @@ def test_ppo_clips_the_ratio_to_the_trust_region():
     assert loss.item() == pytest.approx(reference.item())
 
 
+def test_ppo_dual_clip_caps_the_loss_of_negative_advantages():
+    # ROLL's dual_clip_loss with pg_clip 0.1: c = 1 + 2 * 0.1 = 1.2 (the ratio clip stays 0.2 here).
+    # Row 1 (A -1) token losses 0.8, 1.4, 1.0 (test above) -> min(loss, -c A = 1.2): 0.8, 1.2, 1.0;
+    # row 0 (A 2) is untouched. Sum -2.4 - 1.0 + 0.8 + 1.2 + 1.0 = -0.4, mean -0.08; capped 1/5.
+    # Gradients (/5): the clipped (r 1.5, 0.6) and the capped (r 1.4) tokens have none;
+    # r 0.5: d(-A r)/dL = -A r = -1.0; r 1.0: 1.0.
+    logprobs, loss, metrics = run("ppo", PGOptions(dual_clip=1.2), requires_grad=True)
+    assert loss.item() == pytest.approx(-0.08)
+    assert metrics["actor/dual_clipfrac"] == pytest.approx(1 / 5)
+    loss.backward()
+    assert_close(logprobs.grad, torch.tensor([[0.0, -0.2, 0.0], [0.0, 0.0, 0.2]], dtype=F64))
+    _, unbounded, _ = run("ppo", PGOptions(dual_clip=1.4))  # c = 1.4 = the largest row-1 loss: no cap
+    assert unbounded.item() == pytest.approx(-0.04)
+
+
 def test_tis_truncates_the_detached_ratio():
     # bounds [0, 1]: w = min(r, 1): row 0: 1, 0.5; row 1: 0.6, 1, 1. Token loss -w A L:
     #   row 0: -1 * 2 * -1 = 2, -0.5 * 2 * -2 = 2; row 1: -0.6 * -1 * -0.5 = -0.3, -1, -2.

@@ -106,7 +106,13 @@ def test_roll_keys_become_strategy_features(llama_dir):
     assert features["infer_budget"] is None
     assert cfg.actor_train.model_args.dtype == "bfloat16"
     off = training_features(load_config(CONFIG_DIR, CONFIG_NAME, [f"pretrain={llama_dir}"]).actor_train)
-    assert off == {"lora": None, "gradient_checkpointing": False, "train_budget": None, "infer_budget": None}
+    assert off == {
+        "lora": None,
+        "gradient_checkpointing": False,
+        "train_budget": None,
+        "infer_budget": None,
+        "sequence_packing": False,
+    }
 
 
 @pytest.mark.parametrize(

@@ -162,3 +162,31 @@ def test_without_kl_loss_no_reference_and_no_kl_metric(model_dir, monkeypatch):
     p.score(batch, meta)
     assert "reference" not in p.workers and "ref_logprobs" not in batch.keys()
     assert "losses/kl_loss" not in p.update(batch, step=1)
+
+
+def test_dual_clip_loss_reaches_the_actor_loss(model_dir, monkeypatch):
+    p = pipeline(model_dir, monkeypatch, False, "+dual_clip_loss=true", "pg_clip=0.3")
+    assert p.pg_options.dual_clip == pytest.approx(1.6)  # ROLL's bound 1 + 2 * pg_clip
+    batch, meta = batch_and_meta(step_wise=False)
+    p.score(batch, meta)
+    assert "actor/dual_clipfrac" in p.update(batch, step=1)
+
+
+def test_critic_warmup_leaves_the_actor_alone_for_its_first_steps(model_dir, monkeypatch):
+    # ROLL trains the actor when critic_warmup <= global_step (0-based); roll's steps count from 1.
+    p = pipeline(model_dir, monkeypatch, False, "+critic_warmup=2")
+    batch, meta = batch_and_meta(step_wise=False)
+    p.score(batch, meta)
+    before = {k: v.clone() for k, v in p.workers["actor"].worker.get_weights().items()}
+    assert p.update(batch, step=1) == {} and p.update(batch, step=2) == {}
+    after = p.workers["actor"].worker.get_weights()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert "losses/policy_loss" in p.update(batch, step=3)
+
+
+def test_save_keeps_max_ckpt_to_keep_checkpoints(model_dir, monkeypatch, tmp_path):
+    p = pipeline(model_dir, monkeypatch, False, "+max_ckpt_to_keep=2", f"output_dir={tmp_path}")
+    for step in (1, 2, 3):
+        p.save(step)
+    kept = sorted(d.name for d in (tmp_path / "checkpoints").iterdir() if d.is_dir())
+    assert kept == ["step_2", "step_3"] and (tmp_path / "checkpoints" / "latest").read_text() == "step_3"

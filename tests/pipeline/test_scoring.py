@@ -184,3 +184,36 @@ def test_step_reinforce_normalises_its_step_returns_as_roll():
         return_norm=RewardNormalization(grouping="traj_group_id", norm_mean_type="group", norm_std_type=None),
     )
     assert batch["advantages"].tolist() == [[0, 1.0, 1.0], [0, 0, 0.0], [-1.0, -1.0, 0], [0, 0.0, 0]]
+
+
+def _reinforce(batch, **kwargs):
+    meta = RowInfo(traj_group_id=["a", "b"], traj_id=["1", "2"], tag=["x", "x"])
+    options = dict(adv_estimator="reinforce", gamma=1.0, lambd=1.0, whiten_advantages=False, norm_adv_by_std=True)
+    return score_batch(batch, meta, **{"kl_coef": None, **options, **kwargs})
+
+
+def test_whiten_rewards_whitens_token_rewards_before_the_estimator():
+    # ROLL's whiten_rewards: rewards 0, 2 / 0, 0 on four generated tokens: mean 0.5, unbiased var
+    # (3 * 0.25 + 2.25) / 3 = 1 -> -0.5, 1.5 / -0.5, -0.5; reinforce returns are suffix sums.
+    batch = _traj_batch([[0.0, 2.0], [0.0, 0.0]], [[1, 1], [1, 1]])
+    _reinforce(batch, whiten_rewards=True)
+    assert batch["returns"].flatten().tolist() == pytest.approx([1.0, 1.5, -1.0, -0.5])
+    batch = _traj_batch([[0.0, 2.0], [0.0, 0.0]], [[0, 1], [0, 0]])  # one generated token: no variance
+    _reinforce(batch, whiten_rewards=True)
+    assert batch["returns"].tolist() == [[0.0, 2.0], [0.0, 0.0]]  # unchanged (returns on generated tokens)
+
+
+def test_add_token_level_kl_false_measures_the_kl_without_a_penalty():
+    # old - ref log-probs: 0.5 on each of the two generated tokens (k1); controller value 0.1.
+    from roll.pipeline.scoring import reward_kl_coef
+
+    assert reward_kl_coef(0.1, penalty_on=False, add_token_level_kl=True) is None
+    assert reward_kl_coef(0.1, penalty_on=True, add_token_level_kl=None) == 0.1  # roll's own rule
+    assert reward_kl_coef(0.1, penalty_on=True, add_token_level_kl=True) == 0.1
+    for coef, last_reward in ((0.0, 1.0), (0.1, 0.95)):  # false: 0 -> rewards unchanged, KL still logged
+        batch = _traj_batch([[0.0, 1.0], [0.0, 0.0]], [[0, 1], [0, 0]])
+        batch["old_logprobs"] = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+        batch["ref_logprobs"] = torch.tensor([[-1.5, -1.5], [-1.5, -1.5]])
+        metrics = _reinforce(batch, kl_coef=coef)
+        assert batch["returns"][0, 1].item() == pytest.approx(last_reward)
+        assert metrics["critic/kl"] == pytest.approx(0.5) and metrics["critic/kl_coef"] == coef

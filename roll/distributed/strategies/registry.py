@@ -83,6 +83,7 @@ def build_train_strategy(
     gradient_checkpointing: bool = False,
     train_budget: TokenBudget | None = None,
     infer_budget: TokenBudget | None = None,
+    sequence_packing: bool = False,
 ) -> TorchTrainStrategy:
     """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
     one place its fields are read. Engines other than `torch` are imported only when chosen.
@@ -90,8 +91,12 @@ def build_train_strategy(
     `lora` ({rank, alpha, target}, `ModelArgs.lora`) wraps the model in peft LoRA adapters first
     (megatron: adapters on its parallel layers, roll.distributed.strategies.megatron_lora);
     `gradient_checkpointing` recomputes activations in backward (HF's non-reentrant checkpointing,
-    megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching.
+    megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching (or
+    are sequence packing's load-balanced plans); `sequence_packing` runs micro-batches as packed rows
+    (torch, fsdp2, deepspeed: HF models; megatron runs its own model and refuses it).
     """
+    if sequence_packing and canonical_name(strategy_name) == "megatron_train":
+        raise ValueError("use_sequence_packing: not built for megatron (its own GPT model, not an HF one)")
     megatron = canonical_name(strategy_name) == "megatron_train"
     if gradient_checkpointing and not megatron:
         # transformers 5's name for HF gradient checkpointing (`gradient_checkpointing_enable` is its alias)
@@ -115,6 +120,7 @@ def build_train_strategy(
         dedupe_rows=dedupe_rows,
         train_budget=train_budget,
         infer_budget=infer_budget,
+        sequence_packing=sequence_packing,
     )
     options = dict(strategy_config or {})
     engine_cls = strategy_class(strategy_name, kind="train")

@@ -42,6 +42,7 @@ from roll.distributed.micro_batches import (
     trim_padding,
 )
 from roll.distributed.ranks import micro_weights, without_responses
+from roll.distributed.sequence_packing import PackedSequences, PackingBudget
 from roll.distributed.strategies.offload import (
     move_module_,
     move_optimizer_state_,
@@ -89,6 +90,7 @@ class TorchTrainStrategy:
         train_budget: TokenBudget | None = None,
         infer_budget: TokenBudget | None = None,
         torch_compile: bool = False,
+        sequence_packing: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.dedupe_rows = dedupe_rows
@@ -103,6 +105,8 @@ class TorchTrainStrategy:
         self.max_grad_norm = max_grad_norm
         self.micro_batch_size = micro_batch_size
         self.train_budget, self.infer_budget = train_budget, infer_budget  # dynamic batching, None: off
+        self.sequence_packing = sequence_packing
+        self.balance_ranks = isinstance(train_budget, PackingBudget)  # ROLL's batch_balance (ranks.rank_share)
         self.lora_scaling = lora_scaling(self.model)  # None unless roll.models.lora.apply_lora wrapped it
         self.param_counts = param_counts(self.model)  # before an engine partitions the parameters
         self.metric_prefix = metric_prefix
@@ -134,7 +138,7 @@ class TorchTrainStrategy:
         # rank with fewer micro-batches than another adds stand-ins (agreed before any forward)
         stand_ins = self._forward_stand_ins(batch, micro_batch_size) if self.dp_size > 1 else 0
         out = forward_in_micro_batches(
-            self.model,
+            self._packed(self.model),
             batch,
             forward,
             micro_batch_size,
@@ -146,7 +150,7 @@ class TorchTrainStrategy:
             stand_in = trim_padding(batch[:1]).to(self.device)
             with torch.no_grad():
                 for _ in range(stand_ins):
-                    forward(self.model, stand_in)
+                    forward(self._packed(self.model), stand_in)
         return out
 
     def _forward_stand_ins(self, batch: TensorDict, micro_batch_size: int) -> int:
@@ -213,7 +217,7 @@ class TorchTrainStrategy:
         metrics: dict[str, float] = {}
         finite = True
         for i, (micro, weight) in enumerate(zip(micros, weights, strict=True)):
-            loss, micro_metrics = loss_fn(self.train_module, micro.to(self.device))
+            loss, micro_metrics = loss_fn(self._packed(self.train_module), micro.to(self.device))
             finite = finite and bool(torch.isfinite(loss))
             if finite or self.dp_size > 1:  # ranks keep their collectives matched and skip together
                 self._backward(loss * weight, last=i == len(micros) - 1)
@@ -237,6 +241,10 @@ class TorchTrainStrategy:
             f"{prefix}/consecutive_skipped_steps": float(self.consecutive_skips),
             f"{prefix}/unique_row_ratio": unique_ratio,
         }
+
+    def _packed(self, module):
+        """`module` as the losses and forwards call it: on packed rows with `sequence_packing`."""
+        return PackedSequences(module) if self.sequence_packing else module
 
     def _as_many_micros_as_every_rank(self, micros: list[TensorDict], weights: list[float]):
         """Pad with stand-ins (no response token, weight 0) to the most micro-batches any rank has:

@@ -62,5 +62,5 @@ def train_on_share(strategy, minibatch: TensorDict, loss_fn, weight_by: WeightBy
     (`roll.distributed.ranks`), so that the ranks together take the one-process step."""
     if strategy.dp_size == 1:
         return strategy.train_step(minibatch, loss_fn, weight_by)
-    share, total = rank_share(minibatch, strategy.dp_rank, strategy.dp_size, weight_by)
+    share, total = rank_share(minibatch, strategy.dp_rank, strategy.dp_size, weight_by, strategy.balance_ranks)
     return strategy.train_step(share, loss_fn, weight_by, total)

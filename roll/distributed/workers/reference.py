@@ -8,6 +8,7 @@ from torch import nn
 
 from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs
+from roll.distributed.sequence_packing import PackedSequences
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import set_num_threads, take_memory_gib
 from roll.models.loading import DType, load_causal_lm
@@ -27,11 +28,15 @@ class ReferenceWorker:
         attn_implementation: str | None = None,
         device: str = "cpu",
         budget: TokenBudget | None = None,
+        sequence_packing: bool = False,
     ) -> None:
         set_num_threads(num_threads)
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
         self.budget = budget  # dynamic batching (`use_dynamic_batching_in_infer`); None: micro_batch_size rows
+        self.sequence_packing = (
+            sequence_packing  # each micro-batch as one packed row (roll.distributed.sequence_packing)
+        )
         self.model = (
             load_causal_lm(
                 model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
@@ -49,8 +54,9 @@ class ReferenceWorker:
             return {"logprobs": logprobs}
 
         batch = batch.select("input_ids", "attention_mask")
+        model = PackedSequences(self.model) if self.sequence_packing else self.model
         return forward_in_micro_batches(
-            self.model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
+            model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
         )["logprobs"]
 
     def memory_gib(self) -> dict[str, float]:
