@@ -33,8 +33,9 @@ class PipelineConfig(RollDialect):
     exp_name: str = Field("roll", min_length=1)
     """Name of the experiment (ROLL's key). roll reads nothing from it; the example YAMLs use it
     in paths, `output_dir: ./output/${exp_name}`."""
-    seed: int = 42
-    """Root of every random choice in the run (env seeds, sampling, init), via `derive_seed`."""
+    seed: int = Field(42, ge=0)
+    """Root of every random choice in the run (env seeds, sampling, init), via `derive_seed`;
+    non-negative, as numpy's and the envs' seeds are."""
     logging_dir: str = "./output/logs"
     """TensorBoard event files go here."""
     output_dir: str = "./output"
