@@ -72,8 +72,10 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     from roll.pipeline.guards import TrainingDiverged
     from roll.pipeline.recorded_rollout import RecordingMissing
     from roll.pipeline.rollout_pipeline import AgenticRolloutPipeline
+    from roll.pipeline.worker_death import death_line, ray_logs_dir, remember_oom_count
 
     ray_was_up = ray.is_initialized()  # a caller's Ray (a notebook, a test) is left running
+    remember_oom_count()  # a worker that dies later is told apart as OOM-killed by this count
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, _raise_terminated) for sig in STOP_SIGNALS} if in_main_thread else {}
     try:
@@ -119,12 +121,8 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
             return 1
         if isinstance(err, KeyboardInterrupt):
             raise
-        # e.g. the inference or actor worker's process was killed
-        print(
-            f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
-            f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}",
-            file=sys.stderr,
-        )
+        # e.g. the inference or actor worker's process was killed, or could not start: say which and why
+        print(f"training stopped: {death_line(err, _last_checkpoint(config), ray_logs_dir())}", file=sys.stderr)
         return 1
     finally:
         if not ray_was_up:
@@ -192,11 +190,6 @@ def _last_checkpoint_path(config):
     from roll.pipeline import checkpoint as ckpt
 
     return ckpt.latest(config.checkpoint_dir)
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else ""
 
 
 def resolve_config_dir(config_path: str, examples_dir: str | None) -> str:
