@@ -13,6 +13,7 @@ Roles that share GPUs take turns on them: each phase first makes its roles resid
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from contextlib import contextmanager
 
@@ -30,8 +31,10 @@ from roll.pipeline.builders import (
     inference_names,
 )
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
+from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
+from roll.pipeline.run_dirs import checkpoint_bytes
 from roll.pipeline.samples import (
     adjust_batch,
     batch_divisor,
@@ -316,13 +319,26 @@ class AgenticPipeline:
         return {**summarize_trajectories(trajs, "val"), "val/dropped_trajectories": float(len(dropped))}
 
     def save(self, step: int) -> None:
+        """Checkpoint `step`; a full disk deletes the half-written one and raises `DiskFull`."""
         self.residency.enter("checkpoint")
-        tmp = ckpt.begin(self.cfg.checkpoint_dir, step)
-        refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
-        if "critic" in self.workers:
-            refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
-        ray.get(refs, timeout=self.timeout_s)
-        ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+        root = ckpt.checkpoint_root(self.cfg.checkpoint_dir)
+        tmp = None
+        try:
+            tmp = ckpt.begin(self.cfg.checkpoint_dir, step)
+            refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
+            if "critic" in self.workers:
+                refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
+            ray.get(refs, timeout=self.timeout_s)
+            ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+        except Exception as err:
+            need = checkpoint_bytes(self.cfg)
+            # torch.save says only "file write failed": a disk left with less than one checkpoint counts too
+            if not (is_disk_full(err) or shutil.disk_usage(root).free < need):
+                raise
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)  # it would only hold the space a resume needs
+            line = disk_full_line(root, need, ckpt.latest(self.cfg.checkpoint_dir))
+            raise DiskFull(f"step {step}: {line}") from None
 
     def _resume(self) -> int:
         cfg = self.cfg
