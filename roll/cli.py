@@ -84,27 +84,26 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
         signum = _terminated(err)
         if signum is None:  # a SystemError of its own: a bug, keep its traceback
             raise
-        print(
+        _say(
             f"training stopped: {signal.Signals(signum).name}; resume from the last checkpoint with "
             "resume_from_checkpoint=true",
-            file=sys.stderr,
         )
         return 128 + signum
     except (PlacementError, CheckpointDamaged) as err:  # a device_mapping this machine cannot hold,
         # a resume_from_checkpoint path that is not an intact checkpoint: config errors here
-        print(f"config error: {err}", file=sys.stderr)
+        _say(f"config error: {err}")
         return 2
     except ClusterError as err:  # ray_address: no cluster there, or it refused the driver's token
-        print(f"cluster error: {err}", file=sys.stderr)
+        _say(f"cluster error: {err}")
         return 2
     except (TrainingDiverged, RolloutFailed, EngineFailed, RecordingMissing, DiskFull) as err:
-        print(f"training stopped: {err}", file=sys.stderr)
+        _say(f"training stopped: {err}")
         return 1
     except OSError as err:  # the driver's own writes: a metrics line, a trace, a dump
         if not is_disk_full(err):
             raise
         where = os.path.dirname(err.filename) if isinstance(err.filename, str) else config.output_dir
-        print(f"training stopped: {disk_full_line(where, None, _last_checkpoint_path(config))}", file=sys.stderr)
+        _say(f"training stopped: {disk_full_line(where, None, _last_checkpoint_path(config))}")
         return 1
     except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt, RayTaskError) as err:
         # a cluster node gone takes its workers; its death may be reported a little after theirs,
@@ -113,16 +112,15 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
         if isinstance(err, RayTaskError) and not lost:
             raise  # an error inside a worker with every node alive: a bug, keep its traceback
         if lost:
-            print(
+            _say(
                 f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
                 "resume with resume_from_checkpoint=true once the cluster has room again",
-                file=sys.stderr,
             )
             return 1
         if isinstance(err, KeyboardInterrupt):
             raise
         # e.g. the inference or actor worker's process was killed, or could not start: say which and why
-        print(f"training stopped: {death_line(err, _last_checkpoint(config), ray_logs_dir())}", file=sys.stderr)
+        _say(f"training stopped: {death_line(err, _last_checkpoint(config), ray_logs_dir())}")
         return 1
     finally:
         if not ray_was_up:
@@ -142,6 +140,15 @@ class Terminated(Exception):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def _say(line: str) -> None:
+    """One line on stderr, on a line of its own: a progress bar left open (the run stopped in the
+    middle of a step) is closed first, which ends its line."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+    print(line, file=sys.stderr)
 
 
 def _raise_terminated(signum, frame) -> None:
