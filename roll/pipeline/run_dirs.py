@@ -67,7 +67,8 @@ def previous_outputs(cfg) -> dict[str, list[Path]]:
     if metrics.is_file() and metrics.stat().st_size > 0:
         found["output_dir"].append(metrics)
     root = ckpt.checkpoint_root(cfg.checkpoint_dir)
-    if root.is_dir() and (any(root.glob("step_*")) or (root / ckpt.LATEST_FILE).exists()):
+    saves = not cfg.rollout_only  # a rollout-only run writes no checkpoint
+    if saves and root.is_dir() and (any(root.glob("step_*")) or (root / ckpt.LATEST_FILE).exists()):
         found[checkpoint_key(cfg)].append(root)
     board_key = "tracker_kwargs.log_dir" if "tracker_kwargs.log_dir" in dirs else "logging_dir"
     found[board_key] += sorted(Path(dirs[board_key]).glob("events.out.tfevents.*"))
