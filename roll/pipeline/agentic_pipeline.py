@@ -306,7 +306,16 @@ class AgenticPipeline:
         the actor off a shared GPU and wake the engine: weights must reach an awake engine."""
         weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
         self.residency.enter("sync")
-        ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=self.timeout_s)
+        # first: an engine that Ray restarts from now on loads these (roll.distributed.workers.weight_store)
+        ray.get(self.workers["weight_store"].put.remote([weights], version), timeout=self.timeout_s)
+        updates = {w.update_weights.remote(weights, version): w for w in self.workers["inference"]}
+        for ref, engine in updates.items():
+            try:
+                ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.RayActorError as err:  # died: restarted, it loads the stored weights itself
+                if err.actor_init_failed:
+                    raise
+                ray.get(engine.__ray_ready__.remote(), timeout=self.timeout_s)  # raises if it cannot come back
 
     def validate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
