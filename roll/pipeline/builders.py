@@ -152,7 +152,7 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     workers["weight_store"] = ray.remote(WeightStore).options(name=weight_store_name(), **_ACTOR_OPTIONS).remote()
-    workers["inference"] = build_inference(cfg, residency, pins)
+    workers["inference"] = build_inference(cfg, residency, pins, weight_store=weight_store_name())
     return workers
 
 
@@ -161,9 +161,11 @@ def weight_store_name() -> str:
     return f"roll-weights-{ray.get_runtime_context().get_job_id()}"
 
 
-def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) -> list:
+def build_inference(cfg, residency: PhaseResidency, pins: list | None = None, weight_store: str | None = None) -> list:
     """The inference replicas of `actor_infer` on their devices (`residency.plan`), pinned to their
-    cores; `pins`: the training roles' pins, waited for together with these."""
+    cores; `pins`: the training roles' pins, waited for together with these; `weight_store`: the
+    name of the `WeightStore` a restarted replica loads its weights from (None: a rollout-only run,
+    whose initial weights stay current)."""
     plan, pins = residency.plan, pins or []
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
@@ -185,7 +187,7 @@ def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) ->
             device=placement.torch_device,
             **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
             num_threads=share.num_threads,
-            weight_store=weight_store_name(),
+            weight_store=weight_store,
         )
         for placement, name, spot, share in zip(
             placements, inference_names(cfg), node_spots("actor_infer", placements), infer_shares, strict=True
