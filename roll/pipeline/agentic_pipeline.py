@@ -315,7 +315,7 @@ class AgenticPipeline:
             except ray.exceptions.RayActorError as err:  # died: restarted, it loads the stored weights itself
                 if err.actor_init_failed:
                     raise
-                ray.get(engine.__ray_ready__.remote(), timeout=self.timeout_s)  # raises if it cannot come back
+                _wait_until_back(engine, self.timeout_s)
 
     def validate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
@@ -369,6 +369,20 @@ class AgenticPipeline:
         self.sync_weights(version=state["step"])
         logger.warning("resumed from %s (step %d)", path, state["step"])
         return int(state["step"])
+
+
+def _wait_until_back(handle, timeout_s: float) -> None:
+    """Block until the actor Ray is restarting answers (a call made while it restarts fails at once
+    with `ActorUnavailableError`); its death for good, or `timeout_s`, raises."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=max(deadline - time.monotonic(), 1.0))
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @contextmanager

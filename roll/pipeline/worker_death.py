@@ -65,7 +65,11 @@ def death_line(err: BaseException, last_checkpoint: str, logs_dir: str | Path | 
 
 
 def _who(text: str) -> str:
-    name = re.search(r"class_name: (\S+)", text) or re.search(r"ray::(\w+)\.", text)
+    name = (
+        re.search(r"class_name: (\S+)", text)
+        or re.search(r"ray::(\w+)\.", text)
+        or re.search(r"The actor (\w+) is unavailable", text)
+    )
     pid = _pid(text)
     return ", ".join(filter(None, [name.group(1) if name else None, f"pid {pid}" if pid else None])) or "unknown"
 
