@@ -12,8 +12,9 @@ script samples the run's processes (its own session: driver, Ray, workers): resi
     python benchmarks/soak.py --steps 1000 --kills 3 --out output/soak
 
 Last line: `RESULT soak_steps=... exit=... missing_steps=... kills=... dropped=... rss_first_mb=...
-rss_last_mb=... files_first=... files_last=...` (first/last: the means of the first and last
-fifth of the samples, so start-up and the final checkpoint do not count as drift).
+rss_last_mb=... files_first=... files_last=...` (first/last: the means of the second and the last
+fifth of the samples, so that start-up does not count as drift); every sample goes to
+`soak_samples.csv` beside `--out`.
 """
 
 from __future__ import annotations
@@ -146,7 +147,10 @@ def report(args, out: Path, returncode: int, samples: list, kills: list, wall_s:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] if steps else []
     dropped = sum(r.get("rollout/dropped_trajectories", 0) for r in rows)
     fifth = max(len(samples) // 5, 1)
-    first, last = samples[:fifth], samples[-fifth:]
+    first, last = samples[fifth : 2 * fifth] or samples[:fifth], samples[-fifth:]  # after start-up; the end
+    with open(out.parent / "soak_samples.csv", "w") as f:  # every sample, to plot
+        f.write("wall_s,steps_logged,rss_mib,open_files\n")
+        f.writelines(f"{t:.1f},{n},{rss:.1f},{files}\n" for t, n, rss, files in samples)
     mean = lambda rows, i: sum(r[i] for r in rows) / len(rows)  # noqa: E731
     print("| steps | exit | wall s | kills | dropped trajectories | RSS MiB first/last | open files first/last |")
     print("|---|---|---|---|---|---|---|")
