@@ -5,9 +5,11 @@ exit status 2 (no traceback). A run that cannot go on for a known reason (diverg
 rollout that keeps failing, a worker process that died for good) gets one line and exit status 1;
 anything else that goes wrong is a bug and keeps its traceback.
 
-SIGTERM (e.g. `kill PID`, a scheduler's preemption) ends the run cleanly: one line, no stack
-dump, nothing saved beyond the last checkpoint, the local Ray cluster this run started shut down,
-and exit status 143 (128 + SIGTERM, as a shell reports a process ended by the signal).
+SIGTERM (e.g. `kill PID`, a scheduler's preemption) and SIGINT (Ctrl-C) end the run cleanly: one
+line, no stack dump, nothing saved beyond the last checkpoint, the local Ray cluster this run
+started shut down, and exit status 128 + the signal (143, 130), as a shell reports a process ended
+by it. A second Ctrl-C meanwhile stops the driver at once (exit status 130); the processes it
+started are then ended by `roll.pipeline.reaper`. A second SIGTERM is ignored.
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
         config = load_config(config_dir, args.config_name, args.overrides, rollout_only=rollout_only)
-        from roll.pipeline.preflight import run_preflight
+        from roll.pipeline.preflight import NothingToTrain, run_preflight
         from roll.pipeline.prestart import check_before_start  # imports the envs: after the config loaded
 
         check_before_start(config)  # env types and env_config keys, LoRA targets, the device layout
-        run_preflight(config)  # the output dir, the model's config.json, one env per tag
+        try:
+            run_preflight(config)  # the run's directories, the resumed checkpoint, the models, one env per tag
+        except NothingToTrain as err:
+            print(err, file=sys.stderr)
+            return 0
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -62,32 +68,42 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.checkpoint import CheckpointDamaged
     from roll.pipeline.cluster import ClusterError, joined, lost_nodes
+    from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
     from roll.pipeline.guards import TrainingDiverged
     from roll.pipeline.recorded_rollout import RecordingMissing
     from roll.pipeline.rollout_pipeline import AgenticRolloutPipeline
+    from roll.pipeline.worker_death import death_line, ray_logs_dir, remember_oom_count
 
     ray_was_up = ray.is_initialized()  # a caller's Ray (a notebook, a test) is left running
+    remember_oom_count()  # a worker that dies later is told apart as OOM-killed by this count
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in STOP_SIGNALS} if in_main_thread else {}
     try:
         (AgenticRolloutPipeline if config.rollout_only else AgenticPipeline)(config).run()
     except (Terminated, SystemError) as err:
-        if not _terminated(err):  # a SystemError of its own: a bug, keep its traceback
+        signum = _terminated(err)
+        if signum is None:  # a SystemError of its own: a bug, keep its traceback
             raise
-        print(
-            "training stopped: SIGTERM; resume from the last checkpoint with resume_from_checkpoint=true",
-            file=sys.stderr,
+        _say(
+            f"training stopped: {signal.Signals(signum).name}; resume from the last checkpoint with "
+            "resume_from_checkpoint=true",
         )
-        return 128 + signal.SIGTERM
+        return 128 + signum
     except (PlacementError, CheckpointDamaged) as err:  # a device_mapping this machine cannot hold,
         # a resume_from_checkpoint path that is not an intact checkpoint: config errors here
-        print(f"config error: {err}", file=sys.stderr)
+        _say(f"config error: {err}")
         return 2
     except ClusterError as err:  # ray_address: no cluster there, or it refused the driver's token
-        print(f"cluster error: {err}", file=sys.stderr)
+        _say(f"cluster error: {err}")
         return 2
-    except (TrainingDiverged, RolloutFailed, EngineFailed, RecordingMissing) as err:
-        print(f"training stopped: {err}", file=sys.stderr)
+    except (TrainingDiverged, RolloutFailed, EngineFailed, RecordingMissing, DiskFull) as err:
+        _say(f"training stopped: {err}")
+        return 1
+    except OSError as err:  # the driver's own writes: a metrics line, a trace, a dump
+        if not is_disk_full(err):
+            raise
+        where = os.path.dirname(err.filename) if isinstance(err.filename, str) else config.output_dir
+        _say(f"training stopped: {disk_full_line(where, None, _last_checkpoint_path(config))}")
         return 1
     except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt, RayTaskError) as err:
         # a cluster node gone takes its workers; its death may be reported a little after theirs,
@@ -96,70 +112,91 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
         if isinstance(err, RayTaskError) and not lost:
             raise  # an error inside a worker with every node alive: a bug, keep its traceback
         if lost:
-            print(
+            _say(
                 f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
                 "resume with resume_from_checkpoint=true once the cluster has room again",
-                file=sys.stderr,
             )
             return 1
         if isinstance(err, KeyboardInterrupt):
             raise
-        # e.g. the inference or actor worker's process was killed
-        print(
-            f"training stopped: a worker process died ({type(err).__name__}); resume from the last "
-            f"checkpoint with resume_from_checkpoint=true. {_first_line(err)}",
-            file=sys.stderr,
-        )
+        # e.g. the inference or actor worker's process was killed, or could not start: say which and why
+        _say(f"training stopped: {death_line(err, _last_checkpoint(config), ray_logs_dir())}")
         return 1
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
         if not ray_was_up:
             _shutdown_ray()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""The signals that end a run cleanly (a scheduler's preemption, Ctrl-C)."""
+
+
 class Terminated(Exception):
-    """The process got SIGTERM (raised from the signal handler, in the main thread)."""
+    """The process got one of `STOP_SIGNALS` (raised from the signal handler, in the main thread)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _say(line: str) -> None:
+    """One line on stderr, on a line of its own: a progress bar left open (the run stopped in the
+    middle of a step) is closed first, which ends its line."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+    print(line, file=sys.stderr)
 
 
 def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
+    signal.signal(signal.SIGINT, _exit_now)  # the clean stop is under way: a second Ctrl-C stops at once
+    raise Terminated(signum)
 
 
-def _terminated(err: BaseException | None) -> bool:
-    """Whether `err` is, or was caused by, `Terminated`: raised inside Ray's compiled wait/get
-    loops it comes back as a SystemError whose cause is the Terminated."""
+def _exit_now(signum, frame) -> None:
+    os.write(2, f"stopped at once: {signal.Signals(signum).name} again\n".encode())
+    os._exit(128 + signum)
+
+
+def _terminated(err: BaseException | None) -> int | None:
+    """The signal number when `err` is, or was caused by, `Terminated` (raised inside Ray's
+    compiled wait/get loops it comes back as a SystemError whose cause is the Terminated)."""
     seen = 0
     while err is not None and seen < 10:
         if isinstance(err, Terminated):
-            return True
+            return err.signum
         err, seen = err.__cause__ or err.__context__, seen + 1
-    return False
+    return None
 
 
 def _shutdown_ray() -> None:
-    """Stop the Ray processes this run started (a local cluster), on every way out; SIGTERM is
-    ignored meanwhile so a second one does not cut the shutdown short."""
+    """Stop the Ray processes this run started (a local cluster), on every way out. Meanwhile
+    SIGTERM is ignored, so that a second one (a scheduler's, a process group's) does not cut the
+    shutdown short, and a Ctrl-C stops the driver at once (`_exit_now`): the user asked twice."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        handlers = {signal.SIGTERM: signal.SIG_IGN, signal.SIGINT: _exit_now}
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()} if in_main_thread else {}
         try:
             ray.shutdown()
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _last_checkpoint(config) -> str:
-    from roll.pipeline import checkpoint as ckpt
-
-    path = ckpt.latest(config.output_dir)
+    path = _last_checkpoint_path(config)
     return str(path) if path is not None else "none"
 
 
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else ""
+def _last_checkpoint_path(config):
+    from roll.pipeline import checkpoint as ckpt
+
+    return ckpt.latest(config.checkpoint_dir)
 
 
 def resolve_config_dir(config_path: str, examples_dir: str | None) -> str:

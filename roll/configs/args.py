@@ -107,6 +107,14 @@ class ModelArgs(ConfigModel):
             data["attn_implementation"] = older
         return data
 
+    @field_validator("lora_target")
+    @classmethod
+    def _names_modules(cls, target: str | None) -> str | None:
+        # "" or "q_proj,,v_proj" would otherwise fall back to all-linear, or to a module named ""
+        if target is not None and not all(name.strip() for name in target.split(",")):
+            raise ValueError(f"{target!r} names an empty module; write all-linear, or module names separated by commas")
+        return target
+
     @model_validator(mode="after")
     def _lora_keys_need_rank(self) -> ModelArgs:
         if self.lora_rank is None:

@@ -26,6 +26,9 @@ from roll.configs.worker import (
 )
 from roll.core.enums import SampleMode
 
+GROUP_RELATIVE = ("grpo", "gigpo")
+"""Estimators whose advantages compare the members of a group with each other."""
+
 
 class PipelineConfig(RollDialect):
     """Everything `AgenticPipeline` needs. Field names follow ROLL's agentic YAMLs."""
@@ -33,8 +36,9 @@ class PipelineConfig(RollDialect):
     exp_name: str = Field("roll", min_length=1)
     """Name of the experiment (ROLL's key). roll reads nothing from it; the example YAMLs use it
     in paths, `output_dir: ./output/${exp_name}`."""
-    seed: int = 42
-    """Root of every random choice in the run (env seeds, sampling, init), via `derive_seed`."""
+    seed: int = Field(42, ge=0)
+    """Root of every random choice in the run (env seeds, sampling, init), via `derive_seed`;
+    non-negative, as numpy's and the envs' seeds are."""
     logging_dir: str = "./output/logs"
     """TensorBoard event files go here."""
     output_dir: str = "./output"
@@ -101,9 +105,9 @@ class PipelineConfig(RollDialect):
     """Normalise episode scores before the estimator (null: off). Trajectory-wise rows then carry
     the normalised score as their only reward, on the last generated token (as in ROLL); step-wise
     rows use it as the episode score of "grpo"/"gigpo"; "step_reinforce" normalises each row's
-    discounted step return with it instead (over the rows of each group, as ROLL). GRPO already centres (and
-    scales) within
-    traj groups, so the useful combinations are other groupings, e.g. batch whitening for GAE."""
+    discounted step return with it instead (over the rows of each group, as ROLL). GRPO already
+    centres (and scales) within traj groups, so the useful combinations are other groupings, e.g.
+    batch whitening for GAE."""
     reward_clip: float | None = Field(None, gt=0)
     """Clamp the rewards the estimator sees to [-reward_clip, reward_clip], after normalisation (as
     ROLL): trajectory-wise rows' token rewards (with normalisation, the one normalised score),
@@ -274,6 +278,26 @@ class PipelineConfig(RollDialect):
             raise InvalidField("critic", 'required by adv_estimator "gae"')
         if self.uses_kl and self.reference is None:
             raise InvalidField("reference", "required when init_kl_coef > 0, target_kl is set or use_kl_loss is on")
+        self._check_training_samples()
+
+    def _check_training_samples(self) -> None:
+        """A group-relative estimator compares the members of a group, which start from one state:
+        played greedily they play the same moves, every advantage is 0 and nothing is learnt.
+        Greedy validation is fine. The key named is the one that made the sampling greedy."""
+        if self.adv_estimator not in GROUP_RELATIVE:
+            return
+        gen = self.generating_args_for(self.train_env_manager)
+        key = "do_sample" if not gen.do_sample else "temperature" if gen.temperature == 0 else None
+        if key is None:
+            return
+        override = self.train_env_manager.generating_args
+        where = "train_env_manager" if override is not None and key in override.model_fields_set else "actor_infer"
+        raise InvalidField(
+            f"{where}.generating_args.{key}",
+            f"{str(getattr(gen, key)).lower()} makes the training rollouts greedy: the members of each "
+            f"{self.adv_estimator} group would play alike and their advantages would all be 0 (nothing learnt); "
+            "sample for training (do_sample: true, temperature > 0) and make only val_env_manager greedy",
+        )
 
     def _fill_model_paths(self) -> None:
         """Give every role without an explicit model the run's one (the critic's: reward_pretrain,

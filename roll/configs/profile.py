@@ -63,7 +63,7 @@ def apply_profile(data: dict[str, Any], cli_keys: Sequence[str]) -> list[str]:
     smoke = _Setter(data, set(cli_keys))
     notes: list[str] = []
     _shrink_managers(smoke, data, profile)
-    smoke.set("sequence_length", min(data.get("sequence_length", 2048), profile["sequence_length"]))
+    smoke.set("sequence_length", _capped(data.get("sequence_length", 2048), profile["sequence_length"]))
     for role in ROLES:
         if isinstance(data.get(role), dict):
             notes += _shrink_role(smoke, role, data[role], profile)
@@ -91,7 +91,7 @@ class _Setter:
 def _shrink_managers(smoke: _Setter, data: dict, profile: dict) -> None:
     train = data.get("train_env_manager") or {}
     tags = train.get("tags") or []
-    group_size = min(train.get("group_size", 1), profile["group_size"])
+    group_size = _capped(train.get("group_size", 1), profile["group_size"])
     groups = max(len(tags), profile["train_groups"])
     smoke.set("train_env_manager.group_size", group_size)
     smoke.set("train_env_manager.num_env_groups", groups)
@@ -99,32 +99,44 @@ def _shrink_managers(smoke: _Setter, data: dict, profile: dict) -> None:
     smoke.set("train_env_manager.max_env_num_per_worker", 0)  # one env worker: 2 cores
     smoke.set("train_env_manager.group_size_redundancy", 0)
     group_size = data.get("train_env_manager", {}).get("group_size", group_size)  # the command line's, if set
-    smoke.set("rollout_batch_size", group_size * profile["train_groups"])
+    if _positive_int(group_size):  # else validation names the bad group_size, not a product of it
+        smoke.set("rollout_batch_size", group_size * profile["train_groups"])
     used = set(tags)
     val = data.get("val_env_manager")
     if isinstance(val, dict):
         val_tags = val.get("tags") or []
-        val_size = min(val.get("group_size", 1), profile["val_group_size"])
+        val_size = _capped(val.get("group_size", 1), profile["val_group_size"])
         smoke.set("val_env_manager.group_size", val_size)
         smoke.set("val_env_manager.num_env_groups", len(val_tags))
         smoke.set("val_env_manager.num_groups_partition", None)
         smoke.set("val_env_manager.max_env_num_per_worker", 0)
         smoke.set("val_env_manager.group_size_redundancy", 0)
-        smoke.set("val_batch_size", val_size * len(val_tags))
+        val_size = val.get("group_size", val_size)  # the command line's, if set
+        if _positive_int(val_size):
+            smoke.set("val_batch_size", val_size * len(val_tags))
         used |= set(val_tags)
     for tag in used:
         env = (data.get("custom_envs") or {}).get(tag)
         if not isinstance(env, dict):
             continue
-        smoke.set(f"custom_envs.{tag}.max_steps", min(env.get("max_steps", 10), profile["max_actions"]))
+        smoke.set(f"custom_envs.{tag}.max_steps", _capped(env.get("max_steps", 10), profile["max_actions"]))
         smoke.set(
             f"custom_envs.{tag}.max_tokens_per_step",
-            min(env.get("max_tokens_per_step", 64), profile["max_tokens_per_step"]),
+            _capped(env.get("max_tokens_per_step", 64), profile["max_tokens_per_step"]),
         )
         if isinstance(env.get("env_config"), dict) and "max_steps" in env["env_config"]:
-            smoke.set(
-                f"custom_envs.{tag}.env_config.max_steps", min(env["env_config"]["max_steps"], profile["max_actions"])
-            )
+            capped = _capped(env["env_config"]["max_steps"], profile["max_actions"])
+            smoke.set(f"custom_envs.{tag}.env_config.max_steps", capped)
+
+
+def _capped(value: Any, cap: int) -> Any:
+    """`min(value, cap)` for a positive int; any other value as it is, for validation to name
+    (a bad `group_size=-8` must be reported as itself, not as a product of it or a TypeError)."""
+    return min(value, cap) if _positive_int(value) else value
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list[str]:
@@ -143,11 +155,11 @@ def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list
         training = training or {}
         smoke.set(
             f"{role}.training_args.per_device_train_batch_size",
-            min(training.get("per_device_train_batch_size", 8), profile["micro_batch"]),
+            _capped(training.get("per_device_train_batch_size", 8), profile["micro_batch"]),
         )
         smoke.set(f"{role}.training_args.gradient_accumulation_steps", profile["gradient_accumulation_steps"])
     if worker.get("infer_batch_size") is not None:
-        smoke.set(f"{role}.infer_batch_size", min(worker["infer_batch_size"], profile["micro_batch"]))
+        smoke.set(f"{role}.infer_batch_size", _capped(worker["infer_batch_size"], profile["micro_batch"]))
     strategy = worker.get("strategy_args") or {}
     name = strategy.get("strategy_name")
     if role == "actor_infer" and name in CUDA_ONLY_ENGINES:

@@ -15,6 +15,7 @@ them) and, with roles on GPUs, each role's peak GPU memory (`memory/<role>_peak_
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from contextlib import contextmanager
 
@@ -33,8 +34,10 @@ from roll.pipeline.builders import (
     inference_names,
 )
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
+from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
+from roll.pipeline.run_dirs import checkpoint_bytes
 from roll.pipeline.samples import (
     adjust_batch,
     batch_divisor,
@@ -328,18 +331,31 @@ class AgenticPipeline:
 
     def sync_weights(self, version: int) -> None:
         """The actor's weights into every engine. On a shared GPU (`CUDA_IPC`) both stay resident
-        while the engine copies from the actor's own tensors through IPC handles. Otherwise they are
-        requested first (CPU copies; Ray runs an actor's calls in order, so before an offload empties
-        the module), then the phase may move the actor off a shared GPU and wake the engine:
-        weights must reach an awake engine. Either way the handles or copies are passed by
-        reference: nothing goes through the driver."""
+        while the engine copies from the actor's own tensors through IPC handles (such an engine
+        shares its GPU, so Ray does not restart it). Otherwise the CPU copies are requested first
+        (Ray runs an actor's calls in order, so before an offload empties the module), then the
+        phase may move the actor off a shared GPU and wake the engine: weights must reach an awake
+        engine; the run's WeightStore keeps them for an engine that Ray restarts. Either way the
+        handles or copies are passed by reference: nothing goes through the driver."""
         if self.sync_path == CUDA_IPC:
             self.residency.enter("sync_on_device")
             weights = self.workers["actor"].share_weights.remote()
-        else:
-            weights = self.workers["actor"].get_weights.remote()
-            self.residency.enter("sync")
-        ray.get([w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=self.timeout_s)
+            ray.get(
+                [w.update_weights.remote(weights, version) for w in self.workers["inference"]], timeout=self.timeout_s
+            )
+            return
+        weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
+        self.residency.enter("sync")
+        # first: an engine that Ray restarts from now on loads these (roll.distributed.workers.weight_store)
+        ray.get(self.workers["weight_store"].put.remote([weights], version), timeout=self.timeout_s)
+        updates = {w.update_weights.remote(weights, version): w for w in self.workers["inference"]}
+        for ref, engine in updates.items():
+            try:
+                ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.RayActorError as err:  # died: restarted, it loads the stored weights itself
+                if err.actor_init_failed:
+                    raise
+                _wait_until_back(engine, self.timeout_s)
 
     def validate(self, step: int) -> dict[str, float]:
         cfg, start = self.cfg, time.perf_counter()
@@ -356,13 +372,26 @@ class AgenticPipeline:
         }
 
     def save(self, step: int) -> None:
+        """Checkpoint `step`; a full disk deletes the half-written one and raises `DiskFull`."""
         self.residency.enter("checkpoint")
-        tmp = ckpt.begin(self.cfg.checkpoint_dir, step)
-        refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
-        if "critic" in self.workers:
-            refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
-        ray.get(refs, timeout=self.timeout_s)
-        ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+        root = ckpt.checkpoint_root(self.cfg.checkpoint_dir)
+        tmp = None
+        try:
+            tmp = ckpt.begin(self.cfg.checkpoint_dir, step)
+            refs = [self.workers["actor"].save_checkpoint.remote(str(tmp))]
+            if "critic" in self.workers:
+                refs.append(self.workers["critic"].save_checkpoint.remote(str(tmp / "critic")))
+            ray.get(refs, timeout=self.timeout_s)
+            ckpt.commit(self.cfg.checkpoint_dir, tmp, step, {"kl_ctl": self.kl_ctl.state_dict()})
+        except Exception as err:
+            need = checkpoint_bytes(self.cfg)
+            # torch.save says only "file write failed": a disk left with less than one checkpoint counts too
+            if not (is_disk_full(err) or shutil.disk_usage(root).free < need):
+                raise
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)  # it would only hold the space a resume needs
+            line = disk_full_line(root, need, ckpt.latest(self.cfg.checkpoint_dir))
+            raise DiskFull(f"step {step}: {line}") from None
         for path in ckpt.prune(self.cfg.checkpoint_dir, self.cfg.max_ckpt_to_keep):
             logger.info("max_ckpt_to_keep=%d: deleted %s", self.cfg.max_ckpt_to_keep, path)
 
@@ -386,6 +415,20 @@ class AgenticPipeline:
         self.sync_weights(version=state["step"])
         logger.warning("resumed from %s (step %d)", path, state["step"])
         return int(state["step"])
+
+
+def _wait_until_back(handle, timeout_s: float) -> None:
+    """Block until the actor Ray is restarting answers (a call made while it restarts fails at once
+    with `ActorUnavailableError`); its death for good, or `timeout_s`, raises."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=max(deadline - time.monotonic(), 1.0))
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @contextmanager

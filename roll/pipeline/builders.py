@@ -30,6 +30,7 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
+from roll.distributed.workers.weight_store import WeightStore
 from roll.pipeline import cluster
 from roll.pipeline.cpu_shares import pin_workers, process_shares, role_share
 from roll.pipeline.residency import PhaseResidency
@@ -94,9 +95,9 @@ def inference_names(cfg) -> list[str]:
 def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     """Actor and (when needed) reference and critic actors (a `RankGroup` for a role of several
     ranks), then the inference replicas (a list), by worker key, each process on its device
-    (`residency.plan`; `place_workers` when no `residency` is given). Training roles that share GPUs with the
-    engine are offloaded before it
-    is built, so that vLLM and SGLang find free the memory they size their KV cache from."""
+    (`residency.plan`; `place_workers` when no `residency` is given), and the run's `WeightStore`.
+    Training roles that share GPUs with the engine are offloaded before it is built, so that vLLM
+    and SGLang find free the memory they size their KV cache from."""
     residency = residency or PhaseResidency(place_workers(cfg))
     plan, total, pins = residency.plan, cfg.max_steps, []  # pins: waited for once, at the end
     workers = {
@@ -151,20 +152,33 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
         )
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
-    workers["inference"] = build_inference(cfg, residency, pins)
+    workers["weight_store"] = ray.remote(WeightStore).options(name=weight_store_name(), **_ACTOR_OPTIONS).remote()
+    workers["inference"] = build_inference(cfg, residency, pins, weight_store=weight_store_name())
     return workers
 
 
-def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) -> list:
+def weight_store_name() -> str:
+    """The run's `WeightStore` actor name (a restarted inference worker looks it up by name)."""
+    return f"roll-weights-{ray.get_runtime_context().get_job_id()}"
+
+
+def build_inference(cfg, residency: PhaseResidency, pins: list | None = None, weight_store: str | None = None) -> list:
     """The inference replicas of `actor_infer` on their devices (`residency.plan`), pinned to their
-    cores; `pins`: the training roles' pins, waited for together with these."""
+    cores; `pins`: the training roles' pins, waited for together with these; `weight_store`: the
+    name of the `WeightStore` a restarted replica loads its weights from (None: a rollout-only run,
+    whose initial weights stay current)."""
     plan, pins = residency.plan, pins or []
     infer_cfg = cfg.actor_infer
     options = infer_cfg.strategy_args.strategy_config
     placements = plan.processes["actor_infer"]
     infer_shares = process_shares(cfg, "actor_infer", len(placements))
+    # an engine of its own comes back after its process dies, with the last synced weights; one that
+    # takes turns on a GPU with a training role does not (its residency could not be rebuilt)
+    restart = {} if plan.is_colocated("actor_infer") else {"max_restarts": -1}
     inference = [
-        _remote(InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs, **spot).remote(
+        _remote(
+            InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs, **spot, **restart
+        ).remote(
             infer_cfg.model_args.model_name_or_path,
             dtype=infer_cfg.model_args.dtype,
             max_batch_size=int(options.get("max_batch_size", 256)),
@@ -175,6 +189,7 @@ def build_inference(cfg, residency: PhaseResidency, pins: list | None = None) ->
             device=placement.torch_device,
             **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
             num_threads=share.num_threads,
+            weight_store=weight_store,
         )
         for placement, name, spot, share in zip(
             placements, inference_names(cfg), node_spots("actor_infer", placements), infer_shares, strict=True

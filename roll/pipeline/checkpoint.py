@@ -87,27 +87,64 @@ def damage(path: Path) -> str | None:
             return f"{name}: missing"
         if file.stat().st_size != entry["size"]:
             return f"{name}: {file.stat().st_size} bytes, the manifest says {entry['size']}"
+    key = (str(path.resolve()), manifest_path.stat().st_mtime_ns)
+    if key in _VERIFIED:  # hashed once in this process already (the CLI's pre-start check)
+        return None
     for name, entry in expected.items():
         if _sha256(path / name) != entry["sha256"]:
             return f"{name}: its sha256 differs from the manifest's"
+    _VERIFIED.add(key)
     return None
+
+
+_VERIFIED: set[tuple[str, int]] = set()
+"""Checkpoints whose files matched their manifest (path, manifest mtime): resuming checks a
+checkpoint before Ray starts and again when the pipeline loads it; hashing gigabytes twice is waste."""
 
 
 def candidates(output_dir: str) -> list[Path]:
     """Complete-looking checkpoints, newest first: the one `latest` names, then step_N by N."""
     root = checkpoint_root(output_dir)
-    steps = sorted((p for p in root.glob("step_*") if is_complete(p)), key=lambda p: -int(p.name[5:]))
-    marker = root / LATEST_FILE
-    named = root / marker.read_text().strip() if marker.is_file() else None
+    steps = sorted((p for p in root.glob("step_*") if _is_step(p) and is_complete(p)), key=lambda p: -int(p.name[5:]))
+    named = _latest_named(root)
     if named is not None and named in steps:
         steps.remove(named)
         steps.insert(0, named)
     return steps
 
 
+def _is_step(path: Path) -> bool:
+    return path.name[5:].isdigit()
+
+
+def _latest_named(root: Path) -> Path | None:
+    marker = root / LATEST_FILE
+    name = marker.read_text(errors="replace").strip() if marker.is_file() else ""
+    return root / name if name else None
+
+
+def dangling_latest(output_dir: str) -> str | None:
+    """What is wrong with the checkpoint the `latest` file names ("step_7 does not exist"), or
+    None when it names a complete checkpoint (or there is no `latest`)."""
+    root = checkpoint_root(output_dir)
+    named = _latest_named(root)
+    if named is None:
+        return None
+    if not named.is_dir():
+        return f"{root / LATEST_FILE} names {named.name}, which does not exist"
+    if not is_complete(named):
+        return f"{root / LATEST_FILE} names {named.name}, which is incomplete ({STATE_FILE} or config.json missing)"
+    return None
+
+
 def latest(output_dir: str) -> Path | None:
     """The newest intact checkpoint. Damaged ones newer than it are skipped with one warning
-    line that names each one's bad file."""
+    line that names each one's bad file; a `latest` file naming a checkpoint that is not there
+    is named in one warning too."""
+    dangling = dangling_latest(output_dir)
+    if dangling is not None:
+        newest = next(iter(candidates(output_dir)), None)
+        logger.warning("%s; looking for the newest intact checkpoint (%s)", dangling, newest.name if newest else "none")
     skipped = []  # "step_3 (optimizer.pt: ...)"
     for path in candidates(output_dir):
         problem = damage(path)

@@ -4,15 +4,16 @@ Config validation (pydantic) sees values only; these checks look at the world th
 to, so they live here, at the edge, and not in the validators. Each failure is a `ConfigError`
 naming the key (the CLI prints one line and exits 2), seconds before anything heavy starts:
 
-- `output_dir`: a fresh run (`resume_from_checkpoint: false`) refuses a directory that holds
-  another run's `metrics.jsonl` or checkpoints, unless `overwrite_output_dir: true` (which then
-  deletes those two, so the runs cannot mix); resuming is the other way in.
-- `output_dir`, `logging_dir`: can be created and written.
+- `resume_from_checkpoint`: an explicit path is an intact checkpoint (its manifest); a run whose
+  checkpoint is already at `max_steps` has nothing to train (`NothingToTrain`, exit 0).
+- every directory the run writes (`roll.pipeline.run_dirs`): writable, free of another run's
+  outputs unless `overwrite_output_dir`, with room for one checkpoint.
 - `pretrain`, `reward_pretrain`, each role's `model_name_or_path`: the `config.json` parses
-  (`AutoConfig`).
+  (`AutoConfig`); each role's `attn_implementation` is one transformers builds that model with.
 - `custom_envs.<tag>.env_config`: one env per tag in use is built and reset here, bounded by
-  `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a bad value is
-  named now instead of as a dead env worker later.
+  `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a
+  bad value is named now instead of as a dead env worker later.
+- `data_args.template` renders with the tokenizer; `stop_strings` are single tokens of it.
 - `sequence_length`: holds each tag's first prompt (the chat template of the env's instruction
   and first observation) plus `max_tokens_per_step`. Shorter, step-wise batches could not be
   built and trajectory-wise episodes ended before their first action (zero loss).
@@ -21,65 +22,77 @@ naming the key (the CLI prints one line and exits 2), seconds before anything he
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
-from pathlib import Path
 
 from roll.configs import ConfigError
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.recorded_rollout import recording_path
-from roll.tracking.tracker import METRICS_FILE
+from roll.pipeline.run_dirs import check_run_dirs
 
 ENV_CHECK_TIMEOUT_S = 30.0
 
 
 def run_preflight(cfg) -> None:
-    """Every check above, in order; raises the first `ConfigError`."""
-    check_output_dir(cfg)
-    check_writable(cfg.output_dir, "output_dir")
-    check_writable(cfg.logging_dir, "logging_dir")
+    """Every check above, in order; raises the first `ConfigError` (or `NothingToTrain`)."""
+    check_resume(cfg)
+    check_run_dirs(cfg)
     check_model_configs(cfg)
+    check_attention(cfg)
     check_envs(cfg)
     check_recordings(cfg)
 
 
-def previous_run(output_dir: str) -> list[str]:
-    """What of another run `output_dir` holds: its metrics.jsonl, its checkpoints."""
-    found = []
-    metrics = Path(output_dir) / METRICS_FILE
-    if metrics.is_file() and metrics.stat().st_size > 0:
-        found.append(METRICS_FILE)
-    root = ckpt.checkpoint_root(output_dir)
-    if root.is_dir() and any(root.glob("step_*")):
-        found.append("checkpoints")
-    return found
+class NothingToTrain(Exception):
+    """A resumed run whose checkpoint is already at `max_steps`: the CLI says so in one line and
+    exits 0 without starting anything."""
 
 
-def check_output_dir(cfg) -> None:
-    if cfg.resume_from_checkpoint not in (False, "", None):
+def check_resume(cfg) -> None:
+    """`resume_from_checkpoint`: an explicit path must be an intact checkpoint (its manifest);
+    `true` picks the newest intact one (warning about a dangling `latest` or damaged ones once,
+    here). The checkpoint found is then pinned in `cfg.resume_from_checkpoint`, so the pipeline
+    resumes from exactly it without hashing it again; none found (`true` on a new run) stays
+    `true`. A checkpoint at or past `max_steps` raises `NothingToTrain`."""
+    if cfg.rollout_only or cfg.resume_from_checkpoint in (False, "", None):
         return
-    found = previous_run(cfg.output_dir)
-    if not found:
-        return
-    if not cfg.overwrite_output_dir:
-        raise ConfigError(
-            "output_dir",
-            f"{cfg.output_dir} holds another run's {' and '.join(found)}; resume it "
-            "with resume_from_checkpoint=true, choose another output_dir, or set "
-            "overwrite_output_dir=true to delete them",
-        )
-    (Path(cfg.output_dir) / METRICS_FILE).unlink(missing_ok=True)
-    shutil.rmtree(ckpt.checkpoint_root(cfg.output_dir), ignore_errors=True)
-
-
-def check_writable(directory: str, key: str) -> None:
     try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".roll-write-check-"):
-            pass
-    except OSError as err:
-        raise ConfigError(key, f"cannot write to {directory}: {err.strerror or err}") from None
+        path = ckpt.resolve_resume(cfg.resume_from_checkpoint, cfg.checkpoint_dir)
+    except ckpt.CheckpointDamaged as err:
+        raise ConfigError("resume_from_checkpoint", str(err).removeprefix("resume_from_checkpoint: ")) from None
+    if path is None:
+        return
+    try:
+        step = int(ckpt.read_state(path)["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError("resume_from_checkpoint", f"{path}/{ckpt.STATE_FILE} is unreadable: {err}") from None
+    if step >= cfg.max_steps:
+        raise NothingToTrain(
+            f"nothing to train: {path} is at step {step} and max_steps is {cfg.max_steps}; raise max_steps to go on"
+        )
+    cfg.resume_from_checkpoint = str(path)
+
+
+def check_attention(cfg) -> None:
+    """Each built role's `attn_implementation` as transformers takes it for that model: the model
+    is built on the meta device (no weights, no memory) with it. A name transformers does not know,
+    or a kernel whose package is missing, is named now instead of as a dead worker later."""
+    roles = {role: w for role, w in cfg.built_roles.items() if w.model_args.attn_implementation is not None}
+    if not roles:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from roll.models.loading import resolve_attention
+
+    for role, worker in roles.items():
+        device = "cuda" if worker.device_mapping else "cpu"
+        name = resolve_attention(worker.model_args.attn_implementation, device)
+        try:
+            config = AutoConfig.from_pretrained(worker.model_args.model_name_or_path)
+            with torch.device("meta"):
+                AutoModelForCausalLM.from_config(config, attn_implementation=name)
+        except (ValueError, ImportError, OSError) as err:
+            raise ConfigError(f"{role}.model_args.attn_implementation", _first_line(err)) from None
 
 
 def check_model_configs(cfg) -> None:
@@ -127,8 +140,12 @@ def check_envs(cfg) -> None:
     from roll.agentic.env_manager.native_env_manager import MalformedEnvOutput, chat_of
     from roll.configs.dialect import NATIVE_ENV_MANAGERS
     from roll.models.loading import load_tokenizer
+    from roll.models.templates import apply_template
 
-    tokenizer = load_tokenizer(cfg.actor_infer.model_args.model_name_or_path)
+    tokenizer = apply_template(
+        load_tokenizer(cfg.actor_infer.model_args.model_name_or_path), cfg.actor_infer.data_args.template
+    )
+    check_stop_strings(cfg, tokenizer)
     tags = dict.fromkeys(t for m in cfg.env_managers.values() for t in m.tags)
     for tag in tags:
         env_cfg = cfg.custom_envs[tag]
@@ -156,6 +173,25 @@ def check_envs(cfg) -> None:
                 f"max_tokens_per_step={env_cfg.max_tokens_per_step}); "
                 f"use at least {need}",
             )
+
+
+def check_stop_strings(cfg, tokenizer) -> None:
+    """Each manager's `stop_strings` must be single tokens of the run's tokenizer (what the engines
+    stop on); the key named is where the manager's sampling settings come from."""
+    from roll.pipeline.builders import sampling_params
+
+    for name, manager in cfg.env_managers.items():
+        override = manager.generating_args
+        where = name if override is not None and "stop_strings" in override.model_fields_set else "actor_infer"
+        try:
+            sampling_params(cfg.generating_args_for(manager), tokenizer)
+        except ValueError as err:
+            raise ConfigError(f"{where}.generating_args.stop_strings", str(err).split(": ", 1)[-1]) from None
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def _first_observation(tag: str, env_cfg, seed: int) -> tuple[str, dict]:

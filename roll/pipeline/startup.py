@@ -27,11 +27,13 @@ def start(cfg) -> PhaseResidency:
     `rpc_timeout`."""
     check_before_start(cfg)
     local_plan = None if ray_target(cfg.ray_address) else place_workers(cfg)
-    sigterm = signal.getsignal(signal.SIGTERM)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     init_ray(cfg.ray_address, cfg.system_envs)
     residency = PhaseResidency(local_plan or place_workers(cfg), timeout_s=rpc_timeout(cfg))
-    if sigterm is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it, and Ray's C handler dumps a stack
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in handlers.items():  # ray.init replaces them, and Ray's C handler dumps a stack
+            if handler is not None:
+                signal.signal(sig, handler)
     return residency
 
 

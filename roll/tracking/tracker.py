@@ -11,6 +11,7 @@ step appears once in both.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -79,7 +80,7 @@ class Tracker:
         if resume_step is not None and self.metrics_path.exists():
             dropped = truncate_metrics(self.metrics_path, resume_step)
             log.info("resuming after step %d: dropped %d later metrics lines", resume_step, dropped)
-        self._file = self.metrics_path.open("a" if resume_step is not None else "w")
+        self._file = self.metrics_path.open("ab" if resume_step is not None else "wb", buffering=0)
         purge_step = None if resume_step is None else resume_step + 1
         self._writer = SummaryWriter(log_dir=os.fspath(logging_dir), purge_step=purge_step)
 
@@ -89,14 +90,26 @@ class Tracker:
             raise ValueError("'step' is the record's own key; pass it as the step argument")
         values = {key: to_float(v) for key, v in metrics.items() if v is not None}
         record = {"step": int(step), **values}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        self._append_line((json.dumps(record) + "\n").encode())
         for key, value in values.items():
             self._writer.add_scalar(key, value, global_step=int(step))
         self._writer.flush()
         if self._backend is not None:
             self._backend.log(int(step), values)
         return values
+
+    def _append_line(self, data: bytes) -> None:
+        """One whole line or nothing: a write cut short (a full disk) is taken back before the
+        error goes on, so metrics.jsonl never holds half a line."""
+        before = self._file.tell()
+        try:
+            written = self._file.write(data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"wrote {written} of {len(data)} bytes", str(self.metrics_path))
+        except OSError:
+            os.ftruncate(self._file.fileno(), before)
+            self._file.seek(before)  # a fresh run's file is not opened for appending
+            raise
 
     def log_text(self, step: int, tag: str, text: str) -> None:
         """A text panel in TensorBoard (e.g. a rendered validation episode)."""

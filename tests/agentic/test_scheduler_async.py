@@ -254,6 +254,23 @@ def test_a_group_whose_worker_dies_is_replaced_on_the_restarted_worker(scripted_
     )
 
 
+class SlowToRestart(ScriptedEnvWorker):
+    """Takes seconds to come back after its process died, as an env worker importing torch does."""
+
+    def __init__(self):
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            time.sleep(5)
+        super().__init__()
+
+
+def test_a_worker_slow_to_restart_gets_no_group_until_it_is_back(scripted_worker):
+    worker = ray.remote(SlowToRestart).options(num_cpus=0, max_restarts=1).remote()
+    ray.get(worker.reset.remote(die_group_ids=("train-1-0",)))
+    scheduler = RolloutScheduler([worker], [Slot(0, 0, "lake")], seed=7, mode="train", group_size=2)
+    trajs, dropped = scheduler.collect(1, 1)  # calls to a restarting actor fail at once: none is made
+    assert group_ids(trajs) == ["train-1-1"] and len(dropped) == 2  # one group lost, counted once
+
+
 def test_a_worker_that_cannot_come_back_ends_the_step_with_a_clear_error(scripted_worker):
     worker = ray.remote(ScriptedEnvWorker).options(num_cpus=0).remote()
     ray.get(worker.reset.remote())

@@ -211,6 +211,42 @@ BAD_OVERRIDES = [
             "(got 'exponential')"
         ),
     ),
+    # greedy training groups would be flat under a group-relative estimator; validation may be greedy
+    (
+        ["actor_infer.generating_args.temperature=0"],
+        (
+            "actor_infer.generating_args.temperature: 0.0 makes the training rollouts greedy: the members of "
+            "each grpo group would play alike and their advantages would all be 0 (nothing learnt); sample for "
+            "training (do_sample: true, temperature > 0) and make only val_env_manager greedy"
+        ),
+    ),
+    (
+        [*STEP_WISE, "+train_env_manager.generating_args.do_sample=false"],
+        (
+            "train_env_manager.generating_args.do_sample: false makes the training rollouts greedy: the members "
+            "of each gigpo group would play alike and their advantages would all be 0 (nothing learnt); sample "
+            "for training (do_sample: true, temperature > 0) and make only val_env_manager greedy"
+        ),
+    ),
+    (
+        ["+actor_train.model_args.lora_rank=4", "+actor_train.model_args.lora_target=''"],
+        "actor_train.model_args.lora_target: '' names an empty module; write all-linear, or module names "
+        "separated by commas",
+    ),
+    (
+        ["+actor_train.model_args.lora_rank=4", "+actor_train.model_args.lora_target='q_proj,,v_proj'"],
+        "actor_train.model_args.lora_target: 'q_proj,,v_proj' names an empty module; write all-linear, or "
+        "module names separated by commas",
+    ),
+    (
+        ["+actor_train.model_args.attn_implementation=bogus"],
+        'actor_train.model_args.attn_implementation: Specified `attn_implementation="bogus"` is not supported. '
+        'The only possible arguments are `attn_implementation="eager"`...',
+    ),
+    (
+        ["+actor_infer.generating_args.stop_strings=[ab cd]"],
+        "actor_infer.generating_args.stop_strings: 'ab cd' is not a single token...",
+    ),
     # features that are not there (yet), and paths that must exist
     (
         [*STEP_WISE, "init_kl_coef=0.1"],

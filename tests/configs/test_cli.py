@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -84,8 +86,8 @@ def test_main_reports_missing_config_name(capsys):
         ("engine", "training stopped: inference engine 'vllm' failed: RuntimeError: CPU Generator does not use offset"),
         (
             "worker",
-            "training stopped: a worker process died (ActorDiedError); resume from the last checkpoint "
-            "with resume_from_checkpoint=true. The actor died unexpectedly before finishing this task.",
+            "training stopped: a worker process died (unknown): it was killed without a word, as kill -9 kills; "
+            "resume from the last checkpoint (none) with resume_from_checkpoint=true",
         ),
     ],
 )
@@ -111,3 +113,27 @@ def test_a_run_that_cannot_go_on_stops_with_one_line_and_exit_1(error, line, mod
     status = main(["--config_path", CONFIG_DIR, "--config_name", "minimal_agentic", f"pretrain={model_dir}"])
     assert status == 1
     assert capsys.readouterr().err.splitlines() == [line]
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_ends_the_run_with_one_line(signum, status, model_dir, monkeypatch, capsys):
+    from roll.pipeline import agentic_pipeline
+
+    class Interrupted:
+        def __init__(self, config):
+            pass
+
+        def run(self):
+            os.kill(os.getpid(), signum)
+            time.sleep(30)  # the handler raises here
+            raise AssertionError("the signal did not stop the run")
+
+    monkeypatch.setattr(agentic_pipeline, "AgenticPipeline", Interrupted)
+    before = signal.getsignal(signal.SIGINT)
+    got = main(["--config_path", CONFIG_DIR, "--config_name", "minimal_agentic", f"pretrain={model_dir}"])
+    assert got == status
+    name = signal.Signals(signum).name
+    assert capsys.readouterr().err.splitlines() == [
+        f"training stopped: {name}; resume from the last checkpoint with resume_from_checkpoint=true"
+    ]
+    assert signal.getsignal(signal.SIGINT) is before  # the CLI's handlers are gone again

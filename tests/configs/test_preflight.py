@@ -41,8 +41,9 @@ def test_a_fresh_run_refuses_another_runs_output_dir(tmp_path, model_dir, capsys
     assert run(capsys, model_dir, f"output_dir={out}") == (
         2,
         [
-            f"config error: output_dir: {out} holds another run's metrics.jsonl and checkpoints; resume it with "
-            "resume_from_checkpoint=true, choose another output_dir, or set overwrite_output_dir=true to delete them"
+            f"config error: output_dir: {out} holds another run's metrics.jsonl and checkpoints (step_3); "
+            "resume it with resume_from_checkpoint=true, choose another output_dir, or set "
+            "overwrite_output_dir=true to delete them"
         ],
     )
     assert (out / "metrics.jsonl").exists()  # nothing was touched

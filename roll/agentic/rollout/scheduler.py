@@ -6,11 +6,12 @@ up a free slot, and the result does not depend on which slot played it. Results 
 completion order and are returned sorted by j, so the batch is the same run after run.
 In training, a group whose every trajectory failed is replaced by a fresh group index (at most
 max(8, 2 x the step's groups) times a step), and so is a group whose env-worker process died while
-playing it (Ray restarts the worker, whose envs are then made anew; one that cannot come back
-fails every group it is given, so the step ends in a clear error instead of a hang). Validation replaces
-nothing: its groups are a fixed set,
-so a lost episode is counted and the others are scored. An inference engine that failed
-(`EngineFailed`, raised by the env worker) is never replaced around: `collect` raises it at once.
+playing it (Ray restarts the worker, whose envs are then made anew; its slots get no group until it
+answers again, so a restart does not burn the replacements; one that cannot come back fails every
+group it is given, so the step ends in a clear error instead of a hang). Validation replaces
+nothing: its groups are a fixed set, so a lost episode is counted and the others are scored. An
+inference engine that failed (`EngineFailed`, raised by the env worker) is never replaced around:
+`collect` raises it at once.
 
 Async training: `dispatch(step)` queues a later step's groups ahead of time; they start on free
 slots at once and keep generating while the driver trains, and `collect(step)` later returns them
@@ -25,6 +26,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import time
 from dataclasses import dataclass
 
 import ray
@@ -33,6 +35,9 @@ from roll.agentic.rollout.env_worker import GroupSpec
 from roll.core.errors import engine_failure
 from roll.core.records import GroupResult, Trajectory
 from roll.utils.seeding import derive_seed
+
+_REPROBE_S = 0.5
+"""Seconds between readiness probes of an env worker that Ray is restarting."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,11 @@ class RolloutScheduler:
         self._steps: dict[int, _StepState] = {}
         self._pending: dict[str, list] = collections.defaultdict(list)  # tag -> heap of (step, seq, spec)
         self._running: dict = {}  # ref -> (slot, step, spec)
+        # an env worker that died is given no group until Ray has restarted it (a call to a restarting
+        # actor fails at once, and would burn the step's replacement groups): its readiness probe's
+        # ref -> the worker index, and the slots held back meanwhile
+        self._recovering: dict = {}
+        self._held: dict[int, list[Slot]] = collections.defaultdict(list)
         self._free = self._all_slots_free()
         self._seq = itertools.count()
 
@@ -115,7 +125,7 @@ class RolloutScheduler:
         than `max_staleness` versions older is dropped and played again (`stale_dropped_groups`).
         """
         self.stale_dropped_groups = 0
-        if not self._running:  # nothing ahead in flight: start from the same slot order every time
+        if not self._running and not self._recovering:  # nothing in flight: the same slot order every time
             self._free = self._all_slots_free()
         self.dispatch(step, num_groups, keep_frames)
         state = self._steps[step]
@@ -141,18 +151,23 @@ class RolloutScheduler:
 
     def _receive_one(self, step: int) -> None:
         """Wait for any running group (of any step), record it, and refill the freed slot."""
-        ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.timeout_s)
+        ready, _ = ray.wait([*self._running, *self._recovering], num_returns=1, timeout=self.timeout_s)
         if not ready:
             raise RolloutFailed(f"rollout: no group finished within {self.timeout_s}s ({self.mode} step {step})")
+        if ready[0] in self._recovering:  # a restarted env worker answers again: its slots are free
+            self._back(ready[0])
+            return
         slot, group_step, spec = self._running.pop(ready[0])
-        self._free[slot.tag].append(slot)
         try:
             result = ray.get(ready[0])
+            self._free[slot.tag].append(slot)
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
             # the env-worker process died (Ray restarts it), or the node that held the group's result
             cause = f"env worker {slot.worker} died: {type(err).__name__}"
             result = GroupResult(spec.group_index, [], [cause] * self.group_size)
+            self._hold(slot)
         except ray.exceptions.RayTaskError as err:  # an inference engine failed: stop, say why
+            self._free[slot.tag].append(slot)
             failure = engine_failure(err)
             if failure is None:
                 raise
@@ -168,6 +183,28 @@ class RolloutScheduler:
             state.next_index += 1
         else:
             raise RolloutFailed(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
+        self._launch()
+
+    def _hold(self, slot: Slot) -> None:
+        """Keep `slot` out of use until its env worker answers a readiness probe."""
+        self._held[slot.worker].append(slot)
+        if slot.worker not in self._recovering.values():
+            self._recovering[self.workers[slot.worker].__ray_ready__.remote()] = slot.worker
+
+    def _back(self, probe) -> None:
+        """The probed worker is alive again (or for good not: then its groups fail and are counted);
+        still restarting (`ActorUnavailableError`), it is probed again after a moment."""
+        worker = self._recovering.pop(probe)
+        try:
+            ray.get(probe)
+        except ray.exceptions.ActorUnavailableError:
+            time.sleep(_REPROBE_S)
+            self._recovering[self.workers[worker].__ray_ready__.remote()] = worker
+            return
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+            pass
+        for slot in self._held.pop(worker, []):
+            self._free[slot.tag].append(slot)
         self._launch()
 
     def _settle_running(self, timeout_s: float = 10.0) -> None:

@@ -25,6 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import ray
 import torch
 
 from roll.core.errors import EngineFailed
@@ -57,6 +58,7 @@ class InferenceWorker:
         continuous_batching: bool = True,
         batch_wait_ms: float = 0.0,
         static_decode: bool | None = None,
+        weight_store: str | None = None,
     ):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
@@ -89,6 +91,17 @@ class InferenceWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._loop_task: asyncio.Task | None = None
         self.stats = {"engine_calls": 0, "requests": 0, "generated_tokens": 0}
+        if weight_store is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+            self._restore_weights(weight_store)
+
+    def _restore_weights(self, weight_store: str) -> None:
+        """Restarted by Ray after this worker's process died: load the weights of the last sync
+        (`roll.distributed.workers.weight_store`) before serving, so no request sees the initial
+        model again."""
+        box, version = ray.get(ray.get_actor(weight_store).get.remote())
+        if box:
+            self.engine.load_weights(ray.get(box[0]), version)
+        logger.warning("inference worker restarted: serving the weights of version %d", version)
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         self._ensure_loop()

@@ -1,0 +1,144 @@
+"""Workers that die in the middle of a run (issue 31).
+
+An env worker and an inference engine, each killed with SIGKILL three times at moments drawn from
+a seeded generator after a step was logged, are restarted by Ray; the engine loads the weights of
+the last sync (never the initial model again), the groups that were being played are played again,
+what was lost is counted (`rollout/dropped_trajectories`), and the run goes on: every step is
+logged once. A training rank killed the same way cannot be rebuilt (its optimizer state is gone): the run
+stops with one line that names the dead worker and says to resume, exit 1.
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.ray
+MAX_STEPS = 8
+ARGS = [
+    "--config_path",
+    "frozen_lake",
+    "--config_name",
+    "agent_val_frozen_lake",
+    f"max_steps={MAX_STEPS}",
+    "eval_steps=0",
+    "save_steps=4",
+    "rollout_batch_size=8",
+    "train_env_manager.num_env_groups=2",
+    "train_env_manager.group_size=4",
+    "actor_train.training_args.per_device_train_batch_size=8",
+    "actor_train.training_args.gradient_accumulation_steps=1",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from roll.pipeline.tiny_model import main as build
+
+    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
+
+
+def start(model, out: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "examples/start_agentic_pipeline.py", *ARGS, f"pretrain={model}", f"output_dir={out}"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        start_new_session=True,
+    )
+
+
+def workers(sid: int, title: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        try:
+            if os.getsid(proc.pid) == sid and (proc.info["name"] or "").startswith(title):
+                found.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+def steps(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_step(out: Path, at_least: int, proc: subprocess.Popen, timeout_s: float = 600) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(steps(out)) >= at_least:
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    raise TimeoutError(f"step {at_least} not logged in {timeout_s}s")
+
+
+def kill_one(proc: subprocess.Popen, title: str) -> int:
+    victims = []
+    deadline = time.monotonic() + 60
+    while not victims and time.monotonic() < deadline:  # a restarted worker may be coming up
+        victims = workers(proc.pid, title)
+        time.sleep(0.2)
+    assert victims, f"no {title} process in the run"
+    victim = victims[0]
+    victim.send_signal(signal.SIGKILL)
+    return victim.pid
+
+
+@pytest.mark.timeout(1500)
+def test_killed_env_workers_and_engines_come_back_and_every_step_is_logged(tiny_model, tmp_path):
+    out, log, rng = tmp_path / "run", tmp_path / "run.log", random.Random(31)
+    proc = start(tiny_model, out, log)
+    kills = []  # (worker, step logged before the kill)
+    try:
+        moments = sorted(rng.sample(range(1, MAX_STEPS - 1), 3))
+        for after_step in moments:
+            assert wait_for_step(out, after_step, proc), log.read_text()[-3000:]
+            for title in ("ray::EnvWorker", "ray::InferenceWorker"):  # one of each, at a random moment
+                time.sleep(rng.uniform(0.0, 3.0))  # inside a rollout or between: wherever it lands
+                kills.append((title, len(steps(out)), kill_one(proc, title)))
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    rows, text = steps(out), log.read_text()
+    assert [r["step"] for r in rows] == list(range(1, MAX_STEPS + 1))
+    assert all(r["train/episode_reward"] == r["train/episode_reward"] for r in rows)  # no NaN: whole batches
+    dropped = sum(r["rollout/dropped_trajectories"] for r in rows)
+    assert dropped == text.count(": dropped a trajectory: ")  # each lost episode counted and named
+    # each restarted engine loaded the weights of the last sync, never the initial model again
+    restored = [int(v) for v in re.findall(r"inference worker restarted: serving the weights of version (\d+)", text)]
+    engine_kills = [logged for title, logged, _ in kills if title == "ray::InferenceWorker"]
+    assert len(restored) == len(engine_kills), text[-3000:]
+    assert all(version >= logged for version, logged in zip(restored, engine_kills, strict=True))
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_training_rank_stops_the_run_saying_to_resume(tiny_model, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    proc = start(tiny_model, out, log)
+    try:
+        assert wait_for_step(out, 1, proc), log.read_text()[-3000:]
+        pid = kill_one(proc, "ray::ActorWorker")
+        assert proc.wait(timeout=600) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    said = [line for line in log.read_text().splitlines() if line.startswith("training stopped")]
+    assert len(said) == 1, log.read_text()[-3000:]
+    assert said[0].startswith(f"training stopped: a worker process died (ActorWorker, pid {pid}): "), said[0]
+    assert said[0].endswith("with resume_from_checkpoint=true")
