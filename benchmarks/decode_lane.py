@@ -3,7 +3,9 @@
 For each batch size (32 and 256 by default; 64-token prompts, `--new_tokens` sampled tokens, no
 stop) it measures, on a random-init Qwen2-0.5B-shaped model in bf16:
 - `floor_tokens_per_s`: one decode step of the bare model with transformers' `StaticCache`, softmax
-  and `torch.multinomial`, captured as one CUDA graph and replayed 100 times (nothing of ours);
+  and `torch.multinomial`, captured as one CUDA graph and replayed 100 times (nothing of ours: the
+  model's own sdpa attention; `floor_roll_sdpa_step_ms` is the same step with the engine's
+  grouped-query decode attention, for reference);
 - `tokens_per_s`: `HFInferStrategy.generate_batch` end to end (prefill, decode, host bookkeeping),
   after one warm-up call of the same shape (which captures its graphs);
 - `generate_tokens_per_s`: transformers' `model.generate` (dynamic cache, sampled), the same work;
@@ -18,6 +20,7 @@ and writes nothing. Figures: benchmarks/README ("Decode lane").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import json
@@ -151,9 +154,24 @@ def generate_run(model, batch_prompts: list[list[int]], new_tokens: int, device)
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def attention(model, name: str):
+    """The model's attention implementation set to `name` for a while: the engine switched it to
+    roll_sdpa, but the floor and `generate` are transformers' own (sdpa)."""
+    before = model.config._attn_implementation
+    model.config._attn_implementation = name
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = before
+
+
 def measure_batch(model, engine, batch: int, new_tokens: int, device, with_generate: bool) -> dict:
     vocab = model.config.vocab_size
-    result = {"batch": batch, "new_tokens": new_tokens, **floor(model, batch, device)}
+    with attention(model, "sdpa"):
+        result = {"batch": batch, "new_tokens": new_tokens, **floor(model, batch, device)}
+    ours = floor(model, batch, device)  # the same step with the engine's decode attention
+    result["floor_roll_sdpa_step_ms"] = ours["step_ms"]
     batch_prompts = prompts(batch, vocab, seed=batch)
     engine_run(engine, batch_prompts, [new_tokens] * batch, device)  # warm-up: captures this shape's graphs
     seconds, generated = engine_run(engine, batch_prompts, [new_tokens] * batch, device)
@@ -161,7 +179,9 @@ def measure_batch(model, engine, batch: int, new_tokens: int, device, with_gener
     result["engine_step_ms"] = slot_step_ms(engine, batch, device)
     result["ratio_to_floor"] = result["tokens_per_s"] / result["floor_tokens_per_s"]
     if with_generate:
-        result["generate_tokens_per_s"] = batch * new_tokens / generate_run(model, batch_prompts, new_tokens, device)
+        with attention(model, "sdpa"):
+            seconds = generate_run(model, batch_prompts, new_tokens, device)
+        result["generate_tokens_per_s"] = batch * new_tokens / seconds
         result["ratio_to_generate"] = result["tokens_per_s"] / result["generate_tokens_per_s"]
     return result
 
