@@ -347,7 +347,8 @@ class AgenticPipeline:
         weights = self.workers["actor"].get_weights.remote()  # passed by reference: no driver copy
         self.residency.enter("sync")
         # first: an engine that Ray restarts from now on loads these (roll.distributed.workers.weight_store)
-        ray.get(self.workers["weight_store"].put.remote([weights], version), timeout=self.timeout_s)
+        if "weight_store" in self.workers:
+            ray.get(self.workers["weight_store"].put.remote([weights], version), timeout=self.timeout_s)
         updates = {w.update_weights.remote(weights, version): w for w in self.workers["inference"]}
         for ref, engine in updates.items():
             try:
