@@ -185,6 +185,7 @@ def build_inference(cfg, residency: PhaseResidency, pins: list | None = None, we
             max_cached_tokens=int(options.get("max_cached_tokens", DEFAULT_MAX_CACHED_TOKENS)),
             continuous_batching=bool(options.get("continuous_batching", True)),
             static_decode=options.get("static_decode"),
+            attn_implementation=infer_cfg.model_args.attn_implementation,
             batch_wait_ms=float(options.get("batch_wait_ms", 0.0)),
             device=placement.torch_device,
             **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),

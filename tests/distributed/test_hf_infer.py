@@ -363,3 +363,12 @@ def test_a_weight_update_lets_the_running_batch_finish_then_drops_session_kv(mod
     # nothing of the old weights' KV was reused: the second turn's prompt was prefilled whole
     assert final["prefix_tokens_reused"] == 0
     assert final["prefill_tokens"] == len(first.prompt_ids) + len(first.prompt_ids + out.token_ids + [5, 6])
+
+
+def test_inference_worker_loads_the_attention_it_is_given(model_path):
+    """`actor_infer.model_args.attn_implementation` reaches the engine's model; sdpa (transformers'
+    choice here) becomes the engine's grouped-query decode attention, eager stays eager."""
+    eager = InferenceWorker(model_path, attn_implementation="eager")
+    assert eager.engine.model.config._attn_implementation == "eager" and eager.engine.static_decode
+    default = InferenceWorker(model_path)
+    assert default.engine.model.config._attn_implementation == "roll_sdpa"

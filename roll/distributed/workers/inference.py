@@ -59,12 +59,15 @@ class InferenceWorker:
         batch_wait_ms: float = 0.0,
         static_decode: bool | None = None,
         weight_store: str | None = None,
+        attn_implementation: str | None = None,
     ):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         if canonical_name(strategy_name) == "hf_infer":
-            model = load_causal_lm(model_path, dtype=dtype, device=device, training=False).to(device)
+            model = load_causal_lm(
+                model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
+            ).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
             self.engine = HFInferStrategy(
                 model,
