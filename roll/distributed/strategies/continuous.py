@@ -28,7 +28,6 @@ that the env managers release by id.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +35,9 @@ from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.hf_infer import HFInferStrategy, RowSampler
-from roll.distributed.strategies.kv_cache import Chunk, Prefix
+from roll.distributed.strategies.kv_cache import Chunk
 from roll.distributed.strategies.prefill import build_prefill
-from roll.distributed.strategies.slot_serving import serve_slots
+from roll.distributed.strategies.slot_serving import SlotRow, serve_slots
 
 Take = Callable[[int], list[GenerateRequest]]
 """`take(n)`: up to n requests that arrived since the last call (none: an empty list)."""
@@ -46,32 +45,10 @@ Deliver = Callable[[GenerateRequest, GenerateOutput], None]
 """`deliver(request, output)`: a finished request's answer, called as soon as its row stops."""
 
 
-@dataclass
-class Row:
-    """One request being decoded: what it generated so far and its own random stream."""
-
-    request: GenerateRequest
-    prefix: Prefix  # the session KV it reused
-    stop_ids: frozenset[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-
-    def record(self, token: int, logprob: float) -> bool:
-        """Append a sampled token; True once the row is done (a stop id, or its length)."""
-        self.token_ids.append(token)
-        self.logprobs.append(logprob)
-        if token in self.stop_ids:
-            self.finish = "stop"
-        elif len(self.token_ids) >= self.request.params.max_new_tokens:
-            self.finish = "length"
-        return self.finish is not None
-
-
 class RunningBatch:
     """Rows with their KV in one cache; each has sampled a token it has not fed yet (`last`)."""
 
-    def __init__(self, rows: list[Row], cache: DynamicCache, mask: torch.Tensor, last: torch.Tensor):
+    def __init__(self, rows: list[SlotRow], cache: DynamicCache, mask: torch.Tensor, last: torch.Tensor):
         self.rows = rows
         self.cache = cache
         self.mask = mask  # (B, W), 1 on the row's real ids
@@ -204,7 +181,7 @@ def _admit(engine: HFInferStrategy, requests: list[GenerateRequest], deliver: De
     engine.stats["prefill_tokens"] += sum(prefill.new)
     logits = engine.prefill_forward(prefill)
     eos = frozenset(engine.eos_token_ids)
-    rows = [Row(r, p, eos | frozenset(r.params.stop_token_ids)) for r, p in zip(live, prefixes)]
+    rows = [SlotRow(r, p, eos | frozenset(r.params.stop_token_ids)) for r, p in zip(live, prefixes)]
     batch = RunningBatch(rows, prefill.cache, prefill.attention_mask, torch.zeros(len(rows), dtype=torch.long))
     return _sample_and_retire(engine, batch, logits, deliver)
 
@@ -225,13 +202,13 @@ def _sample_and_retire(
         _store_session(engine, batch, i, row)
         deliver(
             row.request,
-            GenerateOutput(row.request.request_id, row.token_ids, row.logprobs, row.finish, engine.policy_version),
+            row.output(engine.policy_version),
         )
     finished = set(done)
     return batch.keep([i for i in range(batch.size) if i not in finished])
 
 
-def _store_session(engine: HFInferStrategy, batch: RunningBatch, i: int, row: Row) -> None:
+def _store_session(engine: HFInferStrategy, batch: RunningBatch, i: int, row: SlotRow) -> None:
     """Keep the session's KV for the ids it fed (prompt + generated but the last), as the batch
     path does: the reused chunks as they are, plus the row's new columns."""
     if not engine.kv_cache.enabled or row.request.session_id is None:

@@ -32,7 +32,7 @@ SHRINK_BELOW = 4  # move the rows to slots a quarter the size once they fill les
 
 @dataclass
 class SlotRow:
-    """One request being decoded in a slot."""
+    """One request being decoded (in a slot, or a row of the dynamic continuous batch)."""
 
     request: GenerateRequest
     prefix: Prefix
@@ -44,7 +44,7 @@ class SlotRow:
 
     @property
     def truncates(self) -> bool:
-        return self.request.params.top_k > 0 or self.request.params.top_p < 1.0
+        return SamplingState.truncates([self.request])
 
     def record(self, token: int, logprob: float) -> bool:
         """Append a sampled token; True once the row is done (a stop id, or its length)."""

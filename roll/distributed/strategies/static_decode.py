@@ -105,7 +105,6 @@ class DecodeSlots:
             top_p=torch.ones((slots, 1), device=self.device),
             seeds=zeros.clone(),
         )
-        self.tokens, self.logprobs = zeros.clone(), torch.zeros(slots, device=self.device)
         self.free = list(range(slots))
         self.cache = _SlotCache(self)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -182,7 +181,7 @@ class DecodeSlots:
                 b[:n, :, :width].copy_(a.index_select(0, idx))
         self.mask[:n].fill_(False)
         self.mask[:n, :, :, :width].copy_(source.mask.index_select(0, idx))
-        for name in ("ids", "positions", "column", "counters", "tokens", "logprobs"):
+        for name in ("ids", "positions", "column", "counters"):
             getattr(self, name)[:n].copy_(getattr(source, name).index_select(0, idx))
         for name in ("greedy", "temperature", "top_k", "top_p", "seeds"):
             getattr(self.sampling, name)[:n].copy_(getattr(source.sampling, name).index_select(0, idx))
@@ -229,8 +228,6 @@ class DecodeSlots:
             use_cache=True,
         )
         tokens, logprobs = sample(out.logits[:, -1, :], self.sampling, self.counters, truncate)
-        self.tokens.copy_(tokens)
-        self.logprobs.copy_(logprobs)
         self._out[0].copy_(tokens)
         self._out[1].copy_(logprobs)
         self.ids.copy_(tokens.view(-1, 1))
@@ -260,4 +257,4 @@ class DecodeSlots:
         return graph
 
     def _state_tensors(self) -> list[torch.Tensor]:
-        return [self.ids, self.positions, self.column, self.counters, self.mask, self.tokens, self.logprobs]
+        return [self.ids, self.positions, self.column, self.counters, self.mask]
