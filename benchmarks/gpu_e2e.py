@@ -78,6 +78,10 @@ class Lane:
     budgets_s: dict[str, float]
     record_path: Path | None
     record: dict = field(default_factory=dict)
+    a_extra: list[str] = field(default_factory=list)
+    """Hydra overrides added to parts a and c (--a_extra), e.g. micro-batches sized for the GPU."""
+    profile_calls: str = ""
+    """ROLL_PROFILE_CALLS for every part's workers (roll/utils/call_profile.py); reports in --out."""
 
     def devices(self, cpu: bool = False) -> list[str]:
         """device_mapping overrides: every role on GPU 0, or every role on CPU (null)."""
@@ -111,7 +115,11 @@ def run_pipeline(name: str, overrides: list[str], output_dir: Path, budget_s: fl
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = dict(os.environ)
+        if lane.profile_calls:
+            profiles = (lane.out or output_dir.parent) / f"profiles-{name}"
+            env |= {"ROLL_PROFILE_CALLS": lane.profile_calls, "ROLL_PROFILE_DIR": str(profiles.resolve())}
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         while proc.poll() is None:
             time.sleep(0.2)
             _note_arrivals(output_dir / "metrics.jsonl", arrivals, time.monotonic() - start)
@@ -196,6 +204,7 @@ def a_overrides(lane: Lane, cpu: bool = False) -> list[str]:
     # 45 with a checkpoint every 50 steps left none); the tiny model saves in well under a second
     save = steps if lane.smoke else min(10, steps)
     overrides = [f"pretrain={tiny_model(lane)}", f"max_steps={steps}", f"save_steps={save}", *REFERENCE]
+    overrides += lane.a_extra
     return overrides + lane.devices(cpu) + lane.profile() + (["eval_steps=1"] if lane.smoke else [])
 
 
@@ -350,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps_a", type=int, default=None, help="part a's training steps (200; smoke 2)")
     parser.add_argument("--steps_b", type=int, default=None, help="part b's training steps (5; smoke 2)")
     parser.add_argument("--steps_c", type=int, default=None, help="steps resumed in part c (3; smoke 1)")
+    parser.add_argument(
+        "--a_extra", action="append", default=[], help="a hydra override added to parts a and c (repeatable)"
+    )
+    parser.add_argument(
+        "--profile_calls", default="", help="ROLL_PROFILE_CALLS for the workers, e.g. train@20 (call_profile.py)"
+    )
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
@@ -371,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         steps=steps,
         budgets_s=parse_budgets(args.budget_s, args.smoke),
         record_path=None if args.smoke else record_path(),
+        a_extra=args.a_extra,
+        profile_calls=args.profile_calls,
     )
     lane.record = new_record(lane)
     runners = {"a": part_a, "b": part_b, "c": part_c, "a_cpu": lambda lane: part_a(lane, cpu=True)}

@@ -34,6 +34,7 @@ from roll.distributed.workers.weight_store import WeightStore
 from roll.pipeline import cluster
 from roll.pipeline.cpu_shares import pin_workers, process_shares, role_share
 from roll.pipeline.residency import PhaseResidency
+from roll.utils.call_profile import profiled
 
 logger = logging.getLogger(__name__)
 
@@ -324,7 +325,7 @@ def _remote(
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False
         )
-    return ray.remote(cls).options(**options)
+    return ray.remote(profiled(cls)).options(**options)
 
 
 def training_features(worker_cfg) -> dict:
