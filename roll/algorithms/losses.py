@@ -27,36 +27,51 @@ from roll.algorithms.utils import masked_mean, masked_sum
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
 
+CHUNK_ELEMENTS = 2**24
+"""Logits elements (64 MiB in float32) scored at a time by `logprobs_from_logits` and
+`entropy_from_logits` (and roll.distributed.micro_batches): whole rows, at least one."""
+
+
+def row_chunks(logits: Tensor, max_elements: int = CHUNK_ELEMENTS) -> list[Tensor]:
+    """`logits` (B, ...) split along B into runs of whole rows of at most `max_elements` elements
+    (one row where a row alone is larger): each op on a chunk is one kernel launch for many rows,
+    while the temporaries a chunk makes stay bounded."""
+    per_row = max(1, logits[0].numel()) if len(logits) else 1
+    return list(logits.split(max(1, max_elements // per_row)))
+
+
 def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
     """log softmax(logits)[label] per position. logits (B, T, V), labels (B, T) -> (B, T).
 
     The caller aligns them: logits at position t score token t+1, so pass
-    `logits[:, :-1]` with `input_ids[:, 1:]`. Rows are done one at a time (logsumexp minus the
-    gathered logit) so that no second (B, T, V) tensor is ever held, which log_softmax would make.
-    bf16 / fp16 logits are scored in float32 (their log-probs would be too coarse for PPO ratios).
+    `logits[:, :-1]` with `input_ids[:, 1:]`. Rows are scored a chunk at a time (`row_chunks`:
+    logsumexp minus the gathered logit), so that no second (B, T, V) tensor is ever held, which
+    log_softmax would make. bf16 / fp16 logits are scored in float32 (their log-probs would be too
+    coarse for PPO ratios).
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)
     rows = []
-    for row_logits, row_labels in zip(logits, labels):
-        row = row_logits.to(dtype)
-        picked = row.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1)
-        rows.append(picked - torch.logsumexp(row, dim=-1))
-    return torch.stack(rows) if rows else logits.new_zeros(labels.shape, dtype=dtype)
+    chunks = row_chunks(logits)
+    for chunk_logits, chunk_labels in zip(chunks, labels.split([len(c) for c in chunks]), strict=True):
+        chunk = chunk_logits.to(dtype)
+        picked = chunk.gather(-1, chunk_labels.unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(chunk, dim=-1))
+    return torch.cat(rows) if rows else logits.new_zeros(labels.shape, dtype=dtype)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of softmax(logits) per position. logits (B, T, V) -> (B, T).
 
-    H = logsumexp(l) - sum(softmax(l) * l), one row at a time and in at least float32, like
-    `logprobs_from_logits`.
+    H = logsumexp(l) - sum(softmax(l) * l), a chunk of rows at a time (`row_chunks`) and in at
+    least float32, like `logprobs_from_logits`.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)
     rows = []
-    for row_logits in logits:
-        row = row_logits.to(dtype)
-        probs = torch.softmax(row, dim=-1)
-        rows.append(torch.logsumexp(row, dim=-1) - (probs * row).sum(dim=-1))
-    return torch.stack(rows) if rows else logits.new_zeros(logits.shape[:2], dtype=dtype)
+    for chunk_logits in row_chunks(logits):
+        chunk = chunk_logits.to(dtype)
+        probs = torch.softmax(chunk, dim=-1)
+        rows.append(torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1))
+    return torch.cat(rows) if rows else logits.new_zeros(logits.shape[:2], dtype=dtype)
 
 
 def agg_loss(loss_mat: Tensor, mask: Tensor, mode: AggMode) -> Tensor:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
-from roll.algorithms.losses import entropy_from_logits
+from roll.algorithms.losses import entropy_from_logits, row_chunks
 from roll.distributed.dynamic_batching import TokenBudget, pad_to_multiple, row_lengths
 
 MicroForward = Callable[[nn.Module, TensorDict], dict[str, torch.Tensor]]
@@ -78,16 +78,46 @@ def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Dist
     Two rows are the same when their attention masks are equal and their attended tokens are
     equal except the last one (a label only, module docstring). Ids under attention_mask == 0 are
     ignored (no real token's output sees them, and outputs at padding are masked to 0). The key
-    writes both as negative sentinels, so equal keys mean equal masks; exact comparison
-    (`torch.unique`), no hash.
+    writes both as negative sentinels, so equal keys mean equal masks. Distinct rows are numbered
+    in the order of their first row; the grouping is exact (`group_equal_rows`).
     """
     attended = attention_mask.bool()
     last = attended & (attended.long().cumsum(dim=1) == attended.sum(dim=1, keepdim=True))
     key = torch.where(attended, input_ids, PADDING_KEY).masked_fill(last, LAST_TOKEN_KEY)
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    rows = torch.arange(len(inverse), device=inverse.device)
-    first = torch.full((len(distinct),), len(inverse), dtype=rows.dtype, device=rows.device)
-    return DistinctRows(first.scatter_reduce(0, inverse, rows, reduce="amin"), inverse)
+    return group_equal_rows(key)
+
+
+def group_equal_rows(key: torch.Tensor) -> DistinctRows:
+    """The equal rows of an integer (B, T) tensor, numbered in the order of their first row.
+
+    Rows are grouped by a 64-bit hash (a few whole-tensor ops, where `torch.unique(dim=0)` compares
+    rows one pair at a time on the host), then every row is compared with its group's first row;
+    should two different rows share a hash, the exact `torch.unique(dim=0)` groups them instead.
+    """
+    rows = torch.arange(len(key), device=key.device)
+    if len(key) == 0:
+        return DistinctRows(rows, rows)
+    _, inverse = torch.unique(_row_hashes(key), return_inverse=True)
+    first = _first_rows(inverse, rows)
+    if not torch.equal(key, key[first[inverse]]):  # two different rows share a hash
+        _, inverse = torch.unique(key, dim=0, return_inverse=True)
+        first = _first_rows(inverse, rows)
+    order = first.argsort()  # distinct rows numbered by their first row
+    number = torch.empty_like(order)
+    number[order] = torch.arange(len(order), device=order.device)
+    return DistinctRows(first[order], number[inverse])
+
+
+def _row_hashes(key: torch.Tensor) -> torch.Tensor:
+    """(B,) a 64-bit hash of each row of `key` (B, T): a dot product with fixed odd multipliers."""
+    weights = torch.randint(-(2**62), 2**62, (key.shape[1],), generator=torch.Generator().manual_seed(0)) | 1
+    return (key.long() * weights.to(key.device)).sum(dim=1)  # int64 arithmetic wraps: mod 2**64
+
+
+def _first_rows(inverse: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(U,) the first row of each group of `inverse` (B,)."""
+    first = torch.full((int(inverse.max()) + 1,), len(rows), dtype=rows.dtype, device=rows.device)
+    return first.scatter_reduce(0, inverse, rows, reduce="amin")
 
 
 def all_rows(num_rows: int, device: torch.device | str = "cpu") -> DistinctRows:
@@ -204,14 +234,14 @@ def _label_logprobs(logits: torch.Tensor, inverse: torch.Tensor, labels: torch.T
     """log softmax(logits[inverse[b], t])[labels[b, t]]: logits (U, T, V), labels (B, T) -> (B, T).
 
     Each row reads its own labels out of its representative's distributions with one advanced
-    index (B, T); the log-normaliser is per representative (U, T), one row at a time as in
-    `logprobs_from_logits`, so neither a (B, T, V) tensor nor a second (U, T, V) one (which
+    index (B, T); the log-normaliser is per representative (U, T), a chunk of rows at a time as in
+    `logprobs_from_logits` (`row_chunks`), so neither a (B, T, V) tensor nor a second (U, T, V) one (which
     log_softmax would keep for backward) is made. Backward scatters every row's gradient into its
     representative's logits, adding up those of rows sharing one.
     """
     positions = torch.arange(labels.shape[1], device=labels.device)
     picked = logits[inverse[:, None], positions[None, :], labels]
-    log_normaliser = torch.cat([torch.logsumexp(one, dim=-1) for one in logits.split(1)])
+    log_normaliser = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in row_chunks(logits)])
     return picked - log_normaliser.index_select(0, inverse)
 
 

@@ -13,6 +13,7 @@ from roll.algorithms.losses import (
     entropy_from_logits,
     logprobs_from_logits,
     ppo_policy_loss,
+    row_chunks,
     value_loss,
 )
 
@@ -160,3 +161,23 @@ def test_entropy_from_logits():
     # H(1/4, 3/4) = 1/4 ln 4 + 3/4 ln(4/3); uniform over two tokens: ln 2.
     h = 0.25 * math.log(4) + 0.75 * math.log(4 / 3)
     assert_close(entropy_from_logits(LOGITS), t([[h, LN2], [h, LN2]]))
+
+
+def test_row_chunks_bound_the_elements_a_chunk_holds_in_whole_rows():
+    logits = torch.zeros(10, 7, 33)
+    assert [len(c) for c in row_chunks(logits, 7 * 33 * 3)] == [3, 3, 3, 1]
+    assert [len(c) for c in row_chunks(logits, 5)] == [1] * 10  # a row larger than the bound: alone
+    assert [len(c) for c in row_chunks(logits)] == [10]
+    assert [c.shape for c in row_chunks(torch.zeros(0, 7, 33))] == [(0, 7, 33)]
+
+
+def test_chunked_scoring_equals_scoring_one_row_at_a_time():
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 6, 50, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 50, (9, 6), generator=generator)
+    one_by_one = torch.stack(
+        [torch.log_softmax(row, -1).gather(-1, lab[:, None])[:, 0] for row, lab in zip(logits, labels)]
+    )
+    entropies = torch.stack([-(torch.softmax(row, -1) * torch.log_softmax(row, -1)).sum(-1) for row in logits])
+    assert torch.allclose(logprobs_from_logits(logits, labels), one_by_one, atol=1e-12)
+    assert torch.allclose(entropy_from_logits(logits), entropies, atol=1e-12)

@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassificat
 
 from roll.algorithms.losses import ppo_policy_loss, value_loss
 from roll.configs.worker import TrainingArgs
+from roll.distributed import micro_batches
 from roll.distributed.micro_batches import (
     all_rows,
     distinct_rows,
@@ -90,14 +91,23 @@ def rows_seen_by(model) -> list[int]:
 # ---- grouping -------------------------------------------------------------------------------
 def test_distinct_rows_compare_attended_tokens_before_the_last():
     rows = distinct_rows(IDS, MASK)
-    # Keys (padding -1, last real token -2), sorted by torch.unique:
-    # row 7 [3,9,2,-2,-1,-1] < row 0 [3,9,4,-2,-1,-1] < row 5 [3,9,4,7,-2,-1] < row 1 [5,2,8,1,6,-2].
-    assert rows.index.tolist() == [7, 0, 5, 1]
-    assert rows.inverse.tolist() == [1, 3, 1, 1, 3, 2, 1, 0]
+    # Keys (padding -1, last real token -2), numbered by their first row:
+    # row 0 [3,9,4,-2,-1,-1], row 1 [5,2,8,1,6,-2], row 5 [3,9,4,7,-2,-1], row 7 [3,9,2,-2,-1,-1].
+    assert rows.index.tolist() == [0, 1, 5, 7]
+    assert rows.inverse.tolist() == [0, 1, 0, 0, 1, 2, 0, 3]
     assert rows.ratio == 4 / 8
     expanded = rows.expand(torch.tensor([10.0, 20.0, 30.0, 40.0]))
-    assert expanded.tolist() == [20, 40, 20, 20, 40, 30, 20, 10]
+    assert expanded.tolist() == [10, 20, 10, 10, 20, 30, 10, 40]
     assert all_rows(6).index.tolist() == all_rows(6).inverse.tolist() == list(range(6))
+
+
+def test_rows_sharing_a_hash_are_still_grouped_exactly(monkeypatch):
+    hashed = distinct_rows(IDS, MASK)
+    monkeypatch.setattr(micro_batches, "_row_hashes", lambda key: torch.zeros(len(key), dtype=torch.long))
+    colliding = distinct_rows(IDS, MASK)  # every row the same hash: the exact comparison decides
+    assert colliding.index.tolist() == hashed.index.tolist() == [0, 1, 5, 7]
+    assert colliding.inverse.tolist() == hashed.inverse.tolist()
+    assert distinct_rows(IDS[:0], MASK[:0]).index.tolist() == []
 
 
 @pytest.mark.parametrize(
@@ -123,9 +133,9 @@ def test_distinct_micro_batches_hold_every_row_of_their_distinct_rows():
 
     micros = list(iter_distinct_micro_batches(batch, 2, rows))
 
-    # distinct rows {0, 1} are rows 7 and 0 (with 2, 3, 6); {2, 3} are rows 5 and 1 (with 4)
-    assert [m["row"].tolist() for m in micros] == [[0, 2, 3, 6, 7], [1, 4, 5]]
-    assert [m["input_ids"].shape[1] for m in micros] == [4, 6]  # each trimmed to its padding
+    # distinct rows {0, 1} are rows 0 and 1 (with 2, 3, 6 and 4); {2, 3} are rows 5 and 7
+    assert [m["row"].tolist() for m in micros] == [[0, 1, 2, 3, 4, 6], [5, 7]]
+    assert [m["input_ids"].shape[1] for m in micros] == [6, 5]  # each trimmed to its padding
     plain = [m["row"].tolist() for m in iter_micro_batches(batch, 4)]
     assert [m["row"].tolist() for m in iter_distinct_micro_batches(batch, 4, all_rows(ROWS))] == plain
 
