@@ -186,6 +186,26 @@ def measure_batch(model, engine, batch: int, new_tokens: int, device, with_gener
     return result
 
 
+def profile_engine_run(engine, model, batch: int, new_tokens: int, device, path: Path) -> None:
+    """The measured engine run once more under cProfile: where its host time goes (the functions with
+    the most own time, then the most time under them), written to `path`."""
+    import cProfile
+    import io
+    import pstats
+
+    batch_prompts = prompts(batch, model.config.vocab_size, seed=batch)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    seconds, _ = engine_run(engine, batch_prompts, [new_tokens] * batch, device)
+    profiler.disable()
+    text = io.StringIO()
+    text.write(f"engine run, batch {batch}, {new_tokens} new tokens: {seconds:.3f} s under cProfile\n")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(30)
+    path.write_text(text.getvalue())
+    print(f"wrote {path}")
+
+
 def nano_vllm_shape(model, engine, device, requests: int, low: int, high: int) -> dict:
     """nano-vllm's bench.py shape: random prompt and output lengths in [low, high]."""
     rng = random.Random(0)
@@ -211,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate_at", default=None, help="batch sizes that run generate too (default: all)")
     parser.add_argument("--no_nano", action="store_true", help="skip nano-vllm's shape")
     parser.add_argument("--out", default=None, help="record path (default results/decode-<date>.json on a GPU)")
+    parser.add_argument(
+        "--profile_at", default="", help="batch sizes whose engine run is repeated under cProfile (text beside --out)"
+    )
     args = parser.parse_args(argv)
     from roll.distributed.strategies.hf_infer import HFInferStrategy
 
@@ -248,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         result = measure_batch(model, engine, batch, new, device, with_generate)
         record["batches"].append(result)
         print(json.dumps(result), flush=True)
+        if out and str(batch) in args.profile_at.split(","):
+            profile_engine_run(engine, model, batch, new, device, Path(out).with_suffix(f".profile-{batch}.txt"))
         save()
     if not args.no_nano:
         record["nano_vllm_shape"] = nano_vllm_shape(model, engine, device, *nano)

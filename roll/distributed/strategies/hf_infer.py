@@ -30,6 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
+from roll.distributed.micro_batches import group_equal_rows
 from roll.distributed.strategies import decode_attention
 from roll.distributed.strategies.device_sampling import SamplingState, sample
 from roll.distributed.strategies.kv_cache import (
@@ -237,9 +238,7 @@ class HFInferStrategy:
 
 def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(unique rows (U, N), index of each unique row's first occurrence (U,), inverse (B,))."""
-    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    index = torch.full((len(unique),), len(rows), dtype=torch.long, device=rows.device)
-    index.scatter_reduce_(0, inverse, torch.arange(len(rows), device=rows.device), reduce="amin")
+    index, inverse = group_equal_rows(rows)
     return rows.index_select(0, index), index, inverse
 
 
