@@ -104,6 +104,17 @@ def test_sessions_reuse_the_kv_the_slots_stored(model_path):
     assert slots.stats["prefix_tokens_reused"] == dynamic.stats["prefix_tokens_reused"] > 0
 
 
+def test_rows_without_a_session_gather_no_kv_when_they_finish(model_path, monkeypatch):
+    slots, _ = engines(model_path)
+    gathered = []
+    row_kv = DecodeSlots.row_kv
+    monkeypatch.setattr(DecodeSlots, "row_kv", lambda self, *a: gathered.append(a) or row_kv(self, *a))
+    slots.generate_batch([req(str(i), p, i) for i, p in enumerate(PROMPTS)])
+    assert gathered == []  # nothing would keep it
+    slots.generate_batch([req("s", PROMPTS[0], 0, session="s")])
+    assert len(gathered) == 1
+
+
 def test_offload_drops_the_slots(model_path):
     slots, _ = engines(model_path)
     slots.generate_batch([req("a", PROMPTS[0], 1)])

@@ -131,7 +131,7 @@ class _Run:
         keep = []
         for i, (row, tok, lp) in enumerate(zip(rows, first.tolist(), first_lp.tolist(), strict=True)):
             if row.record(tok, lp):
-                self._store(row, [row_chunk(layers, i, slice(width - prefill.new[i], width))])
+                self._store(row, lambda i=i: [row_chunk(layers, i, slice(width - prefill.new[i], width))])
                 self.deliver(row.request, row.output(engine.policy_version))
             else:
                 keep.append(i)
@@ -184,18 +184,21 @@ class _Run:
         for slot in done:
             row = self.rows.pop(slot)
             end = row.width + len(row.token_ids) - 1  # its first id went in at `width`; the last was never fed
-            self._store(row, [self.slots.row_kv(slot, row.prefix.length, end)])
+            self._store(row, lambda slot=slot, row=row, end=end: [self.slots.row_kv(slot, row.prefix.length, end)])
             self.deliver(row.request, row.output(self.engine.policy_version))
         if done:
             self.slots.release(done)
             self.truncate = any(row.truncates for row in self.rows.values())
 
-    def _store(self, row: SlotRow, new_chunks) -> None:
-        """Keep the session's KV for the ids it fed: prompt + generated ids but the last."""
+    def _store(self, row: SlotRow, new_chunks: Callable[[], list]) -> None:
+        """Keep the session's KV for the ids it fed: prompt + generated ids but the last. The KV is
+        gathered (`new_chunks()`) only for a row of a session the cache keeps."""
         cache = self.engine.kv_cache
         if not cache.enabled or row.request.session_id is None:
             return
-        cache.store(row.request.session_id, row.request.prompt_ids + row.token_ids[:-1], row.prefix.chunks + new_chunks)
+        cache.store(
+            row.request.session_id, row.request.prompt_ids + row.token_ids[:-1], row.prefix.chunks + new_chunks()
+        )
 
 
 @torch.no_grad()
