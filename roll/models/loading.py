@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+import transformers
 from transformers import (
     AutoConfig,
+    AutoImageProcessor,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoModelForTokenClassification,
+    AutoProcessor,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -131,3 +136,72 @@ def load_value_model(
             local_files_only=True,
             attn_implementation=resolve_attention(attn_implementation, device),
         )
+
+
+def is_vl_model(path: str | os.PathLike[str]) -> bool:
+    """Whether the model dir at `path` takes images: its config has a `vision_config`
+    (Qwen2-VL, Qwen2.5-VL and most image-text-to-text models)."""
+    config = AutoConfig.from_pretrained(model_dir(path), local_files_only=True)
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_vl_model(
+    path: str | os.PathLike[str],
+    dtype: DType = "float32",
+    attn_implementation: str | None = None,
+    device: str | torch.device = "cpu",
+    training: bool = True,
+) -> PreTrainedModel:
+    """A vision-language policy (`AutoModelForImageTextToText`: Qwen2.5-VL loads as
+    `Qwen2_5_VLForConditionalGeneration`), loaded like `load_causal_lm`."""
+    return AutoModelForImageTextToText.from_pretrained(
+        model_dir(path),
+        dtype=resolve_dtype(dtype, device, training),
+        attn_implementation=resolve_attention(attn_implementation, device),
+        local_files_only=True,
+    )
+
+
+def load_policy(path: str | os.PathLike[str], **kwargs: Any) -> PreTrainedModel:
+    """`load_vl_model` for a model that takes images (`is_vl_model`), else `load_causal_lm`."""
+    return load_vl_model(path, **kwargs) if is_vl_model(path) else load_causal_lm(path, **kwargs)
+
+
+def _processor_class(path: str) -> type:
+    with open(os.path.join(path, "processor_config.json")) as f:
+        name = json.load(f)["processor_class"]
+    return getattr(transformers, name)
+
+
+def image_only_processor_class(processor_cls: type) -> type:
+    """`processor_cls` that may be built with `video_processor=None`.
+
+    transformers builds a Qwen-VL processor only with its video processor, and the video
+    processors need torchvision, which this project does not install (it breaks `import vllm`).
+    Images never touch the video processor, so the processor's own code (`__call__`, the chat
+    template, the image token expansion) runs unchanged; only videos are refused."""
+
+    class ImageOnly(processor_cls):  # type: ignore[misc, valid-type]
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = processor_cls.__name__
+    return ImageOnly
+
+
+def load_processor(path: str | os.PathLike[str]) -> Any:
+    """The model's own processor (`AutoProcessor`). Without torchvision a Qwen-VL processor
+    cannot build its video processor; then the same processor class is built from the dir's
+    tokenizer, image processor and chat template without one (`image_only_processor_class`)."""
+    path = model_dir(path)
+    if importlib.util.find_spec("torchvision") is not None:
+        return AutoProcessor.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return image_only_processor_class(_processor_class(path))(
+        image_processor=AutoImageProcessor.from_pretrained(path, local_files_only=True),
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=tokenizer.chat_template,
+    )

@@ -5,6 +5,9 @@ collect the texts the tokenizer must cover, and hands them to `build_tiny_model`
 arguments.
 
     python -m roll.pipeline.tiny_model --output_dir ./tiny_lm --preset frozen_lake
+    python -m roll.pipeline.tiny_model --output_dir ./tiny_vl --preset vl_sokoban
+
+A `vl_*` preset builds a tiny Qwen2.5-VL (`roll.models.tiny_vl`) with its processor instead.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from roll.agentic.env.registry import make_env
 from roll.models.tiny import ANSWER_TAGS, ARCH_CONFIGS, build_tiny_model
+from roll.models.tiny_vl import build_tiny_vl_model
 
 # Preset name -> (env_type, env_config) whose texts make up the tokenizer corpus.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -35,6 +39,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+# Vision-language presets: a tiny Qwen2.5-VL whose tokenizer covers the same env's text.
+VL_PRESETS = {"vl_sokoban": "sokoban", "vl_frozen_lake": "frozen_lake"}
 
 
 def collect_env_text(env: Any, num_seeds: int = 20) -> list[str]:
@@ -90,7 +96,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m roll.pipeline.tiny_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--preset", choices=sorted(PRESETS), help="take the corpus from a built-in env")
+    source.add_argument("--preset", choices=sorted([*PRESETS, *VL_PRESETS]), help="take the corpus from a built-in env")
     source.add_argument("--env_type", help="take the corpus from this env (id, alias or module:Class)")
     parser.add_argument("--env_config", type=json.loads, default={}, help="JSON kwargs for --env_type")
     parser.add_argument("--arch", choices=sorted(ARCH_CONFIGS), default="llama")
@@ -111,8 +117,29 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def build_vl_preset(args: argparse.Namespace) -> str:
+    """The tiny Qwen2.5-VL of a `vl_*` preset (`--arch` and `--tie_word_embeddings` do not apply)."""
+    corpus, extra_tokens = corpus_and_tokens(*PRESETS[VL_PRESETS[args.preset]])
+    return build_tiny_vl_model(
+        args.output_dir,
+        corpus=corpus,
+        extra_tokens=extra_tokens,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=args.num_attention_heads,
+        intermediate_size=args.intermediate_size,
+        max_position_embeddings=args.max_position_embeddings,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> str:
     args = _parse_args(argv)
+    if args.preset in VL_PRESETS:
+        path = build_vl_preset(args)
+        print(path)
+        return path
     env_type, env_config = PRESETS[args.preset] if args.preset else (args.env_type, args.env_config)
     try:
         corpus, extra_tokens = corpus_and_tokens(env_type, env_config) if env_type else ([], [])
