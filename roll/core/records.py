@@ -9,6 +9,7 @@ cheaply and a reader can print one and understand it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from roll.core.enums import StopReason
 
@@ -30,6 +31,22 @@ class SamplingParams:
 
 
 @dataclass
+class ImageInputs:
+    """The images of one prompt as the model's own processor made them, in prompt order.
+
+    `pixel_values` is the processor's (num_patches, patch_dim) float tensor for all images
+    together; `image_grid_thw[k]` is image k's (t, h, w) patch grid, so image k owns
+    t * h * w rows of `pixel_values` and t * h * w / merge_size**2 placeholder ids of the prompt."""
+
+    pixel_values: Any  # torch.Tensor (num_patches, patch_dim)
+    image_grid_thw: list[list[int]]
+
+    @property
+    def num_images(self) -> int:
+        return len(self.image_grid_thw)
+
+
+@dataclass
 class GenerateRequest:
     """Token-in request to an inference worker.
 
@@ -38,6 +55,8 @@ class GenerateRequest:
     `session_id` names the conversation a multi-turn request belongs to; an engine may keep the
     KV of the ids it already processed for that session and prefill only what the prompt adds
     (the prompt is still sent whole, and a prompt that does not extend them is handled exactly).
+    `images` (vision-language models) are the prompt's images; their placeholder ids are in
+    `prompt_ids` already.
     """
 
     request_id: str
@@ -45,6 +64,7 @@ class GenerateRequest:
     params: SamplingParams
     seed: int
     session_id: str | None = None
+    images: ImageInputs | None = None
 
 
 @dataclass
@@ -110,7 +130,9 @@ class Trajectory:
     frames: list[str] = field(default_factory=list)
     frame_captions: list[str] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
-    rollout_s: float = 0.0  # seconds from the start of the group's episodes to this one's end
+    rollout_s: float = 0.0
+    # Vision-language managers: every image of `token_ids`, in order (None for text episodes)
+    images: ImageInputs | None = None  # seconds from the start of the group's episodes to this one's end
 
     @property
     def oldest_policy_version(self) -> int | None:

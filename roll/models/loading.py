@@ -145,6 +145,18 @@ def is_vl_model(path: str | os.PathLike[str]) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_token_ids(config: Any) -> list[int]:
+    """The ids of a vision-language config's image/video placeholders and vision markers: ids
+    the processor writes around images, which the policy must never generate (a generated
+    placeholder has no image behind it). Empty for a text-only config."""
+    if getattr(config, "vision_config", None) is None:
+        return []
+    return sorted({getattr(config, key) for key in VISION_TOKEN_KEYS if getattr(config, key, None) is not None})
+
+
 def load_vl_model(
     path: str | os.PathLike[str],
     dtype: DType = "float32",

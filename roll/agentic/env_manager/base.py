@@ -52,6 +52,8 @@ class EnvSpec:
     native_chat: bool = False  # step-wise: the env's info["messages"] is the prompt (native_env_manager)
     agent_runner_cls: str | None = None  # an agent runner plays the env through the chat proxy (proxy_env_manager)
     concat_history: bool = False  # step-wise: ROLL's StepConcatEnvManager {history} (templates.step_prompt_text)
+    pre_step_template: str | None = None  # VL: the text before a turn's image; None: ROLL's default
+    next_step_template: str | None = None  # VL: the text after a turn's image; None: ROLL's default
 
 
 class GenerateTimeout(RuntimeError):

@@ -19,6 +19,13 @@ graph on a GPU and sampling on the device. Other architectures (and `static_deco
 the dynamic-cache loop below. Both draw a request's k-th token with the uniform of (seed, k)
 (`device_sampling.py`), so they give the same tokens up to round-off.
 
+Vision-language models (a config with `vision_config`) take requests with images
+(`GenerateRequest.images`): each is decoded on its own (`_generate_with_images`), with no KV
+reuse across requests (a session's cached KV was computed with that session's images and is
+never matched against another's), and the vision marker ids (`suppressed_token_ids`) are never
+sampled: a generated image placeholder would have no image behind it in the trainer's forward.
+Their log-probs are of the distribution without those ids, as the trainer computes them.
+
 Log-probs are those of the temperature-scaled full distribution, `log_softmax(logits / T)` — what
 the trainer recomputes — so top-k / top-p truncation is not reflected in them (as in vLLM's
 default). Greedy rows report `log_softmax(logits)`.
@@ -53,9 +60,13 @@ class HFInferStrategy:
         eos_token_ids: list[int],
         max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
         static_decode: bool | None = None,
+        suppressed_token_ids: list[int] = (),
     ):
-        """`static_decode`: decode on static slots (None: wherever the architecture supports it)."""
+        """`static_decode`: decode on static slots (None: wherever the architecture supports it).
+        `suppressed_token_ids`: ids never sampled by a vision-language model (its vision markers)."""
         self.model = model.eval()
+        self.vision = getattr(model.config, "vision_config", None) is not None
+        self.suppressed_token_ids = list(suppressed_token_ids)
         supported = slots_support(model)
         if static_decode and not supported:
             raise ValueError(f"static_decode: the {model.config.model_type!r} architecture is not supported")
@@ -104,6 +115,10 @@ class HFInferStrategy:
     @torch.no_grad()
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """Decode all requests together; each row stops on its own stop ids or length."""
+        if self.vision:
+            return [self._generate_with_images(r) for r in requests]
+        if any(r.images is not None for r in requests):
+            raise ValueError("a request carries images, but the model has no vision tower (config.vision_config)")
         if self.static_decode:
             return self._generate_on_slots(requests)
         device = next(self.model.parameters()).device
@@ -181,6 +196,46 @@ class HFInferStrategy:
             position_ids = position_ids[:, -1:] + 1
         return out_ids, out_lps, finish
 
+    def _generate_with_images(self, request: GenerateRequest) -> GenerateOutput:
+        """One request on a vision-language model: prefill over its ids and images, then one token
+        a step with a fresh KV cache (the model places image and text positions itself: M-RoPE)."""
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
+        vision = {}
+        if request.images is not None:
+            vision = {
+                "pixel_values": request.images.pixel_values.to(device, self.model.dtype),
+                "image_grid_thw": torch.tensor(request.images.image_grid_thw, dtype=torch.long, device=device),
+            }
+        sampler = RowSampler([request], device, self.model.config.get_text_config().vocab_size)
+        stop = set(request.params.stop_token_ids) | set(self.eos_token_ids)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        finish = "length"
+        cache = DynamicCache()
+        self.stats["prefill_calls"] += 1
+        self.stats["prefill_tokens"] += len(request.prompt_ids)
+        step_ids, length = ids, ids.shape[1]
+        while len(tokens) < request.params.max_new_tokens:
+            logits = self.model(
+                input_ids=step_ids,
+                attention_mask=torch.ones(1, length, dtype=torch.long, device=device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **vision,
+            ).logits[:, -1, :]
+            vision = {}  # the images are in the cache after the prefill
+            token, logprob = sampler.sample(suppress(logits.float(), self.suppressed_token_ids))
+            tokens.append(int(token))
+            logprobs.append(float(logprob))
+            if tokens[-1] in stop:
+                finish = "stop"
+                break
+            step_ids, length = token.view(1, 1), length + 1
+            self.stats["decode_steps"] += 1
+        return GenerateOutput(request.request_id, tokens, logprobs, finish, self.policy_version)
+
     def prefill_forward(self, prefill: Prefill) -> torch.Tensor:
         """The first model call, over distinct rows only when no row reuses a cached prefix.
 
@@ -234,6 +289,13 @@ class HFInferStrategy:
             self.kv_cache.store(
                 r.session_id, r.prompt_ids + out_ids[i][:-1], prefixes[i].chunks + [row_chunk(layers, i, fed)]
             )
+
+
+def suppress(logits: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
+    """`logits` (..., V) with `token_ids` set to -inf: ids the model must never produce."""
+    if not token_ids:
+        return logits
+    return logits.index_fill(-1, torch.tensor(token_ids, device=logits.device), float("-inf"))
 
 
 def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -36,7 +36,7 @@ from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.distributed.weight_transfer import IpcWeights
 from roll.distributed.workers.common import take_memory_gib
-from roll.models.loading import load_causal_lm, load_tokenizer
+from roll.models.loading import load_policy, load_tokenizer, vision_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class InferenceWorker:
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         if canonical_name(strategy_name) == "hf_infer":
-            model = load_causal_lm(
+            model = load_policy(
                 model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
             ).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -75,12 +75,14 @@ class InferenceWorker:
                 eos_token_ids=eos,
                 max_cached_tokens=max_cached_tokens,
                 static_decode=static_decode,
+                suppressed_token_ids=vision_token_ids(model.config),
             )
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
-        self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy)
+        # a vision-language model decodes request by request (HFInferStrategy._generate_with_images)
+        self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy) and not self.engine.vision
         self.engine_name = strategy_name
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
         self._pending: list[tuple[GenerateRequest, asyncio.Future, float]] = []  # + time.monotonic() it came

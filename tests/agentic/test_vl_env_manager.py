@@ -1,0 +1,165 @@
+"""The VL env manager with the `hf` engine on the tiny Qwen2.5-VL: prompts made by the model's own
+processor, images sent with every request, and a trajectory whose ids, loss mask and log-probs
+are exactly the engine's (a full forward over the trajectory with its images gives the same
+log-probs)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+import envs  # noqa: F401  registers the built-ins
+from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.env_manager.vl_traj_env_manager import (
+    ImageObservationError,
+    TooManyImages,
+    VLTrajEnvManager,
+)
+from roll.agentic.episode import EpisodeSpec
+from roll.core.records import SamplingParams
+from roll.distributed.strategies.hf_infer import HFInferStrategy, suppress
+from roll.models.loading import load_policy, load_processor, vision_token_ids
+from roll.pipeline.tiny_model import main as build_model
+
+ENV_CONFIG = {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10, "render_mode": "rgb_array"}
+
+
+@pytest.fixture(scope="module")
+def vl_dir(tmp_path_factory):
+    return build_model(["--preset", "vl_sokoban", "--output_dir", str(tmp_path_factory.mktemp("m") / "vl")])
+
+
+@pytest.fixture(scope="module")
+def processor(vl_dir):
+    return load_processor(vl_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(vl_dir):
+    model = load_policy(vl_dir, training=False)
+    tok = load_processor(vl_dir).tokenizer
+    return HFInferStrategy(
+        model, tok.pad_token_id, [tok.eos_token_id], suppressed_token_ids=vision_token_ids(model.config)
+    )
+
+
+def spec(max_steps: int = 3, **env_config) -> EnvSpec:
+    return EnvSpec(
+        tag="SimpleSokoban",
+        env_type="sokoban",
+        env_config={**ENV_CONFIG, **env_config},
+        max_steps=max_steps,
+        max_tokens_per_step=6,
+        agent_system_template="You play Sokoban.",
+    )
+
+
+def manager(processor, engine, sent, max_steps=3, max_images=None, answers=None, **env_config):
+    async def generate(request):
+        sent.append(request)
+        out = engine.generate_batch([request])[0]
+        if answers is not None:
+            answers.append(out)
+        return out
+
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
+    return VLTrajEnvManager(
+        spec(max_steps, **env_config), processor, generate, sampling, 4096, max_images_per_prompt=max_images
+    )
+
+
+def test_a_trajectory_is_the_engines_ids_and_images(processor, engine, vl_dir):
+    sent, answers = [], []
+    vl = manager(processor, engine, sent, answers=answers)
+    traj = asyncio.run(vl.run_episode(EpisodeSpec("g", "g-0", env_seed=3, sample_seed=1)))
+    turns = len(sent)
+    assert turns == traj.num_actions >= 2  # so later turns (continuations) are exercised too
+    # every request extends the previous prompt by the generated ids and the next turn, and
+    # carries one image per turn so far
+    for k, request in enumerate(sent):
+        assert request.images.num_images == k + 1
+        assert traj.token_ids[: len(request.prompt_ids)] == request.prompt_ids
+        assert request.session_id is None
+    first = sent[0]
+    image_id = engine.model.config.image_token_id
+    grid = first.images.image_grid_thw[0]
+    assert first.prompt_ids.count(image_id) == grid[0] * grid[1] * grid[2] // 4
+    # the first prompt is the processor's own rendering of the chat
+    messages = [
+        {"role": "system", "content": "You play Sokoban."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": traj_instruction(vl) + "\nTurn 1:\nState:\n"},
+                {"type": "image"},
+                {"type": "text", "text": vl_next_text(vl, 0)},
+            ],
+        },
+    ]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    vl.env.reset(seed=3)
+    expected = processor(text=[text], images=[vl.env.render()], return_tensors="pt")
+    assert first.prompt_ids == expected["input_ids"][0].tolist()
+    assert torch.equal(first.images.pixel_values, expected["pixel_values"])
+    # loss mask: 1 exactly on the ids each turn generated, which are the engine's own
+    expected_mask = np.zeros(len(traj.token_ids), dtype=int)
+    for request, out in zip(sent, answers):
+        start = len(request.prompt_ids)
+        assert traj.token_ids[start : start + len(out.token_ids)] == out.token_ids
+        assert traj.infer_logprobs[start : start + len(out.token_ids)] == out.logprobs
+        expected_mask[start : start + len(out.token_ids)] = 1
+    mask = np.array(traj.response_mask)
+    assert (mask == expected_mask).all()
+    assert traj.turn_end_positions == [len(r.prompt_ids) + len(o.token_ids) - 1 for r, o in zip(sent, answers)]
+    assert traj.images.num_images == turns and torch.equal(
+        traj.images.pixel_values[: len(first.images.pixel_values)], first.images.pixel_values
+    )
+    assert not set(vision_token_ids(engine.model.config)) & {t for t, m in zip(traj.token_ids, mask) if m}
+
+    # a full forward over the trajectory with its images gives the engine's log-probs
+    ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        logits = engine.model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            pixel_values=traj.images.pixel_values,
+            image_grid_thw=torch.tensor(traj.images.image_grid_thw),
+        ).logits[0, :-1]
+    logprobs = suppress(logits.float(), vision_token_ids(engine.model.config)).log_softmax(-1)
+    picked = logprobs.gather(1, ids[0, 1:, None])[:, 0]
+    positions = mask[1:].nonzero()[0]
+    assert np.allclose(picked[positions].numpy(), np.array(traj.infer_logprobs)[positions + 1], atol=1e-4)
+
+
+def traj_instruction(vl) -> str:
+    vl.env.reset(seed=3)
+    return vl.env.instruction
+
+
+def vl_next_text(vl, turn: int) -> str:
+    from roll.agentic.env_manager.vl_traj_env_manager import NEXT_STEP_TEMPLATE
+
+    return NEXT_STEP_TEMPLATE.format(actions_left=vl.spec.max_steps - turn, max_response_length=6)
+
+
+def test_equal_seeds_give_equal_trajectories(processor, engine):
+    def play():
+        vl = manager(processor, engine, [])
+        return asyncio.run(vl.run_episode(EpisodeSpec("g", "g-0", env_seed=5, sample_seed=2)))
+
+    a, b = play(), play()
+    assert a.token_ids == b.token_ids and a.infer_logprobs == b.infer_logprobs
+
+
+def test_an_env_without_images_is_refused_by_key(processor, engine):
+    with pytest.raises(ImageObservationError, match=r"custom_envs\.SimpleSokoban\.env_config\.render_mode"):
+        manager(processor, engine, [], render_mode=None)
+
+
+def test_more_images_than_the_limit_is_an_error(processor, engine):
+    vl = manager(processor, engine, [], max_steps=5, max_images=1)
+    with pytest.raises(TooManyImages, match="limit_mm_per_prompt"):
+        asyncio.run(vl.run_episode(EpisodeSpec("g", "g-0", env_seed=3, sample_seed=1)))
