@@ -33,6 +33,12 @@ class Batch:
     """Critic values, values[:, t] = V(input_ids[:, :t]) (see `roll.distributed.workers.critic`)."""
     ADVANTAGES: Final = "advantages"
     RETURNS: Final = "returns"
+    # Vision-language rows: not per token, so padding trims and pads leave them alone
+    PIXEL_VALUES: Final = "pixel_values"
+    """(B, P, D) each row's image patches as its processor made them, zero-padded to P patches."""
+    IMAGE_GRID_THW: Final = "image_grid_thw"
+    """(B, N, 3) each row's images' (t, h, w) patch grids in order; all-zero rows are padding."""
+    IMAGE_KEYS: Final = (PIXEL_VALUES, IMAGE_GRID_THW)
 
 
 @dataclass

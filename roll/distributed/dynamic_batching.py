@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+from roll.core.fields import Batch
+
 
 @dataclass(frozen=True)
 class TokenBudget:
@@ -75,7 +77,10 @@ def pad_to_multiple(micro: TensorDict, round_to: int) -> TensorDict:
     target = round_up(length, round_to)
     if target == length:
         return micro
-    return micro.apply(lambda x: F.pad(x, (0, target - length)) if x.dim() >= 2 and x.shape[1] == length else x)
+    padded = micro.exclude(*Batch.IMAGE_KEYS).apply(
+        lambda x: F.pad(x, (0, target - length)) if x.dim() >= 2 and x.shape[1] == length else x
+    )
+    return padded.update(micro.select(*(k for k in Batch.IMAGE_KEYS if k in micro.keys())))
 
 
 def row_lengths(attention_mask: torch.Tensor) -> list[int]:

@@ -33,7 +33,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from roll.algorithms.losses import entropy_from_logits, row_chunks
+from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget, pad_to_multiple, row_lengths
+from roll.models.loading import vision_token_ids
 
 MicroForward = Callable[[nn.Module, TensorDict], dict[str, torch.Tensor]]
 """`forward(model, micro) -> {name: (b, t)}`, one output row per row of `micro`. A micro-batch
@@ -145,7 +147,29 @@ def trim_padding(batch: TensorDict) -> TensorDict:
     """Cut the columns that are padding in every row from every per-token (B, T) tensor."""
     length = valid_length(batch["attention_mask"])
     total = batch["attention_mask"].shape[1]
-    return batch.apply(lambda x: x[:, :length] if x.dim() >= 2 and x.shape[1] == total else x)
+    trimmed = batch.exclude(*Batch.IMAGE_KEYS).apply(
+        lambda x: x[:, :length] if x.dim() >= 2 and x.shape[1] == total else x
+    )
+    return trimmed.update(batch.select(*(k for k in Batch.IMAGE_KEYS if k in batch.keys())))
+
+
+def vision_inputs(micro: TensorDict) -> dict[str, torch.Tensor] | None:
+    """The model's image inputs of a micro-batch's rows (`Batch.PIXEL_VALUES`,
+    `Batch.IMAGE_GRID_THW`): every row's images in row order, their padding cut; None for a batch
+    without images."""
+    if Batch.IMAGE_GRID_THW not in micro.keys():
+        return None
+    pixels, grids = [], []
+    for row_pixels, row_grid in zip(micro[Batch.PIXEL_VALUES], micro[Batch.IMAGE_GRID_THW]):
+        row_grid = row_grid[row_grid.any(dim=1)]
+        grids.append(row_grid)
+        pixels.append(row_pixels[: int(row_grid.prod(dim=1).sum())])
+    return {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids)}
+
+
+def vision_token_ids_of(model: nn.Module) -> list[int]:
+    """`vision_token_ids` of a (possibly wrapped) model's config; empty for a text-only model."""
+    return vision_token_ids(getattr(getattr(model, "module", model), "config", None))
 
 
 def pad_right(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -210,6 +234,7 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool = False,
     dedupe: bool = True,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B, T) and optionally entropies (B, T) of a causal LM, with grad.
 
@@ -218,12 +243,21 @@ def token_logprobs(
     Column 0 has no predecessor and is 0, as are padding positions (attention_mask == 0).
     The model runs once per distinct row (module docstring); `dedupe=False` runs it on every row,
     with the same results, to measure what that saves.
+
+    `vision` (a vision-language model: `vision_inputs` of the rows) goes to the model with the
+    ids; rows are then never shared (equal ids may show different images), and the vision marker
+    ids are left out of every distribution, as the engine leaves them out when sampling.
     """
-    rows = rows_to_compute(input_ids, attention_mask, dedupe)
+    rows = rows_to_compute(input_ids, attention_mask, dedupe and vision is None)
     shared = rows.index
-    logits = model(input_ids=input_ids[shared], attention_mask=attention_mask[shared]).logits[:, :-1]
-    logits = logits.float() / temperature  # (U, T - 1, V): position t scores token t + 1
+    logits = model(input_ids=input_ids[shared], attention_mask=attention_mask[shared], **(vision or {})).logits
+    logits = logits[:, :-1].float() / temperature  # (U, T - 1, V): position t scores token t + 1
+    suppressed = vision_token_ids_of(model) if vision is not None else []
     mask = attention_mask[:, 1:].to(logits.dtype)
+    if suppressed:  # the lowest finite logit, not -inf: 0 * -inf in an entropy or a mask is nan
+        ids = torch.tensor(suppressed, device=logits.device)
+        logits = logits.index_fill(-1, ids, torch.finfo(logits.dtype).min)
+        mask = mask * ~torch.isin(input_ids[:, 1:], ids)  # prompt placeholders: never sampled, scored 0
     logprobs = F.pad(_label_logprobs(logits, rows.inverse, input_ids[:, 1:]) * mask, (1, 0))
     if not with_entropy:
         return logprobs, None

@@ -19,7 +19,8 @@ from roll.utils.seeding import derive_seed
 def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:
     """One row per trajectory. Tensors (B, T), aligned to token positions:
     input_ids, attention_mask, response_mask (1.0 on generated tokens), infer_logprobs,
-    token_level_rewards (each step reward on the last generated token of its turn).
+    token_level_rewards (each step reward on the last generated token of its turn); for episodes
+    with images (VL managers) also `Batch.PIXEL_VALUES` and `Batch.IMAGE_GRID_THW` (`image_batch`).
     The second value holds per-row ids and scores: traj_group_id, traj_id, tag, truncated,
     scores (B,).
     """
@@ -47,6 +48,8 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         },
         batch_size=[b],
     )
+    if any(tr.images is not None for tr in trajs):
+        batch.update(image_batch(trajs))
     rows = RowInfo(
         traj_group_id=[tr.traj_group_id for tr in trajs],
         traj_id=[tr.traj_id for tr in trajs],
@@ -55,6 +58,23 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         scores=torch.tensor([tr.episode_reward for tr in trajs]),
     )
     return batch, rows
+
+
+def image_batch(trajs: list[Trajectory]) -> dict[str, torch.Tensor]:
+    """Each row's images, zero-padded: pixel values (B, P, D) and patch grids (B, N, 3)
+    (`Batch.PIXEL_VALUES`, `Batch.IMAGE_GRID_THW`; `roll.distributed.micro_batches.vision_inputs`
+    cuts the padding again). Every trajectory of a VL batch must carry its images."""
+    if any(tr.images is None for tr in trajs):
+        raise ValueError("a batch mixes episodes with and without images")
+    pixels = [torch.as_tensor(tr.images.pixel_values, dtype=torch.float32) for tr in trajs]
+    patches, dim = max(p.shape[0] for p in pixels), pixels[0].shape[1]
+    images = max(tr.images.num_images for tr in trajs)
+    pixel_values = torch.zeros((len(trajs), patches, dim))
+    grids = torch.zeros((len(trajs), images, 3), dtype=torch.long)
+    for i, (tr, p) in enumerate(zip(trajs, pixels)):
+        pixel_values[i, : p.shape[0]] = p
+        grids[i, : tr.images.num_images] = torch.tensor(tr.images.image_grid_thw)
+    return {Batch.PIXEL_VALUES: pixel_values, Batch.IMAGE_GRID_THW: grids}
 
 
 def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:

@@ -40,6 +40,7 @@ from roll.distributed.micro_batches import (
     rows_to_compute,
     token_logprobs,
     trim_padding,
+    vision_inputs,
 )
 from roll.distributed.ranks import micro_weights, without_responses
 from roll.distributed.sequence_packing import PackedSequences, PackingBudget
@@ -170,7 +171,9 @@ class TorchTrainStrategy:
 
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
             ids, mask = micro["input_ids"], micro["attention_mask"]
-            logprobs, entropy = token_logprobs(model, ids, mask, temperature, with_entropy, self.dedupe_rows)
+            logprobs, entropy = token_logprobs(
+                model, ids, mask, temperature, with_entropy, self.dedupe_rows, vision=vision_inputs(micro)
+            )
             return {"logprobs": logprobs} | ({"entropy": entropy} if with_entropy else {})
 
         out = self.forward(batch, logprobs_forward, micro_batch_size)

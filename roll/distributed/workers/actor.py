@@ -32,7 +32,7 @@ from roll.algorithms.train_infer import train_infer_correction
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
-from roll.distributed.micro_batches import token_logprobs
+from roll.distributed.micro_batches import token_logprobs, vision_inputs
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.weight_transfer import IpcWeights, share_state
 from roll.distributed.workers.common import (
@@ -42,7 +42,7 @@ from roll.distributed.workers.common import (
     take_memory_gib,
     train_on_share,
 )
-from roll.models.loading import DType, load_causal_lm, load_tokenizer
+from roll.models.loading import DType, load_policy, load_tokenizer
 
 TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.OLD_LOGPROBS, Batch.ADVANTAGES)
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
@@ -78,7 +78,7 @@ class ActorWorker:
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size
-        model = load_causal_lm(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device)
+        model = load_policy(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device)
         self.strategy = build_train_strategy(
             model,
             training_args,
@@ -222,7 +222,13 @@ def _policy_loss(
     reference when `kl_loss_coef` is set, minus the entropy bonus, on one micro-batch; metrics as
     floats."""
     logprobs, entropy = token_logprobs(
-        model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True, dedupe=dedupe
+        model,
+        micro["input_ids"],
+        micro["attention_mask"],
+        temperature,
+        with_entropy=True,
+        dedupe=dedupe,
+        vision=vision_inputs(micro),
     )
     mask = micro[Batch.RESPONSE_MASK]
     weights, extra_metrics = None, {}

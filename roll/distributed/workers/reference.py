@@ -6,12 +6,13 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget
-from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs
+from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs, vision_inputs
 from roll.distributed.sequence_packing import PackedSequences
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import set_num_threads, take_memory_gib
-from roll.models.loading import DType, load_causal_lm
+from roll.models.loading import DType, load_policy
 
 
 class ReferenceWorker:
@@ -38,9 +39,7 @@ class ReferenceWorker:
             sequence_packing  # each micro-batch as one packed row (roll.distributed.sequence_packing)
         )
         self.model = (
-            load_causal_lm(
-                model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
-            )
+            load_policy(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False)
             .to(self.device)
             .eval()
             .requires_grad_(False)
@@ -50,10 +49,12 @@ class ReferenceWorker:
         """Log-probs (B, T) aligned as in roll.distributed.micro_batches.token_logprobs, CPU float32."""
 
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
-            logprobs, _ = token_logprobs(model, micro["input_ids"], micro["attention_mask"], temperature)
+            logprobs, _ = token_logprobs(
+                model, micro["input_ids"], micro["attention_mask"], temperature, vision=vision_inputs(micro)
+            )
             return {"logprobs": logprobs}
 
-        batch = batch.select("input_ids", "attention_mask")
+        batch = batch.select("input_ids", "attention_mask", *(k for k in Batch.IMAGE_KEYS if k in batch.keys()))
         model = PackedSequences(self.model) if self.sequence_packing else self.model
         return forward_in_micro_batches(
             model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
