@@ -29,6 +29,8 @@ ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager": "step",
     "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager": "step",
     "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager": "step",
+    "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager": "traj",
+    "roll.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager": "traj",
     "traj": "traj",
     "step": "step",
     "native": "step",
@@ -52,6 +54,14 @@ PROXY_ENV_MANAGERS = frozenset(
 """`env_manager_cls` of tags played by an agent runner through the chat proxy; their samples are
 trajectory- or step-wise as the manager's `env_manager_type` says (ROLL's default: trajectory)."""
 _RUNNER_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_]\w*")
+VL_ENV_MANAGERS = frozenset(
+    {
+        "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager",
+        "roll.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager",
+    }
+)
+"""Of those, the trajectory-wise manager for vision-language models: image observations
+(`roll.agentic.env_manager.vl_traj_env_manager`)."""
 CONCAT_ENV_MANAGERS = frozenset({"roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager"})
 """Of those, ROLL's step-wise manager for GEM: `{history}` is the earlier observations, one per
 line, instead of "(step: N, observation: ..., action: ..., reward: ...)" entries."""
@@ -299,6 +309,13 @@ def check_dialect(cfg) -> None:
                 f"unknown class path {env.env_manager_cls!r}; known: {', '.join(known)}",
             )
         _check_runner(tag, env)
+        for key in ("pre_step_template", "next_step_template"):
+            if getattr(env, key) is not None and env.env_manager_cls not in VL_ENV_MANAGERS:
+                raise InvalidField(
+                    f"custom_envs.{tag}.{key}",
+                    "is a template of the VL env manager; set env_manager_cls to "
+                    "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager (or drop the key)",
+                )
     for name, manager in cfg.env_managers.items():
         _manager_type_from_tags(name, manager, cfg.custom_envs)
     if cfg.num_gpus_per_node is not None and cfg.ray_address is None:

@@ -102,6 +102,14 @@ class CustomEnvConfig(ConfigModel):
     `history_length` steps as "(step: N, observation: ..., action: ..., reward: ...)"),
     `{step_count}`, `{history_length}`, `{current_step}`, `{current_observation}`,
     `{max_response_length}`. None: the observation alone is the user message."""
+    pre_step_template: str | None = None
+    """ROLL's key (its `VLTrajEnvManager`): the text before each turn's image, with `{turn_idx}`
+    (1-based); the first turn's is prefixed with the env's instruction. None: ROLL's default
+    ("\nTurn {turn_idx}:\nState:\n"). Only for a tag played by the VL env manager."""
+    next_step_template: str | None = None
+    """ROLL's key (its `VLTrajEnvManager`): the text after each turn's image, with
+    `{actions_left}` and `{max_response_length}` (= max_tokens_per_step). None: ROLL's default.
+    Only for a tag played by the VL env manager."""
 
     @field_validator("agent_template")
     @classmethod

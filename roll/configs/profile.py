@@ -24,6 +24,10 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pa
 ROLES = ("actor_train", "actor_infer", "reference", "critic")
 CUDA_ONLY_ENGINES = {"vllm": "hf", "sglang": "hf"}
 """Inference engines that need CUDA here (no CPU build installed) -> their CPU counterpart."""
+KEPT_ON_SWAP = ("limit_mm_per_prompt",)
+"""`strategy_config` keys a CUDA-only engine's replacement keeps (the rest are dropped)."""
+MEGATRON = ("megatron_train", "megatron_infer", "megatron")
+"""Training engines that build their own GPT: a vision-language config trains with torch instead."""
 FLASH_ATTENTION = {"fa2", "flash_attn", "flash_attention_2", "flash-attention-2", "flash_attention_3"}
 _KNOBS = {
     "name",
@@ -67,8 +71,38 @@ def apply_profile(data: dict[str, Any], cli_keys: Sequence[str]) -> list[str]:
     for role in ROLES:
         if isinstance(data.get(role), dict):
             notes += _shrink_role(smoke, role, data[role], profile)
+    if _plays_images(data):
+        notes += _vl_trainers(smoke, data)
     for line in notes:
         print(f"profile cpu_smoke: {line}", file=sys.stderr)
+    return notes
+
+
+def _plays_images(data: dict[str, Any]) -> bool:
+    """Whether a tag of the config is played by the VL env manager (image observations)."""
+    from roll.configs.dialect import VL_ENV_MANAGERS
+
+    envs = data.get("custom_envs")
+    return isinstance(envs, dict) and any(
+        isinstance(env, dict) and env.get("env_manager_cls") in VL_ENV_MANAGERS for env in envs.values()
+    )
+
+
+def _vl_trainers(smoke: _Setter, data: dict[str, Any]) -> list[str]:
+    """megatron -> torch_train for the trained and scoring roles of a VL config: roll's megatron
+    builds a text GPT, and what a VL config tests is the VL model (`roll.pipeline.vl_checks`
+    refuses megatron with images outside the profile)."""
+    notes = []
+    for role in ("actor_train", "reference", "critic"):
+        strategy = (data.get(role) or {}).get("strategy_args") or {}
+        name = strategy.get("strategy_name")
+        if name in MEGATRON and smoke.set(
+            f"{role}.strategy_args", {"strategy_name": "torch_train", "strategy_config": {}}
+        ):
+            notes.append(
+                f"{role}.strategy_args.strategy_name {name} -> torch_train (roll's megatron builds text GPTs, "
+                "not a vision-language model; its strategy_config is dropped)"
+            )
     return notes
 
 
@@ -78,14 +112,16 @@ class _Setter:
     def __init__(self, data: dict[str, Any], cli_keys: set[str]):
         self.data, self.cli_keys = data, cli_keys
 
-    def set(self, dotted: str, value: Any) -> None:
+    def set(self, dotted: str, value: Any) -> bool:
+        """Set `dotted` to `value`; False (nothing set) when the command line set it."""
         parts = dotted.split(".")
         if any(".".join(parts[:i]) in self.cli_keys for i in range(1, len(parts) + 1)):
-            return
+            return False
         node = self.data
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
+        return True
 
 
 def _shrink_managers(smoke: _Setter, data: dict, profile: dict) -> None:
@@ -164,9 +200,12 @@ def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list
     name = strategy.get("strategy_name")
     if role == "actor_infer" and name in CUDA_ONLY_ENGINES:
         swap = CUDA_ONLY_ENGINES[name]
-        smoke.set(f"{role}.strategy_args", {"strategy_name": swap, "strategy_config": {}})
+        # the per-prompt image limit is what a VL config tests, not an engine tuning: it stays
+        kept = {k: v for k, v in (strategy.get("strategy_config") or {}).items() if k in KEPT_ON_SWAP}
+        smoke.set(f"{role}.strategy_args", {"strategy_name": swap, "strategy_config": kept})
         notes.append(
             f"{role}.strategy_args.strategy_name {name} -> {swap} ({name} needs CUDA; its strategy_config is dropped)"
+            + (f"; kept: {', '.join(kept)}" if kept else "")
         )
     options = strategy.get("strategy_config")
     if isinstance(options, dict) and name in ("megatron_train", "megatron_infer", "megatron"):

@@ -12,11 +12,7 @@ from typing import Any
 
 from roll.configs.base import ConfigError
 
-_ROLL_MANAGERS = "roll.pipeline.agentic.env_manager."
-ENV_MANAGERS = {
-    _ROLL_MANAGERS + "vl_traj_env_manager.VLTrajEnvManager": "ROLL's vision-language env manager (image observations, "
-    "a VL model's processor); roll trains text-only causal LMs",
-}
+ENV_MANAGERS: dict[str, str] = {}
 """ROLL env manager classes roll does not have, and why."""
 
 _SANDBOX = "needs a ROCK sandbox service, which roll has no client for"
@@ -45,10 +41,7 @@ GEM_PREFIXES = ("game:", "rg:", "logic:", "math:", "qa:", "code:", "eval:")
 GEM_DATASET_PREFIXES = ("logic:", "math:", "qa:", "code:", "eval:")
 """GEM id prefixes whose every env reads a hub dataset (gem registers them with `dataset_name`)."""
 
-ENV_KEYS = {
-    "pre_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
-    "next_step_template": "a template of ROLL's vision-language env manager; roll trains text-only causal LMs",
-}
+ENV_KEYS: dict[str, str] = {}
 """Keys of `custom_envs.<Tag>` that belong to a refused feature."""
 
 WORKER_KEYS = {

@@ -40,6 +40,7 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
         "continuous_batching",
         "batch_wait_ms",
         "static_decode",
+        "limit_mm_per_prompt",
     ),
     "torch": ("torch_compile",),
     "fsdp2": ("torch_compile", "reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
@@ -386,6 +387,7 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
         )
     if name == "hf":
         _check_hf_batching(role, worker.strategy_args.strategy_config)
+        image_limit(role, worker.strategy_args.strategy_config)
     missing = _missing_requirement(name)
     if missing:
         raise InvalidField(f"{role}.strategy_args.strategy_name", f"{name!r} {missing}")
@@ -453,6 +455,22 @@ def _missing_requirement(name: str) -> str | None:
     if name == "megatron" and not has("megatron.core"):
         return 'needs megatron-core: pip install "megatron-core>=0.16,<0.17"'
     return None
+
+
+def image_limit(role: str, config: dict[str, Any]) -> int | None:
+    """`limit_mm_per_prompt` (vLLM's key, which ROLL's VL configs set): `{image: N}`, the most
+    images one prompt may carry (a VL episode's prompt holds one image per turn so far); None
+    when unset. Other modalities are refused: the `hf` engine takes images only."""
+    limit = config.get("limit_mm_per_prompt")
+    key = f"{role}.strategy_args.strategy_config.limit_mm_per_prompt"
+    if limit is None:
+        return None
+    if not isinstance(limit, dict) or set(limit) - {"image"}:
+        raise InvalidField(key, f"must be {{image: N}} (the hf engine takes images only), got {limit!r}")
+    images = limit.get("image")
+    if isinstance(images, bool) or not isinstance(images, int) or images < 0:
+        raise InvalidField(f"{key}.image", f"must be an int >= 0, got {images!r}")
+    return images
 
 
 def _check_hf_batching(role: str, config: dict[str, Any]) -> None:

@@ -16,8 +16,8 @@ from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.algorithms.pg_variants import PGOptions
-from roll.configs.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MANAGERS
-from roll.configs.worker import engine_options
+from roll.configs.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS
+from roll.configs.worker import engine_options, image_limit
 from roll.core.records import SamplingParams
 from roll.distributed.cluster_plan import plan_cluster_devices
 from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
@@ -461,6 +461,10 @@ def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
         native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS,
         agent_runner_cls=env.agent_runner_cls,
         concat_history=env.env_manager_cls in CONCAT_ENV_MANAGERS,
+        pre_step_template=env.pre_step_template,
+        next_step_template=env.next_step_template,
+        vision=env.env_manager_cls in VL_ENV_MANAGERS,
+        max_images_per_prompt=image_limit("actor_infer", cfg.actor_infer.strategy_args.strategy_config),
     )
 
 

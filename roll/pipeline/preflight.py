@@ -14,6 +14,7 @@ naming the key (the CLI prints one line and exits 2), seconds before anything he
   `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a
   bad value is named now instead of as a dead env worker later.
 - `data_args.template` renders with the tokenizer; `stop_strings` are single tokens of it.
+- a vision-language config (`roll.pipeline.vl_checks`): a VL model, image envs, the image limit.
 - `sequence_length`: holds each tag's first prompt (the chat template of the env's instruction
   and first observation) plus `max_tokens_per_step`. Shorter, step-wise batches could not be
   built and trajectory-wise episodes ended before their first action (zero loss).
@@ -28,6 +29,7 @@ from roll.configs import ConfigError
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.recorded_rollout import recording_path
 from roll.pipeline.run_dirs import check_run_dirs
+from roll.pipeline.vl_checks import check_vision
 
 ENV_CHECK_TIMEOUT_S = 30.0
 
@@ -39,6 +41,7 @@ def run_preflight(cfg) -> None:
     check_model_configs(cfg)
     check_attention(cfg)
     check_envs(cfg)
+    check_vision(cfg)
     check_recordings(cfg)
 
 
@@ -80,7 +83,7 @@ def check_attention(cfg) -> None:
     if not roles:
         return
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from roll.models.loading import resolve_attention
 
@@ -90,7 +93,9 @@ def check_attention(cfg) -> None:
         try:
             config = AutoConfig.from_pretrained(worker.model_args.model_name_or_path)
             with torch.device("meta"):
-                AutoModelForCausalLM.from_config(config, attn_implementation=name)
+                vision = getattr(config, "vision_config", None) is not None  # built as load_policy builds it
+                auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+                auto.from_config(config, attn_implementation=name)
         except (ValueError, ImportError, OSError) as err:
             raise ConfigError(f"{role}.model_args.attn_implementation", _first_line(err)) from None
 

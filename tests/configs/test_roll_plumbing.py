@@ -50,8 +50,8 @@ VL = "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager"
     "overrides, expected",
     [
         (
-            [f"custom_env.Lake.env_manager_cls={VL}"],
-            "custom_envs.Lake.env_manager_cls: ROLL's vision-language env manager",
+            ["+custom_env.Lake.pre_step_template=x"],
+            "custom_envs.Lake.pre_step_template: is a template of the VL env manager",
         ),
         (
             ["custom_env.Box.env_type=sokoban_sandbox"],
@@ -140,3 +140,37 @@ def test_a_native_manager_needs_an_env_that_writes_its_chat(model_dir):
         "custom_envs.NativeBox.env_manager_cls: NativeBox: a native env hands its chat out as info['messages']"
     )
     assert str(info.value).endswith("after reset; 'sokoban' does not (use step or traj)")
+
+
+def test_rolls_vl_manager_maps_to_ours(model_dir):
+    from roll.pipeline.builders import env_spec
+
+    cfg = load(
+        model_dir,
+        "traj_defaults",
+        *HF,
+        f"custom_env.Lake.env_manager_cls={VL}",
+        "+custom_env.Lake.pre_step_template='T{turn_idx}'",
+        "+actor_infer.strategy_args.strategy_config={limit_mm_per_prompt: {image: 4}}",
+    )
+    spec = env_spec(cfg, "Lake", cfg.train_env_manager)
+    assert cfg.train_env_manager.env_manager_type == "traj"
+    assert spec.vision and spec.pre_step_template == "T{turn_idx}" and spec.max_images_per_prompt == 4
+
+
+@pytest.mark.parametrize(
+    "limit, expected",
+    [
+        ("{image: -1}", "actor_infer.strategy_args.strategy_config.limit_mm_per_prompt.image: must be an int >= 0"),
+        ("{video: 1}", "actor_infer.strategy_args.strategy_config.limit_mm_per_prompt: must be {image: N}"),
+    ],
+)
+def test_a_bad_image_limit_is_named(model_dir, limit, expected):
+    with pytest.raises(ConfigError) as info:
+        load(
+            model_dir,
+            "traj_defaults",
+            *HF,
+            f"+actor_infer.strategy_args.strategy_config={{limit_mm_per_prompt: {limit}}}",
+        )
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value)

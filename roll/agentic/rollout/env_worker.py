@@ -17,13 +17,14 @@ from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.env_manager.proxy_env_manager import ProxyEnvManager
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.agentic.proxy.server import ProxyServer
 from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
 from roll.core.errors import engine_failure
 from roll.core.records import GroupResult, SamplingParams
-from roll.models.loading import load_tokenizer
+from roll.models.loading import load_processor, load_tokenizer
 from roll.models.templates import apply_template
 from roll.utils.seeding import derive_seed
 
@@ -76,6 +77,8 @@ class EnvWorker:
         n_envs = max(1, len(slots) * (group_size + redundancy))
         asyncio.get_event_loop().set_default_executor(ThreadPoolExecutor(min(n_envs, 64)))
         self.tokenizer = apply_template(load_tokenizer(tokenizer_path), chat_template)
+        # a VL model's own processor (image placeholders, pixel values) for the tags with images
+        self.processor = load_processor(tokenizer_path) if any(s.vision for s in slots) else None
         replicas = inference if isinstance(inference, (list, tuple)) else [inference]
         self.inference = [ray.get_actor(r) if isinstance(r, str) else r for r in replicas]
         # One batching client per inference replica, behind a gateway: a new episode goes to the
@@ -109,6 +112,17 @@ class EnvWorker:
                 env_id=self._made - 1,
                 episode_timeout_s=self._episode_timeout_s,
                 generate_timeout_s=generate_timeout_s,
+            )
+        if spec.vision:
+            return VLTrajEnvManager(
+                spec,
+                self.processor,
+                self._generate,
+                sampling,
+                sequence_length,
+                step_timeout_s,
+                generate_timeout_s,
+                max_images_per_prompt=spec.max_images_per_prompt,
             )
         return make_env_manager(
             spec,

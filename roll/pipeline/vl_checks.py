@@ -1,0 +1,99 @@
+"""Preflight checks of a vision-language config (tags played by the VL env manager), run by the
+CLI before Ray starts; each failure is a `ConfigError` naming the key (one line, exit 2):
+
+- the model (`pretrain`, each role's `model_name_or_path`) takes images (its config has a
+  `vision_config`): a text-only model cannot read the frames;
+- each VL tag's env gives images: its class renders "rgb_array" and `env_config.render_mode`
+  asks for it;
+- each VL tag's episode fits the engine's per-prompt image limit (`limit_mm_per_prompt.image`):
+  a trajectory's last prompt carries one image per action, `custom_envs.<tag>.max_steps`;
+- the training engines run HF models on unpacked rows (not megatron, not sequence packing).
+"""
+
+from __future__ import annotations
+
+from roll.configs import ConfigError
+from roll.configs.dialect import VL_ENV_MANAGERS
+from roll.configs.worker import image_limit
+
+IMAGE_LIMIT_KEY = "actor_infer.strategy_args.strategy_config.limit_mm_per_prompt.image"
+
+
+def vl_tags(cfg) -> list[str]:
+    """The tags in use that the VL env manager plays."""
+    tags = dict.fromkeys(t for m in cfg.env_managers.values() for t in m.tags)
+    return [t for t in tags if cfg.custom_envs[t].env_manager_cls in VL_ENV_MANAGERS]
+
+
+def check_vision(cfg) -> None:
+    """Every check of the module docstring, in order; raises the first `ConfigError`."""
+    tags = vl_tags(cfg)
+    if not tags:
+        return
+    check_vl_models(cfg, tags[0])
+    for tag in tags:
+        check_image_env(cfg, tag)
+    check_image_limit(cfg, tags)
+    check_vl_training(cfg)
+
+
+def check_vl_models(cfg, tag: str) -> None:
+    from roll.models.loading import is_vl_model
+
+    paths = {cfg.pretrain: "pretrain"}
+    for role, worker in cfg.built_roles.items():
+        if role != "critic":
+            paths.setdefault(worker.model_args.model_name_or_path, f"{role}.model_args.model_name_or_path")
+    for path, key in paths.items():
+        if not is_vl_model(path):
+            raise ConfigError(
+                key,
+                f"{path} is a text-only model (its config has no vision_config), but custom_envs.{tag} is played "
+                "by the VL env manager, whose observations are images; use a vision-language model",
+            )
+
+
+def check_image_env(cfg, tag: str) -> None:
+    from roll.agentic.env.registry import resolve_env_class
+
+    env = cfg.custom_envs[tag]
+    modes = resolve_env_class(env.env_type).metadata.get("render_modes", [])
+    key = f"custom_envs.{tag}.env_config.render_mode"
+    if "rgb_array" not in modes:
+        raise ConfigError(key, f"the VL env manager needs image observations; {env.env_type!r} has no rgb_array frames")
+    mode = env.env_config.get("render_mode")
+    if mode != "rgb_array":
+        raise ConfigError(key, f'the VL env manager needs image observations: set it to "rgb_array" (got {mode!r})')
+
+
+def check_image_limit(cfg, tags: list[str]) -> None:
+    limit = image_limit("actor_infer", cfg.actor_infer.strategy_args.strategy_config)
+    for tag in tags:
+        images = cfg.custom_envs[tag].max_steps
+        if limit is not None and images > limit:
+            raise ConfigError(
+                IMAGE_LIMIT_KEY,
+                f"{limit} is below custom_envs.{tag}.max_steps={images}: a {tag} episode's last prompt "
+                f"carries {images} images (one per turn)",
+            )
+
+
+def check_vl_training(cfg) -> None:
+    roles = cfg.built_roles
+    for role, worker in roles.items():
+        if role in ("actor_infer", "critic"):
+            continue
+        if worker.strategy_args.strategy_name == "megatron":
+            raise ConfigError(
+                f"{role}.strategy_args.strategy_name",
+                "megatron runs its own GPT, not a vision-language HF model; use torch_train, deepspeed_train "
+                "or fsdp2_train with the VL env manager",
+            )
+        if worker.use_sequence_packing:
+            raise ConfigError(f"{role}.use_sequence_packing", "packed rows cannot carry their images; turn it off")
+    if "critic" in roles:
+        raise ConfigError(
+            "adv_estimator",
+            '"gae" needs a critic, and a vision-language critic (a value head on a VL model) is not built; '
+            "use a critic-free estimator (grpo, reinforce) with the VL env manager",
+        )

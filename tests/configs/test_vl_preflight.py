@@ -1,0 +1,94 @@
+"""Vision-language configs through the CLI (roll/pipeline/vl_checks.py): ROLL's own
+qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml passes every pre-start check on the tiny VL model
+(`+profile=cpu_smoke` trains it with torch, not megatron), and each bad VL setup is one line
+naming the key and exit 2."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from roll.cli import main
+from roll.pipeline.tiny_model import main as build_model
+
+ROLL_VL = "/work/shared/roll_examples/qwen2.5-vl-3B-agentic"
+pytestmark = pytest.mark.skipif(not os.path.isdir(ROLL_VL), reason="ROLL's example configs are not here")
+LIMIT = "actor_infer.strategy_args.strategy_config.limit_mm_per_prompt.image"
+
+
+@pytest.fixture(autouse=True)
+def no_pipeline(monkeypatch):
+    monkeypatch.setitem(sys.modules, "roll.pipeline.agentic_pipeline", None)
+
+
+@pytest.fixture(scope="module")
+def vl_dir(tmp_path_factory):
+    return build_model(["--preset", "vl_sokoban", "--output_dir", str(tmp_path_factory.mktemp("m") / "vl")])
+
+
+def run(capsys, tmp_path, model, *overrides, keep_notes=False):
+    """(exit status, stderr lines); a run that passes every check reaches the (blocked) pipeline."""
+    capsys.readouterr()  # not what a fixture wrote (a model build's progress bars)
+    try:
+        status = main(
+            [
+                "--config_path",
+                ROLL_VL,
+                "--config_name",
+                "agentic_val_sokoban",
+                "+profile=cpu_smoke",
+                f"pretrain={model}",
+                f"reward_pretrain={model}",
+                f"output_dir={tmp_path}/out",
+                f"logging_dir={tmp_path}/logs",
+                f"render_save_dir={tmp_path}/render",
+                f"++tracker_kwargs.log_dir={tmp_path}/tb",
+                f"++checkpoint_config.output_dir={tmp_path}/ckpt",
+                *overrides,
+            ]
+        )
+    except ImportError as err:
+        assert "roll.pipeline.agentic_pipeline" in str(err)
+        status = "started"
+    lines = capsys.readouterr().err.splitlines()
+    if keep_notes:
+        return status, lines
+    return status, [line for line in lines if not line.startswith("profile cpu_smoke: ")]  # the profile's notes
+
+
+def test_rolls_vl_sokoban_config_passes_every_check(capsys, tmp_path, vl_dir):
+    status, notes = run(capsys, tmp_path, vl_dir, keep_notes=True)
+    assert status == "started"
+    assert "profile cpu_smoke: actor_train.strategy_args.strategy_name megatron_train -> torch_train" in "\n".join(
+        notes
+    )
+
+
+def test_megatron_cannot_train_a_vl_model(capsys, tmp_path, vl_dir):
+    megatron = "actor_train.strategy_args={strategy_name:megatron_train,strategy_config:null}"  # as the user asks
+    status, lines = run(capsys, tmp_path, vl_dir, megatron)
+    assert status == 2 and len(lines) == 1
+    assert lines[0].startswith("config error: actor_train.strategy_args.strategy_name: megatron runs its own GPT")
+
+
+def test_a_text_only_model_is_refused(capsys, tmp_path, tmp_path_factory):
+    from roll.models.tiny import build_tiny_model
+
+    text_only = build_tiny_model(tmp_path_factory.mktemp("lm") / "lm", corpus=["You are P."])
+    status, lines = run(capsys, tmp_path, text_only)
+    assert status == 2 and len(lines) == 1
+    assert lines[0].startswith(f"config error: pretrain: {text_only} is a text-only model")
+
+
+def test_an_env_without_images_is_refused(capsys, tmp_path, vl_dir):
+    status, lines = run(capsys, tmp_path, vl_dir, "~custom_env.SimpleSokoban.env_config.render_mode")
+    assert status == 2 and len(lines) == 1
+    assert lines[0].startswith("config error: custom_envs.SimpleSokoban.env_config.render_mode: the VL env manager")
+
+
+def test_more_images_than_the_limit_is_refused(capsys, tmp_path, vl_dir):
+    status, lines = run(capsys, tmp_path, vl_dir, f"{LIMIT}=2")
+    assert status == 2 and len(lines) == 1
+    assert lines[0].startswith(f"config error: {LIMIT}: 2 is below custom_envs.SimpleSokoban.max_steps=")
