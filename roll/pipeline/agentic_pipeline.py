@@ -36,7 +36,7 @@ from roll.pipeline.builders import (
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import stop_if_diverged
-from roll.pipeline.recorded_rollout import recorded, write_trajectories
+from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
 from roll.pipeline.run_dirs import checkpoint_bytes
 from roll.pipeline.samples import (
     adjust_batch,
@@ -366,6 +366,8 @@ class AgenticPipeline:
         for cause in dropped:
             logger.warning("validation at step %d: dropped a trajectory: %s", step, cause)
         write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer, val=True, frames=keep_frames)
+        if keep_frames:
+            log_validation_images(cfg, self.tracker, step, trajs)
         return {
             **summarize_trajectories(trajs, "val"),
             "val/dropped_trajectories": float(len(dropped)),

@@ -52,6 +52,26 @@ def write_trajectories(
             save_episode_frames(directory, tr, resolve_env_class(cfg.custom_envs[tr.tag].env_type))
 
 
+VAL_IMAGES_PER_TAG = 4
+"""Frames of one validation episode per VL tag shown in TensorBoard (`log_validation_images`)."""
+
+
+def log_validation_images(cfg, tracker, step: int, trajs: list[Trajectory]) -> None:
+    """TensorBoard image panels `val/frames/<tag>`: the first `VAL_IMAGES_PER_TAG` frames of the
+    first validation episode of each tag whose observations are images (the VL env manager), drawn
+    as the env drew them (`frame_to_rgb`; the trajectories were collected with frames)."""
+    from roll.configs.dialect import VL_ENV_MANAGERS
+
+    shown: set[str] = set()
+    for tr in trajs:
+        env = cfg.custom_envs[tr.tag]
+        if tr.tag in shown or env.env_manager_cls not in VL_ENV_MANAGERS or not tr.frames:
+            continue
+        shown.add(tr.tag)
+        draw = resolve_env_class(env.env_type).frame_to_rgb
+        tracker.log_images(step, f"val/frames/{tr.tag}", [draw(f) for f in tr.frames[:VAL_IMAGES_PER_TAG]])
+
+
 def recording_path(dump_dir: str, mode: str, step: int) -> Path:
     """Where step `step` of a `mode` ("train" or "val") rollout is recorded (ROLL's layout)."""
     return Path(dump_dir) / mode / f"step_{step:06d}.json"

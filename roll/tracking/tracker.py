@@ -15,10 +15,11 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,13 @@ class Tracker:
     def log_text(self, step: int, tag: str, text: str) -> None:
         """A text panel in TensorBoard (e.g. a rendered validation episode)."""
         self._writer.add_text(tag, text, global_step=int(step))
+        self._writer.flush()
+
+    def log_images(self, step: int, tag: str, images: Sequence[np.ndarray]) -> None:
+        """Image panels in TensorBoard, `tag/0`, `tag/1`, ...: (H, W, 3) uint8 arrays (e.g. the
+        frames a vision-language policy saw in a validation episode)."""
+        for i, image in enumerate(images):
+            self._writer.add_image(f"{tag}/{i}", image, global_step=int(step), dataformats="HWC")
         self._writer.flush()
 
     def close(self) -> None:

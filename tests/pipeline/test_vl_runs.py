@@ -1,0 +1,95 @@
+"""Vision-language runs through the CLI: the VL Sokoban example (as its run_*.sh script runs it,
+smaller) and ROLL's own qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml with `+profile=cpu_smoke`,
+changed only in where the tiny VL model and the outputs are. Each trains a step on the tiny
+Qwen2.5-VL and writes TensorBoard image panels of validation frames."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[2]
+ROLL_VL = Path("/work/shared/roll_examples/qwen2.5-vl-3B-agentic")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def vl_model(tmp_path_factory):
+    from roll.pipeline.tiny_model import main as build
+
+    return build(["--preset", "vl_sokoban", "--output_dir", str(tmp_path_factory.mktemp("m") / "vl")])
+
+
+def image_tags(log_dir: Path) -> set[str]:
+    tags = set()
+    for events in log_dir.rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"images": 0})
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["images"])
+    return tags
+
+
+def run(cmd: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "examples/start_agentic_pipeline.py", *cmd],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path):
+    out = tmp_path / "run"
+    run(
+        [
+            "--config_path",
+            "vl_sokoban",
+            "--config_name",
+            "agentic_val_vl_sokoban",
+            f"pretrain={vl_model}",
+            f"output_dir={out}",
+            "max_steps=1",
+            "eval_steps=1",
+            "rollout_batch_size=4",
+            "train_env_manager.num_env_groups=2",
+            "train_env_manager.group_size=2",
+            "val_batch_size=2",
+            "val_env_manager.num_env_groups=2",
+            "actor_train.training_args.per_device_train_batch_size=2",
+            "actor_train.training_args.gradient_accumulation_steps=2",
+        ]
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
+    assert rows[1]["train/response_tokens"] > 0
+    assert {"val/frames/VLSokoban/0", "val/frames/VLSokoban/1"} <= image_tags(out / "tensorboard")
+
+
+@pytest.mark.skipif(not ROLL_VL.is_dir(), reason="ROLL's example configs are not here")
+def test_rolls_vl_sokoban_config_runs(vl_model, tmp_path):
+    run(
+        [
+            "--config_path",
+            str(ROLL_VL),
+            "--config_name",
+            "agentic_val_sokoban",
+            "+profile=cpu_smoke",
+            f"pretrain={vl_model}",
+            f"reward_pretrain={vl_model}",
+            f"output_dir={tmp_path}/out",
+            f"logging_dir={tmp_path}/logs",
+            f"render_save_dir={tmp_path}/render",
+            f"++tracker_kwargs.log_dir={tmp_path}/tb",
+            f"++checkpoint_config.output_dir={tmp_path}/ckpt",
+            "max_steps=1",
+        ]
+    )
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
+    assert "val/frames/SimpleSokoban/0" in image_tags(tmp_path / "tb")
