@@ -55,6 +55,7 @@ def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path):
             f"output_dir={out}",
             "max_steps=1",
             "eval_steps=1",
+            "save_steps=1",
             "rollout_batch_size=4",
             "train_env_manager.num_env_groups=2",
             "train_env_manager.group_size=2",
@@ -69,6 +70,10 @@ def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path):
     assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
     assert rows[1]["train/response_tokens"] > 0
     assert {"val/frames/VLSokoban/0", "val/frames/VLSokoban/1"} <= image_tags(out / "tensorboard")
+    from roll.models.loading import is_vl_model, load_processor  # the checkpoint is a VL model dir
+
+    checkpoint = out / "checkpoints" / "step_1"
+    assert is_vl_model(checkpoint) and type(load_processor(checkpoint)).__name__ == "Qwen2_5_VLProcessor"
 
 
 @pytest.mark.skipif(not ROLL_VL.is_dir(), reason="ROLL's example configs are not here")

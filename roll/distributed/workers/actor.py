@@ -11,6 +11,7 @@ loss here: the critic is its own role.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -91,6 +92,7 @@ class ActorWorker:
             **(features or {}),
         )
         self.tokenizer = _load_tokenizer(model_path)
+        self.model_path = model_path
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
         """Log-probs (B, T) of the current weights (the PPO "old" log-probs), CPU float32."""
@@ -188,6 +190,10 @@ class ActorWorker:
         first_rank = self.strategy.dp_rank == 0 and getattr(self.strategy, "tp_rank", 0) == 0  # megatron TP
         if self.tokenizer is not None and first_rank:
             self.tokenizer.save_pretrained(directory)
+        if first_rank:  # a VL model's processor files, so the checkpoint loads with its processor
+            for name in PROCESSOR_FILES:
+                if (Path(self.model_path) / name).is_file():
+                    shutil.copy(Path(self.model_path) / name, Path(directory) / name)
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore weights, optimizer and LR schedule from `save_checkpoint`'s directory."""
@@ -263,6 +269,10 @@ def _policy_loss(
     metrics.update(extra_metrics)
     metrics["losses/entropy"] = float(masked_mean(entropy.detach(), mask))
     return loss, metrics
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+"""A multimodal model's processor files besides its tokenizer's (copied into each checkpoint)."""
 
 
 def _load_tokenizer(model_path: str) -> PreTrainedTokenizerBase | None:
