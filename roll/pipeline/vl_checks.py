@@ -7,7 +7,8 @@ CLI before Ray starts; each failure is a `ConfigError` naming the key (one line,
   asks for it;
 - each VL tag's episode fits the engine's per-prompt image limit (`limit_mm_per_prompt.image`):
   a trajectory's last prompt carries one image per action, `custom_envs.<tag>.max_steps`;
-- the training engines run HF models on unpacked rows (not megatron, not sequence packing).
+- the training engines run HF models on unpacked rows (not megatron, not sequence packing), with
+  no critic, and no `rollout_mock` recording (it would have to store the images).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def check_vision(cfg) -> None:
         check_image_env(cfg, tag)
     check_image_limit(cfg, tags)
     check_vl_training(cfg)
+    if cfg.rollout_mock is not None:
+        raise ConfigError("rollout_mock", "recordings of VL episodes (their images) are not written yet; unset it")
 
 
 def check_vl_models(cfg, tag: str) -> None:
