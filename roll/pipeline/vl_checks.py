@@ -7,6 +7,7 @@ CLI before Ray starts; each failure is a `ConfigError` naming the key (one line,
   asks for it;
 - each VL tag's episode fits the engine's per-prompt image limit (`limit_mm_per_prompt.image`):
   a trajectory's last prompt carries one image per action, `custom_envs.<tag>.max_steps`;
+- the inference engine takes images (`hf`; the vllm and sglang engines send text only so far);
 - the training engines run HF models on unpacked rows (not megatron, not sequence packing), with
   no critic, and no `rollout_mock` recording (it would have to store the images).
 """
@@ -35,6 +36,7 @@ def check_vision(cfg) -> None:
     for tag in tags:
         check_image_env(cfg, tag)
     check_image_limit(cfg, tags)
+    check_vl_engine(cfg)
     check_vl_training(cfg)
     if cfg.rollout_mock is not None:
         raise ConfigError("rollout_mock", "recordings of VL episodes (their images) are not written yet; unset it")
@@ -79,6 +81,16 @@ def check_image_limit(cfg, tags: list[str]) -> None:
                 f"{limit} is below custom_envs.{tag}.max_steps={images}: a {tag} episode's last prompt "
                 f"carries {images} images (one per turn)",
             )
+
+
+def check_vl_engine(cfg) -> None:
+    """Only the `hf` engine takes requests with images so far."""
+    name = cfg.actor_infer.strategy_args.strategy_name
+    if name != "hf":
+        raise ConfigError(
+            "actor_infer.strategy_args.strategy_name",
+            f"{name!r} does not take image requests here yet; use hf (hf_infer) with the VL env manager",
+        )
 
 
 def check_vl_training(cfg) -> None:

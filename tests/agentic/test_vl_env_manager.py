@@ -245,3 +245,40 @@ def test_a_ppo_step_trains_the_vision_tower(vl_dir, vl_trajectories):
     assert metrics["actor/grad_norm"] > 0
     after = list(trainer.model.model.visual.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(visual, after))
+
+
+# --- the engine: requests with images ---
+
+
+def test_a_session_never_serves_another_requests_images(processor, engine):
+    """Equal ids, one session, different images: each answer is its own image's (no KV reuse)."""
+    from roll.core.records import GenerateRequest, ImageInputs
+
+    sent = []
+    asyncio.run(
+        manager(processor, engine, sent, max_steps=1).run_episode(EpisodeSpec("g", "g-0", env_seed=3, sample_seed=1))
+    )
+    first = sent[0]
+    other = ImageInputs(first.images.pixel_values.flip(0), first.images.image_grid_thw)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0)
+
+    def ask(images, session):
+        request = GenerateRequest("r", first.prompt_ids, params, seed=7, session_id=session, images=images)
+        return engine.generate_batch([request])[0]
+
+    a, b = ask(first.images, "s"), ask(other, "s")
+    assert ask(other, None).logprobs == b.logprobs  # the session changed nothing
+    assert a.logprobs != b.logprobs
+
+
+def test_a_text_only_engine_refuses_images(processor, tmp_path):
+    from roll.core.records import GenerateRequest, ImageInputs
+    from roll.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "lm", corpus=["hi"])
+    text_engine = HFInferStrategy(load_policy(path, training=False), 0, [3])
+    request = GenerateRequest(
+        "r", [1, 2], SamplingParams(max_new_tokens=1), 0, images=ImageInputs(torch.zeros(4, 8), [[1, 2, 2]])
+    )
+    with pytest.raises(ValueError, match="no vision tower"):
+        text_engine.generate_batch([request])

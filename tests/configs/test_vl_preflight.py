@@ -92,3 +92,17 @@ def test_more_images_than_the_limit_is_refused(capsys, tmp_path, vl_dir):
     status, lines = run(capsys, tmp_path, vl_dir, f"{LIMIT}=2")
     assert status == 2 and len(lines) == 1
     assert lines[0].startswith(f"config error: {LIMIT}: 2 is below custom_envs.SimpleSokoban.max_steps=")
+
+
+def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir):
+    """vllm (not installed here) is named by validation first; where it is, this check names it."""
+    from roll.configs import ConfigError, load_config
+    from roll.pipeline.vl_checks import check_vision
+
+    cfg = load_config(
+        str(ROLL_VL), "agentic_val_sokoban", ["+profile=cpu_smoke", f"pretrain={vl_dir}", f"reward_pretrain={vl_dir}"]
+    )
+    check_vision(cfg)
+    cfg.actor_infer.strategy_args.strategy_name = "vllm"
+    with pytest.raises(ConfigError, match=r"^actor_infer\.strategy_args\.strategy_name: 'vllm' does not take image"):
+        check_vision(cfg)
