@@ -155,7 +155,7 @@ def test_the_experts_tool_calls_run_in_the_sandbox_and_earn_the_hidden_tests_rew
     assert episode.agent_exit_reason == "submitted" and episode.score == 1.0 and episode.success
     assert traj.step_rewards == [0.0, 0.0, 1.0] and traj.success and traj.stop_reason == "terminated"
     assert traj.metrics["tests_passed"] == 1.0 and traj.metrics["commands"] >= 1.0
-    assert traj.metrics["proxy/generations"] == 3.0 and traj.policy_version == 3
+    assert traj.metrics["proxy/generations"] == 3.0 and traj.metrics["tool_calls"] == 3.0 and traj.policy_version == 3
 
     # the tools were shown, and the bash call's output came back as a `tool` message: the
     # starter solution.py, in the sandbox's workspace

@@ -21,7 +21,8 @@ Both stop when the env terminates or truncates, after `max_steps` actions, or wh
 refuses a request for lack of room (`max_tokens`); another refused call ends the episode as
 "Failed" with the error as its exit reason. A finished episode's `agent_exit_reason` says why it
 ended: the env's `info["end_reason"]` when it gives one (the coding env: "submitted", "max_steps",
-"sandbox violation: <reason>"), else the stop reason; its `metrics` are the env's episode metrics.
+"sandbox violation: <reason>"), else the stop reason; its `metrics` are the env's episode metrics
+(and, for ToolCallRunner, `tool_calls`: the actions that came as tool calls).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class _Episode:
         self.stop_reason = "max_steps"
         self.info: dict = {}
         self.actions = 0
+        self.tool_calls = 0  # actions that came as tool calls (ToolCallRunner)
 
 
 class GEMRunner(AgentRunner):
@@ -170,6 +172,7 @@ class ToolCallRunner(GEMRunner):
                 for call in message.tool_calls or []:
                     if done or state.actions >= self.max_steps:
                         break
+                    state.tool_calls += 1
                     observation, reward, done = self.step(state, self.action_text(call))
                     turn_reward += reward
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
@@ -178,7 +181,9 @@ class ToolCallRunner(GEMRunner):
                     break
         except openai.APIStatusError as e:
             return self.refused(state, e)
-        return self.result(state)
+        result = self.result(state)
+        result.metrics["tool_calls"] = float(state.tool_calls)
+        return result
 
     def action_text(self, call) -> str:
         try:
