@@ -108,7 +108,7 @@ ENV_CONFIG = {
 }
 
 
-def play(tokenizer_dir, script, max_steps=5, isolation="auto"):
+def play(tokenizer_dir, script, max_steps=5, isolation="auto", mode="traj"):
     engine = ScriptedModel(tokenizer_dir, script)
     spec = EnvSpec(
         tag="Code",
@@ -121,7 +121,8 @@ def play(tokenizer_dir, script, max_steps=5, isolation="auto"):
     RecordingToolCallRunner.results.clear()
 
     async def run():
-        worker = EnvWorker([spec], 1, tokenizer_dir, engine, SamplingParams(max_new_tokens=512), 8192)
+        sampling = SamplingParams(max_new_tokens=512)
+        worker = EnvWorker([spec], 1, tokenizer_dir, engine, sampling, 8192, manager_type=mode)
         try:
             return await worker.run_group(0, GroupSpec(0, "g0", env_seed=7, sample_seed=1))
         finally:
@@ -177,6 +178,15 @@ def test_the_experts_tool_calls_run_in_the_sandbox_and_earn_the_hidden_tests_rew
         assert following[: len(prompt) + len(out.token_ids)] == prompt + out.token_ids
     assert sum(traj.response_mask) < len(traj.token_ids) - len(engine.prompts[0])  # tool turns: mask 0
     assert len(traj.turn_end_positions) == 3
+
+
+def test_step_wise_each_tool_calling_turn_is_a_sample_of_the_engines_prompt_and_ids(tokenizer_dir):
+    script = [call("bash", command="ls"), call("write", content=ADD.solution), call("submit")]
+    traj, episode, engine = play(tokenizer_dir, script, mode="step")
+    assert episode.score == 1.0 and [s.reward for s in traj.steps] == [0.0, 0.0, 1.0]
+    assert [s.prompt_ids for s in traj.steps] == engine.prompts
+    assert [s.response_ids for s in traj.steps] == [o.token_ids for o in engine.outputs]
+    assert [s.logprobs for s in traj.steps] == [o.logprobs for o in engine.outputs]
 
 
 def test_a_wrong_solution_earns_its_share_of_the_hidden_tests(tokenizer_dir):
