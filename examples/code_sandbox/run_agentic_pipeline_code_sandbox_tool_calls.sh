@@ -4,6 +4,8 @@
 #   bash examples/code_sandbox/run_agentic_pipeline_code_sandbox_tool_calls.sh max_steps=2 +profile=cpu_smoke
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# the runner and the env are imported in the driver and in the Ray env workers
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 MODEL_DIR=./output/models/tiny-code-sandbox
 python -m roll.pipeline.tiny_model --env_type code_sandbox --output_dir "$MODEL_DIR"
 python examples/start_agentic_pipeline.py --config_path code_sandbox \
