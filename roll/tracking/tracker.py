@@ -98,6 +98,11 @@ class Tracker:
             self._backend.log(int(step), values)
         return values
 
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """The run's config, once, to the `track_with` backend (wandb config, mlflow params)."""
+        if self._backend is not None:
+            self._backend.log_config(config)
+
     def _append_line(self, data: bytes) -> None:
         """One whole line or nothing: a write cut short (a full disk) is taken back before the
         error goes on, so metrics.jsonl never holds half a line."""
