@@ -153,6 +153,20 @@ def test_a_key_the_backend_cannot_use_is_refused_by_name(tmp_path, monkeypatch, 
     assert info.value.key == key and reason in info.value.reason
 
 
+@pytest.mark.parametrize("track_with", ["wandb", "mlflow"])
+def test_a_missing_tracker_package_is_named_with_the_extra_that_installs_it(tmp_path, monkeypatch, track_with):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == track_with else find_spec(name))
+    with pytest.raises(InvalidField) as info:
+        resolved(track_with, tmp_path)
+    assert (info.value.key, info.value.reason) == (
+        "track_with",
+        f"{track_with!r} needs the {track_with} package (pip install 'roll[trackers]'); or use tensorboard or stdout",
+    )
+
+
 def test_wandb_defaults_to_offline_under_output_dir_and_goes_online_only_with_a_key(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is not installed (pip install 'roll[trackers]')")
     for name in ("WANDB_MODE", "WANDB_API_KEY"):
@@ -205,6 +219,26 @@ def one_step_run(tiny_model, out, *overrides):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_wandb_online_without_a_key_exits_2_before_start(tiny_model, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install 'roll[trackers]')")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NETRC": str(tmp_path / "no-netrc"), "WANDB_MODE": "online"}
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.run(
+        [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", str(ROLL_RUNS)]
+        + ["--config_name", "traj_defaults", "+profile=cpu_smoke", f"pretrain={tiny_model}"]
+        + [f"reward_pretrain={tiny_model}", f"output_dir={tmp_path}/out", "track_with=wandb"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("config error")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "tracker_kwargs.mode: online needs a wandb API key" in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_pipeline_step_with_track_with_wandb_leaves_an_offline_run_of_its_metrics(tiny_model, tmp_path):
