@@ -39,8 +39,7 @@ MLFLOW_ARTIFACTS = "mlflow-artifacts"
 
 
 class TrackerKwargs(ConfigModel):
-    """ROLL's `tracker_kwargs`: the arguments of the `track_with` backend. Which keys apply depends
-    on `track_with` (`TRACKER_KEYS`); the others are refused by name."""
+    """ROLL's `tracker_kwargs`: the `track_with` backend's arguments; a key it does not take is refused."""
 
     model_config = {**ConfigModel.model_config, "extra": "allow"}  # refused per backend, with the backend's keys
     log_dir: str | None = None
