@@ -123,6 +123,28 @@ def test_mlflow_sqlite_run_holds_metric_history_params_and_tags(tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tb"]  # nothing in the working dir
 
 
+def test_a_config_model_reaches_the_backend_as_json_values(tmp_path):
+    from pydantic import BaseModel
+
+    class Config(BaseModel):
+        output_dir: Path
+        tracker_kwargs: TrackerKwargs
+
+    class Recorder:
+        def log_config(self, config):
+            self.config = config
+
+        def close(self):
+            pass
+
+    recorder = Recorder()
+    with Tracker(tmp_path, tmp_path / "tb", backend=recorder) as tracker:
+        tracker.log_config(Config(output_dir=tmp_path, tracker_kwargs=TrackerKwargs(log_dir="tb")))
+    assert recorder.config["output_dir"] == str(tmp_path) and recorder.config["tracker_kwargs"]["log_dir"] == "tb"
+    with Tracker(tmp_path, tmp_path / "tb") as tracker:
+        tracker.log_config(object())  # no backend: nothing is dumped
+
+
 def test_flat_params_are_dotted_text_cut_to_mlflows_limit():
     params = flat_params({"a": {"b": None, "c": [1, 2]}, "d": {}, "e": "x" * 7000, "f": True})
     assert params == {"a.b": "null", "a.c": "[1, 2]", "d": "{}", "e": "x" * 6000, "f": "true"}
