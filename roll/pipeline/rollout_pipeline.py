@@ -52,6 +52,7 @@ class AgenticRolloutPipeline:
         write_placement(cfg.output_dir, placed)
         stop_on_loss_of(placed)
         self.tracker = make_tracker(cfg, resume_step=-1)
+        self.tracker.log_config(cfg)
         self.tracer = make_tracer(cfg, self.tokenizer, self.tracker)
 
     def run(self) -> dict[str, float]:

@@ -142,6 +142,9 @@ def test_run_dirs_names_each_directory_by_its_key(tmp_path, model_dir):
         [f"pretrain={model_dir}", "output_dir=o", "+tracker_kwargs.log_dir=tb", "+trace_rollouts=true"],
     )
     assert run_dirs(cfg) == {"output_dir": "o", "tracker_kwargs.log_dir": "tb", "trace_rollouts": "o/traces"}
+    wandb = ["track_with=wandb", "+tracker_kwargs.log_dir=wb", "logging_dir=logs"]
+    cfg = load_config(CONFIG_DIR, "minimal_agentic", [f"pretrain={model_dir}", "output_dir=o", *wandb])
+    assert run_dirs(cfg) == {"output_dir": "o", "logging_dir": "logs", "tracker_kwargs.log_dir": "wb"}
 
 
 def test_one_checkpoint_is_estimated_from_the_model_files(tmp_path, model_dir):
