@@ -4,4 +4,5 @@
   trajectories, steps) and the enums they carry (`SampleMode`, `StopReason`).
 - `fields`: the names of the batch's tensor and non-tensor fields, one constant each.
 - `imports`: `import_object("package.module:Name")`, the one `module:attr` resolver.
+- `seeding`: `derive_seed(*keys)` and `seed_everything(seed)`: seeds are derived, never drawn.
 """

@@ -25,6 +25,7 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
+from roll.core.seeding import seed_everything
 from roll.distributed.weight_transfer import CUDA_IPC
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import (
@@ -60,7 +61,6 @@ from roll.pipeline.scoring import (
 from roll.pipeline.startup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.pipeline.weight_sync import sync_path
 from roll.tracking.progress import ProgressBar
-from roll.utils.seeding import seed_everything
 
 logger = logging.getLogger("roll")
 

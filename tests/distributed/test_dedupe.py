@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassificat
 
 from roll.algorithms.losses import ppo_policy_loss, value_loss
 from roll.configs.worker import TrainingArgs
+from roll.core.seeding import derive_seed
 from roll.distributed import micro_batches
 from roll.distributed.micro_batches import (
     all_rows,
@@ -25,7 +26,6 @@ from roll.distributed.micro_batches import (
 )
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
-from roll.utils.seeding import derive_seed
 
 torch.set_num_threads(1)
 VOCAB = 32

@@ -18,11 +18,11 @@ from transformers import (
 
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
+from roll.core.seeding import derive_seed
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import average_metrics, shuffled_minibatches
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.reference import ReferenceWorker
-from roll.utils.seeding import derive_seed
 
 torch.set_num_threads(1)
 VOCAB = 32

@@ -34,7 +34,7 @@ import ray
 from roll.agentic.rollout.env_worker import GroupSpec
 from roll.core.errors import engine_failure
 from roll.core.records import GroupResult, Trajectory
-from roll.utils.seeding import derive_seed
+from roll.core.seeding import derive_seed
 
 _REPROBE_S = 0.5
 """Seconds between readiness probes of an env worker that Ray is restarting."""

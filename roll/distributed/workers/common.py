@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import torch
 from tensordict import TensorDict
 
+from roll.core.seeding import derive_seed
 from roll.distributed.ranks import WeightBy, rank_share
-from roll.utils.seeding import derive_seed
 
 
 def set_num_threads(num_threads: int | None) -> None:
