@@ -25,7 +25,7 @@ from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.core.seeding import derive_seed
-from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model
 from roll.pipeline.tiny_model import env_corpus

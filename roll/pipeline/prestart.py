@@ -16,8 +16,8 @@ from roll.configs.pipeline import PipelineConfig
 from roll.configs.worker import WorkerConfig, cpu_options, engine_options
 from roll.distributed.cpu_affinity import usable_cores
 from roll.distributed.placement import PlacementError, check_device_layout
-from roll.distributed.strategies.megatron_lora import megatron_targets
-from roll.distributed.strategies.megatron_parallel import PARALLEL_KEYS, check_parallel_config
+from roll.distributed.strategies.megatron.lora import megatron_targets
+from roll.distributed.strategies.megatron.parallel import PARALLEL_KEYS, check_parallel_config
 from roll.models.lora import unmatched_lora_target
 
 

@@ -46,7 +46,7 @@ def tied_copy(model_dir: str, out_dir: str) -> str:
 
 
 def _layout() -> tuple[int, int, int]:
-    from roll.distributed.strategies.megatron_model import parallel_state
+    from roll.distributed.strategies.megatron.model import parallel_state
 
     return (
         parallel_state.get_tensor_model_parallel_rank(),
@@ -85,7 +85,7 @@ def _largest_differences(got, want) -> tuple[float, float]:
 
 
 def main(model_dir: str) -> None:
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
 
     with tempfile.TemporaryDirectory() as out_dir:
         model_dirs = [model_dir, tied_copy(model_dir, out_dir)]

@@ -1,6 +1,6 @@
 """The `megatron` strategy at pipeline parallel 2 over two CPU processes (gloo): stage 0 holds the
 embedding and layer 0, stage 1 layer 1, the final norm and the output layer
-(roll.distributed.strategies.megatron_pipeline). Checked against one process (PP 1):
+(roll.distributed.strategies.megatron.pipeline). Checked against one process (PP 1):
 - HF -> stages -> gathered HF weights, bit for bit, on both ranks and in the checkpoint dir;
 - two PPO steps (ppo_cases) on the untied tiny Llama and on a tied-embedding one (whose gradient
   the first and last stage sum): the losses, gradient norms and merged weights of PP 1;
@@ -147,7 +147,7 @@ def two_stages(model_dir, tied_model_dir, three_layer_dir, tmp_path_factory) -> 
 @pytest.fixture(scope="module")
 def one_stage():
     """The PP-1 runs compare against: megatron in this process (world size 1)."""
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
 
     ensure_process_group(torch.device("cpu"))
     megatron_model.init_model_parallel()

@@ -30,9 +30,9 @@ import torch
 
 from roll.core.errors import EngineFailed
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies import continuous
-from roll.distributed.strategies.hf_infer import HFInferStrategy
-from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
+from roll.distributed.strategies.hf import continuous
+from roll.distributed.strategies.hf.infer import HFInferStrategy
+from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.distributed.weight_transfer import IpcWeights
 from roll.distributed.workers.common import take_memory_gib
@@ -208,7 +208,7 @@ class InferenceWorker:
                     fut.set_result(out)
 
     async def _continuous_loop(self) -> None:
-        """Continuous batching (`strategies/continuous.py`): one engine call serves every request
+        """Continuous batching (`strategies/hf/continuous.py`): one engine call serves every request
         that arrives while it runs; each is answered the moment its row stops. The call ends when
         the engine is idle, or when a weight update or offload waits (`_drain_waiters`): then it
         takes no new request and returns once its running rows are done."""
