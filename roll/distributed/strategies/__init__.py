@@ -1,5 +1,6 @@
 """Engines behind the worker roles.
 
+- `base`: `TrainStrategy` and `InferStrategy`, the interfaces the worker roles call.
 - `registry`: ROLL's strategy names -> engine classes, and `build_train_strategy` (the factory).
 - `torch_train`: `TorchTrainStrategy`, plain PyTorch training on CPU or one GPU (actor, critic);
   the other training engines subclass it.

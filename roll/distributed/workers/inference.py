@@ -30,6 +30,7 @@ import torch
 
 from roll.core.errors import EngineFailed
 from roll.core.records import GenerateOutput, GenerateRequest
+from roll.distributed.strategies.base import InferStrategy
 from roll.distributed.strategies.hf import continuous
 from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
@@ -64,6 +65,7 @@ class InferenceWorker:
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.engine: InferStrategy  # what this worker calls on it (roll.distributed.strategies.base)
         if canonical_name(strategy_name) == "hf_infer":
             model = load_causal_lm(
                 model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
@@ -306,7 +308,9 @@ WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
-def build_external_engine(name: str, model_path: str, dtype: str, eos_token_ids: list[int], strategy_config: dict):
+def build_external_engine(
+    name: str, model_path: str, dtype: str, eos_token_ids: list[int], strategy_config: dict
+) -> InferStrategy:
     """The `vllm` or `sglang` engine (imported only when chosen: their packages are optional),
     given the rest of `strategy_config` as keyword options."""
     engine_cls = strategy_class(name, kind="infer")
