@@ -46,12 +46,12 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     try:
         config_dir = resolve_config_dir(args.config_path, examples_dir)
         config = load_config(config_dir, args.config_name, args.overrides, rollout_only=rollout_only)
-        from roll.pipeline.preflight import NothingToTrain, run_preflight
-        from roll.pipeline.prestart import check_before_start  # imports the envs: after the config loaded
+        from roll.pipeline.config_checks import check_before_start  # imports the envs: after the config loaded
+        from roll.pipeline.resource_checks import NothingToTrain, check_resources
 
         check_before_start(config)  # env types and env_config keys, LoRA targets, the device layout
         try:
-            run_preflight(config)  # the run's directories, the resumed checkpoint, the models, one env per tag
+            check_resources(config)  # the run's directories, the resumed checkpoint, the models, one env per tag
         except NothingToTrain as err:
             print(err, file=sys.stderr)
             return 0

@@ -27,8 +27,8 @@ from roll.core.seeding import seed_everything
 from roll.pipeline.builders import build_inference, build_rollout, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
+from roll.pipeline.run_setup import make_tracer, make_tracker, run_tokenizer, start
 from roll.pipeline.samples import summarize_trajectories
-from roll.pipeline.startup import make_tracer, make_tracker, run_tokenizer, start
 from roll.tracking.progress import ProgressBar
 
 logger = logging.getLogger("roll")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from roll.cli import main
 from roll.distributed.placement import DevicePlan, ProcessPlacement
-from roll.pipeline import builders, startup
+from roll.pipeline import builders, run_setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,5 +40,5 @@ def colocated_plan(cfg, place_workers=builders.place_workers) -> DevicePlan:
 
 
 if __name__ == "__main__":
-    startup.place_workers = builders.place_workers = colocated_plan
+    run_setup.place_workers = builders.place_workers = colocated_plan
     sys.exit(main(sys.argv[1:], examples_dir=os.path.join(REPO, "examples")))

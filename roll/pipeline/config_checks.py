@@ -1,5 +1,6 @@
-"""Checks run before anything starts, outside the config models: they read files (an agent
-dataset), import envs, or plan processes, which config validation must not do (configs are data).
+"""Checks of the config's values that config validation must not do (configs are data): they
+import envs (env types and their `env_config` keys), read files (an agent dataset, a runner), or
+plan processes (LoRA targets, the megatron layout, CPU affinity). Run before anything starts.
 
 `check_before_start(cfg)` raises `ConfigError` naming the key at fault, so the CLI reports it as
 a config error (one line, exit status 2) before Ray, torch or a model is touched; the pipeline

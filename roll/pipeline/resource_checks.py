@@ -1,4 +1,5 @@
-"""Checks run by the CLI before Ray starts: what a validated config cannot tell by itself.
+"""Checks of the resources a config points to, run by the CLI before Ray starts: checkpoints,
+output directories, model files, envs, tokenizer templates (what a validated config cannot tell).
 
 Config validation (pydantic) sees values only; these checks look at the world the values point
 to, so they live here, at the edge, and not in the validators. Each failure is a `ConfigError`
@@ -32,7 +33,7 @@ from roll.pipeline.run_dirs import check_run_dirs
 ENV_CHECK_TIMEOUT_S = 30.0
 
 
-def run_preflight(cfg) -> None:
+def check_resources(cfg) -> None:
     """Every check above, in order; raises the first `ConfigError` (or `NothingToTrain`)."""
     check_resume(cfg)
     check_run_dirs(cfg)
@@ -212,7 +213,7 @@ def _first_observation(tag: str, env_cfg, seed: int) -> tuple[str, dict]:
         except Exception as err:
             box["error"] = err
 
-    thread = threading.Thread(target=build, daemon=True, name=f"preflight-{tag}")
+    thread = threading.Thread(target=build, daemon=True, name=f"env-check-{tag}")
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
