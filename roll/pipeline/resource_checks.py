@@ -26,6 +26,7 @@ import os
 import threading
 
 from roll.configs import ConfigError
+from roll.core.errors import RollError
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.recorded_rollout import recording_path
 from roll.pipeline.run_dirs import check_run_dirs
@@ -43,9 +44,12 @@ def check_resources(cfg) -> None:
     check_recordings(cfg)
 
 
-class NothingToTrain(Exception):
+class NothingToTrain(RollError):
     """A resumed run whose checkpoint is already at `max_steps`: the CLI says so in one line and
     exits 0 without starting anything."""
+
+    exit_code = 0
+    prefix = ""
 
 
 def check_resume(cfg) -> None:
