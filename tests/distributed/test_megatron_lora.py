@@ -2,7 +2,7 @@
 the target mapping and the adapter's tensor-parallel cuts and HF export by hand, then the strategy:
 only adapters train, weights leave merged (base + scale * B A), the checkpoint is a merged HF dir
 whose `adapter/` is a peft adapter giving the megatron model's loss, and resume is exact.
-TP 2 is in tests/distributed/megatron_lora_tp_check.py (the .ci/run_megatron_tp lane)."""
+TP 2 is in tests/lanes/megatron_lora_tp_check.py (the .ci/run_megatron_tp lane)."""
 
 from __future__ import annotations
 

@@ -24,8 +24,6 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from megatron_lora_tp_check import assert_same_lora_training
-from megatron_lora_tp_check import run as lora_run
 from ppo_cases import assert_same_training, lm_loss, lm_minibatch, ppo_batch, train_two_steps
 from transformers import AutoModelForCausalLM
 
@@ -33,6 +31,8 @@ from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.registry import build_train_strategy
 from tests.conftest import save_tiny_llama
+from tests.lanes.megatron_lora_tp_check import assert_same_lora_training
+from tests.lanes.megatron_lora_tp_check import run as lora_run
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, max_grad_norm=0.5)

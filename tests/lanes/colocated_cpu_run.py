@@ -3,7 +3,7 @@ colocated layout of a GPU run (actor_train, actor_infer and reference sharing GP
 through `roll.pipeline.residency`) on a machine without a GPU. Each process is planned on device 0,
 so the pipeline offloads and reloads roles exactly as on a GPU, but is started on CPU (no
 `CUDA_VISIBLE_DEVICES`, torch device "cpu"). Used by tests/pipeline/test_colocated_cpu.py:
-    python tests/pipeline/colocated_cpu_run.py --config_path frozen_lake --config_name NAME [key=value ...]
+    python tests/lanes/colocated_cpu_run.py --config_path frozen_lake --config_name NAME [key=value ...]
 """
 
 from __future__ import annotations
