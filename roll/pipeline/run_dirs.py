@@ -1,4 +1,4 @@
-"""The directories a run writes, checked before Ray starts (`roll.pipeline.preflight` calls it).
+"""The directories a run writes, checked before Ray starts (`roll.pipeline.resource_checks` calls it).
 
 `run_dirs(cfg)` names every directory the run will write, by the key that sets it: `output_dir`
 (metrics.jsonl, placement.json), `checkpoint_config.output_dir` (checkpoints; else `output_dir`),

@@ -1,5 +1,5 @@
 """Every directory a run writes, and the checkpoint it resumes, checked before Ray starts
-(roll/pipeline/run_dirs.py, roll/pipeline/preflight.py), through the CLI as a user meets them.
+(roll/pipeline/run_dirs.py, roll/pipeline/resource_checks.py), through the CLI as a user meets them.
 
 A config that passes every check reaches the pipeline, whose import is blocked here: "started"."""
 

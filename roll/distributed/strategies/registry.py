@@ -28,11 +28,11 @@ TRAIN_STRATEGIES = {
     "torch_train": f"{_STRATEGIES}.torch_train:TorchTrainStrategy",
     "deepspeed_train": f"{_STRATEGIES}.deepspeed_train:DeepSpeedTrainStrategy",
     "fsdp2_train": f"{_STRATEGIES}.fsdp2_train:FSDP2TrainStrategy",
-    "megatron_train": f"{_STRATEGIES}.megatron_train:MegatronTrainStrategy",
+    "megatron_train": f"{_STRATEGIES}.megatron.train:MegatronTrainStrategy",
 }
 """Training engines (actor_train, critic, reference) by ROLL's name."""
 INFER_STRATEGIES = {
-    "hf_infer": f"{_STRATEGIES}.hf_infer:HFInferStrategy",
+    "hf_infer": f"{_STRATEGIES}.hf.infer:HFInferStrategy",
     "vllm": f"{_STRATEGIES}.vllm_infer:VLLMInferStrategy",
     "sglang": f"{_STRATEGIES}.sglang_infer:SGLangInferStrategy",
 }
@@ -89,7 +89,7 @@ def build_train_strategy(
     one place its fields are read. Engines other than `torch` are imported only when chosen.
 
     `lora` ({rank, alpha, target}, `ModelArgs.lora`) wraps the model in peft LoRA adapters first
-    (megatron: adapters on its parallel layers, roll.distributed.strategies.megatron_lora);
+    (megatron: adapters on its parallel layers, roll.distributed.strategies.megatron.lora);
     `gradient_checkpointing` recomputes activations in backward (HF's non-reentrant checkpointing,
     megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching (or
     are sequence packing's load-balanced plans); `sequence_packing` runs micro-batches as packed rows
