@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from roll.configs.worker import TrainingArgs
     from roll.distributed.dynamic_batching import TokenBudget
-    from roll.distributed.strategies.torch_train import TorchTrainStrategy
+    from roll.distributed.strategies.base import TrainStrategy
 
 _STRATEGIES = "roll.distributed.strategies"
 TRAIN_STRATEGIES = {
@@ -84,7 +84,7 @@ def build_train_strategy(
     train_budget: TokenBudget | None = None,
     infer_budget: TokenBudget | None = None,
     sequence_packing: bool = False,
-) -> TorchTrainStrategy:
+) -> TrainStrategy:
     """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
     one place its fields are read. Engines other than `torch` are imported only when chosen.
 
