@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "--profile_at", default="", help="batch sizes whose engine run is repeated under cProfile (text beside --out)"
     )
     args = parser.parse_args(argv)
-    from roll.distributed.strategies.hf_infer import HFInferStrategy
+    from roll.distributed.strategies.hf.infer import HFInferStrategy
 
     if args.smoke:
         device, dtype, size, batches, new, nano = torch.device("cpu"), torch.float32, "tiny", [2, 4], 8, (8, 10, 30)

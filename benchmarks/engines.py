@@ -35,7 +35,7 @@ from tensordict import TensorDict
 
 from roll.configs.worker import TrainingArgs
 from roll.core.records import GenerateRequest, SamplingParams
-from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.pipeline.tiny_model import main as build_tiny

@@ -40,7 +40,7 @@ import torch
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
-from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model

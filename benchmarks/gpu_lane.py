@@ -7,7 +7,7 @@ parameters, tied embeddings) in bf16 with sdpa attention (flash_attention_2 when
 - training, per strategy (torch, fsdp2, deepspeed ZeRO-2 and ZeRO-3, megatron) and variant
   (plain, gradient checkpointing, LoRA, compile): `--steps` optimizer steps of a causal-LM loss on random
   tokens after one warm-up step -> training tokens/s, MFU and peak memory;
-- generation with the `hf` engine (roll.distributed.strategies.hf_infer) -> generated tokens/s.
+- generation with the `hf` engine (roll.distributed.strategies.hf.infer) -> generated tokens/s.
 A variant a strategy cannot run is printed and recorded as "skipped: <why>", never dropped.
 How the variants are switched: gradient checkpointing by HF's `gradient_checkpointing_enable()`
 on the model before the strategy takes it (megatron: `recompute_granularity: full`); LoRA by
@@ -252,7 +252,7 @@ def generate(settings: LaneSettings) -> dict:
     """Generated tokens/s of the `hf` engine: `gen_prompts` 64-token prompts, `gen_tokens` each
     (no stop token: every row runs to the end), sampled."""
     from roll.core.records import GenerateRequest, SamplingParams
-    from roll.distributed.strategies.hf_infer import HFInferStrategy
+    from roll.distributed.strategies.hf.infer import HFInferStrategy
 
     reset_memory(settings.device)
     model = build_model(settings).to(settings.device)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from envs.frozen_lake.env import FrozenLakeEnv
-from roll.utils.seeding import derive_seed
+from roll.core.seeding import derive_seed
 
 _INSTANCES = itertools.count()
 

@@ -24,11 +24,11 @@ import envs  # noqa: F401  (registers the built-in envs)
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
-from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.core.seeding import derive_seed
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model
 from roll.pipeline.tiny_model import env_corpus
-from roll.utils.seeding import derive_seed
 
 SAMPLING = SamplingParams(max_new_tokens=1, temperature=1.0)
 

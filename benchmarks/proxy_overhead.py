@@ -19,6 +19,12 @@ part: its time in the request handler besides waiting for the engine. Then
 `--burst` episodes at once through the proxy, counting failed requests (the target is none).
 
     python benchmarks/proxy_overhead.py [--episodes 1 64 --burst 256 --turns 3 --max_new_tokens 16 --repeats 7]
+    python benchmarks/proxy_overhead.py --model smollm2-shape   # engine calls of a real small model's length
+
+`--model`: `tiny` (the FrozenLake example's model, 0.5M parameters: an engine call of tens of ms)
+or `smollm2-shape` (SmolLM2-135M's layer stack, 30 layers of width 576, random init, with the tiny
+tokenizer: calls as long as a small real model's on CPU). The proxy's cost per request is about
+fixed, so its ratio to the engine call depends on how long that call is.
 
 The last line is `RESULT overhead_1=<x> overhead_64=<y> burst_failed=<n>` (target <= 0.10, 0).
 """
@@ -141,6 +147,12 @@ def run_engine(host: Host, recorded: list) -> tuple[list[float], list]:
     return latencies, outs
 
 
+MODELS = {
+    "tiny": {},
+    "smollm2-shape": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, intermediate_size=1536),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, nargs="+", default=[1, 64])
@@ -149,11 +161,12 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
     args = parser.parse_args()
     torch.manual_seed(0)
     init_ray(None)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(f"{tmp}/m", corpus=env_corpus("frozen_lake", {}))
+        model_dir = build_tiny_model(f"{tmp}/m", corpus=env_corpus("frozen_lake", {}), **MODELS[args.model])
         host = Host(model_dir, args.threads)
         run_proxy(host, 4, args, "warmup")  # first calls of the engine and the server are slower
         print(
@@ -189,7 +202,7 @@ def main() -> None:
         host.run(host.server.stop())
     ray.shutdown()
     summary = " ".join(f"overhead_{n}={v:.4f}" for n, v in overheads.items())
-    print(f"RESULT {summary} burst_failed={len(failures)}")
+    print(f"RESULT model={args.model} {summary} burst_failed={len(failures)}")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.configs.loader import load_config
 from roll.core.records import GenerateRequest
+from roll.core.seeding import derive_seed
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
@@ -68,7 +69,6 @@ from roll.pipeline.builders import (
     sampling_params,
 )
 from roll.pipeline.tiny_model import env_corpus
-from roll.utils.seeding import derive_seed
 
 CONFIG_DIR = REPO / "examples" / "frozen_lake"
 CONFIG_NAME = "agent_val_frozen_lake_traj"

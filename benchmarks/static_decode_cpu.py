@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roll.core.records import GenerateRequest, SamplingParams  # noqa: E402
-from roll.distributed.strategies.hf_infer import HFInferStrategy  # noqa: E402
+from roll.distributed.strategies.hf.infer import HFInferStrategy  # noqa: E402
 from roll.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from roll.models.tiny import build_tiny_model  # noqa: E402
 

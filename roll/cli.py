@@ -3,7 +3,9 @@
 A bad config is the user's most common mistake, so it gets one line on stderr naming the key and
 exit status 2 (no traceback). A run that cannot go on for a known reason (diverged training, a
 rollout that keeps failing, a worker process that died for good) gets one line and exit status 1;
-anything else that goes wrong is a bug and keeps its traceback.
+anything else that goes wrong is a bug and keeps its traceback. Each such error is a
+`roll.core.errors.RollError` that carries its exit status and the line's prefix, so `main` has one
+handler; errors from outside roll (Ray's, a full disk's) become RollErrors in `_as_roll_errors`.
 
 SIGTERM (e.g. `kill PID`, a scheduler's preemption) and SIGINT (Ctrl-C) end the run cleanly: one
 line, no stack dump, nothing saved beyond the last checkpoint, the local Ray cluster this run
@@ -19,9 +21,11 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from roll.configs import ConfigError, load_config
+from roll.core.errors import RollError, RunStopped
 
 
 def parse_config_args(argv: Sequence[str] | None, prog: str, description: str) -> argparse.Namespace:
@@ -40,71 +44,101 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
     `--config_path frozen_lake` works from the repository root as well as from `examples/`.
     A config without `actor_train` runs the rollout-only pipeline (`roll.pipeline.rollout_pipeline`);
     `rollout_only` (ROLL's start_agentic_rollout_pipeline.py) runs it whatever the config holds.
+    Every error the user can act on is a `RollError`: it says its one line and its exit status.
     """
     prog = "start_agentic_rollout_pipeline" if rollout_only else "start_agentic_pipeline"
     args = parse_config_args(argv, prog, "Train an LLM agent with RL on text environments.")
+    driver: _Driver | None = None
     try:
-        config_dir = resolve_config_dir(args.config_path, examples_dir)
-        config = load_config(config_dir, args.config_name, args.overrides, rollout_only=rollout_only)
-        from roll.pipeline.preflight import NothingToTrain, run_preflight
-        from roll.pipeline.prestart import check_before_start  # imports the envs: after the config loaded
+        config = _checked_config(args, examples_dir, rollout_only)
+        pipeline_class = _pipeline_class(config)  # torch and Ray imported only now: a config error does not wait
+        driver = _Driver.start()
+        with _as_roll_errors(config):
+            pipeline_class(config).run()
+        return 0
+    except RollError as err:
+        _say(err.line())
+        return err.exit_code
+    finally:
+        if driver is not None:
+            driver.stop()
 
-        check_before_start(config)  # env types and env_config keys, LoRA targets, the device layout
-        try:
-            run_preflight(config)  # the run's directories, the resumed checkpoint, the models, one env per tag
-        except NothingToTrain as err:
-            print(err, file=sys.stderr)
-            return 0
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    # Imported only now: torch and Ray take seconds, a config error should not wait for them.
-    import ray
+
+def _checked_config(args: argparse.Namespace, examples_dir: str | None, rollout_only: bool):
+    """The validated config, checked before Ray starts (`ConfigError`, or `NothingToTrain`)."""
+    config_dir = resolve_config_dir(args.config_path, examples_dir)
+    config = load_config(config_dir, args.config_name, args.overrides, rollout_only=rollout_only)
+    from roll.pipeline.config_checks import check_before_start  # imports the envs: after the config loaded
+    from roll.pipeline.resource_checks import check_resources
+
+    check_before_start(config)  # env types and env_config keys, LoRA targets, the device layout
+    check_resources(config)  # the run's directories, the resumed checkpoint, the models, one env per tag
+    return config
+
+
+def _pipeline_class(config) -> type:
+    """The rollout-only pipeline for a config without `actor_train` (or `rollout_only`), else training."""
+    if config.rollout_only:
+        from roll.pipeline.rollout_pipeline import AgenticRolloutPipeline
+
+        return AgenticRolloutPipeline
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+
+    return AgenticPipeline
+
+
+class _Driver:
+    """What the CLI sets up around a run and takes down on every way out: a local Ray cluster it
+    starts (a caller's Ray, a notebook's or a test's, is left running) and the signal handlers."""
+
+    def __init__(self, ray_was_up: bool, previous: dict):
+        self.ray_was_up = ray_was_up
+        self.previous = previous
+
+    @classmethod
+    def start(cls) -> _Driver:
+        import ray
+
+        from roll.pipeline.worker_death import remember_oom_count
+
+        ray_was_up = ray.is_initialized()
+        remember_oom_count()  # a worker that dies later is told apart as OOM-killed by this count
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, _raise_terminated) for sig in STOP_SIGNALS} if in_main_thread else {}
+        return cls(ray_was_up, previous)
+
+    def stop(self) -> None:
+        if not self.ray_was_up:
+            _shutdown_ray()
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def _as_roll_errors(config) -> Iterator[None]:
+    """Errors from outside roll that the user can act on, as `RollError`s: a stop signal that Ray's
+    compiled loops return as a SystemError, a full disk under the driver's own writes, a dead
+    worker or a lost cluster node. Anything else goes on unchanged (a bug keeps its traceback)."""
     from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-    from roll.agentic.rollout.scheduler import RolloutFailed
-    from roll.core.errors import EngineFailed
-    from roll.distributed.placement import PlacementError
-    from roll.pipeline.agentic_pipeline import AgenticPipeline
-    from roll.pipeline.checkpoint import CheckpointDamaged
-    from roll.pipeline.cluster import ClusterError, joined, lost_nodes
-    from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
-    from roll.pipeline.guards import TrainingDiverged
-    from roll.pipeline.recorded_rollout import RecordingMissing
-    from roll.pipeline.rollout_pipeline import AgenticRolloutPipeline
-    from roll.pipeline.worker_death import death_line, ray_logs_dir, remember_oom_count
+    from roll.pipeline.cluster import joined, lost_nodes
+    from roll.pipeline.disk import disk_full_line, is_disk_full
+    from roll.pipeline.worker_death import death_line, ray_logs_dir
 
-    ray_was_up = ray.is_initialized()  # a caller's Ray (a notebook, a test) is left running
-    remember_oom_count()  # a worker that dies later is told apart as OOM-killed by this count
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, _raise_terminated) for sig in STOP_SIGNALS} if in_main_thread else {}
     try:
-        (AgenticRolloutPipeline if config.rollout_only else AgenticPipeline)(config).run()
-    except (Terminated, SystemError) as err:
+        yield
+    except RollError:  # ours already (a worker's, carried by a Ray task error, too)
+        raise
+    except SystemError as err:
         signum = _terminated(err)
         if signum is None:  # a SystemError of its own: a bug, keep its traceback
             raise
-        _say(
-            f"training stopped: {signal.Signals(signum).name}; resume from the last checkpoint with "
-            "resume_from_checkpoint=true",
-        )
-        return 128 + signum
-    except (PlacementError, CheckpointDamaged) as err:  # a device_mapping this machine cannot hold,
-        # a resume_from_checkpoint path that is not an intact checkpoint: config errors here
-        _say(f"config error: {err}")
-        return 2
-    except ClusterError as err:  # ray_address: no cluster there, or it refused the driver's token
-        _say(f"cluster error: {err}")
-        return 2
-    except (TrainingDiverged, RolloutFailed, EngineFailed, RecordingMissing, DiskFull) as err:
-        _say(f"training stopped: {err}")
-        return 1
+        raise Terminated(signum) from err
     except OSError as err:  # the driver's own writes: a metrics line, a trace, a dump
         if not is_disk_full(err):
             raise
         where = os.path.dirname(err.filename) if isinstance(err.filename, str) else config.output_dir
-        _say(f"training stopped: {disk_full_line(where, None, _last_checkpoint_path(config))}")
-        return 1
+        raise RunStopped(disk_full_line(where, None, _last_checkpoint_path(config))) from err
     except (RayActorError, NodeDiedError, ObjectLostError, WorkerCrashedError, KeyboardInterrupt, RayTaskError) as err:
         # a cluster node gone takes its workers; its death may be reported a little after theirs,
         # and a rank on a surviving node may fail first (gloo: "Connection closed by peer")
@@ -112,34 +146,30 @@ def main(argv: Sequence[str] | None = None, examples_dir: str | None = None, rol
         if isinstance(err, RayTaskError) and not lost:
             raise  # an error inside a worker with every node alive: a bug, keep its traceback
         if lost:
-            _say(
-                f"training stopped: lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
-                "resume with resume_from_checkpoint=true once the cluster has room again",
-            )
-            return 1
+            raise RunStopped(
+                f"lost node {', '.join(lost)}; last checkpoint: {_last_checkpoint(config)}; "
+                "resume with resume_from_checkpoint=true once the cluster has room again"
+            ) from err
         if isinstance(err, KeyboardInterrupt):
             raise
         # e.g. the inference or actor worker's process was killed, or could not start: say which and why
-        _say(f"training stopped: {death_line(err, _last_checkpoint(config), ray_logs_dir())}")
-        return 1
-    finally:
-        if not ray_was_up:
-            _shutdown_ray()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
+        raise RunStopped(death_line(err, _last_checkpoint(config), ray_logs_dir())) from err
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """The signals that end a run cleanly (a scheduler's preemption, Ctrl-C)."""
 
 
-class Terminated(Exception):
-    """The process got one of `STOP_SIGNALS` (raised from the signal handler, in the main thread)."""
+class Terminated(RunStopped):
+    """The process got one of `STOP_SIGNALS` (raised from the signal handler, in the main thread);
+    the run ends with exit status 128 + the signal, as a shell reports a process ended by it."""
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(
+            f"{signal.Signals(signum).name}; resume from the last checkpoint with resume_from_checkpoint=true"
+        )
         self.signum = signum
+        self.exit_code = 128 + signum
 
 
 def _say(line: str) -> None:

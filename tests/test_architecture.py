@@ -77,6 +77,11 @@ def test_algorithms_import_no_rollout_engines_or_pipeline(graph):
     assert violations(graph, ("roll.algorithms",), ("roll.agentic", "roll.distributed", "roll.pipeline")) == []
 
 
+def test_algorithms_import_no_configs(graph):
+    # shared vocabulary (the reward-normalisation table) lives on the ground floor
+    assert violations(graph, ("roll.algorithms",), ("roll.configs",)) == []
+
+
 def test_models_import_no_agentic(graph):
     assert violations(graph, ("roll.models",), ("roll.agentic", "roll.distributed", "roll.pipeline")) == []
 

@@ -31,6 +31,11 @@ def test_test_extra_carries_the_ci_tools(project: dict) -> None:
     assert {"pytest", "ruff", "mypy", "mkdocs", "mkdocs-material"} <= names
 
 
+def test_test_extra_carries_the_trackers_so_ci_reads_back_real_runs(project: dict) -> None:
+    extras = project["optional-dependencies"]
+    assert set(extras["trackers"]) <= set(extras["test"])
+
+
 def test_console_script_finds_the_examples_folder_and_runs_the_cli(monkeypatch, capsys) -> None:
     assert roll.console.examples_dir() == str(ROOT / "examples")
     monkeypatch.chdir(ROOT / "tests")  # a relative --config_path resolves through examples/

@@ -8,6 +8,9 @@ as `extract_answer` reads a response cut at `max_tokens_per_step` or a stop stri
   `<python>print(1 + 1)</python>`       run Python code in the workspace
   `<write>def f(): ...</write>`         replace solution.py (a ``` fence around it is dropped)
   `<answer>submit</answer>`             grade solution.py with the hidden tests and end
+The same actions are offered as OpenAI function tools (`TOOL_SCHEMAS`: `bash(command)`,
+`python(code)`, `write(content)`, `submit()`); `tool_call_action` turns a call into the action text,
+so a tool-calling agent (`roll.agentic.proxy.runners.ToolCallRunner`) plays the same episode.
 The observation is the command's output (the workspace path shown as /workspace, non-printable
 characters as ?, cut to fit) and its exit status. Reward: 0 per step; at the end (submit, or
 `max_steps` actions) the share of hidden tests solution.py passes (`grader.grade`). A command
@@ -21,6 +24,7 @@ writes the task's solution, then submits.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -36,6 +40,22 @@ _BLOCK = re.compile(r"<\s*(bash|python|write|answer)\s*>(.*?)(?:<\s*/\s*\1\s*>|\
 _FENCE = re.compile(r"^\s*```[\w+-]*\n(.*?)\n?```\s*$", re.DOTALL)
 _ALLOWED = frozenset(CHARSET)
 MAX_OBS_CHARS = 4000
+
+
+def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
+    properties = {p: {"type": "string", "description": d} for p, d in params.items()}
+    schema = {"type": "object", "properties": properties, "required": list(params)}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+
+
+TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
+    _tool("bash", "Run a shell command in the workspace; returns its output and exit status.", command="the command"),
+    _tool("python", "Run Python code in the workspace; returns its output and exit status.", code="the code"),
+    _tool("write", "Replace solution.py with new content.", content="the whole new solution.py"),
+    _tool("submit", "Grade solution.py with the hidden tests; ends the episode."),
+)
+"""The env's actions as OpenAI function tools: name -> the argument that fills its block."""
+_TOOL_ARGUMENT = {"bash": "command", "python": "code", "write": "content", "submit": None}
 
 
 def _printable(text: str) -> str:
@@ -196,14 +216,34 @@ class CodeSandboxEnv(TextEnv):
             return f"<write>{self.task.solution}</write>"
         return "<answer>submit</answer>"
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """`TOOL_SCHEMAS`: the actions as OpenAI function tools."""
+        return [dict(t) for t in TOOL_SCHEMAS]
+
+    def tool_call_action(self, name: str, arguments: Any) -> str:
+        """The action text of a call of one of `TOOL_SCHEMAS` (`bash` with {"command": "ls"} ->
+        "<bash>ls</bash>"); an unknown tool or a missing argument gives "" (an invalid action:
+        `format_penalty`, nothing runs). Content holding the block's own closing tag is cut there,
+        as it would be in text."""
+        if name not in _TOOL_ARGUMENT:
+            return ""
+        if name == "submit":
+            return "<answer>submit</answer>"
+        value = arguments.get(_TOOL_ARGUMENT[name]) if isinstance(arguments, dict) else None
+        return f"<{name}>{value}</{name}>" if isinstance(value, str) else ""
+
     def tokenizer_whole_words(self) -> list[str]:
-        """The tool tags and `submit`, as whole tokens of a tiny local tokenizer."""
-        return [*(f"<{tool}>" for tool in TOOLS), *(f"</{tool}>" for tool in TOOLS), "submit"]
+        """The tool tags, `submit`, and the words of a Hermes tool call of `TOOL_SCHEMAS`, as
+        whole tokens of a tiny local tokenizer."""
+        calls = ["<tool_call>", "</tool_call>", '"name"', '"arguments"']
+        calls += [f'"{n}"' for n in _TOOL_ARGUMENT] + [f'"{a}"' for a in _TOOL_ARGUMENT.values() if a]
+        return [*(f"<{tool}>" for tool in TOOLS), *(f"</{tool}>" for tool in TOOLS), "submit", *calls]
 
     def tokenizer_corpus(self) -> list[str]:
         """Every text of the task set and the env's fixed messages (for `roll.pipeline.tiny_model`)."""
         fixed = [self.instruction, "solution.py written.", "Hidden tests: passed.", "Episode over: submitted."]
-        fixed += ["ls", "cat solution.py", "python -c", "[exit 0]", "[exit 1]", "Traceback", "Error"]
+        fixed += ["ls", "cat solution.py", "python -c", "[exit 0]", "[exit 1]", "Traceback", "Error", "tool"]
+        fixed += [json.dumps(list(TOOL_SCHEMAS))]  # shown to a tool-calling agent
         texts = [f"Task: {t.prompt}\nsolution.py:\n{t.starter}\n{t.solution}" for t in self.tasks]
         return fixed + texts
 

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from roll.algorithms.advantages import group_index
-from roll.configs.reward_norm import (  # the method table is config data; re-exported for callers here
+from roll.core.reward_norm import (  # the method table is shared with the config; re-exported here
     ASYM_CLIP_RANGE,
     NORM_TYPES,
     NormMethod,

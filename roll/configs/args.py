@@ -45,7 +45,7 @@ class ModelArgs(ConfigModel):
     every parameter trains. Applies to `actor_train` and `critic`; on `actor_infer` (ROLL serves the
     adapter with vLLM's LoRA) it is accepted and changes nothing, since the engine is sent the
     actor's merged weights; refused on `reference`. The megatron strategy puts the adapters on its
-    fused layers (roll.distributed.strategies.megatron_lora)."""
+    fused layers (roll.distributed.strategies.megatron.lora)."""
     lora_alpha: int | None = Field(None, ge=1)
     """LoRA scale numerator: adapters add (alpha / r) * B A. None: 2 * `lora_rank`, as in ROLL."""
     lora_target: str | None = None

@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
+from roll.core.errors import BadConfig
+
 
 class ConfigModel(BaseModel):
     """Base of every config section: strict about keys, documented per field.
@@ -54,9 +56,9 @@ class InvalidField(ValueError):
         self.reason = reason
 
 
-class ConfigError(Exception):
+class ConfigError(BadConfig):
     """A config that cannot be loaded or validated. `str()` is one line, "KEY: why", which the CLI
-    prints as is."""
+    prints after "config error: " (exit status 2, `BadConfig`)."""
 
     def __init__(self, key: str, message: str):
         message = " ".join(line.strip() for line in message.splitlines() if line.strip())

@@ -20,6 +20,7 @@ from pydantic import Field, field_validator
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.correction import TrainInferCorrection
 from roll.configs.rollout import RolloutMock
+from roll.configs.tracking import TrackerKwargs, check_tracker
 
 ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
@@ -84,14 +85,6 @@ classes are its actor with another loss; the loss itself is chosen by `pg_varian
 _FORMAT_PENALTY_VARIABLE = re.compile(r"\w+_format_penalty")
 
 
-class TrackerKwargs(ConfigModel):
-    """ROLL's `tracker_kwargs`; which keys apply depends on `track_with`."""
-
-    model_config = {**ConfigModel.model_config, "extra": "allow"}
-    log_dir: str | None = None
-    """tensorboard: where the event files go (instead of `logging_dir`)."""
-
-
 class CheckpointConfig(ConfigModel):
     """ROLL's `checkpoint_config`: where checkpoints are written."""
 
@@ -108,11 +101,11 @@ class RollDialect(ConfigModel):
     system_envs: dict[str, str] = Field(default_factory=dict)
     """Environment variables set in the driver and in every worker process (Ray runtime_env)."""
     track_with: Literal["tensorboard", "wandb", "mlflow", "stdout", "swanlab", "trackio"] = "tensorboard"
-    """Where metrics go besides `metrics.jsonl`: "tensorboard" (under `tracker_kwargs.log_dir`,
-    else `logging_dir`), "wandb" (`wandb.init(**tracker_kwargs)`), "mlflow" (`tracker_kwargs`:
-    tracking_uri, experiment_name, run_name) or "stdout" (one line per logged step). TensorBoard
-    events are written in every case. wandb/mlflow must be installed. ROLL's "swanlab" and "trackio"
-    are refused: roll has no client for them (wandb runs offline with WANDB_MODE=offline)."""
+    """Where metrics go besides `metrics.jsonl` and the TensorBoard events (written in every case):
+    "tensorboard" (events under `tracker_kwargs.log_dir`, else `logging_dir`), "wandb" (offline
+    files under `output_dir` unless `tracker_kwargs.mode` is online), "mlflow" (a SQLite store
+    under `output_dir` unless `tracker_kwargs.tracking_uri` says otherwise) or "stdout" (one JSON
+    line per logged step). ROLL's "swanlab" and "trackio" are refused (docs/trackers.md)."""
     tracker_kwargs: TrackerKwargs = Field(default_factory=TrackerKwargs)
     """Arguments of the `track_with` backend."""
     checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -327,7 +320,7 @@ def check_dialect(cfg) -> None:
                     f"GPU {too_high[0]} is not on a node of "
                     f"num_gpus_per_node={cfg.num_gpus_per_node} (a local run is one node)",
                 )
-    _check_tracker(cfg.track_with)
+    check_tracker(cfg)
     _check_algorithm_keys(cfg)
     if (
         cfg.train_infer_correction is not None
@@ -403,20 +396,3 @@ def _check_algorithm_keys(cfg) -> None:
     variant = cfg.actor_train.pg_variant if cfg.actor_train is not None else None
     if cfg.dual_clip_loss and variant not in (None, "ppo"):
         raise InvalidField("dual_clip_loss", f"is a bound of the PPO loss; pg_variant {variant!r} has its own")
-
-
-def _check_tracker(track_with: str) -> None:
-    import importlib.util
-
-    if track_with in ("swanlab", "trackio"):
-        raise InvalidField(
-            "track_with",
-            f"{track_with!r}: roll has no {track_with} client; use tensorboard, wandb (offline with "
-            "WANDB_MODE=offline), mlflow or stdout",
-        )
-
-    if track_with in ("wandb", "mlflow") and importlib.util.find_spec(track_with) is None:
-        raise InvalidField(
-            "track_with",
-            f"{track_with!r} needs the {track_with} package (pip install {track_with}); or use tensorboard or stdout",
-        )

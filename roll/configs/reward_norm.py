@@ -1,5 +1,5 @@
-"""ROLL's reward-normalisation vocabulary as data: the statistics each `method` implies, and where
-"asym_clip" clamps. Read by the config (`RewardNormalization`) and by `roll.algorithms.reward_norm`."""
+"""ROLL's `reward_normalization` block. Its vocabulary (the statistics each `method` implies, where
+"asym_clip" clamps) is `roll.core.reward_norm`, shared with `roll.algorithms.reward_norm`."""
 
 from __future__ import annotations
 
@@ -8,27 +8,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from roll.configs.base import ConfigModel
-
-NormType = Literal["batch", "group"] | None
-NORM_TYPES: tuple[NormType, ...] = ("batch", "group", None)
-NormMethod = Literal["identity", "mean", "mean_std", "asym_clip"]
-ASYM_CLIP_RANGE = (-1.0, 3.0)
-"""Where "asym_clip" clamps normalised scores: a bad outcome weighs at most 1 std, a good one 3."""
-
-
-def norm_types_for_method(method: NormMethod, grouping: str) -> tuple[NormType, NormType]:
-    """(norm_mean_type, norm_std_type) that ROLL derives from `method` and `grouping`
-    (`_resolve_reward_norm_defaults`): batch statistics for grouping "batch", else the group's."""
-    kind: NormType = "batch" if grouping == "batch" else "group"
-    table: dict[str, tuple[NormType, NormType]] = {
-        "identity": (None, None),
-        "mean": (kind, None),
-        "mean_std": (kind, kind),
-        "asym_clip": (kind, kind),
-    }
-    if method not in table:
-        raise ValueError(f"unknown reward normalisation method {method!r}; choose one of {sorted(table)}")
-    return table[method]
+from roll.core.reward_norm import ASYM_CLIP_RANGE, norm_types_for_method
 
 
 class RewardNormalization(ConfigModel):

@@ -78,9 +78,10 @@ BASE_CONFIG: dict[str, Answer] = {
     "logging_dir": ok("TensorBoard events go here"),
     "rollout_dump_dir": ok("each step's trajectories as JSON lines"),
     "track_with": ok(
-        'tensorboard, wandb, mlflow or stdout; "swanlab" and "trackio" are refused (roll has no client for them)'
+        'tensorboard, wandb (offline by default), mlflow (a SQLite file by default) or stdout; "swanlab" and '
+        '"trackio" are refused (roll has no client for them)'
     ),
-    "tracker_kwargs": ok("arguments of the track_with backend"),
+    "tracker_kwargs": ok("arguments of the track_with backend; a key it does not take is refused by name"),
     "max_steps": ok("training steps of the run"),
     "save_steps": ok("a checkpoint every save_steps steps and at the last"),
     "max_ckpt_to_keep": ok("keep the newest N complete checkpoints (0: all); the one a resume reads is never deleted"),

@@ -30,7 +30,7 @@ MEGATRON_FUSIONS = (
 )
 """Megatron's switches of fused kernels (`TransformerConfig`), ROLL's keys. A fused kernel computes
 what the unfused ops compute, on CUDA (some with Apex); roll's megatron runs the unfused ops
-whatever these say (`megatron_model.transformer_config`), so they change no number. Accepted as
+whatever these say (`strategies/megatron/model.py: transformer_config`), so they change no number. Accepted as
 true or false."""
 STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "hf": (
@@ -45,7 +45,7 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "torch": ("torch_compile",),
     "fsdp2": ("torch_compile", "reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
-    # ROLL's names; which values run: roll/distributed/strategies/megatron_parallel.py (max_grad_norm:
+    # ROLL's names; which values run: roll/distributed/strategies/megatron/parallel.py (max_grad_norm:
     # roll.configs.dialect)
     "megatron": (
         "tensor_model_parallel_size",
@@ -126,7 +126,7 @@ class WorkerConfig(ConfigModel):
     whose lists share a device are colocated: they take turns on it, each offloaded to CPU while another works, which
     needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
     `roll.distributed.placement`; the layout is checked before the run starts
-    (`roll.pipeline.prestart`), GPU counts when the pipeline places its workers."""
+    (`roll.pipeline.config_checks`), GPU counts when the pipeline places its workers."""
     data_args: DataArgs = Field(default_factory=DataArgs)
     """ROLL's data section of a role: which chat template renders the prompts."""
     infer_batch_size: int | None = Field(None, ge=1)
@@ -475,7 +475,7 @@ def image_limit(role: str, config: dict[str, Any]) -> int | None:
 
 def _check_hf_batching(role: str, config: dict[str, Any]) -> None:
     """`static_decode` (bool or null, default null: decode on static slots, CUDA graphs on a GPU,
-    wherever the architecture supports it; see roll/distributed/strategies/static_decode.py),
+    wherever the architecture supports it; see roll/distributed/strategies/hf/static_decode.py),
     `continuous_batching` (bool, default true: requests join a running decode batch) and
     `batch_wait_ms` (>= 0, default 0: how long a pending request may wait for others to share its
     prefill); see roll/distributed/workers/inference.py."""

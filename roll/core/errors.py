@@ -1,9 +1,52 @@
-"""Errors that cross floors: raised by an inference engine, recognised by the rollout that called it."""
+"""The project's errors: each kind carries the exit status and the message prefix the CLI reports.
+
+`RollError` is the base: an error the user can act on, reported by `roll.cli.main` as one line,
+`"{prefix}: {message}"` on stderr, and the exit status `exit_code` (no traceback). Anything else
+that goes wrong is a bug and keeps its traceback. The kinds:
+
+- `BadConfig` (exit 2, "config error"): the run cannot start as configured. `roll.configs.ConfigError`,
+  `roll.distributed.placement.PlacementError`, `roll.pipeline.checkpoint.CheckpointDamaged`.
+- `RunStopped` (exit 1, "training stopped"): a run that cannot go on for a known reason (diverged
+  training, a rollout that keeps failing, a failed engine, a full disk, a dead worker or node).
+- others set their own: `roll.pipeline.cluster.ClusterError` (exit 2, "cluster error"),
+  `roll.pipeline.resource_checks.NothingToTrain` (exit 0, no prefix), `roll.cli.Terminated`
+  (exit 128 + the signal).
+
+Concrete errors keep their historical builtin base too (`RuntimeError`, `ValueError`), so code that
+catches those still does.
+"""
 
 from __future__ import annotations
 
 
-class EngineFailed(RuntimeError):
+class RollError(Exception):
+    """An error the CLI reports as one line and an exit status, without a traceback."""
+
+    exit_code: int = 1
+    """The process exit status `roll.cli.main` returns for it."""
+    prefix: str = "error"
+    """What the one line starts with ("config error", "training stopped"); empty: the message alone."""
+
+    def line(self) -> str:
+        """The one line the CLI prints: `"{prefix}: {message}"`."""
+        return f"{self.prefix}: {self}" if self.prefix else str(self)
+
+
+class BadConfig(RollError):
+    """The run cannot start as configured; the message names the key at fault."""
+
+    exit_code = 2
+    prefix = "config error"
+
+
+class RunStopped(RollError):
+    """The run cannot go on for a known reason; resume from the last checkpoint once it is fixed."""
+
+    exit_code = 1
+    prefix = "training stopped"
+
+
+class EngineFailed(RunStopped, RuntimeError):
     """An inference engine raised while generating. The worker does not call a failed engine
     again (its state is unknown: vLLM, for one, keeps the failed requests and spins on them), so
     every pending and later request fails at once with this one-line message, and the run stops

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from roll.core.errors import BadConfig
+
 INFERENCE_ROLE = "actor_infer"
 TRAINING_ROLES = ("actor_train", "critic", "reference")
 ROLES = ("actor_train", INFERENCE_ROLE, "critic", "reference")
@@ -30,7 +32,7 @@ AVERAGING_STRATEGIES = ("deepspeed", "fsdp2", "megatron")
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 
-class PlacementError(ValueError):
+class PlacementError(BadConfig, ValueError):
     """A layout that cannot run; `str()` is one line, "KEY: why", naming the config key at fault."""
 
     def __init__(self, key: str, reason: str):

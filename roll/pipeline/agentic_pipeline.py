@@ -25,6 +25,7 @@ from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
+from roll.core.seeding import seed_everything
 from roll.distributed.weight_transfer import CUDA_IPC
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import (
@@ -38,6 +39,7 @@ from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
 from roll.pipeline.run_dirs import checkpoint_bytes
+from roll.pipeline.run_setup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.pipeline.samples import (
     adjust_batch,
     batch_divisor,
@@ -57,10 +59,8 @@ from roll.pipeline.scoring import (
     score_step_batch,
     with_final_state,
 )
-from roll.pipeline.startup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.pipeline.weight_sync import sync_path
 from roll.tracking.progress import ProgressBar
-from roll.utils.seeding import seed_everything
 
 logger = logging.getLogger("roll")
 
@@ -105,6 +105,7 @@ class AgenticPipeline:
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
         self.tracker = make_tracker(cfg, resume_step=self.start_step if self.start_step else -1)
+        self.tracker.log_config(cfg)
         self.tracer = make_tracer(cfg, self.tokenizer, self.tracker)
 
     def run(self) -> dict[str, float]:

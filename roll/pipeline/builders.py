@@ -24,7 +24,7 @@ from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.ranks import data_parallel_ranks
-from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
+from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.process_group import STORE_FILE_ENV, fresh_store_file, node_rendezvous_point
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker

@@ -24,14 +24,17 @@ import os
 import shutil
 from pathlib import Path
 
+from roll.core.errors import BadConfig
+
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest"
 MANIFEST_FILE = "manifest.json"
 logger = logging.getLogger("roll")
 
 
-class CheckpointDamaged(RuntimeError):
-    """A checkpoint named explicitly (`resume_from_checkpoint: PATH`) is not intact; one line."""
+class CheckpointDamaged(BadConfig, RuntimeError):
+    """A checkpoint named explicitly (`resume_from_checkpoint: PATH`) is not intact; one line (a
+    config error: the key names a checkpoint that cannot be resumed)."""
 
 
 def checkpoint_root(output_dir: str) -> Path:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import ray
 
+from roll.core.errors import RollError
 from roll.pipeline import reaper
 
 LOOPBACK = "127.0.0.1"
@@ -41,8 +42,11 @@ _run_nodes: set[str] | None = None
 the loss of any node stops the run."""
 
 
-class ClusterError(RuntimeError):
+class ClusterError(RollError, RuntimeError):
     """The cluster named by `ray_address` cannot be joined; `str()` is one line."""
+
+    exit_code = 2
+    prefix = "cluster error"
 
 
 def ray_target(address: str | None) -> str | None:

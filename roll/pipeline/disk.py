@@ -16,10 +16,12 @@ import errno
 import shutil
 from pathlib import Path
 
+from roll.core.errors import RunStopped
+
 NO_SPACE_TEXT = ("No space left on device", "ENOSPC", "Disk quota exceeded")
 
 
-class DiskFull(RuntimeError):
+class DiskFull(RunStopped, RuntimeError):
     """The run stopped because a directory it writes ran out of space; one line."""
 
 

@@ -8,10 +8,12 @@ and every further step would be skipped too.
 
 from __future__ import annotations
 
+from roll.core.errors import RunStopped
+
 STREAK_KEYS = ("actor/consecutive_skipped_steps", "critic/consecutive_skipped_steps")
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(RunStopped, RuntimeError):
     """Raised by `stop_if_diverged`; the CLI prints it as one line and exits 1."""
 
 

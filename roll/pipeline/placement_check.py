@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from roll.distributed.placement import PlacementError
     from roll.pipeline.builders import init_ray, place_workers
     from roll.pipeline.cluster import ClusterError, write_placement
-    from roll.pipeline.prestart import check_before_start
+    from roll.pipeline.config_checks import check_before_start
 
     try:
         cfg = load_config(resolve_config_dir(args.config_path, "examples"), args.config_name, args.overrides)

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from roll.agentic.env.registry import resolve_env_class
+from roll.core.errors import RunStopped
 from roll.core.records import StepRecord, Trajectory
 from roll.tracking.frames import save_episode_frames
 from roll.tracking.traces import trace_record
@@ -90,7 +91,7 @@ def decode_recording(text: str) -> tuple[list[Trajectory], list[str]]:
     return trajs, list(data["dropped"])
 
 
-class RecordingMissing(RuntimeError):
+class RecordingMissing(RunStopped, RuntimeError):
     """`rollout_mock` mode "mock" reached a step that was never recorded."""
 
 

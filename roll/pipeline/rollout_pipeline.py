@@ -23,13 +23,13 @@ import numpy as np
 
 from roll.configs.dialect import ENV_LIBRARY_VARIABLES
 from roll.configs.rollout import unused_in_rollout
+from roll.core.seeding import seed_everything
 from roll.pipeline.builders import build_inference, build_rollout, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
+from roll.pipeline.run_setup import make_tracer, make_tracker, run_tokenizer, start
 from roll.pipeline.samples import summarize_trajectories
-from roll.pipeline.startup import make_tracer, make_tracker, run_tokenizer, start
 from roll.tracking.progress import ProgressBar
-from roll.utils.seeding import seed_everything
 
 logger = logging.getLogger("roll")
 
@@ -52,6 +52,7 @@ class AgenticRolloutPipeline:
         write_placement(cfg.output_dir, placed)
         stop_on_loss_of(placed)
         self.tracker = make_tracker(cfg, resume_step=-1)
+        self.tracker.log_config(cfg)
         self.tracer = make_tracer(cfg, self.tokenizer, self.tracker)
 
     def run(self) -> dict[str, float]:

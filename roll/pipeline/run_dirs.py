@@ -1,4 +1,4 @@
-"""The directories a run writes, checked before Ray starts (`roll.pipeline.preflight` calls it).
+"""The directories a run writes, checked before Ray starts (`roll.pipeline.resource_checks` calls it).
 
 `run_dirs(cfg)` names every directory the run will write, by the key that sets it: `output_dir`
 (metrics.jsonl, placement.json), `checkpoint_config.output_dir` (checkpoints; else `output_dir`),
@@ -42,6 +42,9 @@ def run_dirs(cfg) -> dict[str, str]:
         dirs["tracker_kwargs.log_dir"] = cfg.tensorboard_dir
     else:
         dirs["logging_dir"] = cfg.logging_dir
+    tracker_dir = cfg.tracker_kwargs.log_dir if cfg.track_with in ("wandb", "mlflow") else None
+    if tracker_dir and tracker_dir != cfg.output_dir:  # wandb's run dir, mlflow's store
+        dirs["tracker_kwargs.log_dir"] = tracker_dir
     if cfg.render_save_dir:
         dirs["render_save_dir"] = cfg.render_save_dir
     if cfg.rollout_dump_dir:
@@ -70,7 +73,7 @@ def previous_outputs(cfg) -> dict[str, list[Path]]:
     saves = not cfg.rollout_only  # a rollout-only run writes no checkpoint
     if saves and root.is_dir() and (any(root.glob("step_*")) or (root / ckpt.LATEST_FILE).exists()):
         found[checkpoint_key(cfg)].append(root)
-    board_key = "tracker_kwargs.log_dir" if "tracker_kwargs.log_dir" in dirs else "logging_dir"
+    board_key = "tracker_kwargs.log_dir" if cfg.tensorboard_dir != cfg.logging_dir else "logging_dir"
     found[board_key] += sorted(Path(dirs[board_key]).glob("events.out.tfevents.*"))
     patterns = {
         "render_save_dir": "step_*",

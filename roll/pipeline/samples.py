@@ -12,8 +12,8 @@ from roll.algorithms.batch_adjust import adjusted_rows, rows_divisor
 from roll.algorithms.filters import group_reward_std_stats, select_groups_by_reward_std
 from roll.core.fields import Batch, RowInfo
 from roll.core.records import Trajectory
+from roll.core.seeding import derive_seed
 from roll.distributed.ranks import data_parallel_ranks
-from roll.utils.seeding import derive_seed
 
 
 def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:

@@ -162,7 +162,7 @@ def _teacher_setup(args: argparse.Namespace):
     """(config, tag, env spec) of the experiment; a ConfigError names what is wrong."""
     from roll.cli import resolve_config_dir  # the CLIs' lookup: as given, or under examples/
     from roll.pipeline.builders import env_spec
-    from roll.pipeline.prestart import check_before_start
+    from roll.pipeline.config_checks import check_before_start
 
     examples = str(Path(__file__).resolve().parents[2] / "examples")
     cfg = load_config(resolve_config_dir(args.config_path, examples), args.config_name, args.overrides)

@@ -1,18 +1,58 @@
 """`track_with` (ROLL's key): where metrics go besides metrics.jsonl and TensorBoard.
 
 "tensorboard" needs nothing more (the Tracker's own writer, under `tracker_kwargs.log_dir`);
-"stdout" prints one line per logged step; "wandb" and "mlflow" use the real libraries, which the
-config check requires to be installed (`roll.configs.dialect`).
+"stdout" prints one line per logged step; "wandb" and "mlflow" use the real libraries (the
+`trackers` extra). The config check (`roll.configs.tracking`) has already refused what cannot run
+here and filled the defaults: wandb offline under `output_dir`, mlflow in `output_dir/mlflow.db`.
+Every backend gets the same values at the same step as metrics.jsonl, and the run's config once
+(`log_config`), with secrets masked.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+SECRET = re.compile(r"api_key|token|secret|password", re.IGNORECASE)
+"""Config keys whose values never reach a tracker (e.g. `tracker_kwargs.api_key`, a
+`system_envs.WANDB_API_KEY`)."""
+MLFLOW_PARAM_CHARS = 6000
+"""mlflow's limit on a param's value; longer values (a long list) are cut to it."""
+
+
+def masked(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` with the value of every key that names a secret replaced by "***", at any depth."""
+
+    def mask(key: str, value: Any) -> Any:
+        if SECRET.search(key) and value is not None:
+            return "***"
+        return masked(value) if isinstance(value, Mapping) else value
+
+    return {key: mask(str(key), value) for key, value in config.items()}
+
+
+def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> mlflow params: dotted keys ("actor_train.model_args.dtype"), values as
+    text (lists and None as JSON), cut to `MLFLOW_PARAM_CHARS`."""
+    params: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            params.update(flat_params(value, name + "."))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            params[name] = text[:MLFLOW_PARAM_CHARS]
+    return params
 
 
 class StdoutBackend:
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        pass
+
     def log(self, step: int, values: dict[str, float]) -> None:
         print(json.dumps({"step": step, **values}), file=sys.stdout, flush=True)
 
@@ -21,14 +61,23 @@ class StdoutBackend:
 
 
 class WandbBackend:
-    def __init__(self, kwargs: dict[str, Any], exp_name: str):
+    """One wandb run; offline (the default) writes `<log_dir>/wandb/offline-run-*/run-*.wandb`."""
+
+    def __init__(self, kwargs: Mapping[str, Any], exp_name: str):
         import wandb
 
-        kwargs = {k: v for k, v in kwargs.items() if k != "log_dir" and v is not None}
-        if "api_key" in kwargs:
-            wandb.login(key=kwargs.pop("api_key"))
-        kwargs.setdefault("name", exp_name)
-        self.run = wandb.init(**kwargs)
+        args = {k: v for k, v in kwargs.items() if v is not None}
+        settings = {"console": "off"}  # Ray's and tqdm's output stays on the terminal, not in the run
+        if args.get("mode") == "online" and "api_key" in args:
+            settings["api_key"] = args["api_key"]  # this run only; unlike wandb.login, nothing is saved
+        args.pop("api_key", None)
+        Path(args["log_dir"]).mkdir(parents=True, exist_ok=True)
+        args["dir"] = args.pop("log_dir")
+        args.setdefault("name", exp_name)
+        self.run = wandb.init(**args, settings=wandb.Settings(**settings))
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.run.config.update(masked(config), allow_val_change=True)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
@@ -38,14 +87,26 @@ class WandbBackend:
 
 
 class MlflowBackend:
-    def __init__(self, kwargs: dict[str, Any], exp_name: str):
+    """One mlflow run (the fluent API's active run, which `trace_to_mlflow` also logs to)."""
+
+    def __init__(self, kwargs: Mapping[str, Any], exp_name: str):
         import mlflow
 
         self.mlflow = mlflow
         if kwargs.get("tracking_uri"):
             mlflow.set_tracking_uri(kwargs["tracking_uri"])
-        mlflow.set_experiment(kwargs.get("experiment_name") or exp_name)
-        mlflow.start_run(run_name=kwargs.get("run_name") or exp_name)
+        name = kwargs.get("experiment_name") or exp_name
+        experiment = mlflow.get_experiment_by_name(name)
+        if experiment is None:
+            mlflow.create_experiment(name, artifact_location=kwargs.get("artifact_location"))
+        mlflow.set_experiment(name)
+        tags = kwargs.get("tags") or {}
+        if not isinstance(tags, Mapping):
+            tags = dict.fromkeys(tags, "")
+        self.run = mlflow.start_run(run_name=kwargs.get("run_name") or exp_name, tags=dict(tags))
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.mlflow.log_params(flat_params(masked(config)))
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.mlflow.log_metrics(dict(values), step=step)

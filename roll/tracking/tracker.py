@@ -99,6 +99,15 @@ class Tracker:
             self._backend.log(int(step), values)
         return values
 
+    def log_config(self, config: Any) -> None:
+        """The run's config (a mapping, or a pydantic model dumped as JSON values), once, to the
+        `track_with` backend: wandb's run config, mlflow's params. Nothing without a backend."""
+        if self._backend is None:
+            return
+        if hasattr(config, "model_dump"):
+            config = config.model_dump(mode="json")
+        self._backend.log_config(config)
+
     def _append_line(self, data: bytes) -> None:
         """One whole line or nothing: a write cut short (a full disk) is taken back before the
         error goes on, so metrics.jsonl never holds half a line."""

@@ -20,8 +20,8 @@ from roll.agentic.agent_loop.math_graph import (  # noqa: E402
     calculator,
 )
 from roll.agentic.agent_loop.registry import get_agent_class  # noqa: E402
+from roll.core.seeding import derive_seed  # noqa: E402
 from roll.models.tiny import build_tiny_tokenizer  # noqa: E402
-from roll.utils.seeding import derive_seed  # noqa: E402
 from tests.agentic.test_tool_agent import QWEN_LIKE_TEMPLATE, ScriptedModel, contains, segments  # noqa: E402
 
 QUOTED = ['"name"', '"arguments"', '"calculator"', '"expression"', '"nope"']

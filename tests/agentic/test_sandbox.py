@@ -1,6 +1,6 @@
 """The sandbox contains escape attempts under every isolation this machine can give.
 
-Each isolation runs the same attempts (tests/agentic/sandbox_escapes.py): the network, a write
+Each isolation runs the same attempts (tests/lanes/sandbox_escapes.py): the network, a write
 outside the workspace, a fork bomb, endless output, sleeping forever, killing its parent, a CPU
 burn, a memory hog and a daemon that outlives its command. Each must be contained, named by the
 result's `reason`, counted in `info()["violations"]`, and leave no process and no workspace.
@@ -24,7 +24,7 @@ from roll.agentic.sandbox import Sandbox, SandboxLimits
 from roll.agentic.sandbox.isolation import namespaces_available
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("sandbox_escapes.py")
+SCRIPT = Path(__file__).parents[1] / "lanes" / "sandbox_escapes.py"
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="this isolation needs root")
 

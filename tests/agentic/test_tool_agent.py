@@ -12,8 +12,8 @@ from roll.agentic.agent_loop import ToolAgent
 from roll.agentic.agent_loop.base import continuation_ids, encode, render_text
 from roll.agentic.agent_loop.tool_agent import TOOLS_SYSTEM_PROMPT
 from roll.core.records import GenerateOutput
+from roll.core.seeding import derive_seed
 from roll.models.tiny import build_tiny_tokenizer
-from roll.utils.seeding import derive_seed
 
 QUOTED = [
     '"name"',

@@ -20,7 +20,7 @@ from roll.agentic.env_manager.vl_traj_env_manager import (
 )
 from roll.agentic.episode import EpisodeSpec
 from roll.core.records import SamplingParams
-from roll.distributed.strategies.hf_infer import HFInferStrategy, suppress
+from roll.distributed.strategies.hf.infer import HFInferStrategy, suppress
 from roll.models.loading import load_policy, load_processor, vision_token_ids
 from roll.pipeline.tiny_model import main as build_model
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torch.testing import assert_close
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.algorithms.losses import ppo_policy_loss
 from roll.algorithms.off_policy import tis_metrics, truncated_importance_weights
 from roll.algorithms.pg_variants import PGOptions
 from roll.distributed.workers.actor import _policy_loss
+from tests.conftest import tiny_llama
 
 F64 = torch.float64
 E = math.e
@@ -90,17 +90,7 @@ def test_weights_scale_each_token_of_the_policy_loss():
 def test_actor_loss_applies_the_weights():
     """Through the actor's loss function on a tiny model: the engine's log-probs are the trainer's
     minus ln 2 on every token, so every token weight is 2 (at cap 4) and the loss doubles."""
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=16,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    model = tiny_llama(0, layers=1, vocab_size=16)
     ids = torch.randint(1, 16, (2, 6))
     mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]], dtype=torch.float)
     old = torch.full((2, 6), -2.5)

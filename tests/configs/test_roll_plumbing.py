@@ -131,7 +131,7 @@ def test_megatron_fusion_switches_are_booleans(model_dir):
 
 
 def test_a_native_manager_needs_an_env_that_writes_its_chat(model_dir):
-    from roll.pipeline.preflight import check_envs
+    from roll.pipeline.resource_checks import check_envs
 
     check_envs(load(model_dir, "native_step"))  # sokoban_native_env does
     with pytest.raises(ConfigError) as info:

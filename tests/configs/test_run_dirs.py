@@ -1,5 +1,5 @@
 """Every directory a run writes, and the checkpoint it resumes, checked before Ray starts
-(roll/pipeline/run_dirs.py, roll/pipeline/preflight.py), through the CLI as a user meets them.
+(roll/pipeline/run_dirs.py, roll/pipeline/resource_checks.py), through the CLI as a user meets them.
 
 A config that passes every check reaches the pipeline, whose import is blocked here: "started"."""
 
@@ -142,6 +142,9 @@ def test_run_dirs_names_each_directory_by_its_key(tmp_path, model_dir):
         [f"pretrain={model_dir}", "output_dir=o", "+tracker_kwargs.log_dir=tb", "+trace_rollouts=true"],
     )
     assert run_dirs(cfg) == {"output_dir": "o", "tracker_kwargs.log_dir": "tb", "trace_rollouts": "o/traces"}
+    wandb = ["track_with=wandb", "+tracker_kwargs.log_dir=wb", "logging_dir=logs"]
+    cfg = load_config(CONFIG_DIR, "minimal_agentic", [f"pretrain={model_dir}", "output_dir=o", *wandb])
+    assert run_dirs(cfg) == {"output_dir": "o", "logging_dir": "logs", "tracker_kwargs.log_dir": "wb"}
 
 
 def test_one_checkpoint_is_estimated_from_the_model_files(tmp_path, model_dir):

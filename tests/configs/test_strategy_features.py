@@ -9,24 +9,17 @@ import pytest
 
 # no_pipeline: the autouse fixture that fails a test which gets past validation into the pipeline
 from test_bad_configs import CONFIG_DIR, CONFIG_NAME, assert_one_line, no_pipeline, run_cli  # noqa: F401
-from transformers import LlamaConfig
 
 from roll.configs import load_config
 from roll.configs.worker import ModelArgs
 from roll.pipeline.builders import training_features
+from tests.conftest import tiny_llama_config
 
 
 @pytest.fixture
 def llama_dir(tmp_path) -> str:
     """A model dir with a real Llama config.json (no weights: the LoRA check reads the config)."""
-    LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    ).save_pretrained(tmp_path / "llama")
+    tiny_llama_config(layers=1).save_pretrained(tmp_path / "llama")
     return str(tmp_path / "llama")
 
 

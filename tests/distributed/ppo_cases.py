@@ -8,29 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.workers.actor import ActorWorker
 
-VOCAB = 32  # vocabulary of the `model_dir` fixture (conftest.py)
-
-
-def save_llama(path, seed: int, **overrides) -> str:
-    """`model_dir`'s Llama shape (2 layers, 4 heads, 2 KV heads, vocabulary `VOCAB`) with
-    `overrides`, random weights from `seed`, saved as an HF dir at `path`."""
-    torch.manual_seed(seed)
-    shape = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(LlamaConfig(**(shape | overrides))).save_pretrained(path)
-    return str(path)
+VOCAB = 32  # vocabulary of the `model_dir` fixture (tests/conftest.py: TINY_LLAMA_VOCAB)
 
 
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_grad_norm=0.5)

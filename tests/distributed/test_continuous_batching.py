@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from roll.core.records import GenerateRequest, SamplingParams
-from roll.distributed.strategies.continuous import serve
-from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.hf.continuous import serve
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model

@@ -103,7 +103,7 @@ def test_bad_cpu_options_name_the_key(options, message):
 
 
 def test_cores_the_machine_lacks_are_refused_before_start():
-    from roll.pipeline.prestart import check_cpu_affinity
+    from roll.pipeline.config_checks import check_cpu_affinity
 
     check_cpu_affinity("actor_infer", worker("hf", cpu_affinity=sorted(os.sched_getaffinity(0))))
     missing = max(os.sched_getaffinity(0)) + 1

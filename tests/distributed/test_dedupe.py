@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
 
 from roll.algorithms.losses import ppo_policy_loss, value_loss
 from roll.configs.worker import TrainingArgs
+from roll.core.seeding import derive_seed
 from roll.distributed import micro_batches
 from roll.distributed.micro_batches import (
     all_rows,
@@ -25,19 +25,10 @@ from roll.distributed.micro_batches import (
 )
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.critic import CriticWorker
-from roll.utils.seeding import derive_seed
+from tests.conftest import tiny_llama
 
 torch.set_num_threads(1)
 VOCAB = 32
-CONFIG = {
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
 # Eight rows, four distinct. Rows 2, 3 and 6 share row 0's forward pass: row 2 is a copy, row 3 has
 # other ids under its padding, row 6 ends in another last token (5, not 7). Row 4 is row 1 with
 # another last token (9, not 2). Row 5 has row 0's tokens but attends one more position (a real
@@ -60,14 +51,8 @@ MASK = (torch.arange(6) < torch.tensor(LENGTHS)[:, None]).long()
 ROWS = len(LENGTHS)
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**CONFIG))
-
-
-def tiny_value_model(seed: int = 0) -> LlamaForTokenClassification:
-    torch.manual_seed(seed)
-    return LlamaForTokenClassification(LlamaConfig(**CONFIG, num_labels=1)).eval()  # no head dropout
+def tiny_value_model(seed: int = 0):
+    return tiny_llama(seed, value_head=True)
 
 
 def capture_grads(strategy) -> list[list[torch.Tensor]]:

@@ -7,7 +7,7 @@ import math
 import torch
 
 from roll.core.records import GenerateRequest, SamplingParams
-from roll.distributed.strategies.device_sampling import SamplingState, counter_uniform, sample
+from roll.distributed.strategies.hf.device_sampling import SamplingState, counter_uniform, sample
 
 M32 = 0xFFFFFFFF
 

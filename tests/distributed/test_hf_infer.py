@@ -11,8 +11,8 @@ from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.core.records import GenerateRequest, SamplingParams
-from roll.distributed.strategies.hf_infer import HFInferStrategy
-from roll.distributed.strategies.kv_cache import (
+from roll.distributed.strategies.hf.infer import HFInferStrategy
+from roll.distributed.strategies.hf.kv_cache import (
     Prefix,
     SessionKVCache,
     left_padded_past,
@@ -107,7 +107,7 @@ def test_top_k_one_is_greedy(engine):
     assert top1.token_ids == greedy.token_ids
 
 
-# ---- multi-turn prefix caching (kv_cache.py) ----
+# ---- multi-turn prefix caching (hf/kv_cache.py) ----
 
 FIRST_PROMPTS = [[2, 5, 9], [2, 7, 7, 8, 9, 10, 11, 12], [2, *range(5, 16)], [2, 6, 6, 6, 6], [2, *range(20, 39)]]
 MAX_NEW = [1, 2, 4, 6, 3]

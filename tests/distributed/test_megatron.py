@@ -13,7 +13,7 @@ import torch
 from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, lm_loss, lm_minibatch, train_two_steps
 from transformers import AutoModelForCausalLM, LlamaForTokenClassification, Qwen2Config, Qwen2ForCausalLM
 
-from roll.distributed.strategies.megatron_convert import (
+from roll.distributed.strategies.megatron.convert import (
     DecoderArch,
     arch_from_hf,
     fuse_qkv,
@@ -26,7 +26,7 @@ from roll.distributed.strategies.megatron_convert import (
 from roll.distributed.strategies.registry import build_train_strategy
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
-from roll.distributed.strategies import megatron_model  # noqa: E402  (imports megatron-core)
+from roll.distributed.strategies.megatron import model as megatron_model  # noqa: E402  (imports megatron-core)
 
 torch.set_num_threads(1)
 
@@ -385,7 +385,7 @@ def test_pipeline_parallel_is_accepted_and_its_layer_split_checked():
     """The old refusal is gone: 2 stages on 2 ranks pass the config check. Stages that cannot
     hold the layers evenly (more stages than layers, or not dividing them) stop with one line
     naming the key (the model's layers are known when it is built)."""
-    from roll.distributed.strategies.megatron_parallel import check_parallel_config, check_pipeline_stages
+    from roll.distributed.strategies.megatron.parallel import check_parallel_config, check_pipeline_stages
 
     check_parallel_config(2, pipeline_model_parallel_size=2)
     check_parallel_config(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
@@ -402,7 +402,7 @@ def test_pipeline_parallel_is_accepted_and_its_layer_split_checked():
 def test_uneven_pipeline_stages_are_split_as_megatron_splits_them():
     """`num_layers_in_first/last_pipeline_stage` fix the ends, the rest is shared equally between;
     a split that cannot be made is one line naming the key."""
-    from roll.distributed.strategies.megatron_parallel import check_pipeline_stages
+    from roll.distributed.strategies.megatron.parallel import check_pipeline_stages
 
     assert check_pipeline_stages(2, 4) == [2, 2]
     assert check_pipeline_stages(2, 3, first=1) == [1, 2]
@@ -437,7 +437,7 @@ def test_pipeline_stages_by_hand(hf_model):
     """Stage 1 of 2 holds layer 1 as its layer 0, the final norm and the output layer (the
     embedding itself when tied); stage 0 the embedding and layer 0. `from_stage` names them back,
     and the stages together are the whole model (the tied copy once)."""
-    from roll.distributed.strategies.megatron_convert import EMBEDDING, OUTPUT, from_stage, stage_state
+    from roll.distributed.strategies.megatron.convert import EMBEDDING, OUTPUT, from_stage, stage_state
 
     arch = arch_from_hf(hf_model.config)
     full = hf_to_megatron(hf_model.state_dict(), arch)
@@ -486,7 +486,7 @@ def test_recomputation_reruns_attention_and_changes_no_gradient(model_dir, megat
 
 def test_tensor_parallel_clip_of_one_rank_is_torchs(megatron_groups):
     """With one rank the tensor-parallel clip is torch's clip_grad_norm_ (norm and clipped grads)."""
-    from roll.distributed.strategies.megatron_parallel import clip_grad_norm_tensor_parallel_
+    from roll.distributed.strategies.megatron.parallel import clip_grad_norm_tensor_parallel_
 
     params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
     copies = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
@@ -508,7 +508,7 @@ def test_a_missing_megatron_core_names_the_install_line(monkeypatch):
     import importlib.util
 
     from roll.configs.worker import _missing_requirement
-    from roll.distributed.strategies.megatron_train import check_megatron_available
+    from roll.distributed.strategies.megatron.train import check_megatron_available
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
     with pytest.raises(ImportError, match=r'needs megatron-core: pip install "megatron-core>=0.16,<0.17"'):

@@ -1,8 +1,8 @@
-"""LoRA on the `megatron` strategy (roll.distributed.strategies.megatron_lora), one process, TP 1:
+"""LoRA on the `megatron` strategy (roll.distributed.strategies.megatron.lora), one process, TP 1:
 the target mapping and the adapter's tensor-parallel cuts and HF export by hand, then the strategy:
 only adapters train, weights leave merged (base + scale * B A), the checkpoint is a merged HF dir
 whose `adapter/` is a peft adapter giving the megatron model's loss, and resume is exact.
-TP 2 is in tests/distributed/megatron_lora_tp_check.py (the .ci/run_megatron_tp lane)."""
+TP 2 is in tests/lanes/megatron_lora_tp_check.py (the .ci/run_megatron_tp lane)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 from ppo_cases import ARGS, lm_loss, lm_minibatch
 from transformers import AutoModelForCausalLM
 
-from roll.distributed.strategies.megatron_convert import DecoderArch, fuse_qkv, megatron_to_hf
+from roll.distributed.strategies.megatron.convert import DecoderArch, fuse_qkv, megatron_to_hf
 from roll.distributed.strategies.registry import build_train_strategy
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
-from roll.distributed.strategies import megatron_lora as ml  # noqa: E402
+from roll.distributed.strategies.megatron import lora as ml  # noqa: E402
 
 torch.set_num_threads(1)
 LORA = {"rank": 4, "alpha": 8, "target": "all-linear"}
@@ -101,7 +101,7 @@ def test_merge_and_hf_export_by_hand():
 # ---- the strategy ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def megatron_groups():
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
     from roll.distributed.strategies.process_group import ensure_process_group
 
     ensure_process_group(torch.device("cpu"))

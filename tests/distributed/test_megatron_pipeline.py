@@ -1,6 +1,6 @@
 """The `megatron` strategy at pipeline parallel 2 over two CPU processes (gloo): stage 0 holds the
 embedding and layer 0, stage 1 layer 1, the final norm and the output layer
-(roll.distributed.strategies.megatron_pipeline). Checked against one process (PP 1):
+(roll.distributed.strategies.megatron.pipeline). Checked against one process (PP 1):
 - HF -> stages -> gathered HF weights, bit for bit, on both ranks and in the checkpoint dir;
 - two PPO steps (ppo_cases) on the untied tiny Llama and on a tied-embedding one (whose gradient
   the first and last stage sum): the losses, gradient norms and merged weights of PP 1;
@@ -24,14 +24,15 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from megatron_lora_tp_check import assert_same_lora_training
-from megatron_lora_tp_check import run as lora_run
-from ppo_cases import assert_same_training, lm_loss, lm_minibatch, ppo_batch, save_llama, train_two_steps
+from ppo_cases import assert_same_training, lm_loss, lm_minibatch, ppo_batch, train_two_steps
 from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.registry import build_train_strategy
+from tests.conftest import save_tiny_llama
+from tests.lanes.megatron_lora_tp_check import assert_same_lora_training
+from tests.lanes.megatron_lora_tp_check import run as lora_run
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, max_grad_norm=0.5)
@@ -44,13 +45,13 @@ UNEVEN = PP2 | {"num_layers_in_first_pipeline_stage": 1}
 @pytest.fixture(scope="module")
 def three_layer_dir(tmp_path_factory) -> str:
     """The `model_dir` Llama's shape with 3 decoder layers: 2 stages cannot share them equally."""
-    return save_llama(tmp_path_factory.mktemp("llama3"), seed=5, num_hidden_layers=3)
+    return save_tiny_llama(tmp_path_factory.mktemp("llama3"), seed=5, num_hidden_layers=3)
 
 
 @pytest.fixture(scope="module")
 def tied_model_dir(tmp_path_factory) -> str:
     """The `model_dir` Llama's shape with tied input and output embeddings."""
-    return save_llama(tmp_path_factory.mktemp("tied_llama"), seed=3, tie_word_embeddings=True)
+    return save_tiny_llama(tmp_path_factory.mktemp("tied_llama"), seed=3, tie_word_embeddings=True)
 
 
 def _strategy(model_dir: str, config: dict | None = None):
@@ -147,7 +148,7 @@ def two_stages(model_dir, tied_model_dir, three_layer_dir, tmp_path_factory) -> 
 @pytest.fixture(scope="module")
 def one_stage():
     """The PP-1 runs compare against: megatron in this process (world size 1)."""
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
 
     ensure_process_group(torch.device("cpu"))
     megatron_model.init_model_parallel()

@@ -18,7 +18,7 @@ from ppo_cases import assert_same_training, lm_loss, lm_minibatch, train_two_ste
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from roll.configs.worker import TrainingArgs
-from roll.distributed.strategies.megatron_convert import arch_from_hf, hf_to_megatron, split_tensor_parallel
+from roll.distributed.strategies.megatron.convert import arch_from_hf, hf_to_megatron, split_tensor_parallel
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.registry import build_train_strategy
 
@@ -57,7 +57,7 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _tensor_parallel_rank(rank: int) -> dict:
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
 
     megatron_model.init_model_parallel(tensor_parallel=2)
     hf = qwen2()
@@ -84,7 +84,7 @@ def _train(model_dir: str, name: str, args: TrainingArgs, rows: slice):
 def _tensor_parallel_training(model_dir: str, out_dir: str) -> dict:
     """The strategy at TP 2: its weights before training (HF -> shards -> gathered HF), the
     checkpoint it writes untrained, then two PPO steps (the ppo_cases run, gathered weights)."""
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
 
     megatron_model.parallel_state.destroy_model_parallel()  # the data-parallel layout of _train
     strategy = build_train_strategy(
@@ -174,7 +174,7 @@ def test_tensor_parallel_round_trip_gives_back_the_hf_weights_exactly(model_dir,
 def test_tensor_parallel_ppo_steps_equal_one_process(model_dir, two_ranks):
     """Two PPO steps at TP 2 (both ranks on the same rows): the losses, gradient norms (over the
     whole gradient, shards and replicated norms) and merged weights of TP 1 in one process."""
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
     from roll.distributed.strategies.process_group import ensure_process_group
 
     ensure_process_group(torch.device("cpu"))

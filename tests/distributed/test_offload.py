@@ -22,7 +22,7 @@ from roll.algorithms.losses import agg_loss
 from roll.configs.worker import TrainingArgs
 from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.micro_batches import token_logprobs
-from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.offload import move_module_, move_optimizer_state_
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.inference import InferenceWorker

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, ppo_batch
 from tensordict import TensorDict
 from torch.testing import assert_close
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForTokenClassification
+from transformers import AutoModelForCausalLM
 
 from roll.configs.worker import TrainingArgs
 from roll.distributed.micro_batches import shifted_values, token_logprobs
@@ -29,6 +29,7 @@ from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import train_on_share
 from roll.distributed.workers.reference import ReferenceWorker
+from tests.conftest import tiny_llama
 
 torch.set_num_threads(1)
 LENGTHS = [9, 3, 6, 1, 7]  # right-padded to 9; one row of a single token
@@ -59,9 +60,7 @@ def test_packed_logprobs_entropies_and_gradients_equal_padded(model_dir):
 
 
 def test_packed_values_equal_padded():
-    torch.manual_seed(1)
-    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
-    critic = LlamaForTokenClassification(LlamaConfig(**shape, num_key_value_heads=2, num_labels=1)).eval()
+    critic = tiny_llama(1, vocab_size=VOCAB, value_head=True)
     ids, mask = ragged(3)
     padded = shifted_values(critic, ids, mask)
     assert_close(shifted_values(PackedSequences(critic), ids, mask), padded, rtol=1e-5, atol=1e-5)

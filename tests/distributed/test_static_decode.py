@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from roll.core.records import GenerateRequest, SamplingParams
-from roll.distributed.strategies.continuous import serve
-from roll.distributed.strategies.hf_infer import HFInferStrategy
-from roll.distributed.strategies.static_decode import DecodeSlots, bucket, supports
+from roll.distributed.strategies.hf.continuous import serve
+from roll.distributed.strategies.hf.infer import HFInferStrategy
+from roll.distributed.strategies.hf.static_decode import DecodeSlots, bucket, supports
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model
 

@@ -8,28 +8,14 @@ from functools import partial
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.algorithms.losses import agg_loss
 from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.torch_train import TorchTrainStrategy
+from tests.conftest import tiny_llama
 
 torch.set_num_threads(1)
 VOCAB = 32
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config)
 
 
 def make_strategy(model=None, **overrides) -> TorchTrainStrategy:

@@ -15,7 +15,7 @@ import torch
 from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.engine_api import EngineUnavailable
-from roll.distributed.strategies.hf_infer import HFInferStrategy
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model

@@ -11,18 +11,17 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
     PreTrainedTokenizerFast,
 )
 
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
+from roll.core.seeding import derive_seed
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import average_metrics, shuffled_minibatches
 from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.reference import ReferenceWorker
-from roll.utils.seeding import derive_seed
+from tests.conftest import save_tiny_llama
 
 torch.set_num_threads(1)
 VOCAB = 32
@@ -33,18 +32,7 @@ ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A random 2-layer Llama (vocab 32, hidden 32) and a word-level tokenizer, as an HF dir."""
-    path = tmp_path_factory.mktemp("tiny_llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
+    path = save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), seed=0, vocab_size=VOCAB)
     vocab = {"<pad>": 0} | {f"w{i}": i for i in range(1, VOCAB)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

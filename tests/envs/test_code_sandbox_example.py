@@ -49,3 +49,40 @@ def test_cli_trains_the_code_sandbox_env_for_two_steps(tiny_model, tmp_path):
     # a random tiny policy writes a valid tool block now and then: some commands ran sandboxed
     assert sum(r["train/env/commands"] for r in rows[1:]) > 0
     assert "val/success" in rows[0] and "val/success" in rows[2]
+
+
+@pytest.mark.ray
+def test_the_tool_call_example_trains_through_the_proxy_with_cpu_smoke(tiny_model, tmp_path):
+    """examples/code_sandbox/agent_val_code_sandbox_tool_calls.yaml: the episodes are played by
+    the proxy's ToolCallRunner (the env's tools offered, answers through the `openai` client), the
+    samples are the proxy's recordings of the engine's ids."""
+    cmd = [
+        sys.executable,
+        "examples/start_agentic_pipeline.py",
+        "--config_path",
+        "code_sandbox",
+        "--config_name",
+        "agent_val_code_sandbox_tool_calls",
+        "+profile=cpu_smoke",
+        f"pretrain={tiny_model}",
+        f"output_dir={tmp_path}",
+        "max_steps=2",
+        "eval_steps=2",
+    ]
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": pythonpath}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows[1:]:
+        assert "losses/policy_loss" in row and row["rollout/dropped_trajectories"] == 0.0
+        # every action was a chat call through the proxy, and the runner's metrics came back
+        assert row["train/env/proxy/requests"] >= 1.0 and row["train/env/proxy/forks"] == 0.0
+        assert "train/env/tool_calls" in row and 0.0 <= row["train/env/tests_passed"] <= 1.0
+        assert row["train/env/isolation_namespaces"] in (0.0, 1.0)
+        # the trainer's log-probs of the recorded tokens are the engine's: every generated id sits
+        # where the engine generated it (a re-tokenised or shifted turn would differ by whole nats)
+        assert row["rollout/logprob_abs_diff"] < 1e-4
+    assert "val/env/proxy/generations" in rows[0] and "val/success" in rows[2]

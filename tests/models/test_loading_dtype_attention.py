@@ -7,25 +7,14 @@ import logging
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.models.loading import load_causal_lm, load_value_model, resolve_attention
+from tests.conftest import save_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    ).save_pretrained(path)
-    return str(path)
+    return save_tiny_llama(tmp_path_factory.mktemp("llama"), layers=1)
 
 
 def _warnings(caplog) -> list[str]:

@@ -1,6 +1,6 @@
 """The colocated layout of a GPU run (actor_train, actor_infer and reference on one device, taking
 turns through `roll.pipeline.residency`) run end to end on CPU: every process is planned on a
-stand-in device 0 and started on CPU (tests/pipeline/colocated_cpu_run.py), so each phase offloads
+stand-in device 0 and started on CPU (tests/lanes/colocated_cpu_run.py), so each phase offloads
 and reloads the roles it does not need exactly as on a GPU, through real Ray actors."""
 
 import json
@@ -21,7 +21,7 @@ def test_three_roles_on_one_device_take_turns(tmp_path):
     out = tmp_path / "run"
     cmd = [
         sys.executable,
-        "tests/pipeline/colocated_cpu_run.py",
+        "tests/lanes/colocated_cpu_run.py",
         *("--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake"),
         f"pretrain={model}",
         f"output_dir={out}",

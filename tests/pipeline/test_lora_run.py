@@ -86,7 +86,7 @@ def _param_counts(rows: list[dict]) -> tuple[float, float]:
 
 def _megatron_adapter_params(model_dir: Path, rank: int) -> int:
     """Adapter parameters of `all-linear` LoRA on megatron, by hand: r * (in + out) for each of a
-    decoder layer's four fused linears (roll.distributed.strategies.megatron_lora): qkv, the
+    decoder layer's four fused linears (roll.distributed.strategies.megatron.lora): qkv, the
     attention output, gate+up (fc1) and down (fc2)."""
     c = AutoConfig.from_pretrained(model_dir)
     h, inter, hd = c.hidden_size, c.intermediate_size, c.head_dim

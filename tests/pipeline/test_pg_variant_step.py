@@ -11,7 +11,6 @@ import os
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
@@ -21,6 +20,7 @@ from roll.distributed.workers.reference import ReferenceWorker
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.builders import build_pg_options
+from tests.conftest import save_tiny_llama
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 VOCAB = 24
@@ -44,19 +44,7 @@ class LocalHandle:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny_llama_pg")
-    torch.manual_seed(0)
-    LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=32,
-        )
-    ).save_pretrained(path)
-    return str(path)
+    return save_tiny_llama(path, seed=0, layers=1, vocab_size=VOCAB, max_position_embeddings=32)
 
 
 def pipeline(model_dir: str, monkeypatch, step_wise: bool, *overrides: str) -> AgenticPipeline:

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PROBE = [sys.executable, str(Path(__file__).with_name("ray_probe.py"))]
+PROBE = [sys.executable, str(Path(__file__).parents[1] / "lanes" / "ray_probe.py")]
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 pytestmark = pytest.mark.ray
 

@@ -12,8 +12,8 @@ import pytest
 from roll.configs import ConfigError
 from roll.configs.rollout import RolloutMock
 from roll.core.records import Trajectory
-from roll.pipeline.preflight import check_recordings
 from roll.pipeline.recorded_rollout import RecordedRollout, RecordingMissing, dump_trajectories, recorded
+from roll.pipeline.resource_checks import check_recordings
 
 REPO = Path(__file__).parents[2]
 RUNS = REPO / "tests" / "configs" / "roll_dialect" / "runs"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.summary.writer import event_file_writer as efw
 
 from roll.tracking import ProgressBar, Tracker
 
@@ -55,7 +56,12 @@ def test_step_is_not_a_metric_name(tmp_path):
         tracker.log(1, {"step": 3.0})
 
 
-def test_resume_drops_what_was_logged_after_the_checkpoint(tmp_path):
+def test_resume_drops_what_was_logged_after_the_checkpoint(tmp_path, monkeypatch):
+    # The three writers below share one process and usually one second, so their event files are
+    # ordered by tensorboard's per-process counter, which is not zero-padded: "...pid.10" sorts
+    # before "...pid.9" and the reader would replay the purge after step 4. A real resume is a new
+    # process; here the counter starts afresh so that earlier tests cannot shift it across 9 -> 10.
+    monkeypatch.setattr(efw, "_global_uid", efw.AtomicCounter(0))
     with Tracker(tmp_path, tmp_path / "tb") as tracker:
         for step in range(1, 6):
             tracker.log(step, {"loss": float(step)})

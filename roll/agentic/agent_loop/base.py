@@ -33,9 +33,9 @@ from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
 from roll.core.enums import StopReason
 from roll.core.imports import ObjectNotFound, import_object
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
+from roll.core.seeding import derive_seed
 from roll.models.chat_template import continuation_ids as template_continuation_ids
 from roll.models.chat_template import encode, render_text
-from roll.utils.seeding import derive_seed
 
 RewardFn = Callable[[dict, str], float]
 

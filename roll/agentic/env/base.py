@@ -11,7 +11,8 @@ Contract (DESIGN.md "Environments"):
   `format_penalty` reward, not terminated. `step` never raises for any `str`.
 
 A subclass implements only `actions`, `instruction`, `_reset`, `_apply`, `success` and optionally
-`episode_metrics`, `scripted_action` (a competent move, for local play and scripted tests) and
+`episode_metrics`, `tool_schemas` / `tool_call_action` (its actions as OpenAI function tools, for
+a tool-calling agent), `scripted_action` (a competent move, for local play and scripted tests) and
 `frame_to_rgb` (an image of a frame; add "rgb_array" to `metadata["render_modes"]`), and draws all randomness
 from `self.np_random` so that equal seeds give equal
 rollouts. A subclass whose observations need characters outside `CHARSET` (or longer than
@@ -158,6 +159,17 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         if not self.actions:
             return None
         return f"<answer>{self.actions[int(rng.integers(len(self.actions)))]}</answer>"
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The env's actions as OpenAI function tools (`{"type": "function", "function": {...}}`),
+        or [] when it has none of its own. A tool-calling runner offers them and turns each call
+        into action text with `tool_call_action`."""
+        return []
+
+    def tool_call_action(self, name: str, arguments: Any) -> str:
+        """The raw action text of a call of tool `name` with its decoded JSON `arguments` (text
+        that `parse_action` rejects for a call it cannot take)."""
+        return ""
 
     @classmethod
     def frame_to_rgb(cls, frame: str) -> np.ndarray | None:

@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from roll.configs.base import ConfigModel
-from roll.utils.seeding import derive_seed
+from roll.core.seeding import derive_seed
 
 
 class FaultInjection(ConfigModel):

@@ -27,7 +27,7 @@ from roll.core.records import (
     SamplingParams,
     Trajectory,
 )
-from roll.utils.seeding import derive_seed
+from roll.core.seeding import derive_seed
 
 GenerateFn = Callable[[GenerateRequest], Awaitable[GenerateOutput]]
 

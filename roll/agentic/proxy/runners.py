@@ -7,16 +7,22 @@ the tag's `instruction` rule (None: the env's own, "": none). Each answer's text
 each following observation is the next user message. One chat call per env step, so
 `step_scores` line up with the turns.
 
-`ToolCallRunner` (ROLL's name): the same envs through OpenAI function calling. The model is
-offered one tool, `act(action)`; a call becomes the env action `action_template` filled with its
-argument (default "<answer>{action}</answer>", the answer format our envs parse) and its result,
-the new observation, goes back as a `tool` message. Several calls in one answer are several env
-steps (their rewards summed into that turn's score); an answer without a call is taken as a text
-action, as GEMRunner takes it. Its env settings also accept `action_template`.
+`ToolCallRunner` (ROLL's name): the same envs through OpenAI function calling. An env with tools
+of its own (`TextEnv.tool_schemas()`: the sandboxed coding env's `bash`, `python`, `write`,
+`submit`) has them offered, and each call becomes the action text `env.tool_call_action(name,
+arguments)`; any other env is offered one tool, `act(action)`, whose call becomes the env action
+`action_template` filled with its argument (default "<answer>{action}</answer>", the answer format
+our envs parse). A call's result, the new observation, goes back as a `tool` message with the
+call's id. Several calls in one answer are several env steps (their rewards summed into that
+turn's score); an answer without a call is taken as a text action, as GEMRunner takes it. Its env
+settings also accept `action_template`.
 
 Both stop when the env terminates or truncates, after `max_steps` actions, or when the proxy
 refuses a request for lack of room (`max_tokens`); another refused call ends the episode as
-"Failed" with the error as its exit reason.
+"Failed" with the error as its exit reason. A finished episode's `agent_exit_reason` says why it
+ended: the env's `info["end_reason"]` when it gives one (the coding env: "submitted", "max_steps",
+"sandbox violation: <reason>"), else the stop reason; its `metrics` are the env's episode metrics
+(and, for ToolCallRunner, `tool_calls`: the actions that came as tool calls).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ class _Episode:
         self.stop_reason = "max_steps"
         self.info: dict = {}
         self.actions = 0
+        self.tool_calls = 0  # actions that came as tool calls (ToolCallRunner)
 
 
 class GEMRunner(AgentRunner):
@@ -135,6 +142,7 @@ class GEMRunner(AgentRunner):
             step_scores=state.step_scores,
             success=bool(state.info.get("success", False)),
             stop_reason=state.stop_reason,
+            agent_exit_reason=str(state.info.get("end_reason") or state.stop_reason),
             metrics={k: float(v) for k, v in (state.info.get("metrics") or {}).items()},
         )
 
@@ -145,6 +153,8 @@ class ToolCallRunner(GEMRunner):
     def __init__(self, base_url: str, env_id: int | str, env_config: dict, **kwargs):
         super().__init__(base_url, env_id, env_config, **kwargs)
         self.action_template = str(self.env_config.get("action_template", "<answer>{action}</answer>"))
+        self.env_tools = self.env.unwrapped.tool_schemas()
+        self.tools = self.env_tools or [ACT_TOOL]
 
     def run_job(self, seed: int) -> EpisodeResult:
         observation, info = self.env.reset(seed=seed)
@@ -152,7 +162,7 @@ class ToolCallRunner(GEMRunner):
         state, client = _Episode(), self.client()
         try:
             while state.actions < self.max_steps:
-                response = client.chat.completions.create(model=self.model, messages=messages, tools=[ACT_TOOL])
+                response = client.chat.completions.create(model=self.model, messages=messages, tools=self.tools)
                 message = response.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
                 turn_reward, done = 0.0, False
@@ -162,6 +172,7 @@ class ToolCallRunner(GEMRunner):
                 for call in message.tool_calls or []:
                     if done or state.actions >= self.max_steps:
                         break
+                    state.tool_calls += 1
                     observation, reward, done = self.step(state, self.action_text(call))
                     turn_reward += reward
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
@@ -170,12 +181,16 @@ class ToolCallRunner(GEMRunner):
                     break
         except openai.APIStatusError as e:
             return self.refused(state, e)
-        return self.result(state)
+        result = self.result(state)
+        result.metrics["tool_calls"] = float(state.tool_calls)
+        return result
 
     def action_text(self, call) -> str:
         try:
             arguments = json.loads(call.function.arguments or "{}")
         except json.JSONDecodeError:
             arguments = {}
+        if self.env_tools:
+            return self.env.unwrapped.tool_call_action(call.function.name, arguments)
         action = arguments.get("action", "") if isinstance(arguments, dict) else ""
         return self.action_template.format(action=action)

@@ -26,7 +26,7 @@ from roll.agentic.proxy.chat import Reply, reply
 from roll.agentic.proxy.protocol import ChatCompletionRequest, RequestError
 from roll.agentic.proxy.recorder import EpisodeRecorder
 from roll.core.records import GenerateRequest, SamplingParams
-from roll.utils.seeding import derive_seed
+from roll.core.seeding import derive_seed
 
 
 @dataclass

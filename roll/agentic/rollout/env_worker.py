@@ -24,9 +24,9 @@ from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
 from roll.core.errors import engine_failure
 from roll.core.records import GroupResult, SamplingParams
+from roll.core.seeding import derive_seed
 from roll.models.loading import load_processor, load_tokenizer
 from roll.models.templates import apply_template
-from roll.utils.seeding import derive_seed
 
 
 @dataclass(frozen=True)

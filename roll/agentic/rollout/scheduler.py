@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import ray
 
 from roll.agentic.rollout.env_worker import GroupSpec
-from roll.core.errors import engine_failure
+from roll.core.errors import RunStopped, engine_failure
 from roll.core.records import GroupResult, Trajectory
-from roll.utils.seeding import derive_seed
+from roll.core.seeding import derive_seed
 
 _REPROBE_S = 0.5
 """Seconds between readiness probes of an env worker that Ray is restarting."""
@@ -47,7 +47,7 @@ class Slot:
     tag: str
 
 
-class RolloutFailed(RuntimeError):
+class RolloutFailed(RunStopped, RuntimeError):
     """The rollout cannot complete a step: too many groups failed, or none finished in time. The
     CLI prints it as one line and exits 1 (resume from the last checkpoint once it is fixed)."""
 

@@ -21,18 +21,18 @@ if TYPE_CHECKING:
 
     from roll.configs.worker import TrainingArgs
     from roll.distributed.dynamic_batching import TokenBudget
-    from roll.distributed.strategies.torch_train import TorchTrainStrategy
+    from roll.distributed.strategies.base import TrainStrategy
 
 _STRATEGIES = "roll.distributed.strategies"
 TRAIN_STRATEGIES = {
     "torch_train": f"{_STRATEGIES}.torch_train:TorchTrainStrategy",
     "deepspeed_train": f"{_STRATEGIES}.deepspeed_train:DeepSpeedTrainStrategy",
     "fsdp2_train": f"{_STRATEGIES}.fsdp2_train:FSDP2TrainStrategy",
-    "megatron_train": f"{_STRATEGIES}.megatron_train:MegatronTrainStrategy",
+    "megatron_train": f"{_STRATEGIES}.megatron.train:MegatronTrainStrategy",
 }
 """Training engines (actor_train, critic, reference) by ROLL's name."""
 INFER_STRATEGIES = {
-    "hf_infer": f"{_STRATEGIES}.hf_infer:HFInferStrategy",
+    "hf_infer": f"{_STRATEGIES}.hf.infer:HFInferStrategy",
     "vllm": f"{_STRATEGIES}.vllm_infer:VLLMInferStrategy",
     "sglang": f"{_STRATEGIES}.sglang_infer:SGLangInferStrategy",
 }
@@ -84,12 +84,12 @@ def build_train_strategy(
     train_budget: TokenBudget | None = None,
     infer_budget: TokenBudget | None = None,
     sequence_packing: bool = False,
-) -> TorchTrainStrategy:
+) -> TrainStrategy:
     """The engine `strategy_name` around `model`, built from a `TrainingArgs` (roll.configs): the
     one place its fields are read. Engines other than `torch` are imported only when chosen.
 
     `lora` ({rank, alpha, target}, `ModelArgs.lora`) wraps the model in peft LoRA adapters first
-    (megatron: adapters on its parallel layers, roll.distributed.strategies.megatron_lora);
+    (megatron: adapters on its parallel layers, roll.distributed.strategies.megatron.lora);
     `gradient_checkpointing` recomputes activations in backward (HF's non-reentrant checkpointing,
     megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching (or
     are sequence packing's load-balanced plans); `sequence_packing` runs micro-batches as packed rows

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import torch
 from tensordict import TensorDict
 
+from roll.core.seeding import derive_seed
 from roll.distributed.ranks import WeightBy, rank_share
-from roll.utils.seeding import derive_seed
+from roll.distributed.strategies.base import TrainStrategy
 
 
 def set_num_threads(num_threads: int | None) -> None:
@@ -56,8 +57,8 @@ def average_metrics(
     return out | {key: per_step[-1][key] for key in last if key in per_step[-1]}
 
 
-def train_on_share(strategy, minibatch: TensorDict, loss_fn, weight_by: WeightBy) -> dict[str, float]:
-    """One optimizer step on `minibatch` (a `TorchTrainStrategy`'s `train_step`): the whole of it
+def train_on_share(strategy: TrainStrategy, minibatch: TensorDict, loss_fn, weight_by: WeightBy) -> dict[str, float]:
+    """One optimizer step on `minibatch` (a `TrainStrategy`'s `train_step`): the whole of it
     with one rank; with several, this rank's share weighted against the whole mini-batch
     (`roll.distributed.ranks`), so that the ranks together take the one-process step."""
     if strategy.dp_size == 1:

@@ -16,6 +16,7 @@ from torch import nn
 from roll.algorithms.losses import AggMode, value_loss
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
+from roll.core.seeding import derive_seed
 from roll.distributed.micro_batches import shifted_values
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.workers.common import (
@@ -26,7 +27,6 @@ from roll.distributed.workers.common import (
     train_on_share,
 )
 from roll.models.loading import DType, load_value_model
-from roll.utils.seeding import derive_seed
 
 TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.VALUES, Batch.RETURNS)
 

@@ -30,9 +30,10 @@ import torch
 
 from roll.core.errors import EngineFailed
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies import continuous
-from roll.distributed.strategies.hf_infer import HFInferStrategy
-from roll.distributed.strategies.kv_cache import DEFAULT_MAX_CACHED_TOKENS
+from roll.distributed.strategies.base import InferStrategy
+from roll.distributed.strategies.hf import continuous
+from roll.distributed.strategies.hf.infer import HFInferStrategy
+from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.distributed.weight_transfer import IpcWeights
 from roll.distributed.workers.common import take_memory_gib
@@ -64,6 +65,7 @@ class InferenceWorker:
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.engine: InferStrategy  # what this worker calls on it (roll.distributed.strategies.base)
         if canonical_name(strategy_name) == "hf_infer":
             model = load_policy(
                 model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
@@ -210,7 +212,7 @@ class InferenceWorker:
                     fut.set_result(out)
 
     async def _continuous_loop(self) -> None:
-        """Continuous batching (`strategies/continuous.py`): one engine call serves every request
+        """Continuous batching (`strategies/hf/continuous.py`): one engine call serves every request
         that arrives while it runs; each is answered the moment its row stops. The call ends when
         the engine is idle, or when a weight update or offload waits (`_drain_waiters`): then it
         takes no new request and returns once its running rows are done."""
@@ -308,7 +310,9 @@ WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_
 """`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
 
 
-def build_external_engine(name: str, model_path: str, dtype: str, eos_token_ids: list[int], strategy_config: dict):
+def build_external_engine(
+    name: str, model_path: str, dtype: str, eos_token_ids: list[int], strategy_config: dict
+) -> InferStrategy:
     """The `vllm` or `sglang` engine (imported only when chosen: their packages are optional),
     given the rest of `strategy_config` as keyword options."""
     engine_cls = strategy_class(name, kind="infer")

@@ -38,18 +38,18 @@ from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.micro_batches import group_equal_rows
-from roll.distributed.strategies import decode_attention
-from roll.distributed.strategies.device_sampling import SamplingState, sample
-from roll.distributed.strategies.kv_cache import (
+from roll.distributed.strategies.hf import decode_attention
+from roll.distributed.strategies.hf.device_sampling import SamplingState, sample
+from roll.distributed.strategies.hf.kv_cache import (
     DEFAULT_MAX_CACHED_TOKENS,
     Prefix,
     SessionKVCache,
     row_chunk,
 )
+from roll.distributed.strategies.hf.prefill import Prefill, build_prefill
+from roll.distributed.strategies.hf.slot_serving import SlotPool, serve_slots
+from roll.distributed.strategies.hf.static_decode import supports as slots_support
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
-from roll.distributed.strategies.prefill import Prefill, build_prefill
-from roll.distributed.strategies.slot_serving import SlotPool, serve_slots
-from roll.distributed.strategies.static_decode import supports as slots_support
 
 
 class HFInferStrategy:

@@ -1,5 +1,5 @@
-"""What every pipeline does before its loop: checks, the device plan, Ray, the tokenizer, the
-trackers. Shared by `AgenticPipeline` (training) and `AgenticRolloutPipeline` (rollout only)."""
+"""The set-up every pipeline runs before its loop: the config checks, the device plan, Ray, the
+tokenizer, the trackers. Shared by `AgenticPipeline` (training) and `AgenticRolloutPipeline` (rollout only)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from roll.models.loading import load_tokenizer
 from roll.models.templates import apply_template
 from roll.pipeline.builders import init_ray, place_workers
 from roll.pipeline.cluster import ray_target
-from roll.pipeline.prestart import check_before_start
+from roll.pipeline.config_checks import check_before_start
 from roll.pipeline.residency import PhaseResidency
 from roll.tracking.backends import make_backend
 from roll.tracking.traces import RolloutTracer

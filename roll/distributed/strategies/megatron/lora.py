@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from roll.distributed.strategies.megatron_convert import DecoderArch, fuse_qkv, split_qkv
+from roll.distributed.strategies.megatron.convert import DecoderArch, fuse_qkv, split_qkv
 from roll.models.lora import target_modules
 
 QKV, PROJ, FC1, FC2 = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")

@@ -146,7 +146,7 @@ def clip_grad_norm_tensor_parallel_(
     Same clip coefficient as torch's, max_norm / (norm + 1e-6) capped at 1. `params`: (parameter,
     whether it is split over the ranks) pairs; megatron marks split ones `tensor_model_parallel`
     only when it initialises them, which a model loaded from converted weights skips, so the
-    caller says it (`megatron_convert.is_tensor_parallel`). `pipeline_group`: the stages of a
+    caller says it (`convert.is_tensor_parallel`). `pipeline_group`: the stages of a
     pipeline, each holding other parameters, whose squares are summed too; `copies`: parameters
     whose gradient another stage counts (the last stage's copy of tied embeddings): scaled, not
     counted. Returns the norm (inf or nan when a gradient is non-finite; nothing is scaled then)."""

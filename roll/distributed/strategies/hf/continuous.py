@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.hf_infer import HFInferStrategy, RowSampler
-from roll.distributed.strategies.kv_cache import Chunk
-from roll.distributed.strategies.prefill import build_prefill
-from roll.distributed.strategies.slot_serving import SlotRow, serve_slots
+from roll.distributed.strategies.hf.infer import HFInferStrategy, RowSampler
+from roll.distributed.strategies.hf.kv_cache import Chunk
+from roll.distributed.strategies.hf.prefill import build_prefill
+from roll.distributed.strategies.hf.slot_serving import SlotRow, serve_slots
 
 Take = Callable[[int], list[GenerateRequest]]
 """`take(n)`: up to n requests that arrived since the last call (none: an empty list)."""

@@ -4,7 +4,7 @@ steps (ppo_cases) like one process with the torch strategy on the whole mini-bat
 and gradient norms, weights to ppo_cases.WEIGHT_TOL, and processes r = 0..3 are (tp, dp) ranks
 (0, 0), (1, 0), (0, 1), (1, 1), megatron's "tp-...-dp" order that roll.distributed.ranks assumes.
 
-    python tests/distributed/megatron_tp_dp_check.py MODEL_DIR
+    python tests/lanes/megatron_tp_dp_check.py MODEL_DIR
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, ppo_batch  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.*
 from roll.configs.worker import TrainingArgs  # noqa: E402
 from roll.distributed.strategies.process_group import ensure_process_group, free_port  # noqa: E402
 from roll.distributed.workers.actor import ActorWorker  # noqa: E402
+from tests.distributed.ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, ppo_batch  # noqa: E402
 
 # per data-parallel rank half of ARGS's 4-row mini-batch, so two data-parallel ranks step on 4 rows
 RANK_ARGS = TrainingArgs(

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from roll.core.records import GenerateRequest
-from roll.distributed.strategies.kv_cache import Prefix, left_padded_past
+from roll.distributed.strategies.hf.kv_cache import Prefix, left_padded_past
 
 
 @dataclass

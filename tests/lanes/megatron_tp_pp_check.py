@@ -9,7 +9,7 @@ parallel 2 x data parallel 2 (each data-parallel rank on half of every mini-batc
 process on the whole mini-batch: processes are (pp, dp) (0, 0), (0, 1), (1, 0), (1, 1), the
 data-parallel ranks `roll.distributed.ranks.data_parallel_ranks` hands rows by.
 
-    python tests/distributed/megatron_tp_pp_check.py MODEL_DIR
+    python tests/lanes/megatron_tp_pp_check.py MODEL_DIR
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).parent))
-from megatron_tp_dp_check import RANK_ARGS, two_steps  # noqa: E402
-from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, train_two_steps  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.*
 from roll.distributed.ranks import data_parallel_ranks  # noqa: E402
 from roll.distributed.strategies.process_group import ensure_process_group, free_port  # noqa: E402
+from tests.distributed.ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, train_two_steps  # noqa: E402
+from tests.lanes.megatron_tp_dp_check import RANK_ARGS, two_steps  # noqa: E402
 
 TP2_PP2 = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
 PP2 = {"pipeline_model_parallel_size": 2}
@@ -46,7 +45,7 @@ def tied_copy(model_dir: str, out_dir: str) -> str:
 
 
 def _layout() -> tuple[int, int, int]:
-    from roll.distributed.strategies.megatron_model import parallel_state
+    from roll.distributed.strategies.megatron.model import parallel_state
 
     return (
         parallel_state.get_tensor_model_parallel_rank(),
@@ -85,7 +84,7 @@ def _largest_differences(got, want) -> tuple[float, float]:
 
 
 def main(model_dir: str) -> None:
-    from roll.distributed.strategies import megatron_model
+    from roll.distributed.strategies.megatron import model as megatron_model
 
     with tempfile.TemporaryDirectory() as out_dir:
         model_dirs = [model_dir, tied_copy(model_dir, out_dir)]

@@ -3,7 +3,7 @@ colocated layout of a GPU run (actor_train, actor_infer and reference sharing GP
 through `roll.pipeline.residency`) on a machine without a GPU. Each process is planned on device 0,
 so the pipeline offloads and reloads roles exactly as on a GPU, but is started on CPU (no
 `CUDA_VISIBLE_DEVICES`, torch device "cpu"). Used by tests/pipeline/test_colocated_cpu.py:
-    python tests/pipeline/colocated_cpu_run.py --config_path frozen_lake --config_name NAME [key=value ...]
+    python tests/lanes/colocated_cpu_run.py --config_path frozen_lake --config_name NAME [key=value ...]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from roll.cli import main
 from roll.distributed.placement import DevicePlan, ProcessPlacement
-from roll.pipeline import builders, startup
+from roll.pipeline import builders, run_setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,5 +40,5 @@ def colocated_plan(cfg, place_workers=builders.place_workers) -> DevicePlan:
 
 
 if __name__ == "__main__":
-    startup.place_workers = builders.place_workers = colocated_plan
+    run_setup.place_workers = builders.place_workers = colocated_plan
     sys.exit(main(sys.argv[1:], examples_dir=os.path.join(REPO, "examples")))

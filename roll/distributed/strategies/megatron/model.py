@@ -9,7 +9,7 @@ device (`BufferRotaryEmbedding`), and the gather of vocabulary-parallel logits (
 
 Contract: `MegatronCausalLM` is called HF-style, `model(input_ids=, attention_mask=, labels=)` -> an
 output with `.logits` (B, T, V) and `.loss`; with pipeline parallelism every stage still returns
-the whole model's logits (roll.distributed.strategies.megatron_pipeline).
+the whole model's logits (roll.distributed.strategies.megatron.pipeline).
 
 Why each piece is ours: docs/engines/megatron.md, "Internals".
 """
@@ -27,8 +27,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput
 
-from roll.distributed.strategies.megatron_convert import DecoderArch
-from roll.distributed.strategies.megatron_pipeline import (
+from roll.distributed.strategies.megatron.convert import DecoderArch
+from roll.distributed.strategies.megatron.pipeline import (
     PipelineLinks,
     broadcast_logits,
     logits_from_last_stage,
@@ -266,7 +266,7 @@ def padded_vocab_size(arch: DecoderArch, tensor_parallel: int) -> int:
 
 
 def load_megatron_state(gpt: GPTModel, state: dict[str, torch.Tensor]) -> None:
-    """Copy `state` (tensors only, from roll.distributed.strategies.megatron_convert) into `gpt`'s
+    """Copy `state` (tensors only, from roll.distributed.strategies.megatron.convert) into `gpt`'s
     parameters in place, strictly: every parameter set, no name left over. Megatron's
     `_extra_state` entries (empty for non-FP8 layers) are taken from the model itself."""
     extra = {k: v for k, v in gpt.state_dict().items() if k.endswith("_extra_state")}
@@ -319,7 +319,7 @@ class MegatronCausalLM(nn.Module):
     """A `GPTModel` behind HF's causal-LM call: positions 0..T-1 on every row (HF's default when
     no `position_ids` are given), padding blocked with `blocked_attention`, logits trimmed to the
     HF vocabulary, and HF's shifted cross-entropy when `labels` are given. With `pipeline` (this
-    rank's stage of several, roll.distributed.strategies.megatron_pipeline) every stage is called
+    rank's stage of several, roll.distributed.strategies.megatron.pipeline) every stage is called
     with the same rows and returns the whole model's logits."""
 
     def __init__(self, gpt: GPTModel, vocab_size: int, pipeline: PipelineLinks | None = None) -> None:

@@ -8,7 +8,7 @@ The TP-2 checkpoint's adapter (gathered from the shards, written as a peft adapt
 and a TP-2 strategy resumed from it takes the same third step as the one that wrote it.
 TP 1 itself is checked by hand in tests/distributed/test_megatron_lora.py.
 
-    python tests/distributed/megatron_lora_tp_check.py MODEL_DIR
+    python tests/lanes/megatron_lora_tp_check.py MODEL_DIR
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ppo_cases import ARGS, assert_same_training, ppo_batch  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.*
 from roll.distributed.strategies.process_group import ensure_process_group, free_port  # noqa: E402
 from roll.distributed.workers.actor import ActorWorker  # noqa: E402
+from tests.distributed.ppo_cases import ARGS, assert_same_training, ppo_batch  # noqa: E402
 
 LORA = {"rank": 4, "alpha": 8, "target": "all-linear"}
 TP2 = {"tensor_model_parallel_size": 2}

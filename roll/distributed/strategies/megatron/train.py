@@ -1,9 +1,9 @@
 """`megatron` training strategy: the `torch` strategy's step around a megatron-core `GPTModel`.
 
 The role still hands over an HF Llama/Qwen2 causal LM (`pretrain:`). The strategy builds
-megatron-core's `GPTModel` of the same shape (`megatron_model.build_gpt_model`), converts the HF
-weights into it (`megatron_convert`) and lets the HF model go. Roles call it HF-style through
-`megatron_model.MegatronCausalLM`, so their loss functions are unchanged.
+megatron-core's `GPTModel` of the same shape (`model.build_gpt_model`), converts the HF
+weights into it (`convert`) and lets the HF model go. Roles call it HF-style through
+`model.MegatronCausalLM`, so their loss functions are unchanged.
 
 Contract: weights leave in HF names and shapes (`state_dict`: merged over tensor- and
 pipeline-parallel ranks, LoRA merged in), so inference workers and checkpoints see an ordinary HF
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from roll.distributed.strategies.megatron_convert import (
+from roll.distributed.strategies.megatron.convert import (
     EMBEDDING,
     LAYERS_PREFIX,
     OUTPUT,
@@ -41,7 +41,7 @@ from roll.distributed.strategies.megatron_convert import (
     split_tensor_parallel,
     stage_state,
 )
-from roll.distributed.strategies.megatron_lora import (
+from roll.distributed.strategies.megatron.lora import (
     adapter_from_hf,
     adapter_state,
     adapter_to_hf,
@@ -53,13 +53,13 @@ from roll.distributed.strategies.megatron_lora import (
     split_adapter,
     with_base_layer_names,
 )
-from roll.distributed.strategies.megatron_parallel import (
+from roll.distributed.strategies.megatron.parallel import (
     check_parallel_config,
     check_pipeline_stages,
     clip_grad_norm_tensor_parallel_,
     gather_shards,
 )
-from roll.distributed.strategies.megatron_pipeline import gather_stages, pipeline_links
+from roll.distributed.strategies.megatron.pipeline import gather_stages, pipeline_links
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import ADAPTER_DIR, TorchTrainStrategy, restore_schedule
 
@@ -68,7 +68,7 @@ INSTALL = 'pip install "megatron-core>=0.16,<0.17"'
 
 def check_megatron_available() -> None:
     """Raise a one-line ImportError, with the install line, unless megatron-core 0.16 is installed
-    (the version whose core-attention and rotary interfaces megatron_model is written against)."""
+    (the version whose core-attention and rotary interfaces megatron.model is written against)."""
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         raise ImportError(f'strategy "megatron" needs megatron-core: {INSTALL}')
     try:
@@ -82,10 +82,10 @@ def check_megatron_available() -> None:
 class MegatronTrainStrategy(TorchTrainStrategy):
     """`TorchTrainStrategy` over a megatron-core `GPTModel` converted from `model` (see module
     docstring); `model` is an HF Llama/Qwen2 `*ForCausalLM` and is not kept. The parallel keys
-    are ROLL's (`megatron_parallel.check_parallel_config` says which values run). `recompute`
+    are ROLL's (`parallel.check_parallel_config` says which values run). `recompute`
     (gradient checkpointing, `disable_gradient_checkpointing: false`) means
     `recompute_granularity: full` when that key is not set. `lora` ({rank, alpha, target},
-    `ModelArgs.lora`): adapters on the targeted layers, the rest frozen (megatron_lora)."""
+    `ModelArgs.lora`): adapters on the targeted layers, the rest frozen (megatron.lora)."""
 
     def __init__(
         self,
@@ -125,7 +125,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
                 f'strategy "megatron" trains causal LMs; {type(model).__name__} (a value model?) '
                 "needs torch, deepspeed or fsdp2"
             )
-        from roll.distributed.strategies import megatron_model
+        from roll.distributed.strategies.megatron import model as megatron_model
 
         self.arch = arch_from_hf(model.config)
         stage_layers = (num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage)
@@ -175,7 +175,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     def _join_parallel_groups(self, tp: int, pp: int) -> None:
         """Megatron's tensor-, pipeline- and data-parallel groups over the default group; this
         rank's place in them."""
-        from roll.distributed.strategies import megatron_model
+        from roll.distributed.strategies.megatron import model as megatron_model
 
         megatron_model.init_model_parallel(tp, pp)
         state = megatron_model.parallel_state
@@ -190,7 +190,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     def _load_hf_weights(self, hf_state: dict[str, torch.Tensor]) -> None:
         """Convert the HF weights and load this rank's shard of its stage; a weight the conversion
         does not know stops the build (it would be lost silently)."""
-        from roll.distributed.strategies import megatron_model
+        from roll.distributed.strategies.megatron import model as megatron_model
 
         self.hf_names = list(hf_state)  # a tied model lists lm_head.weight too; keep HF's names and order
         full = hf_to_megatron(hf_state, self.arch, megatron_model.padded_vocab_size(self.arch, self.tp_size))
@@ -291,7 +291,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         rank; with several, the merged shards of every tensor-parallel rank and the stages' layers
         under their whole-model indices (collectives over the tensor- then pipeline-parallel group)."""
         local = {k: v for k, v in self.gpt.state_dict().items() if torch.is_tensor(v)}
-        if self.lora is not None:  # B_local A_local is the rank's shard of B A (megatron_lora)
+        if self.lora is not None:  # B_local A_local is the rank's shard of B A (megatron.lora)
             local = merged_state(local, self.lora["alpha"] / self.lora["rank"])
         if self.tp_size > 1:
             local = merge_tensor_parallel(gather_shards(local, self.tp_group))
@@ -309,7 +309,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Overwrite the weights from HF-named tensors, this rank's shard of them (optimizer state
         is left as it is). With LoRA they are the frozen base weights; the adapters stay as they are."""
-        from roll.distributed.strategies.megatron_model import load_megatron_state, padded_vocab_size
+        from roll.distributed.strategies.megatron.model import load_megatron_state, padded_vocab_size
 
         shard = self._rank_weights(hf_to_megatron(state_dict, self.arch, padded_vocab_size(self.arch, self.tp_size)))
         if self.lora is not None:
@@ -359,7 +359,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         return {k: v.cpu() for k, v in whole.items()}
 
     def _save_adapter(self, directory: Path, adapter: dict[str, torch.Tensor]) -> None:
-        """`adapter` as a peft adapter of the HF model (megatron_lora.adapter_to_hf): what peft's
+        """`adapter` as a peft adapter of the HF model (megatron.lora.adapter_to_hf): what peft's
         `PeftModel.from_pretrained` loads onto the `pretrain` model, and `load_checkpoint` reads."""
         from peft import LoraConfig
         from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME

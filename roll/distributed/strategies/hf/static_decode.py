@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from roll.core.records import GenerateRequest
-from roll.distributed.strategies.device_sampling import SamplingState, sample
+from roll.distributed.strategies.hf.device_sampling import SamplingState, sample
 
 # Decoder-only families whose forward takes a prepared mask mapping and calls `cache.update`.
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})

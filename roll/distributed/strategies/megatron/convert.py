@@ -2,7 +2,7 @@
 
 Pure functions over state dicts (no megatron import), so they are tested on any machine. The
 Megatron side is the layout of a `GPTModel` built with the local layer spec
-(roll.distributed.strategies.megatron_model), whose norms are their own modules.
+(roll.distributed.strategies.megatron.model), whose norms are their own modules.
 
 Contract: HF -> Megatron -> HF is exact. q/k/v become one `linear_qkv` interleaved per query group,
 gate/up become `linear_fc1` = [gate; up]; tied embeddings emit `lm_head.weight` on the way back.

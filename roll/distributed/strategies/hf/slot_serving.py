@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.device_sampling import SamplingState, sample
-from roll.distributed.strategies.kv_cache import Prefix, row_chunk
-from roll.distributed.strategies.prefill import build_prefill
-from roll.distributed.strategies.static_decode import DecodeSlots, bucket, columns_for
+from roll.distributed.strategies.hf.device_sampling import SamplingState, sample
+from roll.distributed.strategies.hf.kv_cache import Prefix, row_chunk
+from roll.distributed.strategies.hf.prefill import build_prefill
+from roll.distributed.strategies.hf.static_decode import DecodeSlots, bucket, columns_for
 
 POOL_SIZE = 6  # DecodeSlots kept between calls (each holds a KV cache and its captured graphs)
 SHRINK_BELOW = 4  # move the rows to slots a quarter the size once they fill less than that

@@ -1,4 +1,5 @@
-"""Checks run by the CLI before Ray starts: what a validated config cannot tell by itself.
+"""Checks of the resources a config points to, run by the CLI before Ray starts: checkpoints,
+output directories, model files, envs, tokenizer templates (what a validated config cannot tell).
 
 Config validation (pydantic) sees values only; these checks look at the world the values point
 to, so they live here, at the edge, and not in the validators. Each failure is a `ConfigError`
@@ -26,6 +27,7 @@ import os
 import threading
 
 from roll.configs import ConfigError
+from roll.core.errors import RollError
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.recorded_rollout import recording_path
 from roll.pipeline.run_dirs import check_run_dirs
@@ -34,7 +36,7 @@ from roll.pipeline.vl_checks import check_vision
 ENV_CHECK_TIMEOUT_S = 30.0
 
 
-def run_preflight(cfg) -> None:
+def check_resources(cfg) -> None:
     """Every check above, in order; raises the first `ConfigError` (or `NothingToTrain`)."""
     check_resume(cfg)
     check_run_dirs(cfg)
@@ -45,9 +47,12 @@ def run_preflight(cfg) -> None:
     check_recordings(cfg)
 
 
-class NothingToTrain(Exception):
+class NothingToTrain(RollError):
     """A resumed run whose checkpoint is already at `max_steps`: the CLI says so in one line and
     exits 0 without starting anything."""
+
+    exit_code = 0
+    prefix = ""
 
 
 def check_resume(cfg) -> None:
@@ -217,7 +222,7 @@ def _first_observation(tag: str, env_cfg, seed: int) -> tuple[str, dict]:
         except Exception as err:
             box["error"] = err
 
-    thread = threading.Thread(target=build, daemon=True, name=f"preflight-{tag}")
+    thread = threading.Thread(target=build, daemon=True, name=f"env-check-{tag}")
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():

@@ -1,5 +1,6 @@
-"""Checks run before anything starts, outside the config models: they read files (an agent
-dataset), import envs, or plan processes, which config validation must not do (configs are data).
+"""Checks of the config's values that config validation must not do (configs are data): they
+import envs (env types and their `env_config` keys), read files (an agent dataset, a runner), or
+plan processes (LoRA targets, the megatron layout, CPU affinity). Run before anything starts.
 
 `check_before_start(cfg)` raises `ConfigError` naming the key at fault, so the CLI reports it as
 a config error (one line, exit status 2) before Ray, torch or a model is touched; the pipeline
@@ -16,8 +17,8 @@ from roll.configs.pipeline import PipelineConfig
 from roll.configs.worker import WorkerConfig, cpu_options, engine_options
 from roll.distributed.cpu_affinity import usable_cores
 from roll.distributed.placement import PlacementError, check_device_layout
-from roll.distributed.strategies.megatron_lora import megatron_targets
-from roll.distributed.strategies.megatron_parallel import PARALLEL_KEYS, check_parallel_config
+from roll.distributed.strategies.megatron.lora import megatron_targets
+from roll.distributed.strategies.megatron.parallel import PARALLEL_KEYS, check_parallel_config
 from roll.models.lora import unmatched_lora_target
 
 

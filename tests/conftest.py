@@ -1,0 +1,54 @@
+"""What tests across folders share: the tiny random Llama.
+
+`tiny_llama_config(layers=2)` is the shape the engine and worker tests train (2 layers, hidden 32,
+4 heads and 2 KV heads: grouped-query attention, vocabulary 32); `layers=1` the smallest one
+(hidden 16, 2 heads, 1 KV head) for tests that only need some model. Keyword overrides change any
+field. `tiny_llama(seed)` builds it with random weights drawn after `torch.manual_seed(seed)`, and
+`save_tiny_llama(path, seed)` saves that as an HF dir. Test files import them (`from tests.conftest
+import tiny_llama`); transformers is imported only when one is called, so tests that need no
+model do not pay for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TINY_LLAMA_VOCAB = 32
+"""Vocabulary size of both shapes unless overridden."""
+_SHAPES = {
+    2: dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    ),
+    1: dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1),
+}
+
+
+def tiny_llama_config(layers: int = 2, **overrides):
+    """A `LlamaConfig` of the 2-layer or the 1-layer shape (vocabulary 32), fields `overrides`d."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**({"vocab_size": TINY_LLAMA_VOCAB} | _SHAPES[layers] | overrides))
+
+
+def tiny_llama(seed: int = 0, layers: int = 2, *, value_head: bool = False, **overrides):
+    """The tiny Llama with random weights from `seed`: a causal LM, or with `value_head` a
+    one-label token classifier (a critic's value model, in eval mode: no head dropout)."""
+    import torch
+    from transformers import LlamaForCausalLM, LlamaForTokenClassification
+
+    torch.manual_seed(seed)
+    if value_head:
+        return LlamaForTokenClassification(tiny_llama_config(layers, num_labels=1, **overrides)).eval()
+    return LlamaForCausalLM(tiny_llama_config(layers, **overrides))
+
+
+def save_tiny_llama(path: str | Path, seed: int = 0, layers: int = 2, **overrides) -> str:
+    """`tiny_llama(seed, layers, **overrides)` saved as an HF dir at `path` (weights only, no
+    tokenizer); returns the path."""
+    tiny_llama(seed, layers, **overrides).save_pretrained(path)
+    return str(path)
