@@ -282,3 +282,14 @@ def test_a_text_only_engine_refuses_images(processor, tmp_path):
     )
     with pytest.raises(ValueError, match="no vision tower"):
         text_engine.generate_batch([request])
+
+
+def test_the_reference_scores_the_engines_tokens_with_their_images(vl_dir, vl_trajectories):
+    from roll.core.fields import Batch
+    from roll.distributed.workers.reference import ReferenceWorker
+    from roll.pipeline.samples import build_traj_batch
+
+    batch, _ = build_traj_batch(vl_trajectories, pad_token_id=0)
+    logprobs = ReferenceWorker(vl_dir, micro_batch_size=2).compute_logprobs(batch, temperature=1.0)
+    mask = batch[Batch.RESPONSE_MASK].bool()
+    assert torch.allclose(logprobs[mask], batch[Batch.INFER_LOGPROBS][mask], atol=1e-4)
