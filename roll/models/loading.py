@@ -180,9 +180,29 @@ def load_policy(path: str | os.PathLike[str], **kwargs: Any) -> PreTrainedModel:
 
 
 def _processor_class(path: str) -> type:
-    with open(os.path.join(path, "processor_config.json")) as f:
-        name = json.load(f)["processor_class"]
-    return getattr(transformers, name)
+    """The processor class a model dir names: `processor_class` in processor_config.json, or (a hub
+    Qwen2-VL / Qwen2.5-VL dir) in preprocessor_config.json or tokenizer_config.json."""
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file) as f:
+                found = json.load(f).get("processor_class")
+            if found:
+                return getattr(transformers, found)
+    raise ValueError(f"{path} names no processor class (processor_class in processor_config.json)")
+
+
+def _chat_template(path: str, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The dir's chat template: chat_template.jinja, chat_template.json (older hub dirs keep the
+    processor's template there), else the tokenizer's."""
+    jinja, legacy = os.path.join(path, "chat_template.jinja"), os.path.join(path, "chat_template.json")
+    if os.path.isfile(jinja):
+        with open(jinja) as f:
+            return f.read()
+    if os.path.isfile(legacy):
+        with open(legacy) as f:
+            return json.load(f)["chat_template"]
+    return tokenizer.chat_template
 
 
 def image_only_processor_class(processor_cls: type) -> type:
@@ -215,5 +235,5 @@ def load_processor(path: str | os.PathLike[str]) -> Any:
         image_processor=AutoImageProcessor.from_pretrained(path, local_files_only=True),
         tokenizer=tokenizer,
         video_processor=None,
-        chat_template=tokenizer.chat_template,
+        chat_template=_chat_template(path, tokenizer),
     )

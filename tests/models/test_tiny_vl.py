@@ -82,3 +82,28 @@ def test_a_text_only_dir_is_not_vl(tmp_path):
     path = build_tiny_model(tmp_path / "lm", corpus=["hi"])
     assert not is_vl_model(path)
     assert type(load_policy(path)) is type(load_causal_lm(path))
+
+
+def test_a_hub_layout_dir_loads_the_same_processor(vl_dir, frame, tmp_path):
+    """A downloaded Qwen2.5-VL dir names its processor in preprocessor_config.json and keeps the
+    chat template in chat_template.json; it loads into the same processor."""
+    import shutil
+
+    hub = tmp_path / "hub"
+    shutil.copytree(vl_dir, hub)
+    (hub / "processor_config.json").unlink()
+    template = (hub / "chat_template.jinja").read_text()
+    (hub / "chat_template.jinja").unlink()
+    (hub / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    pre = json.loads((hub / "preprocessor_config.json").read_text())
+    (hub / "preprocessor_config.json").write_text(json.dumps({**pre, "processor_class": "Qwen2_5_VLProcessor"}))
+    obs, image = frame
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": obs}]}]
+    made = []
+    for path in (vl_dir, hub):
+        processor = load_processor(path)
+        assert isinstance(processor, Qwen2_5_VLProcessor)
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        made.append(processor(text=[text], images=[image], return_tensors="pt"))
+    assert torch.equal(made[0]["input_ids"], made[1]["input_ids"])
+    assert torch.equal(made[0]["pixel_values"], made[1]["pixel_values"])
