@@ -1,7 +1,8 @@
 """Vision-language runs through the CLI: the VL Sokoban example (as its run_*.sh script runs it,
-smaller) and ROLL's own qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml with `+profile=cpu_smoke`,
-changed only in where the tiny VL model and the outputs are. Each trains a step on the tiny
-Qwen2.5-VL and writes TensorBoard image panels of validation frames."""
+smaller; with each trainer that takes a VL model) and ROLL's own
+qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml with `+profile=cpu_smoke`, changed only in where
+the tiny VL model and the outputs are. Each trains a step on the tiny Qwen2.5-VL and writes
+TensorBoard image panels of validation frames."""
 
 import json
 import subprocess
@@ -43,7 +44,18 @@ def run(cmd: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path):
+TRAINERS = {
+    "torch": [],
+    "deepspeed": [
+        "actor_train.strategy_args.strategy_name=deepspeed_train",
+        "+actor_train.strategy_args.strategy_config={zero_optimization: {stage: 3}}",
+    ],
+    "fsdp2": ["actor_train.strategy_args.strategy_name=fsdp2_train"],
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(TRAINERS))
+def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path, trainer):
     out = tmp_path / "run"
     run(
         [
@@ -63,6 +75,7 @@ def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path):
             "val_env_manager.num_env_groups=2",
             "actor_train.training_args.per_device_train_batch_size=2",
             "actor_train.training_args.gradient_accumulation_steps=2",
+            *TRAINERS[trainer],
         ]
     )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
