@@ -1,7 +1,7 @@
 """ROLL features that roll deliberately does not run, refused by name before validation.
 
 A ROLL config for one of these would otherwise fail on whichever of its other keys pydantic
-reports first (a VL config on `pre_step_template`, a sandbox config on its chat template), which
+reports first (a sandbox config on its chat template, a DeepEyes config on its env keys), which
 names a symptom. `refuse_unsupported` looks at the composed config first and names the feature:
 one line, the key, what the feature is and why it cannot run here.
 """
@@ -24,7 +24,8 @@ ENV_TYPES = {
     "env_type sokoban)",
     "openreward_env": "ROLL's OpenReward env: needs the OpenReward API service",
     "atropos_env": "ROLL's Atropos env: needs a running Atropos server",
-    "deepeyes": "ROLL's DeepEyes env: image observations for a vision-language model; roll trains text-only causal LMs",
+    "deepeyes": "ROLL's DeepEyes env: image question answering with a zoom-in tool over a hub dataset; not built "
+    "here (roll's vision-language envs are the grid games with render_mode rgb_array)",
     "roll_math": "ROLL's GEM math env: GEM envs and their hub data sets are not supported",
     "roll_code": "ROLL's GEM code env: GEM envs and their hub data sets are not supported",
     "roll_qa": "ROLL's GEM QA env: GEM envs and their hub data sets are not supported",
