@@ -148,7 +148,7 @@ def check_envs(cfg) -> None:
     `sequence_length` holds its first prompt and one response."""
     from roll.agentic.env_manager.chat import ChatFormatter
     from roll.agentic.env_manager.native_env_manager import MalformedEnvOutput, chat_of
-    from roll.configs.dialect import NATIVE_ENV_MANAGERS
+    from roll.configs.dialect import NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS
     from roll.models.loading import load_tokenizer
     from roll.models.templates import apply_template
 
@@ -162,6 +162,8 @@ def check_envs(cfg) -> None:
         if env_cfg.env_type == "agent":  # dataset rows, checked by the agent registry
             continue
         obs, info = _first_observation(tag, env_cfg, cfg.seed)
+        if env_cfg.env_manager_cls in VL_ENV_MANAGERS:  # its prompt holds images: vl_checks measures it
+            continue
         chat = ChatFormatter(tokenizer, env_cfg.response_prefix)
         if env_cfg.env_manager_cls in NATIVE_ENV_MANAGERS:  # the prompt is the env's own chat
             try:

@@ -1,4 +1,4 @@
-"""Preflight checks of a vision-language config (tags played by the VL env manager), run by the
+"""Pre-start checks of a vision-language config (tags played by the VL env manager), run by the
 CLI before Ray starts; each failure is a `ConfigError` naming the key (one line, exit 2):
 
 - the model (`pretrain`, each role's `model_name_or_path`) takes images (its config has a
@@ -7,6 +7,8 @@ CLI before Ray starts; each failure is a `ConfigError` naming the key (one line,
   asks for it;
 - each VL tag's episode fits the engine's per-prompt image limit (`limit_mm_per_prompt.image`):
   a trajectory's last prompt carries one image per action, `custom_envs.<tag>.max_steps`;
+- `sequence_length` holds each VL tag's first prompt (as the VL manager builds it with the
+  model's processor, image placeholders included) and one response;
 - the inference engine takes images (`hf`; the vllm and sglang engines send text only so far);
 - the training engines run HF models on unpacked rows (not megatron, not sequence packing), with
   no critic, and no `rollout_mock` recording (it would have to store the images).
@@ -38,6 +40,7 @@ def check_vision(cfg) -> None:
     check_image_limit(cfg, tags)
     check_vl_engine(cfg)
     check_vl_training(cfg)
+    check_vl_prompt_length(cfg, tags)
     if cfg.rollout_mock is not None:
         raise ConfigError("rollout_mock", "recordings of VL episodes (their images) are not written yet; unset it")
 
@@ -112,3 +115,32 @@ def check_vl_training(cfg) -> None:
             '"gae" needs a critic, and a vision-language critic (a value head on a VL model) is not built; '
             "use a critic-free estimator (grpo, reinforce) with the VL env manager",
         )
+
+
+def check_vl_prompt_length(cfg, tags: list[str]) -> None:
+    """Each VL tag's first prompt, built by the VL env manager itself on the model's processor
+    (after `reset(seed)`), plus `max_tokens_per_step` fits `sequence_length`."""
+    from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
+    from roll.core.records import SamplingParams
+    from roll.models.loading import load_processor
+    from roll.pipeline.builders import env_spec
+
+    processor = load_processor(cfg.actor_infer.model_args.model_name_or_path)
+    for tag in tags:
+        spec = env_spec(cfg, tag)
+        sampling = SamplingParams(max_new_tokens=spec.max_tokens_per_step)
+        manager = VLTrajEnvManager(spec, processor, None, sampling, cfg.sequence_length)
+        try:
+            obs, info = manager.env.reset(seed=cfg.seed)
+            instruction = info.get("env_instruction") if spec.instruction is None else spec.instruction
+            prompt = manager.new_builder(instruction, obs).ledger.token_ids
+        finally:
+            manager.close()
+        need = len(prompt) + spec.max_tokens_per_step
+        if need > cfg.sequence_length:
+            raise ConfigError(
+                "sequence_length",
+                f"{cfg.sequence_length} cannot hold {tag}'s first prompt ({len(prompt)} tokens, its image "
+                f"included) and one response (custom_envs.{tag}.max_tokens_per_step={spec.max_tokens_per_step}); "
+                f"use at least {need}",
+            )

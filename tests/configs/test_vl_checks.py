@@ -106,3 +106,10 @@ def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir):
     cfg.actor_infer.strategy_args.strategy_name = "vllm"
     with pytest.raises(ConfigError, match=r"^actor_infer\.strategy_args\.strategy_name: 'vllm' does not take image"):
         check_vision(cfg)
+
+
+def test_a_sequence_length_below_the_first_vl_prompt_is_refused(capsys, tmp_path, vl_dir):
+    status, lines = run(capsys, tmp_path, vl_dir, "sequence_length=70")
+    assert status == 2 and len(lines) == 1
+    assert lines[0].startswith("config error: sequence_length: 70 cannot hold SimpleSokoban's first prompt (")
+    assert "its image included" in lines[0]
