@@ -87,8 +87,8 @@ def wait_for_step(out: Path, at_least: int, proc: subprocess.Popen, timeout_s: f
 
 def kill_one(proc: subprocess.Popen, title: str) -> int:
     victims = []
-    deadline = time.monotonic() + 60
-    while not victims and time.monotonic() < deadline:  # a restarted worker may be coming up
+    deadline = time.monotonic() + 180  # a restarted worker may be coming up: over a minute on a loaded machine
+    while not victims and time.monotonic() < deadline:
         victims = workers(proc.pid, title)
         time.sleep(0.2)
     assert victims, f"no {title} process in the run"
