@@ -28,16 +28,12 @@ from roll.core.fields import Batch, RowInfo
 from roll.core.seeding import seed_everything
 from roll.distributed.weight_transfer import CUDA_IPC
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.builders import (
-    build_pg_options,
-    build_rollout,
-    build_workers,
-    inference_names,
-)
+from roll.pipeline.builders import build_pg_options, build_workers, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import stop_if_diverged
 from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
+from roll.pipeline.rollout_builders import build_rollout
 from roll.pipeline.run_dirs import checkpoint_bytes
 from roll.pipeline.run_setup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.pipeline.samples import (

@@ -1,4 +1,5 @@
-"""The edge where config becomes objects: Ray, worker actors and rollout schedulers.
+"""The edge where config becomes objects: Ray, placement and the worker actors (the rollout side,
+env workers and their scheduler: `roll.pipeline.rollout_builders`).
 
 Classes below this line take plain arguments; only these functions read `PipelineConfig`.
 """
@@ -12,15 +13,10 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from roll.agentic.env_manager.base import EnvSpec
-from roll.agentic.rollout.env_worker import EnvWorker
-from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.algorithms.pg_variants import PGOptions
-from roll.configs.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS
-from roll.configs.worker import engine_options, image_limit
-from roll.core.records import SamplingParams
+from roll.configs.worker import engine_options
 from roll.distributed.cluster_plan import plan_cluster_devices
-from roll.distributed.cpu_affinity import ENV_WORKERS, CpuShare
+from roll.distributed.cpu_affinity import CpuShare
 from roll.distributed.placement import DevicePlan, ProcessPlacement, plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.ranks import data_parallel_ranks
@@ -32,7 +28,7 @@ from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
 from roll.distributed.workers.weight_store import WeightStore
 from roll.pipeline import cluster
-from roll.pipeline.cpu_shares import pin_workers, process_shares, role_share
+from roll.pipeline.cpu_shares import pin_workers, process_shares
 from roll.pipeline.residency import PhaseResidency
 from roll.utils.call_profile import profiled
 
@@ -42,9 +38,6 @@ logger = logging.getLogger(__name__)
 # starve later tasks. The phases are sequential (rollout, then scoring, then training), so each
 # worker uses all cores in its own phase through torch threads instead.
 _ACTOR_OPTIONS = {"num_cpus": 0}
-# An env-worker process that dies (a segfaulting env, the OOM killer) is restarted by Ray, as often
-# as it takes; the groups it was playing are replaced (`RolloutScheduler`).
-_ENV_WORKER_OPTIONS = {**_ACTOR_OPTIONS, "max_restarts": -1}
 # A placement group's bundle cannot be empty: each rank of a CPU role holds this sliver of a CPU.
 _BUNDLE_CPU = 0.01
 # A GPU rank's bundle on a cluster: a sliver of a GPU (the process asks Ray for none, see
@@ -361,122 +354,6 @@ def _strategy(worker_cfg, offloadable: bool = False) -> dict:
     if offloadable:
         config.update(_OFFLOADABLE_ENGINE_OPTIONS.get(name, {}))
     return {"strategy_name": name, "strategy_config": config}
-
-
-def sampling_params(generating_args, tokenizer) -> SamplingParams:
-    """Stop strings must each be one token of the tokenizer (checked here, once)."""
-    stop_ids = []
-    for s in generating_args.stop_strings:
-        ids = tokenizer.encode(s, add_special_tokens=False)
-        if len(ids) != 1:
-            raise ValueError(f"generating_args.stop_strings: {s!r} is not a single token ({ids})")
-        stop_ids.append(ids[0])
-    return generating_args.to_sampling_params(None, stop_ids)
-
-
-def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutScheduler:
-    """Env workers for one env manager config (train or val) and the scheduler that drives them.
-    `inference`: the inference workers' names (`inference_names(cfg)`) or handles, or one of them."""
-    slot_tags = [tag for tag, n in manager_cfg.groups_per_tag.items() for _ in range(n)]
-    # max_env_num_per_worker counts envs; a worker holds whole groups (0 = everything in one worker)
-    envs_per_group = manager_cfg.group_size + manager_cfg.group_size_redundancy
-    per_worker = (
-        max(1, manager_cfg.max_env_num_per_worker // envs_per_group)
-        if manager_cfg.max_env_num_per_worker
-        else len(slot_tags)
-    )
-    chunks = [slot_tags[i : i + per_worker] for i in range(0, len(slot_tags), per_worker)]
-    sampling = sampling_params(cfg.generating_args_for(manager_cfg), tokenizer)
-    workers, slots = [], []
-    for w, tags in enumerate(chunks):
-        specs = [env_spec(cfg, tag, manager_cfg) for tag in tags]
-        workers.append(
-            ray.remote(EnvWorker)
-            .options(**_env_worker_options(manager_cfg.system_envs))
-            .remote(
-                specs,
-                manager_cfg.group_size,
-                cfg.actor_infer.model_args.model_name_or_path,
-                inference,
-                sampling,
-                cfg.sequence_length,
-                manager_type=manager_cfg.env_manager_type,
-                history_length=manager_cfg.history_length,
-                step_timeout_s=manager_cfg.env_step_timeout_s,
-                generate_timeout_s=manager_cfg.generate_timeout_s,
-                redundancy=manager_cfg.group_size_redundancy,
-                chat_template=cfg.actor_infer.data_args.template,
-                proxy=proxy_options(manager_cfg.proxy),
-            )
-        )
-        slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
-    ray.get(pin_workers(workers, [role_share(cfg, ENV_WORKERS)] * len(workers)))  # on the env workers' cores
-    return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
-
-
-def proxy_options(proxy) -> dict:
-    """The env worker's chat-proxy options from `<manager>.proxy` (roll.configs.proxy)."""
-    return {
-        "model_names": (proxy.model_name,),
-        "max_body_bytes": proxy.max_body_bytes,
-        "episode_timeout_s": proxy.episode_timeout_s,
-    }
-
-
-def _env_worker_options(system_envs: dict[str, str]) -> dict:
-    """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies);
-    the manager's `system_envs` in their environment."""
-    options = (
-        {**_ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else dict(_ENV_WORKER_OPTIONS)
-    )
-    if system_envs:
-        options["runtime_env"] = {"env_vars": dict(system_envs)}
-    return options
-
-
-def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
-    """`custom_envs.<tag>` as the env managers take it, with `manager_cfg`'s defaults."""
-    env = cfg.custom_envs[tag]
-    env_config = dict(env.env_config)
-    penalty = getattr(manager_cfg, "format_penalty", None)
-    if penalty is not None and "format_penalty" not in env_config and _takes(env.env_type, "format_penalty"):
-        env_config["format_penalty"] = penalty  # the manager's default (ROLL's key)
-    if env.env_type == "agent" and env_config.get("dataset"):  # as the driver sees it: an env
-        env_config["dataset"] = os.path.abspath(env_config["dataset"])  # worker may run elsewhere
-    if env.tool_wrapper is not None:  # a GEM env's tools (envs/gem_envs/tools.py): built by the env
-        env_config["tool_wrapper"] = env.tool_wrapper.model_dump()
-    return EnvSpec(
-        tag=tag,
-        env_type=env.env_type,
-        env_config=env_config,
-        max_steps=env.max_steps,
-        max_tokens_per_step=env.max_tokens_per_step,
-        response_prefix=env.response_prefix,
-        instruction=env.instruction,
-        agent_system_template=env.agent_system_template,
-        agent_template=env.agent_template,
-        history_length=env.history_length,
-        use_thread_lock=env.use_thread_lock,
-        max_env_step_concurrent=env.max_env_step_concurrent,
-        native_chat=env.env_manager_cls in NATIVE_ENV_MANAGERS,
-        agent_runner_cls=env.agent_runner_cls,
-        concat_history=env.env_manager_cls in CONCAT_ENV_MANAGERS,
-        pre_step_template=env.pre_step_template,
-        next_step_template=env.next_step_template,
-        vision=env.env_manager_cls in VL_ENV_MANAGERS,
-        max_images_per_prompt=image_limit("actor_infer", cfg.actor_infer.strategy_args.strategy_config),
-    )
-
-
-def _takes(env_type: str, key: str) -> bool:
-    """Whether the env class of `env_type` accepts constructor argument `key`."""
-    from roll.agentic.env.registry import check_env_config
-
-    try:
-        check_env_config(env_type, {key: 0.0})
-    except (TypeError, ValueError, ImportError):
-        return False
-    return True
 
 
 def build_pg_options(cfg) -> PGOptions:

@@ -190,7 +190,7 @@ def check_envs(cfg) -> None:
 def check_stop_strings(cfg, tokenizer) -> None:
     """Each manager's `stop_strings` must be single tokens of the run's tokenizer (what the engines
     stop on); the key named is where the manager's sampling settings come from."""
-    from roll.pipeline.builders import sampling_params
+    from roll.pipeline.rollout_builders import sampling_params
 
     for name, manager in cfg.env_managers.items():
         override = manager.generating_args
