@@ -52,6 +52,7 @@ def test_cli_trains_the_code_sandbox_env_for_two_steps(tiny_model, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.lane  # .ci/run_lanes; .ci/run keeps the example above and agentic/test_sandbox_tool_calls.py
 def test_the_tool_call_example_trains_through_the_proxy_with_cpu_smoke(tiny_model, tmp_path):
     """examples/code_sandbox/agent_val_code_sandbox_tool_calls.yaml: the episodes are played by
     the proxy's ToolCallRunner (the env's tools offered, answers through the `openai` client), the

@@ -57,7 +57,7 @@ TRAINERS = {
 @pytest.mark.parametrize(
     "trainer",
     [t if t == "torch" else pytest.param(t, marks=pytest.mark.lane) for t in sorted(TRAINERS)],
-)  # the sharded trainers' runs are in .ci/run_lanes (multirank): .ci/run keeps under 20 minutes
+)  # the sharded trainers' runs are in .ci/run_lanes (slow): .ci/run keeps under 20 minutes
 def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path, trainer):
     out = tmp_path / "run"
     run(

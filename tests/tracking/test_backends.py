@@ -263,6 +263,7 @@ def test_wandb_online_without_a_key_exits_2_before_start(tiny_model, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
 def test_a_pipeline_step_with_track_with_wandb_leaves_an_offline_run_of_its_metrics(tiny_model, tmp_path):
     pytest.importorskip("wandb", reason="wandb is not installed (pip install 'roll[trackers]')")
     metrics = one_step_run(tiny_model, tmp_path, "track_with=wandb", "+tracker_kwargs.project=roll-smoke")
@@ -278,6 +279,7 @@ def test_a_pipeline_step_with_track_with_wandb_leaves_an_offline_run_of_its_metr
     assert (config["max_steps"], config["track_with"], config["tracker_kwargs"]["mode"]) == (1, "wandb", "offline")
 
 
+@pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
 def test_a_pipeline_step_with_track_with_mlflow_leaves_a_sqlite_run_of_its_metrics(tiny_model, tmp_path):
     pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'roll[trackers]')")
     from mlflow.tracking import MlflowClient
