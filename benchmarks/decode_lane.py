@@ -34,17 +34,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import gpu_lane  # noqa: E402
 from benchmarks.gpu_lane import SIZES, source_commit  # noqa: E402
 
 
 def new_record_path(results: Path) -> Path:
     """results/decode-<date>.json, or -2, -3, ... after it: a later run of the day keeps the earlier record."""
-    today, n = datetime.date.today().isoformat(), 1
-    path = results / f"decode-{today}.json"
-    while path.exists():
-        n += 1
-        path = results / f"decode-{today}-{n}.json"
-    return path
+    return gpu_lane.new_record_path(results, prefix="decode")
 
 
 PROMPT_LEN = 64

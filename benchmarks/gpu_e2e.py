@@ -325,12 +325,9 @@ def _commit() -> str | None:
 
 def record_path(today: str | None = None) -> Path:
     """results/gpu-e2e-<date>.json, or -2, -3, ... after it (a second run keeps the first's record)."""
-    results, today = REPO / "benchmarks" / "results", today or datetime.date.today().isoformat()
-    path, n = results / f"gpu-e2e-{today}.json", 1
-    while path.exists():
-        n += 1
-        path = results / f"gpu-e2e-{today}-{n}.json"
-    return path
+    import gpu_lane
+
+    return gpu_lane.new_record_path(REPO / "benchmarks" / "results", today, prefix="gpu-e2e")
 
 
 def parse_budgets(text: str | None, smoke: bool = False) -> dict[str, float]:

@@ -360,14 +360,14 @@ def format_training(result: dict) -> str:
     return f"{head} {result['tokens_per_s']:10.1f} tokens/s, MFU {100 * result['mfu']:.1f}%{memory}"
 
 
-def new_record_path(results: Path, today: str | None = None) -> Path:
-    """results/gpu-<date>.json, or -2, -3, ... after it: a second run on the same day keeps the first's
-    record (the record is rewritten after every entry)."""
+def new_record_path(results: Path, today: str | None = None, prefix: str = "gpu") -> Path:
+    """results/<prefix>-<date>.json, or -2, -3, ... after it: a second run on the same day keeps the
+    first's record (the record is rewritten after every entry). The GPU lanes' records all take it."""
     today = today or datetime.date.today().isoformat()
-    path, n = results / f"gpu-{today}.json", 1
+    path, n = results / f"{prefix}-{today}.json", 1
     while path.exists():
         n += 1
-        path = results / f"gpu-{today}-{n}.json"
+        path = results / f"{prefix}-{today}-{n}.json"
     return path
 
 
