@@ -20,26 +20,29 @@ def tiny_model(tmp_path_factory):
     return build(["--env_type", "code_sandbox", "--output_dir", str(out)])
 
 
-@pytest.mark.ray
-def test_cli_trains_the_code_sandbox_env_for_two_steps(tiny_model, tmp_path):
-    cmd = [
-        sys.executable,
-        "examples/start_agentic_pipeline.py",
-        "--config_path",
-        "code_sandbox",
+def run_example(config_name: str, model: str, out: Path, *extra: str, timeout: int) -> list[dict]:
+    """`config_name` of examples/code_sandbox through the CLI for two steps; its metrics.jsonl rows."""
+    cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "code_sandbox"]
+    cmd += [
         "--config_name",
-        "agent_val_code_sandbox",
-        f"pretrain={tiny_model}",
-        f"output_dir={tmp_path}",
+        config_name,
+        *extra,
+        f"pretrain={model}",
+        f"output_dir={out}",
         "max_steps=2",
         "eval_steps=2",
     ]
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": pythonpath}
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": pythonpath}
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.ray
+def test_cli_trains_the_code_sandbox_env_for_two_steps(tiny_model, tmp_path):
+    rows = run_example("agent_val_code_sandbox", tiny_model, tmp_path, timeout=600)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in rows[1:]:
         assert "losses/policy_loss" in row
@@ -57,25 +60,7 @@ def test_the_tool_call_example_trains_through_the_proxy_with_cpu_smoke(tiny_mode
     """examples/code_sandbox/agent_val_code_sandbox_tool_calls.yaml: the episodes are played by
     the proxy's ToolCallRunner (the env's tools offered, answers through the `openai` client), the
     samples are the proxy's recordings of the engine's ids."""
-    cmd = [
-        sys.executable,
-        "examples/start_agentic_pipeline.py",
-        "--config_path",
-        "code_sandbox",
-        "--config_name",
-        "agent_val_code_sandbox_tool_calls",
-        "+profile=cpu_smoke",
-        f"pretrain={tiny_model}",
-        f"output_dir={tmp_path}",
-        "max_steps=2",
-        "eval_steps=2",
-    ]
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": pythonpath}
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = run_example("agent_val_code_sandbox_tool_calls", tiny_model, tmp_path, "+profile=cpu_smoke", timeout=900)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in rows[1:]:
         assert "losses/policy_loss" in row and row["rollout/dropped_trajectories"] == 0.0
