@@ -42,10 +42,20 @@ def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
     return batch
 
 
-def train_two_steps(model_dir: str, name: str, config: dict | None = None) -> tuple[list[dict], dict]:
-    """The metrics of two PPO steps with engine `name` and its weights after them."""
+def train_two_steps(
+    model_dir: str, name: str, config: dict | None = None, features: dict | None = None
+) -> tuple[list[dict], dict]:
+    """The metrics of two PPO steps with engine `name` (and strategy `features`, as
+    `build_train_strategy` takes them) and its weights after them."""
     actor = ActorWorker(
-        model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1, strategy_name=name, strategy_config=config or {}
+        model_dir,
+        ARGS,
+        total_train_steps=4,
+        seed=7,
+        num_threads=1,
+        strategy_name=name,
+        strategy_config=config or {},
+        features=features,
     )
     metrics = [
         actor.train(

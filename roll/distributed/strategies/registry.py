@@ -93,10 +93,8 @@ def build_train_strategy(
     `gradient_checkpointing` recomputes activations in backward (HF's non-reentrant checkpointing,
     megatron's full-layer recompute); `train_budget` / `infer_budget` turn on dynamic batching (or
     are sequence packing's load-balanced plans); `sequence_packing` runs micro-batches as packed rows
-    (torch, fsdp2, deepspeed: HF models; megatron runs its own model and refuses it).
+    (every engine: megatron runs them in its packed "thd" format, roll.distributed.strategies.megatron.model).
     """
-    if sequence_packing and canonical_name(strategy_name) == "megatron_train":
-        raise ValueError("use_sequence_packing: not built for megatron (its own GPT model, not an HF one)")
     megatron = canonical_name(strategy_name) == "megatron_train"
     if gradient_checkpointing and not megatron:
         # transformers 5's name for HF gradient checkpointing (`gradient_checkpointing_enable` is its alias)

@@ -9,7 +9,10 @@ device (`BufferRotaryEmbedding`), and the gather of vocabulary-parallel logits (
 
 Contract: `MegatronCausalLM` is called HF-style, `model(input_ids=, attention_mask=, labels=)` -> an
 output with `.logits` (B, T, V) and `.loss`; with pipeline parallelism every stage still returns
-the whole model's logits (roll.distributed.strategies.megatron.pipeline).
+the whole model's logits (roll.distributed.strategies.megatron.pipeline). Sequence packing calls it
+as it calls an HF model (roll.distributed.sequence_packing.PackedSequences): one row (1, N) of
+sequences back to back, `position_ids` restarting at 0 for each; that runs as megatron's packed
+"thd" format (`packed_sequences`), RoPE and attention per sequence.
 
 Why each piece is ours: docs/engines/megatron.md, "Internals".
 """
@@ -41,6 +44,7 @@ with warnings.catch_warnings():  # "Apex / Transformer Engine not installed": we
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.transformer.module import MegatronModule
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -148,15 +152,41 @@ class SdpaAttention(MegatronModule):
         """query (Sq, B, heads, d), key and value (Sk, B, groups, d) -> (Sq, B, heads * d).
 
         `attention_mask`: None for plain causal attention, else (B, 1, Sq, Sk) bool with True
-        where attention is blocked (Megatron's convention), as `blocked_attention` builds it."""
-        if attention_bias is not None or packed_seq_params is not None:
-            raise ValueError("SdpaAttention takes neither an attention bias nor packed sequences")
+        where attention is blocked (Megatron's convention), as `blocked_attention` builds it.
+        `packed_seq_params`: packed sequences in megatron's "thd" layout (`_per_sequence`)."""
+        if attention_bias is not None:
+            raise ValueError("SdpaAttention takes no attention bias")
+        if packed_seq_params is not None:
+            return self._per_sequence(query, key, value, attention_mask, packed_seq_params)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         allowed = None if attention_mask is None else ~attention_mask
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=allowed, is_causal=attention_mask is None, scale=self.softmax_scale, enable_gqa=True
         )
         return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
+
+    def _per_sequence(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        packed: PackedSeqParams,
+    ) -> torch.Tensor:
+        """ "thd": query (N, heads, d), key and value (N, groups, d), sequences back to back at
+        `packed.cu_seqlens_q` -> (N, heads * d), causal attention inside each sequence. What
+        Transformer Engine's attention does with the same parameters, as one SDPA call per
+        sequence: the work is the sum of the squared lengths, not the square of their sum (a
+        block-diagonal mask over the packed row would cost that)."""
+        if packed.qkv_format != "thd" or attention_mask is not None:
+            raise ValueError("SdpaAttention takes packed sequences in the thd layout, without an attention mask")
+        bounds = packed.cu_seqlens_q.tolist()
+        outputs = []
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            q, k, v = (x[start:end].transpose(0, 1)[None] for x in (query, key, value))  # (1, heads, L, d)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)
+            outputs.append(out[0].transpose(0, 1).flatten(1))
+        return torch.cat(outputs)
 
 
 class BufferRotaryEmbedding(RotaryEmbedding):
@@ -290,6 +320,30 @@ def blocked_attention(attention_mask: torch.Tensor | None) -> torch.Tensor | Non
     return ~allowed
 
 
+def packed_sequences(position_ids: torch.Tensor) -> PackedSeqParams:
+    """Megatron's "thd" description of one packed row (1, N) whose positions restart at 0 where a
+    sequence starts and count up inside it (`PackedSequences` builds them so):
+    cu_seqlens [0, L1, L1 + L2, ..., N]. A one-line ValueError for any other `position_ids`.
+
+    GPTModel applies RoPE per sequence from cu_seqlens (position t of a sequence, whatever its
+    offset in the row) and hands them to core attention (`SdpaAttention._per_sequence`). They stay
+    on the CPU: both read them on the host only (megatron's unfused RoPE splits by them), so a
+    CUDA forward syncs once here, not in every layer."""
+    positions = position_ids.cpu()
+    if positions.dim() != 2 or positions.shape[0] != 1 or positions.shape[1] == 0 or positions[0, 0] != 0:
+        raise ValueError(f"position_ids: one packed row (1, N) starting at 0 (got shape {tuple(positions.shape)})")
+    positions = positions[0]
+    starts = (positions == 0).nonzero().flatten()
+    index = torch.arange(len(positions))
+    if not torch.equal(positions, index - starts[torch.searchsorted(starts, index, right=True) - 1]):
+        raise ValueError("position_ids: each packed sequence must count 0, 1, 2, ... (sequence packing's positions)")
+    cu_seqlens = torch.cat([starts, torch.tensor([len(positions)])]).to(torch.int32)
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=longest, max_seqlen_kv=longest
+    )
+
+
 class GatherVocabSlices(torch.autograd.Function):
     """Tensor-parallel ranks' vocabulary slices of the logits (..., V / n) -> whole (..., V).
 
@@ -318,9 +372,10 @@ def layer_offset(gpt: GPTModel) -> int:
 class MegatronCausalLM(nn.Module):
     """A `GPTModel` behind HF's causal-LM call: positions 0..T-1 on every row (HF's default when
     no `position_ids` are given), padding blocked with `blocked_attention`, logits trimmed to the
-    HF vocabulary, and HF's shifted cross-entropy when `labels` are given. With `pipeline` (this
-    rank's stage of several, roll.distributed.strategies.megatron.pipeline) every stage is called
-    with the same rows and returns the whole model's logits."""
+    HF vocabulary, and HF's shifted cross-entropy when `labels` are given. With `position_ids`,
+    one packed row of sequences (`packed_sequences`). With `pipeline` (this rank's stage of
+    several, roll.distributed.strategies.megatron.pipeline) every stage is called with the same
+    rows and returns the whole model's logits."""
 
     def __init__(self, gpt: GPTModel, vocab_size: int, pipeline: PipelineLinks | None = None) -> None:
         super().__init__()
@@ -330,15 +385,34 @@ class MegatronCausalLM(nn.Module):
         self.pipeline = pipeline if pipeline is not None and pipeline.size > 1 else None
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        use_cache: bool = False,
     ) -> CausalLMOutput:
+        """`position_ids`: packed rows (class docstring), with neither `attention_mask` nor
+        `labels` (a shifted label would cross into the next sequence). `use_cache`: HF's switch,
+        which `PackedSequences` passes; megatron keeps no KV cache here."""
         batch, length = input_ids.shape
-        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+        packed = None
+        if position_ids is not None:
+            if attention_mask is not None or labels is not None:
+                raise ValueError("position_ids: packed rows take neither attention_mask nor labels")
+            packed, positions = packed_sequences(position_ids), position_ids
+        else:
+            positions = torch.arange(length, device=input_ids.device).expand(batch, length)
         pipe = self.pipeline
         if pipe is not None and not pipe.first:  # (S, B, H): megatron's layout between layers
             shape = (length, batch, self.gpt.config.hidden_size)
             self.gpt.set_input_tensor(receive_activation(shape, self.gpt.config.params_dtype, input_ids.device, pipe))
-        out = self.gpt(input_ids=input_ids, position_ids=positions, attention_mask=blocked_attention(attention_mask))
+        out = self.gpt(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=blocked_attention(attention_mask),
+            packed_seq_params=packed,
+        )
         if pipe is not None and not pipe.last:
             self.gpt.set_input_tensor(None)
             logits = logits_from_last_stage(out, (batch, length, self.vocab_size), pipe)
