@@ -5,7 +5,8 @@ and give the padded numbers up to float round-off:
   one-token row included), and the HF model's log-probs;
 - two PPO steps (packed old log-probs, 2 epochs x 2 mini-batches x 2 packed micro-batches; then
   ROLL's load-balanced plan): the padded torch run's losses, gradient norms and weights;
-- the same at tensor parallel 2 and at pipeline parallel 2 (two CPU processes, gloo);
+- the same at tensor parallel 2, at pipeline parallel 2 and at data parallel 2 with ROLL's
+  load-balanced plan spreading rows over the ranks (two CPU processes, gloo);
 - recomputation changes no gradient of a packed step;
 - what packed rows refuse, in one line: labels, an attention mask, positions of no packed row.
 The config side (megatron accepts `use_sequence_packing`; context and sequence parallel are still
@@ -34,7 +35,14 @@ from roll.distributed.strategies.megatron.convert import arch_from_hf, hf_to_meg
 torch.set_num_threads(1)
 LENGTHS = [9, 3, 6, 1, 7]  # right-padded to 9; one row of a single token
 PACKED = {"sequence_packing": True}
-LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2}, "pp2": {"pipeline_model_parallel_size": 2}}
+PLAN = PackingBudget(max_tokens=12, min_micro_batches=1)  # 4 rows of 6..9 tokens: 3 micro-batches
+LOAD_BALANCED = PACKED | {"train_budget": PLAN, "infer_budget": PLAN}
+LAYOUTS = {  # two processes: strategy_config, features
+    "tp2": ({"tensor_model_parallel_size": 2}, PACKED),
+    "pp2": ({"pipeline_model_parallel_size": 2}, PACKED),
+    "dp2": ({}, LOAD_BALANCED),  # ROLL's batch_balance: each rank's rows by workload, then packed
+    "dp2_padded": ({}, {}),  # what dp2 compares with: a mini-batch is per-rank rows x 2 ranks
+}
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +119,7 @@ def test_packed_ppo_steps_match_padded_ones(model_dir, megatron_groups, padded_r
 
 
 def test_load_balanced_packed_micro_batches_match_padded_ones(model_dir, megatron_groups, padded_run):
-    plan = PackingBudget(max_tokens=12, min_micro_batches=1)  # 4 rows of 6..9 tokens: 3 micro-batches
-    features = PACKED | {"train_budget": plan, "infer_budget": plan}
-    assert_same_training(train_two_steps(model_dir, "megatron", None, features), padded_run)
+    assert_same_training(train_two_steps(model_dir, "megatron", None, LOAD_BALANCED), padded_run)
 
 
 def _packed_strategy(model_dir: str, **config):
@@ -170,8 +176,8 @@ def _rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     ensure_process_group(torch.device("cpu"))
     runs = {}
-    for name, layout in LAYOUTS.items():  # megatron keeps one layout per process: its groups go in between
-        runs[name] = train_two_steps(model_dir, "megatron", layout, PACKED)
+    for name, (config, features) in LAYOUTS.items():  # megatron keeps one layout per process: new groups each
+        runs[name] = train_two_steps(model_dir, "megatron", config, features)
         megatron_model.parallel_state.destroy_model_parallel()
     torch.save(runs, os.path.join(out_dir, f"rank{rank}.pt"))
 
@@ -183,9 +189,17 @@ def two_ranks(model_dir, tmp_path_factory) -> list[dict]:
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
 def test_packed_ppo_steps_at_two_ranks_match_one_padded_process(two_ranks, padded_run, layout):
     """Both tensor-parallel ranks (one data-parallel rank) or both stages pack the same rows:
     every rank reports the padded one-process run's losses, gradient norms and merged weights."""
     for runs in two_ranks:
         assert_same_training(runs[layout], padded_run)
+
+
+def test_load_balanced_data_parallel_ranks_match_padded_ones(two_ranks):
+    """Two data-parallel ranks, each packing the rows ROLL's load balance gives it: the losses,
+    gradient norms and weights of the same two ranks padded (ROLL's mini-batch is per-rank rows
+    times ranks, so one process would take other steps)."""
+    for runs in two_ranks:
+        assert_same_training(runs["dp2"], runs["dp2_padded"])
