@@ -50,8 +50,8 @@ WORKER_CONFIG: dict[str, Answer] = {
     "sequence_length_round_in_infer": ok("micro-batch lengths rounded up to a multiple of this"),
     "offload_nccl": noop("ROLL forces it false"),
     "use_sequence_packing": ok(
-        "micro-batches run as packed rows without padding, attention and positions per row (torch, fsdp2, "
-        "deepspeed training roles and the reference; refused for megatron, whose model is not an HF one)"
+        "micro-batches run as packed rows without padding, attention and positions per row (training roles "
+        "and the reference on torch, fsdp2, deepspeed and megatron; megatron runs them in its thd format)"
     ),
     "sequence_packing_args": ok("the plan of packed micro-batches", section=("SequencePackingConfig",)),
     "logits_in_fp32": noop("roll always scores log-probs and entropies in at least float32"),

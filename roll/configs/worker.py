@@ -200,7 +200,8 @@ class WorkerConfig(ConfigModel):
     """ROLL's key: each micro-batch of the training and log-prob / value passes runs as one row of
     the rows' real tokens, positions restarting per row and attention kept per row, so no compute
     goes to padding (`roll.distributed.sequence_packing`); the same losses and gradients as padded
-    micro-batches up to float round-off. Training roles on torch, fsdp2 or deepspeed (HF models)."""
+    micro-batches up to float round-off. Training roles and the reference, on torch, fsdp2,
+    deepspeed or megatron (its packed "thd" format, with tensor and pipeline parallel)."""
     sequence_packing_args: SequencePackingArgs = Field(default_factory=SequencePackingArgs)
     """ROLL's micro-batch plan of packed passes (`roll.configs.packing`)."""
 
@@ -374,9 +375,10 @@ def check_strategy_for_role(role: str, worker: WorkerConfig) -> None:
             f"{role}.strategy_args.strategy_name",
             f"{name!r} {why}; available for {role}: {', '.join(available)}",
         )
-    if worker.use_sequence_packing and (role == "actor_infer" or (name == "megatron" and role != "reference")):
-        why = "an inference engine generates" if role == "actor_infer" else "megatron runs its own GPT, not an HF model"
-        raise InvalidField(f"{role}.use_sequence_packing", f"packs HF models' training and log-prob passes; {why}")
+    if worker.use_sequence_packing and role == "actor_infer":
+        raise InvalidField(
+            f"{role}.use_sequence_packing", "packs training and log-prob passes; an inference engine generates"
+        )
     allowed = STRATEGY_OPTIONS[name]
     cpu_options(role, worker)  # raises for a bad value
     unknown = sorted(set(worker.strategy_args.strategy_config) - set(allowed or ()) - set(CPU_OPTIONS))

@@ -11,6 +11,7 @@ import yaml
 from roll.configs import ConfigError, validate_config
 from roll.distributed.sequence_packing import PackingBudget
 from roll.pipeline.builders import training_features
+from roll.pipeline.config_checks import check_before_start
 
 REPO = Path(__file__).parents[2]
 
@@ -57,8 +58,36 @@ def test_packing_combinations_roll_cannot_run_are_named(base, role, settings, ke
     assert err.value.key == key
 
 
-def test_megatron_training_roles_refuse_packing(base):
-    base["actor_train"].update(use_sequence_packing=True, strategy_args={"strategy_name": "megatron_train"})
+def test_megatron_actor_packs_its_training_and_log_prob_passes(base):
+    """megatron runs packed rows in its thd format (tests/distributed/test_megatron_packing.py),
+    with tensor and pipeline parallel; ROLL's load-balanced plan reaches it as on the other engines."""
+    base["actor_train"].update(
+        use_sequence_packing=True,
+        strategy_args={"strategy_name": "megatron_train", "strategy_config": {"tensor_model_parallel_size": 1}},
+        sequence_packing_args={"algorithm": "load_balance", "max_packed_sequence_length_train": 64,
+                               "max_packed_sequence_length_forward": 64},
+    )  # fmt: skip
+    base["reference"] = {"use_sequence_packing": True, "strategy_args": {"strategy_name": "megatron_infer"}}
+    cfg = validate_config(base)
+    check_before_start(cfg)
+    features = training_features(cfg.actor_train)
+    assert features["sequence_packing"] and features["train_budget"].max_tokens == 64
+    assert cfg.reference.use_sequence_packing
+
+
+@pytest.mark.parametrize(
+    ("option", "key"),
+    [
+        ({"context_parallel_size": 2}, "actor_train.strategy_args.strategy_config.context_parallel_size"),
+        ({"sequence_parallel": True}, "actor_train.strategy_args.strategy_config.sequence_parallel"),
+    ],
+)
+def test_megatron_packing_with_a_layout_not_built_stops_before_start(base, option, key):
+    """Context parallel would split each packed sequence over ranks, sequence parallel the packed
+    row: neither is built for megatron, packed or not, and both stop before start by name."""
+    base["actor_train"].update(
+        use_sequence_packing=True, strategy_args={"strategy_name": "megatron_train", "strategy_config": option}
+    )
     with pytest.raises(ConfigError) as err:
-        validate_config(base)
-    assert err.value.key == "actor_train.use_sequence_packing" and "megatron" in err.value.message
+        check_before_start(validate_config(base))
+    assert err.value.key == key
