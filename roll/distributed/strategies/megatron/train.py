@@ -9,7 +9,8 @@ Contract: weights leave in HF names and shapes (`state_dict`: merged over tensor
 pipeline-parallel ranks, LoRA merged in), so inference workers and checkpoints see an ordinary HF
 model; `load_state_dict` and `load_checkpoint` take HF weights; the optimizer files hold
 Megatron-layout moments and resume this strategy only. Data, tensor and pipeline parallel (a naive
-schedule), recompute and LoRA run; expert, context and sequence parallel, models other than
+schedule), recompute, LoRA and sequence packing (megatron's thd format, `model.packed_sequences`)
+run; expert, context and sequence parallel, models other than
 Llama/Qwen2 and the critic's value model stop at start-up with one line naming the key.
 `megatron_infer` is accepted as an alias (roll.configs.worker).
 
