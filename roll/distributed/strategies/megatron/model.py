@@ -173,7 +173,7 @@ class SdpaAttention(MegatronModule):
         attention_mask: torch.Tensor | None,
         packed: PackedSeqParams,
     ) -> torch.Tensor:
-        """ "thd": query (N, heads, d), key and value (N, groups, d), sequences back to back at
+        """The thd layout: query (N, heads, d), key and value (N, groups, d), sequences back to back at
         `packed.cu_seqlens_q` -> (N, heads * d), causal attention inside each sequence. What
         Transformer Engine's attention does with the same parameters, as one SDPA call per
         sequence: the work is the sum of the squared lengths, not the square of their sum (a
