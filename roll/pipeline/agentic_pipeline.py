@@ -370,6 +370,7 @@ class AgenticPipeline:
         return {
             **summarize_trajectories(trajs, "val"),
             "val/dropped_trajectories": float(len(dropped)),
+            "val/engine_calls": float(self.val_rollout.engine_calls),
             "time/validate_s": time.perf_counter() - start,
         }
 
