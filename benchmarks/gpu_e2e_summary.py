@@ -46,6 +46,9 @@ def summarize_run(output_dir: Path, run: dict, first_step: int = 1) -> dict:
         "first_step_split_s": {p: steps[0].get(f"time/{p}_s") for p in PHASES} if steps else {},
         "peak_memory_gib": _peaks(steps),
         "generated_tokens_per_s": _tokens_per_s(timed),
+        # Ray calls from env workers to the engine a step, and the generate requests they carried
+        "engine_calls": _stats([r["rollout/engine_calls"] for r in timed if "rollout/engine_calls" in r]),
+        "engine_requests": _stats([r["rollout/engine_requests"] for r in timed if "rollout/engine_requests" in r]),
         "weight_sync_path": _sync_path(steps),
     }
     summary.update(time_to_val(rows, run.get("arrivals", {})))

@@ -169,3 +169,7 @@ class GroupResult:
     trajectories: list[Trajectory]
     dropped: list[str] = field(default_factory=list)  # one cause per dropped trajectory
     redundant: int = 0  # episodes stopped or left out because the group had enough (redundancy)
+    # Ray calls the env worker made to inference workers, and the generate requests they carried,
+    # since its previous result (any group's): the scheduler sums them per `collect`
+    engine_calls: int = 0
+    engine_requests: int = 0

@@ -186,6 +186,8 @@ class AgenticPipeline:
             "rollout/generated_tokens": float(sum(tr.num_generated_tokens for tr in trajs)),
             "rollout/stale_dropped_groups": float(self.train_rollout.stale_dropped_groups),
             "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories),
+            "rollout/engine_calls": float(self.train_rollout.engine_calls),
+            "rollout/engine_requests": float(self.train_rollout.engine_requests),
         }
 
     def memory_metrics(self, first_step: bool) -> dict[str, float]:
@@ -368,6 +370,7 @@ class AgenticPipeline:
         return {
             **summarize_trajectories(trajs, "val"),
             "val/dropped_trajectories": float(len(dropped)),
+            "val/engine_calls": float(self.val_rollout.engine_calls),
             "time/validate_s": time.perf_counter() - start,
         }
 

@@ -102,7 +102,7 @@ class ScriptedEnvWorker:
         ]
         if spec.traj_group_id in self.no_turn_group_ids:  # e.g. the first prompt was already too long
             trajs = [dataclasses.replace(t, policy_versions=[], policy_version=0, num_actions=0) for t in trajs]
-        return GroupResult(spec.group_index, trajs)
+        return GroupResult(spec.group_index, trajs, engine_calls=1, engine_requests=4)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +138,7 @@ def test_synchronous_collect_plays_each_group_once_in_index_order(make_scheduler
     assert [t.traj_id for t in trajs] == [f"train-1-{j}-{m}" for j in range(3) for m in range(2)]
     assert [t.env_seed for t in trajs[::2]] == [scheduler.group_spec(1, j, False).env_seed for j in range(3)]
     assert dropped == [] and scheduler.stale_dropped_groups == 0
+    assert (scheduler.engine_calls, scheduler.engine_requests) == (3, 12)  # the results' counts, summed
     assert sorted(ray.get(worker.started.remote())) == ["train-1-0", "train-1-1", "train-1-2"]
 
 
@@ -386,6 +387,51 @@ def test_redundant_envs_complete_a_group_without_waiting_for_a_hung_member(tmp_p
     ids = [t.traj_id for t in second.trajectories]
     assert len(ids) == 2 and ids == sorted(ids) and set(ids) <= {"train-1-1-0", "train-1-1-1", "train-1-1-2"}
     assert second.redundant == 1 and second.dropped == []
+
+
+class CountingInference:
+    """Stands in for the inference worker's handle: answers "Left" after a short wait, and counts
+    the Ray calls (`generate_many`) and the requests they carry."""
+
+    def __init__(self, left_id: int):
+        self.left_id, self.calls, self.requests = left_id, 0, 0
+        self.generate_many, self.release_session = _Method(self._generate_many), _Method(lambda session: None)
+
+    async def _generate_many(self, requests):
+        self.calls += 1
+        self.requests += len(requests)
+        await asyncio.sleep(0.01)
+        return [GenerateOutput(r.request_id, [self.left_id], [-0.1], "length", policy_version=0) for r in requests]
+
+
+@pytest.mark.parametrize("manager_type", ["traj", "step"])
+def test_an_env_worker_sends_the_requests_of_a_turn_in_one_call_and_reports_the_count(tmp_path, manager_type):
+    """16 envs (2 groups of 8) in one env worker, 4 turns each: the turns' 64 requests go in one
+    Ray call per turn (never one per request), and the groups' results report exactly the calls
+    and requests the engine saw (the scheduler sums them into `rollout/engine_calls`)."""
+    path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
+    # no holes: an episode that keeps moving left plays its 4 turns unless the goal lies to its left
+    spec = EnvSpec(
+        tag="FL",
+        env_type="frozen_lake",
+        env_config={"size": 8, "hole_prob": 0.0, "max_path_length": 20},
+        max_steps=4,
+        max_tokens_per_step=1,
+        response_prefix="<answer>",
+    )
+    scheduler = RolloutScheduler([], [Slot(0, 0, "FL"), Slot(0, 1, "FL")], seed=7, mode="train")
+    inference = CountingInference(load_tokenizer(path).convert_tokens_to_ids("Left"))
+
+    async def play():
+        worker = EnvWorker([spec, spec], 8, path, inference, SamplingParams(), 4096, manager_type=manager_type)
+        return await asyncio.gather(*(worker.run_group(k, scheduler.group_spec(1, k, False)) for k in range(2)))
+
+    results = asyncio.run(play())
+    actions = sum(t.num_actions for r in results for t in r.trajectories)
+    assert actions == inference.requests == sum(r.engine_requests for r in results)
+    assert sum(r.engine_calls for r in results) == inference.calls
+    assert actions > 4 * 8  # most episodes run several turns: a per-request route would make > 32 calls
+    assert inference.calls <= 4 + 1  # one call per turn, at most one more where the groups' starts split
 
 
 class RecordingInference:

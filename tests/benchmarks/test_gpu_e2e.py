@@ -30,11 +30,13 @@ ROWS = [
     {
         **{"step": 2, "time/step_s": 1.0, "time/rollout_s": 0.5, "time/sync_s": 0.1, "time/offload_s": 0.05},
         **{"rollout/generated_tokens": 200.0, "val/success": 0.95, "time/validate_s": 0.25},
+        **{"rollout/engine_calls": 6.0, "rollout/engine_requests": 900.0},
         **{"memory/actor_train_peak_gib": 1.5, "sync/cuda_ipc": 1.0},
     },
     {
         **{"step": 3, "time/step_s": 3.0, "time/rollout_s": 1.5, "time/sync_s": 0.3, "time/offload_s": 0.15},
         **{"rollout/generated_tokens": 100.0, "memory/actor_train_peak_gib": 1.0, "sync/cuda_ipc": 1.0},
+        **{"rollout/engine_calls": 8.0, "rollout/engine_requests": 1100.0},
     },
 ]
 
@@ -52,6 +54,8 @@ def test_summary_of_a_run_by_hand(tmp_path):
     assert got["split_s"]["sync"] == 0.2 and got["split_s"]["offload"] == 0.1 and got["split_s"]["reload"] is None
     assert got["time_to_val_0_9_s"] == 3.75 and got["val_0_9_step"] == 2 and got["wall_to_val_0_9_s"] == 13.5
     assert got["generated_tokens_per_s"] == 150.0
+    assert got["engine_calls"] == {"mean": 7.0, "median": 7.0, "min": 6.0, "max": 8.0, "n": 2}
+    assert got["engine_requests"]["median"] == 1000.0
     assert got["peak_memory_gib"] == {"actor_train": 1.5}
     assert got["weight_sync_path"] == "cuda_ipc"
     assert got["val_success"] == {"0": 0.1, "2": 0.95}
@@ -62,7 +66,7 @@ def test_summary_when_val_is_never_reached_and_metrics_are_missing(tmp_path):
     got = summary.summarize_run(tmp_path, {"status": "failed", "rc": 1, "wall_s": 1.0})
     assert got["time_to_val_0_9_s"] is None and got["weight_sync_path"] is None
     empty = summary.summarize_run(tmp_path / "none", {"status": "failed", "rc": 1, "wall_s": 1.0})
-    assert empty["steps_done"] == 0 and empty["step_s"] == {}
+    assert empty["steps_done"] == 0 and empty["step_s"] == {} and empty["engine_calls"] == {}
 
 
 def test_budgets_and_record_names(tmp_path, monkeypatch):

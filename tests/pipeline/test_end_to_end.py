@@ -70,6 +70,9 @@ def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
     assert {"val/success"} <= rows[0].keys() and "val/success" in rows[2] and "val/success" in rows[3]
     assert all(r["rollout/dropped_trajectories"] == 0 for r in rows[1:])
     assert all(r["rollout/kept_trajectories"] == 4 for r in rows[1:])  # 1 of 2 groups of 4
+    # the env worker's requests travel batched: one Ray call carries every request of a turn
+    assert all(0 < r["rollout/engine_calls"] < r["rollout/engine_requests"] for r in rows[1:])
+    assert all(r["val/engine_calls"] > 0 for r in rows if "val/success" in r)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     frames = sorted((out / "frames" / "step_2").glob("*.txt"))
     assert len(frames) == 4  # one file per validation episode

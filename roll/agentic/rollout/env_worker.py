@@ -93,6 +93,7 @@ class EnvWorker:
         self._episode_timeout_s = proxy.pop("episode_timeout_s", 600.0)
         self._proxy = ProxyServer(**proxy) if any(s.agent_runner_cls for s in slots) else None
         self._made = 0
+        self._reported = (0, 0)  # (engine calls, requests) already handed back in a GroupResult
         self.groups = [[self._make_manager(spec) for _ in range(group_size + redundancy)] for spec in slots]
 
     def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager | AgentManager | ProxyEnvManager:
@@ -176,7 +177,18 @@ class EnvWorker:
             managers[i].close()  # failed or cancelled; releases an env hung in a thread, if it can be
             managers[i] = self._make_manager(managers[i].spec)  # a fresh env for the next episode
         surplus = len(managers) - len(trajectories) - len(dropped)
-        return GroupResult(group.group_index, trajectories, dropped, redundant=surplus)
+        calls, requests = self._take_engine_counts()
+        return GroupResult(
+            group.group_index, trajectories, dropped, redundant=surplus, engine_calls=calls, engine_requests=requests
+        )
+
+    def _take_engine_counts(self) -> tuple[int, int]:
+        """Ray calls to the inference workers, and the requests they carried, since the last take."""
+        clients = self._gateway.workers
+        total = (sum(c.calls for c in clients), sum(c.requests for c in clients))
+        delta = (total[0] - self._reported[0], total[1] - self._reported[1])
+        self._reported = total
+        return delta
 
 
 class _BatchingClient:
@@ -190,6 +202,8 @@ class _BatchingClient:
         self.window_s = window_s
         self._pending: list = []
         self._flush_handle = None
+        self.calls = 0  # Ray calls made (`generate_many`), and the requests they carried
+        self.requests = 0
 
     def release_session(self, session_id: str) -> None:
         self.inference.release_session.remote(session_id)
@@ -204,6 +218,8 @@ class _BatchingClient:
 
     def _flush(self) -> None:
         batch, self._pending, self._flush_handle = self._pending, [], None
+        self.calls += 1
+        self.requests += len(batch)
         ref = self.inference.generate_many.remote([r for r, _ in batch])
         asyncio.ensure_future(self._deliver(ref, [f for _, f in batch]))
 

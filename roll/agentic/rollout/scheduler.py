@@ -75,6 +75,11 @@ class RolloutScheduler:
         self.timeout_s = timeout_s
         self.stale_dropped_groups = 0  # groups dropped as too stale by the last `collect`
         self.redundant_trajectories = 0  # episodes of the last `collect`'s groups beyond group_size
+        # Ray calls from env workers to inference workers, and the generate requests they carried,
+        # reported with the results the last `collect` received (of any step: in async training the
+        # calls of groups that run ahead count when their results arrive)
+        self.engine_calls = 0
+        self.engine_requests = 0
         self._steps: dict[int, _StepState] = {}
         self._pending: dict[str, list] = collections.defaultdict(list)  # tag -> heap of (step, seq, spec)
         self._running: dict = {}  # ref -> (slot, step, spec)
@@ -125,6 +130,7 @@ class RolloutScheduler:
         than `max_staleness` versions older is dropped and played again (`stale_dropped_groups`).
         """
         self.stale_dropped_groups = 0
+        self.engine_calls = self.engine_requests = 0
         if not self._running and not self._recovering:  # nothing in flight: the same slot order every time
             self._free = self._all_slots_free()
         self.dispatch(step, num_groups, keep_frames)
@@ -173,6 +179,8 @@ class RolloutScheduler:
                 raise
             self._settle_running()
             raise failure from None
+        self.engine_calls += result.engine_calls
+        self.engine_requests += result.engine_requests
         state = self._steps[group_step]
         state.causes += result.dropped
         state.redundant += result.redundant
