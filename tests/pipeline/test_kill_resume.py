@@ -12,6 +12,10 @@ trainer state and manifest not). Each kind of moment once: the seven kills this 
 (four after a step, two mid-checkpoint) proved nothing the three do not, at twice the CI time.
 After every kill the newest complete checkpoint must load with `transformers`. Then the run is
 left to finish, and its metrics must equal an uninterrupted run's at every step.
+
+It runs in .ci/run_lanes (lane "slow"): at about 90 s it was the gate's longest test. The gate keeps
+what it stands on: commits and half-written or damaged checkpoints (tests/pipeline/test_checkpoint.py)
+and a resume that reproduces an uninterrupted run (tests/pipeline/test_end_to_end.py).
 """
 
 import json
@@ -28,7 +32,10 @@ import pytest
 from roll.pipeline import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.ray
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.lane,
+]  # .ci/run_lanes (slow); .ci/run keeps the unit tests of tests/pipeline/test_checkpoint.py
 
 MAX_STEPS = 6
 ARGS = [

@@ -1,11 +1,12 @@
 """Workers that die in the middle of a run (issue 31).
 
-An env worker and an inference engine, each killed with SIGKILL three times at moments drawn from
-a seeded generator after a step was logged, are restarted by Ray; the engine loads the weights of
-the last sync (never the initial model again), the groups that were being played are played again,
-what was lost is counted (`rollout/dropped_trajectories`), and the run goes on: every step is
-logged once. A training rank killed the same way cannot be rebuilt (its optimizer state is gone): the run
-stops with one line that names the dead worker and says to resume, exit 1.
+An env worker and an inference engine, each killed with SIGKILL at moments drawn from a seeded
+generator after a step was logged (once in .ci/run; three times in one run in the `lane` variant),
+are restarted by Ray; the engine loads the weights of the last sync (never the initial model
+again), the groups that were being played are played again, what was lost is counted
+(`rollout/dropped_trajectories`), and the run goes on: every step is logged once. A training rank
+killed the same way cannot be rebuilt (its optimizer state is gone): the run stops with one line
+that names the dead worker and says to resume, exit 1.
 """
 
 import json
@@ -23,13 +24,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
-MAX_STEPS = 24  # kills land in the first half: a fast machine must not finish the run before the last one
+STEPS_PER_ROUND = 8  # kills land in the first half: a fast machine must not finish the run before the last one
 ARGS = [
     "--config_path",
     "frozen_lake",
     "--config_name",
     "agent_val_frozen_lake",
-    f"max_steps={MAX_STEPS}",
     "eval_steps=0",
     "save_steps=4",
     "rollout_batch_size=8",
@@ -47,9 +47,10 @@ def tiny_model(tmp_path_factory):
     return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
 
 
-def start(model, out: Path, log: Path) -> subprocess.Popen:
+def start(model, out: Path, log: Path, max_steps: int) -> subprocess.Popen:
+    run = [*ARGS, f"max_steps={max_steps}", f"pretrain={model}", f"output_dir={out}"]
     return subprocess.Popen(
-        [sys.executable, "examples/start_agentic_pipeline.py", *ARGS, f"pretrain={model}", f"output_dir={out}"],
+        [sys.executable, "examples/start_agentic_pipeline.py", *run],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
@@ -99,12 +100,14 @@ def kill_one(proc: subprocess.Popen, title: str) -> int:
 
 
 @pytest.mark.timeout(1500)
-def test_killed_env_workers_and_engines_come_back_and_every_step_is_logged(tiny_model, tmp_path):
+@pytest.mark.parametrize("rounds", [1, pytest.param(3, marks=pytest.mark.lane)])  # three rounds: .ci/run_lanes
+def test_killed_env_workers_and_engines_come_back_and_every_step_is_logged(tiny_model, tmp_path, rounds):
     out, log, rng = tmp_path / "run", tmp_path / "run.log", random.Random(31)
-    proc = start(tiny_model, out, log)
+    max_steps = STEPS_PER_ROUND * rounds
+    proc = start(tiny_model, out, log, max_steps)
     kills = []  # (worker, step logged before the kill)
     try:
-        moments = sorted(rng.sample(range(1, MAX_STEPS // 2), 3))
+        moments = sorted(rng.sample(range(1, max_steps // 2), rounds))
         for after_step in moments:
             assert wait_for_step(out, after_step, proc), log.read_text()[-3000:]
             for title in ("ray::EnvWorker", "ray::InferenceWorker"):  # one of each, at a random moment
@@ -116,7 +119,7 @@ def test_killed_env_workers_and_engines_come_back_and_every_step_is_logged(tiny_
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     rows, text = steps(out), log.read_text()
-    assert [r["step"] for r in rows] == list(range(1, MAX_STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
     assert all(r["train/episode_reward"] == r["train/episode_reward"] for r in rows)  # no NaN: whole batches
     dropped = sum(r["rollout/dropped_trajectories"] for r in rows)
     assert dropped == text.count(": dropped a trajectory: ")  # each lost episode counted and named
@@ -130,7 +133,7 @@ def test_killed_env_workers_and_engines_come_back_and_every_step_is_logged(tiny_
 @pytest.mark.timeout(900)
 def test_a_killed_training_rank_stops_the_run_saying_to_resume(tiny_model, tmp_path):
     out, log = tmp_path / "run", tmp_path / "run.log"
-    proc = start(tiny_model, out, log)
+    proc = start(tiny_model, out, log, 24)  # stopped at step 1 by the kill
     try:
         assert wait_for_step(out, 1, proc), log.read_text()[-3000:]
         pid = kill_one(proc, "ray::ActorWorker")
