@@ -3,11 +3,13 @@
 `PackedSequences(model)` is called like the model, `(input_ids, attention_mask) -> .logits`, on a
 right-padded micro-batch (B, T): it concatenates the rows' real tokens into one sequence (1, N),
 N = the sum of the row lengths, with `position_ids` restarting at 0 for every row, and runs the
-model with no attention mask. transformers reads such position ids as packed sequences and keeps
-attention inside each row: a block-diagonal causal mask for sdpa and eager attention (on CPU
-too), varlen kernels for flash attention. Logits come back in the padded layout (B, T, ...),
-zeros at padding, so `token_logprobs`, `shifted_values` and the losses are unchanged, and packed
-and padded passes give the same numbers up to float round-off (tests/distributed/test_sequence_packing.py).
+model with no attention mask. Attention stays inside each row: a model that attends with sdpa
+runs it row by row for the pass (roll.distributed.segment_attention: work sum L^2, not N^2);
+otherwise transformers reads the position ids as packed sequences, with varlen kernels for flash
+attention and a block-diagonal causal mask over the whole row for eager attention, and for sdpa
+under gradient checkpointing. Logits come back in the padded layout (B, T, ...), zeros at
+padding, so `token_logprobs`, `shifted_values` and the losses are unchanged, and packed and padded
+passes give the same numbers up to float round-off (tests/distributed/test_sequence_packing.py).
 Compute is spent on the N real tokens only, instead of B x T.
 
 `PackingBudget` is ROLL's `sequence_packing_args.algorithm: load_balance`: a micro-batch plan by
@@ -27,6 +29,8 @@ from types import SimpleNamespace
 
 import torch
 
+from roll.distributed.segment_attention import segment_attention, segment_kwargs, uses_segment_attention
+
 
 def workload(length: int) -> int:
     """ROLL's FLOP proxy of one sequence (6 x hidden 4096 x L for the matmuls, L^2 for attention)."""
@@ -44,7 +48,12 @@ class PackedSequences:
         lengths = torch.where(attention_mask.bool().any(1), attention_mask.shape[1] - lengths, 0)
         keep = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]
         positions = torch.cat([torch.arange(int(n), device=input_ids.device) for n in lengths])
-        out = self.model(input_ids=input_ids[keep][None], position_ids=positions[None], use_cache=False)
+        inputs = {"input_ids": input_ids[keep][None], "position_ids": positions[None], "use_cache": False}
+        if uses_segment_attention(self.model, int(lengths.max())):
+            with segment_attention(self.model):
+                out = self.model(**inputs, **segment_kwargs(lengths))
+        else:
+            out = self.model(**inputs)
         packed = out.logits[0]  # (N, ...)
         logits = packed.new_zeros(*input_ids.shape, *packed.shape[1:])
         logits[keep] = packed
