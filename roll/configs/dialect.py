@@ -100,12 +100,14 @@ class RollDialect(ConfigModel):
 
     system_envs: dict[str, str] = Field(default_factory=dict)
     """Environment variables set in the driver and in every worker process (Ray runtime_env)."""
-    track_with: Literal["tensorboard", "wandb", "mlflow", "stdout", "swanlab", "trackio"] = "tensorboard"
+    track_with: Literal["tensorboard", "wandb", "mlflow", "swanlab", "trackio", "stdout"] = "tensorboard"
     """Where metrics go besides `metrics.jsonl` and the TensorBoard events (written in every case):
     "tensorboard" (events under `tracker_kwargs.log_dir`, else `logging_dir`), "wandb" (offline
     files under `output_dir` unless `tracker_kwargs.mode` is online), "mlflow" (a SQLite store
-    under `output_dir` unless `tracker_kwargs.tracking_uri` says otherwise) or "stdout" (one JSON
-    line per logged step). ROLL's "swanlab" and "trackio" are refused (docs/trackers.md)."""
+    under `output_dir` unless `tracker_kwargs.tracking_uri` says otherwise), "swanlab" (offline
+    files under `output_dir/swanlog` unless `tracker_kwargs.mode` is online), "trackio" (a SQLite
+    file under `output_dir/trackio` unless `tracker_kwargs.space_id` names a Space) or "stdout"
+    (one JSON line per logged step). docs/trackers.md."""
     tracker_kwargs: TrackerKwargs = Field(default_factory=TrackerKwargs)
     """Arguments of the `track_with` backend."""
     checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)
