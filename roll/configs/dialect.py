@@ -100,7 +100,7 @@ class RollDialect(ConfigModel):
 
     system_envs: dict[str, str] = Field(default_factory=dict)
     """Environment variables set in the driver and in every worker process (Ray runtime_env)."""
-    track_with: Literal["tensorboard", "wandb", "mlflow", "swanlab", "trackio", "stdout"] = "tensorboard"
+    track_with: Literal["tensorboard", "wandb", "mlflow", "stdout", "swanlab", "trackio"] = "tensorboard"
     """Where metrics go besides `metrics.jsonl` and the TensorBoard events (written in every case):
     "tensorboard" (events under `tracker_kwargs.log_dir`, else `logging_dir`), "wandb" (offline
     files under `output_dir` unless `tracker_kwargs.mode` is online), "mlflow" (a SQLite store
