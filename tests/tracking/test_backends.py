@@ -295,9 +295,18 @@ def swanlab_records(run_file):
     for data in reader:
         record = Record()
         record.ParseFromString(data)
-        records.append(MessageToDict(record))
+        records.append(MessageToDict(record, always_print_fields_with_no_presence=True))  # 0 and 0.0 too
     reader.close()
     return records
+
+
+def swanlab_scalars(records):
+    """(step, key, value) of each logged metric, in order; swanlab's own system metrics
+    (`__swanlab__.cpu.pct`, ...) left out."""
+    scalars = [r["scalar"] for r in records if "scalar" in r]
+    return [
+        (int(r["step"]), r["key"], r["value"]["number"]) for r in scalars if not r["key"].startswith("__swanlab__.")
+    ]
 
 
 def test_swanlab_offline_run_holds_each_step_and_the_masked_config(tmp_path):
@@ -308,9 +317,7 @@ def test_swanlab_offline_run_holds_each_step_and_the_masked_config(tmp_path):
     fresh_run("swanlab", out, project="roll-test", tags=["cpu"], description="first try")
     [run_file] = (out / "swanlog").glob("run-*/run-*.swanlab")
     records = swanlab_records(run_file)
-    scalars = [
-        (int(r["scalar"]["step"]), r["scalar"]["key"], r["scalar"]["value"]["number"]) for r in records if "scalar" in r
-    ]
+    scalars = swanlab_scalars(records)
     assert scalars == [(step, key, value) for step, values in STEPS.items() for key, value in values.items()]
     [start] = [r["start"] for r in records if "start" in r]
     assert (start["project"], start["name"], start["tags"], start["description"]) == (
@@ -447,3 +454,31 @@ def test_a_pipeline_step_with_track_with_mlflow_leaves_a_sqlite_run_of_its_metri
     params = run.data.params
     assert (params["max_steps"], params["track_with"], params["exp_name"]) == ("1", "mlflow", "lake-smoke")
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.runName"] == "lake-smoke"
+
+
+@pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
+def test_a_pipeline_step_with_track_with_swanlab_leaves_an_offline_run_of_its_metrics(tiny_model, tmp_path):
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[trackers]')")
+    metrics = one_step_run(tiny_model, tmp_path, "track_with=swanlab", "+tracker_kwargs.project=roll-smoke")
+    [run_file] = (tmp_path / "swanlog").glob("run-*/run-*.swanlab")
+    records = swanlab_records(run_file)
+    logged = {(step, key): value for step, key, value in swanlab_scalars(records)}
+    assert logged == pytest.approx({(line["step"], k): v for line in metrics for k, v in line.items() if k != "step"})
+    assert [r["finish"]["state"] for r in records if "finish" in r] == ["RUN_STATE_FINISHED"]
+
+
+@pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
+def test_a_pipeline_step_with_track_with_trackio_leaves_a_sqlite_run_of_its_metrics(tiny_model, tmp_path):
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackers]')")
+    metrics = one_step_run(tiny_model, tmp_path, "track_with=trackio", "exp_name=lake-smoke")
+    read = "import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+    read += "print(json.dumps([S.get_logs('lake-smoke', 'lake-smoke'), S.get_run_config('lake-smoke', 'lake-smoke')]))"
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    proc = subprocess.run(
+        [sys.executable, "-c", read], capture_output=True, text=True, timeout=120, env=env, check=True
+    )
+    logs, config = json.loads(proc.stdout.splitlines()[-1])
+    assert [row["step"] for row in logs] == [line["step"] for line in metrics]
+    for row, line in zip(logs, metrics):
+        assert {k: v for k, v in row.items() if k != "timestamp"} == pytest.approx(line, nan_ok=True)
+    assert (config["max_steps"], config["track_with"], config["exp_name"]) == (1, "trackio", "lake-smoke")
