@@ -104,8 +104,10 @@ class RollDialect(ConfigModel):
     """Where metrics go besides `metrics.jsonl` and the TensorBoard events (written in every case):
     "tensorboard" (events under `tracker_kwargs.log_dir`, else `logging_dir`), "wandb" (offline
     files under `output_dir` unless `tracker_kwargs.mode` is online), "mlflow" (a SQLite store
-    under `output_dir` unless `tracker_kwargs.tracking_uri` says otherwise) or "stdout" (one JSON
-    line per logged step). ROLL's "swanlab" and "trackio" are refused (docs/trackers.md)."""
+    under `output_dir` unless `tracker_kwargs.tracking_uri` says otherwise), "swanlab" (offline
+    files under `output_dir/swanlog` unless `tracker_kwargs.mode` is online), "trackio" (a SQLite
+    file under `output_dir/trackio` unless `tracker_kwargs.space_id` names a Space) or "stdout"
+    (one JSON line per logged step). docs/trackers.md."""
     tracker_kwargs: TrackerKwargs = Field(default_factory=TrackerKwargs)
     """Arguments of the `track_with` backend."""
     checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)

@@ -78,8 +78,8 @@ BASE_CONFIG: dict[str, Answer] = {
     "logging_dir": ok("TensorBoard events go here"),
     "rollout_dump_dir": ok("each step's trajectories as JSON lines"),
     "track_with": ok(
-        'tensorboard, wandb (offline by default), mlflow (a SQLite file by default) or stdout; "swanlab" and '
-        '"trackio" are refused (roll has no client for them)'
+        "tensorboard, wandb (offline by default), mlflow (a SQLite file by default), swanlab (offline by "
+        "default), trackio (a local SQLite file unless tracker_kwargs.space_id names a Space) or stdout"
     ),
     "tracker_kwargs": ok("arguments of the track_with backend; a key it does not take is refused by name"),
     "max_steps": ok("training steps of the run"),

@@ -2,9 +2,9 @@
 
 `run_dirs(cfg)` names every directory the run will write, by the key that sets it: `output_dir`
 (metrics.jsonl, placement.json), `checkpoint_config.output_dir` (checkpoints; else `output_dir`),
-`logging_dir` or `tracker_kwargs.log_dir` (TensorBoard events), `render_save_dir` (frames),
-`rollout_dump_dir` (trajectory dumps), `trace_rollouts` (`output_dir/traces`) and
-`rollout_mock.dump_dir` when recording. For each, before anything starts:
+`logging_dir` or `tracker_kwargs.log_dir` (TensorBoard events; with wandb, mlflow, swanlab or
+trackio their files), `render_save_dir` (frames), `rollout_dump_dir` (trajectory dumps),
+`trace_rollouts` (`output_dir/traces`) and `rollout_mock.dump_dir` when recording. For each, before anything starts:
 
 - it can be created and written (a `ConfigError` naming the key, exit 2, otherwise);
 - a fresh run (`resume_from_checkpoint: false`) finds none of the files this run would write
@@ -42,8 +42,8 @@ def run_dirs(cfg) -> dict[str, str]:
         dirs["tracker_kwargs.log_dir"] = cfg.tensorboard_dir
     else:
         dirs["logging_dir"] = cfg.logging_dir
-    tracker_dir = cfg.tracker_kwargs.log_dir if cfg.track_with in ("wandb", "mlflow") else None
-    if tracker_dir and tracker_dir != cfg.output_dir:  # wandb's run dir, mlflow's store
+    tracker_dir = cfg.tracker_kwargs.log_dir if cfg.track_with in ("wandb", "mlflow", "swanlab", "trackio") else None
+    if tracker_dir and tracker_dir != cfg.output_dir:  # wandb's and swanlab's run dirs, mlflow's and trackio's store
         dirs["tracker_kwargs.log_dir"] = tracker_dir
     if cfg.render_save_dir:
         dirs["render_save_dir"] = cfg.render_save_dir

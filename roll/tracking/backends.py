@@ -1,9 +1,12 @@
 """`track_with` (ROLL's key): where metrics go besides metrics.jsonl and TensorBoard.
 
 "tensorboard" needs nothing more (the Tracker's own writer, under `tracker_kwargs.log_dir`);
-"stdout" prints one line per logged step; "wandb" and "mlflow" use the real libraries (the
-`trackers` extra). The config check (`roll.configs.tracking`) has already refused what cannot run
-here and filled the defaults: wandb offline under `output_dir`, mlflow in `output_dir/mlflow.db`.
+"stdout" prints one line per logged step; "wandb", "mlflow", "swanlab" and "trackio" use the real
+libraries (the `trackers` extra). The config check (`roll.configs.tracking`) has already refused
+what cannot run here and filled the defaults: wandb offline under `output_dir`, mlflow in
+`output_dir/mlflow.db`, swanlab offline in `output_dir/swanlog`, trackio in `output_dir/trackio`.
+None of them starts a process or a server that outlives `close`: their workers are threads of
+this process.
 Every backend gets the same values at the same step as metrics.jsonl, and the run's config once
 (`log_config`), with secrets masked.
 """
@@ -11,8 +14,10 @@ Every backend gets the same values at the same step as metrics.jsonl, and the ru
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -115,6 +120,79 @@ class MlflowBackend:
         self.mlflow.end_run()
 
 
+class SwanlabBackend:
+    """One swanlab run; offline (the default) writes `<log_dir>/run-<time>-<id>/run-<id>.swanlab`."""
+
+    def __init__(self, kwargs: Mapping[str, Any], exp_name: str):
+        import swanlab
+
+        self.threads_before = set(threading.enumerate())
+        settings: dict[str, Any] = {
+            "terminal": {"proxy_type": "none"},  # the console stays on the terminal, not in the run
+            "probe": {"requirements": False},  # no `pip list` subprocess at start
+        }
+        if kwargs.get("mode") == "online" and kwargs.get("api_key"):
+            settings["api_key"] = kwargs["api_key"]  # this run only; unlike swanlab.login, nothing is saved
+        self.run = swanlab.init(
+            log_dir=kwargs["log_dir"],
+            mode=kwargs["mode"],
+            project=kwargs.get("project") or exp_name,
+            workspace=kwargs.get("workspace"),
+            name=kwargs.get("experiment_name") or exp_name,
+            description=kwargs.get("description"),
+            tags=kwargs.get("tags"),
+            settings=swanlab.Settings(**settings),
+        )
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.run.config.update(masked(config))
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+        # swanlab 0.10.3 stops its file watcher's observer but not the inotify reader thread that
+        # watchdog started for it (one idle thread and inotify fd per run): stop what is left.
+        for thread in set(threading.enumerate()) - self.threads_before:
+            if type(thread).__module__.startswith("watchdog.") and hasattr(thread, "stop"):
+                thread.stop()
+                thread.join(timeout=5)
+
+
+class TrackioBackend:
+    """One trackio run in `<log_dir>/<project>.db` (SQLite), or on a Space when `space_id` is set.
+
+    trackio reads its dir (`TRACKIO_DIR`) once, when it is imported, so one process holds runs of
+    one dir: a second dir is refused rather than written to the first."""
+
+    def __init__(self, kwargs: Mapping[str, Any], exp_name: str):
+        log_dir = Path(kwargs["log_dir"])
+        loaded = sys.modules.get("trackio.utils")
+        if loaded is not None and Path(loaded.TRACKIO_DIR) != log_dir:
+            raise RuntimeError(
+                f"tracker_kwargs.log_dir: trackio already writes to {loaded.TRACKIO_DIR} in this process"
+            )
+        os.environ["TRACKIO_DIR"] = str(log_dir)
+        import trackio
+
+        options = {
+            k: kwargs[k] for k in ("group", "space_id", "auto_log_gpu", "gpu_log_interval") if kwargs.get(k) is not None
+        }
+        self.run = trackio.init(
+            project=kwargs.get("project") or exp_name, name=kwargs.get("name") or exp_name, embed=False, **options
+        )
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.run.config.update(masked(config))  # stored with the run's first logged step
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 def make_backend(track_with: str, kwargs: dict[str, Any], exp_name: str):
     """The sink of `track_with`; None for tensorboard (the Tracker writes TensorBoard itself)."""
     if track_with == "stdout":
@@ -123,4 +201,8 @@ def make_backend(track_with: str, kwargs: dict[str, Any], exp_name: str):
         return WandbBackend(kwargs, exp_name)
     if track_with == "mlflow":
         return MlflowBackend(kwargs, exp_name)
+    if track_with == "swanlab":
+        return SwanlabBackend(kwargs, exp_name)
+    if track_with == "trackio":
+        return TrackioBackend(kwargs, exp_name)
     return None

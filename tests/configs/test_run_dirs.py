@@ -147,6 +147,18 @@ def test_run_dirs_names_each_directory_by_its_key(tmp_path, model_dir):
     assert run_dirs(cfg) == {"output_dir": "o", "logging_dir": "logs", "tracker_kwargs.log_dir": "wb"}
 
 
+@pytest.mark.parametrize("track_with, subdir", [("swanlab", "swanlog"), ("trackio", "trackio")])
+def test_swanlab_and_trackio_files_are_checked_under_output_dir(tmp_path, model_dir, track_with, subdir):
+    pytest.importorskip(track_with, reason=f"{track_with} is not installed (pip install 'roll[trackers]')")
+    overrides = [f"pretrain={model_dir}", "output_dir=o", f"track_with={track_with}", "logging_dir=logs"]
+    cfg = load_config(CONFIG_DIR, "minimal_agentic", overrides)
+    assert run_dirs(cfg) == {
+        "output_dir": "o",
+        "logging_dir": "logs",
+        "tracker_kwargs.log_dir": str(Path("o", subdir).absolute()),
+    }
+
+
 def test_one_checkpoint_is_estimated_from_the_model_files(tmp_path, model_dir):
     from transformers import AutoModelForCausalLM
 

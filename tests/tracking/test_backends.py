@@ -1,6 +1,7 @@
-"""The wandb and mlflow backends against the real libraries, on this machine only (wandb offline,
-mlflow in a SQLite file), each checked by reading back what the run stored; and the config check
-that routes `track_with` / `tracker_kwargs` to them (`roll.configs.tracking`)."""
+"""The wandb, mlflow, swanlab and trackio backends against the real libraries, on this machine only
+(wandb and swanlab offline, mlflow and trackio in SQLite files), each checked by reading back what
+the run stored; that none leaves a process or thread of its own behind; and the config check that
+routes `track_with` / `tracker_kwargs` to them (`roll.configs.tracking`)."""
 
 import json
 import os
@@ -161,21 +162,27 @@ def test_flat_params_are_dotted_text_cut_to_mlflows_limit():
         ("mlflow", {"project": "p"}, "tracker_kwargs.project", "is not an argument of track_with mlflow"),
         ("tensorboard", {"logdir": "x"}, "tracker_kwargs.logdir", "(it takes log_dir)"),
         ("stdout", {"log_dir": "x"}, "tracker_kwargs.log_dir", "(it takes no key)"),
-        ("swanlab", {}, "track_with", "'swanlab': roll has no swanlab client"),
         ("wandb", {"mode": "online"}, "tracker_kwargs.mode", "online needs a wandb API key"),
+        ("wandb", {"mode": "local"}, "tracker_kwargs.mode", "tracker_kwargs.mode='local': expected offline, online"),
+        ("swanlab", {"mode": "online"}, "tracker_kwargs.mode", "online needs a swanlab API key"),
+        ("swanlab", {"notes": "n"}, "tracker_kwargs.notes", "is not an argument of track_with swanlab"),
+        ("swanlab", {"log_dir": "a", "logdir": "b"}, "tracker_kwargs.logdir", "ROLL's spelling of log_dir"),
+        ("trackio", {"tags": ["x"]}, "tracker_kwargs.tags", "is not an argument of track_with trackio"),
     ],
 )
 def test_a_key_the_backend_cannot_use_is_refused_by_name(tmp_path, monkeypatch, track_with, kwargs, key, reason):
-    pytest.importorskip("wandb", reason="wandb is not installed (pip install 'roll[trackers]')")
-    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'roll[trackers]')")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for package in ("wandb", "mlflow") + ((track_with,) if track_with in ("swanlab", "trackio") else ()):
+        pytest.importorskip(package, reason=f"{package} is not installed (pip install 'roll[trackers]')")
+    for name in ("WANDB_API_KEY", "SWANLAB_API_KEY", "SWANLAB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("roll.configs.tracking._swanlab_saved_key", lambda: False)  # no `swanlab login` here
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     with pytest.raises(InvalidField) as info:
         resolved(track_with, tmp_path, **kwargs)
     assert info.value.key == key and reason in info.value.reason
 
 
-@pytest.mark.parametrize("track_with", ["wandb", "mlflow"])
+@pytest.mark.parametrize("track_with", ["wandb", "mlflow", "swanlab", "trackio"])
 def test_a_missing_tracker_package_is_named_with_the_extra_that_installs_it(tmp_path, monkeypatch, track_with):
     import importlib.util
 
@@ -213,6 +220,158 @@ def test_mlflow_defaults_to_a_sqlite_file_under_output_dir(tmp_path, monkeypatch
     assert kwargs["tracking_uri"] == f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     assert kwargs["artifact_location"] == (tmp_path / "out" / "mlflow-artifacts").as_uri()
     assert resolved("mlflow", "out", tracking_uri="http://mlflow:5000")["artifact_location"] is None
+
+
+FRESH_RUN = """
+import json, sys, threading
+from types import SimpleNamespace
+
+import psutil
+
+from roll.configs.tracking import TrackerKwargs, check_tracker
+from roll.tracking import Tracker
+from roll.tracking.backends import make_backend
+
+track_with, out, kwargs, config, steps = json.loads(sys.stdin.read())  # not argv: trackers record it
+cfg = SimpleNamespace(track_with=track_with, tracker_kwargs=TrackerKwargs(**kwargs), output_dir=out, system_envs={})
+check_tracker(cfg)
+threads = {t.ident for t in threading.enumerate()}
+backend = make_backend(track_with, cfg.tracker_kwargs.model_dump(), "lake")
+with Tracker(out, out + "/tb", backend=backend) as tracker:
+    tracker.log_config(config)
+    for step, values in steps.items():
+        tracker.log(int(step), values)
+    during = [p.cmdline() for p in psutil.Process().children(recursive=True)]
+report = {
+    "children_during": during,
+    "children_after": [p.cmdline() for p in psutil.Process().children(recursive=True)],
+    "threads_after": [repr(t) for t in threading.enumerate() if t.ident not in threads],
+}
+if track_with == "trackio":  # trackio reads its dir when imported: read back in the process that wrote
+    from trackio.sqlite_storage import SQLiteStorage
+
+    report["runs"] = SQLiteStorage.get_runs("lake")
+    report["logs"] = SQLiteStorage.get_logs("lake", "lake")
+    report["config"] = SQLiteStorage.get_run_config("lake", "lake")
+print("REPORT " + json.dumps(report))
+"""
+
+
+def fresh_run(track_with, out, **kwargs):
+    """The Tracker of `run_tracker` in a process of its own (a tracker library's threads and
+    children, and trackio's import-time dir, are per process); its report after close."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for name in ("SWANLAB_MODE", "SWANLAB_API_KEY", "TRACKIO_DIR", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
+        env.pop(name, None)
+    env["SWANLAB_API_HOST"] = env["SWANLAB_WEB_HOST"] = "http://127.0.0.1:9"  # network use would fail, not hang
+    env["HF_HUB_OFFLINE"] = "1"
+    args = json.dumps([track_with, str(out), kwargs, CONFIG, STEPS])
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_RUN],
+        input=args,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=out.parent,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
+    report = json.loads(line.removeprefix("REPORT "))
+    # nothing of theirs runs beside the run, so a kill leaves nothing; nothing is left after close
+    assert report["children_during"] == [] and report["children_after"] == [] and report["threads_after"] == []
+    return report
+
+
+def swanlab_records(run_file):
+    """The records of a `.swanlab` file, through swanlab's own reader (what `swanlab sync` replays)."""
+    from google.protobuf.json_format import MessageToDict
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    reader = DataStoreReader()
+    reader.open(run_file)
+    records = []
+    for data in reader:
+        record = Record()
+        record.ParseFromString(data)
+        records.append(MessageToDict(record, always_print_fields_with_no_presence=True))  # 0 and 0.0 too
+    reader.close()
+    return records
+
+
+def swanlab_scalars(records):
+    """(step, key, value) of each logged metric, in order; swanlab's own system metrics
+    (`__swanlab__.cpu.pct`, ...) left out."""
+    scalars = [r["scalar"] for r in records if "scalar" in r]
+    return [
+        (int(r["step"]), r["key"], r["value"]["number"]) for r in scalars if not r["key"].startswith("__swanlab__.")
+    ]
+
+
+def test_swanlab_offline_run_holds_each_step_and_the_masked_config(tmp_path):
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[trackers]')")
+    import yaml
+
+    out = tmp_path / "out"
+    fresh_run("swanlab", out, project="roll-test", tags=["cpu"], description="first try")
+    [run_file] = (out / "swanlog").glob("run-*/run-*.swanlab")
+    records = swanlab_records(run_file)
+    scalars = swanlab_scalars(records)
+    assert scalars == [(step, key, value) for step, values in STEPS.items() for key, value in values.items()]
+    [start] = [r["start"] for r in records if "start" in r]
+    assert (start["project"], start["name"], start["tags"], start["description"]) == (
+        "roll-test",
+        "lake",
+        ["cpu"],
+        "first try",
+    )
+    assert [r["finish"]["state"] for r in records if "finish" in r] == ["RUN_STATE_FINISHED"]
+    assert not [r for r in records if "log" in r]  # the console stays on the terminal
+    config = {k: v["value"] for k, v in yaml.safe_load((run_file.parent / "files" / "config.yaml").read_text()).items()}
+    assert config["actor_train"] == CONFIG["actor_train"] and config["seed"] == 7
+    assert config["tracker_kwargs"] == {"api_key": "***", "project": "p"}
+    assert config["system_envs"] == {"WANDB_API_KEY": "***", "OMP_NUM_THREADS": "1"}
+    assert not [f for f in run_file.parent.rglob("*") if f.is_file() and b"sk-secret" in f.read_bytes()]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "swanlog", "tb"]
+
+
+def test_trackio_run_is_a_local_sqlite_file_holding_each_step_and_the_masked_config(tmp_path):
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackers]')")
+    out = tmp_path / "out"
+    report = fresh_run("trackio", out, group="g", auto_log_gpu=False)
+    assert report["runs"] == ["lake"]
+    logs = [{k: v for k, v in row.items() if k != "timestamp"} for row in report["logs"]]
+    assert logs == [{"step": step, **values} for step, values in STEPS.items()]
+    config = report["config"]
+    assert config["actor_train"] == CONFIG["actor_train"] and config["seed"] == 7 and config["_Group"] == "g"
+    assert config["tracker_kwargs"] == {"api_key": "***", "project": "p"}
+    assert config["system_envs"] == {"WANDB_API_KEY": "***", "OMP_NUM_THREADS": "1"}
+    assert sorted(p.name for p in (out / "trackio").iterdir() if p.suffix == ".db") == ["lake.db"]
+    assert b"sk-secret" not in (out / "trackio" / "lake.db").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "tb", "trackio"]
+
+
+def test_swanlab_and_trackio_stay_local_unless_asked(tmp_path, monkeypatch):
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[trackers]')")
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackers]')")
+    for name in ("SWANLAB_MODE", "SWANLAB_API_KEY", "TRACKIO_SPACE_ID", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("roll.configs.tracking._swanlab_saved_key", lambda: False)
+    monkeypatch.setattr("roll.configs.tracking._hf_token", lambda: False)
+    swanlab = resolved("swanlab", tmp_path)
+    assert (swanlab["mode"], swanlab["log_dir"]) == ("offline", str(tmp_path / "swanlog"))
+    assert resolved("swanlab", tmp_path, logdir="sl")["log_dir"] == str(Path("sl").absolute())
+    assert resolved("swanlab", tmp_path, {"SWANLAB_MODE": "local"})["mode"] == "local"
+    assert resolved("swanlab", tmp_path, {"SWANLAB_MODE": "online", "SWANLAB_API_KEY": "k"})["mode"] == "online"
+    with pytest.raises(InvalidField, match="SWANLAB_MODE='cloud': expected offline, local, online, disabled"):
+        resolved("swanlab", tmp_path, {"SWANLAB_MODE": "cloud"})
+    assert resolved("trackio", tmp_path)["log_dir"] == str(tmp_path / "trackio")
+    for system_envs, kwargs in (({}, {"space_id": "me/runs"}), ({"TRACKIO_SPACE_ID": "me/runs"}, {})):
+        with pytest.raises(InvalidField, match="a Hugging Face Space needs a token") as info:
+            resolved("trackio", tmp_path, system_envs, **kwargs)
+        assert info.value.key == "tracker_kwargs.space_id"
+    assert resolved("trackio", tmp_path, {"HF_TOKEN": "t"}, space_id="me/runs")["space_id"] == "me/runs"
 
 
 @pytest.fixture(scope="module")
@@ -295,3 +454,31 @@ def test_a_pipeline_step_with_track_with_mlflow_leaves_a_sqlite_run_of_its_metri
     params = run.data.params
     assert (params["max_steps"], params["track_with"], params["exp_name"]) == ("1", "mlflow", "lake-smoke")
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.runName"] == "lake-smoke"
+
+
+@pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
+def test_a_pipeline_step_with_track_with_swanlab_leaves_an_offline_run_of_its_metrics(tiny_model, tmp_path):
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[trackers]')")
+    metrics = one_step_run(tiny_model, tmp_path, "track_with=swanlab", "+tracker_kwargs.project=roll-smoke")
+    [run_file] = (tmp_path / "swanlog").glob("run-*/run-*.swanlab")
+    records = swanlab_records(run_file)
+    logged = {(step, key): value for step, key, value in swanlab_scalars(records)}
+    assert logged == pytest.approx({(line["step"], k): v for line in metrics for k, v in line.items() if k != "step"})
+    assert [r["finish"]["state"] for r in records if "finish" in r] == ["RUN_STATE_FINISHED"]
+
+
+@pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
+def test_a_pipeline_step_with_track_with_trackio_leaves_a_sqlite_run_of_its_metrics(tiny_model, tmp_path):
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackers]')")
+    metrics = one_step_run(tiny_model, tmp_path, "track_with=trackio", "exp_name=lake-smoke")
+    read = "import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+    read += "print(json.dumps([S.get_logs('lake-smoke', 'lake-smoke'), S.get_run_config('lake-smoke', 'lake-smoke')]))"
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    proc = subprocess.run(
+        [sys.executable, "-c", read], capture_output=True, text=True, timeout=120, env=env, check=True
+    )
+    logs, config = json.loads(proc.stdout.splitlines()[-1])
+    assert [row["step"] for row in logs] == [line["step"] for line in metrics]
+    for row, line in zip(logs, metrics):
+        assert {k: v for k, v in row.items() if k != "timestamp"} == pytest.approx(line, nan_ok=True)
+    assert (config["max_steps"], config["track_with"], config["exp_name"]) == (1, "trackio", "lake-smoke")
