@@ -120,9 +120,10 @@ def check_tracker(cfg) -> None:
 
     track_with, kwargs = cfg.track_with, cfg.tracker_kwargs
     if track_with in LIBRARY_TRACKERS and importlib.util.find_spec(track_with) is None:
+        extra = track_with if track_with in ("swanlab", "trackio") else "trackers"  # pyproject.toml's extras
         raise InvalidField(
             "track_with",
-            f"{track_with!r} needs the {track_with} package (pip install 'roll[trackers]'); "
+            f"{track_with!r} needs the {track_with} package (pip install 'roll[{extra}]'); "
             "or use tensorboard or stdout",
         )
     given = sorted(set(kwargs.model_fields_set) | set(kwargs.model_extra or {}))

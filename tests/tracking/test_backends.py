@@ -29,6 +29,11 @@ CONFIG = {
 STEPS = {1: {"train/success": 0.25, "losses/entropy": 1.5}, 2: {"train/success": 0.75}, 4: {"val/success": 0.5}}
 
 
+def extra(package: str) -> str:
+    """The pyproject extra that installs a tracker's package: swanlab and trackio have their own."""
+    return package if package in ("swanlab", "trackio") else "trackers"
+
+
 def resolved(track_with, output_dir, system_envs=None, **kwargs):
     """`tracker_kwargs` as the config check leaves them for `make_backend`."""
     cfg = SimpleNamespace(
@@ -172,7 +177,7 @@ def test_flat_params_are_dotted_text_cut_to_mlflows_limit():
 )
 def test_a_key_the_backend_cannot_use_is_refused_by_name(tmp_path, monkeypatch, track_with, kwargs, key, reason):
     for package in ("wandb", "mlflow") + ((track_with,) if track_with in ("swanlab", "trackio") else ()):
-        pytest.importorskip(package, reason=f"{package} is not installed (pip install 'roll[trackers]')")
+        pytest.importorskip(package, reason=f"{package} is not installed (pip install 'roll[{extra(package)}]')")
     for name in ("WANDB_API_KEY", "SWANLAB_API_KEY", "SWANLAB_MODE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("roll.configs.tracking._swanlab_saved_key", lambda: False)  # no `swanlab login` here
@@ -192,7 +197,8 @@ def test_a_missing_tracker_package_is_named_with_the_extra_that_installs_it(tmp_
         resolved(track_with, tmp_path)
     assert (info.value.key, info.value.reason) == (
         "track_with",
-        f"{track_with!r} needs the {track_with} package (pip install 'roll[trackers]'); or use tensorboard or stdout",
+        f"{track_with!r} needs the {track_with} package (pip install 'roll[{extra(track_with)}]'); "
+        "or use tensorboard or stdout",
     )
 
 
@@ -310,7 +316,7 @@ def swanlab_scalars(records):
 
 
 def test_swanlab_offline_run_holds_each_step_and_the_masked_config(tmp_path):
-    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[trackers]')")
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[swanlab]')")
     import yaml
 
     out = tmp_path / "out"
@@ -337,7 +343,7 @@ def test_swanlab_offline_run_holds_each_step_and_the_masked_config(tmp_path):
 
 
 def test_trackio_run_is_a_local_sqlite_file_holding_each_step_and_the_masked_config(tmp_path):
-    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackers]')")
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackio]')")
     out = tmp_path / "out"
     report = fresh_run("trackio", out, group="g", auto_log_gpu=False)
     assert report["runs"] == ["lake"]
@@ -353,8 +359,8 @@ def test_trackio_run_is_a_local_sqlite_file_holding_each_step_and_the_masked_con
 
 
 def test_swanlab_and_trackio_stay_local_unless_asked(tmp_path, monkeypatch):
-    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[trackers]')")
-    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackers]')")
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[swanlab]')")
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackio]')")
     for name in ("SWANLAB_MODE", "SWANLAB_API_KEY", "TRACKIO_SPACE_ID", "HF_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("roll.configs.tracking._swanlab_saved_key", lambda: False)
@@ -458,7 +464,7 @@ def test_a_pipeline_step_with_track_with_mlflow_leaves_a_sqlite_run_of_its_metri
 
 @pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
 def test_a_pipeline_step_with_track_with_swanlab_leaves_an_offline_run_of_its_metrics(tiny_model, tmp_path):
-    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[trackers]')")
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install 'roll[swanlab]')")
     metrics = one_step_run(tiny_model, tmp_path, "track_with=swanlab", "+tracker_kwargs.project=roll-smoke")
     [run_file] = (tmp_path / "swanlog").glob("run-*/run-*.swanlab")
     records = swanlab_records(run_file)
@@ -469,7 +475,7 @@ def test_a_pipeline_step_with_track_with_swanlab_leaves_an_offline_run_of_its_me
 
 @pytest.mark.lane  # a pipeline run each: .ci/run_lanes (the tracker-level tests above stay in .ci/run)
 def test_a_pipeline_step_with_track_with_trackio_leaves_a_sqlite_run_of_its_metrics(tiny_model, tmp_path):
-    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackers]')")
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install 'roll[trackio]')")
     metrics = one_step_run(tiny_model, tmp_path, "track_with=trackio", "exp_name=lake-smoke")
     read = "import json; from trackio.sqlite_storage import SQLiteStorage as S; "
     read += "print(json.dumps([S.get_logs('lake-smoke', 'lake-smoke'), S.get_run_config('lake-smoke', 'lake-smoke')]))"
