@@ -10,9 +10,13 @@ same episodes (`--turns` chat turns each, `--max_new_tokens` sampled tokens per 
 - engine: the very engine requests the proxy made (same prompt ids, seeds, sessions) sent to
   `gateway.generate` by one coroutine per episode, turn after turn: the generate call itself.
 Sampling is seeded per request, so both modes generate the same tokens (checked: `same ids`).
-A request's latency is from the call to its answer; overhead = mean proxy latency / mean engine
-latency - 1, at each `--episodes` count: the modes take turns, and the median over `--repeats`
-of each repeat's ratio is reported (paired, so that load from other jobs hits both sides). It holds
+A request's latency is from the call to its answer; overhead = median proxy latency / median engine
+latency - 1 within a repeat, at each `--episodes` count: the modes take turns, and the median over
+the repeats of each repeat's ratio is reported (paired, so that load from other jobs hits both
+sides; medians, so that one request stalled by another job does not decide it). A row repeats
+`--repeats` times, or more until each mode has `--min_requests` requests (1 episode: 3 requests a
+repeat). `mean overhead` is the same with means instead of medians (what this script reported
+before 2026-11-27). It holds
 everything between the agent and the engine: the `openai` client, HTTP on loopback, the server,
 and the agents' threads taking turns with the server for one GIL. `handler ms` is the server's own
 part: its time in the request handler besides waiting for the engine. Then
@@ -27,12 +31,14 @@ tokenizer: calls as long as a small real model's on CPU). The proxy's cost per r
 fixed, so its ratio to the engine call depends on how long that call is.
 
 The last line is `RESULT overhead_1=<x> overhead_64=<y> burst_failed=<n>` (target <= 0.10, 0).
+Each row and the burst print the load average (/proc/loadavg, 1 minute) at their end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import tempfile
 import threading
@@ -147,6 +153,12 @@ def run_engine(host: Host, recorded: list) -> tuple[list[float], list]:
     return latencies, outs
 
 
+def load() -> float:
+    """The 1-minute load average: what else this machine was doing."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
 MODELS = {
     "tiny": {},
     "smollm2-shape": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, intermediate_size=1536),
@@ -161,6 +173,7 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--min_requests", type=int, default=90)
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -170,32 +183,36 @@ def main() -> None:
         host = Host(model_dir, args.threads)
         run_proxy(host, 4, args, "warmup")  # first calls of the engine and the server are slower
         print(
-            f"{'episodes':>8} {'requests':>8} {'engine ms':>10} {'proxy ms':>9} {'overhead':>9} "
-            f"{'handler ms':>10} {'same ids':>8}"
+            f"{'episodes':>8} {'repeats':>7} {'requests':>8} {'engine ms':>10} {'proxy ms':>9} {'overhead':>9} "
+            f"{'mean overhead':>13} {'handler ms':>10} {'same ids':>8} {'load':>5}"
         )
         overheads = {}
         for n in args.episodes:
-            proxy_ms, engine_ms, handler_ms, ratios, same = [], [], [], [], True
-            for r in range(args.repeats):
+            proxy_ms, engine_ms, handler_ms, ratios, mean_ratios, same = [], [], [], [], [], True
+            repeats = max(args.repeats, math.ceil(args.min_requests / (n * args.turns)))
+            for r in range(repeats):
                 proxy_lat, failures, recorded, handler = run_proxy(host, n, args, f"e{n}r{r}")
                 assert not failures, failures[:3]
                 engine_lat, outs = run_engine(host, recorded)
                 same &= all(outs[q.request_id].token_ids == o.token_ids for q, o in recorded)
-                proxy_ms.append(statistics.mean(proxy_lat) * 1e3)
-                engine_ms.append(statistics.mean(engine_lat) * 1e3)
+                proxy_ms.append(statistics.median(proxy_lat) * 1e3)
+                engine_ms.append(statistics.median(engine_lat) * 1e3)
                 handler_ms.append(handler * 1e3)
                 ratios.append(proxy_ms[-1] / engine_ms[-1] - 1)  # paired: the same minutes of load
+                mean_ratios.append(statistics.mean(proxy_lat) / statistics.mean(engine_lat) - 1)
             overheads[n] = statistics.median(ratios)
             print(
-                f"{n:>8} {len(proxy_lat):>8} {statistics.median(engine_ms):>10.1f} {statistics.median(proxy_ms):>9.1f} "
-                f"{overheads[n]:>+9.1%} {statistics.median(handler_ms):>10.2f} {str(same):>8}"
+                f"{n:>8} {repeats:>7} {len(proxy_lat):>8} {statistics.median(engine_ms):>10.1f} "
+                f"{statistics.median(proxy_ms):>9.1f} {overheads[n]:>+9.1%} {statistics.median(mean_ratios):>+13.1%} "
+                f"{statistics.median(handler_ms):>10.2f} {str(same):>8} {load():>5.1f}",
+                flush=True,
             )
         started = time.perf_counter()
         burst_lat, failures, _, _ = run_proxy(host, args.burst, args, "burst")
         wall = time.perf_counter() - started
         print(
             f"burst: {args.burst} concurrent episodes, {len(burst_lat)} requests served, {len(failures)} failed, "
-            f"{wall:.1f} s, mean latency {statistics.mean(burst_lat) * 1e3:.0f} ms"
+            f"{wall:.1f} s, mean latency {statistics.mean(burst_lat) * 1e3:.0f} ms, load {load():.1f}"
         )
         for f in failures[:5]:
             print("  failed:", f)
