@@ -22,7 +22,11 @@ and mean of each phase over all requests:
 
 `--engine instant` answers every request at once with fixed ids (the proxy alone);
 `--engine ray` is the tiny model's `InferenceWorker` as a Ray actor behind the gateway, as
-`proxy_overhead.py` runs it.
+`proxy_overhead.py` runs it. Below the phases: `total - engine` (what the request cost besides its
+engine call), `server - engine` (the server's part of it), the same engine requests sent straight
+to the engine (in turns with the proxy's rounds, one coroutine per episode, back to back), and the
+CPU time a request costs each side: the agents' threads and the server's event loop (thread CPU
+time, which load from other processes stretches less than wall time).
 
     python benchmarks/proxy_phases.py --engine ray --episodes 1 --rounds 30
     python benchmarks/proxy_phases.py --engine ray --episodes 64 --rounds 3
