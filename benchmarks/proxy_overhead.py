@@ -3,20 +3,31 @@ concurrent episodes through it (docs/agent_proxy.md).
 
 As in a run: the inference worker (the tiny FrozenLake model, `hf` engine) is a Ray actor, and this
 process hosts what an env worker hosts: the gateway and the `ProxyServer` on one event loop, and
-the agents' threads. Two modes play the
-same episodes (`--turns` chat turns each, `--max_new_tokens` sampled tokens per turn):
+the agents' threads. Three modes play the same episodes (`--turns` chat turns each,
+`--max_new_tokens` sampled tokens per turn), in turns within each repeat:
 - proxy: each episode is a thread with the real `openai` client, as `GEMRunner` runs, calling
-  `/v1/chat/completions` with the episode's token; the recorder keeps every engine request;
-- engine: the very engine requests the proxy made (same prompt ids, seeds, sessions) sent to
-  `gateway.generate` by one coroutine per episode, turn after turn: the generate call itself.
-Sampling is seeded per request, so both modes generate the same tokens (checked: `same ids`).
-A request's latency is from the call to its answer; overhead = mean proxy latency / mean engine
-latency - 1, at each `--episodes` count: the modes take turns, and the median over `--repeats`
-of each repeat's ratio is reported (paired, so that load from other jobs hits both sides). It holds
+  `/v1/chat/completions` with the episode's token; the recorder keeps every engine request and
+  when the proxy sent it and got its answer;
+- engine (the baseline): the very engine requests the proxy made (same prompt ids, seeds,
+  sessions) sent to `gateway.generate` by one coroutine per episode, turn after turn, paced as the
+  proxy sent them: each request as long after its episode's previous answer as in the proxy run
+  (the first as long after the start). The engine sees the same arrivals, so its call is compared
+  with itself: an engine left idle for a few ms between turns (as it is behind any agent, which
+  steps its env between calls) answers later on a loaded machine than one fed back to back;
+- b2b: the same requests back to back, each sent the moment its episode's previous one is
+  answered (this script's only baseline before 2026-11-27; shown for comparison).
+Sampling is seeded per request, so every mode generates the same tokens (checked: `same ids`).
+A request's latency is from the call to its answer; overhead = median proxy latency / median engine
+latency - 1 within a repeat, at each `--episodes` count; the median over the repeats of each
+repeat's ratio is reported (paired, so that load from other jobs hits both sides; medians, so that
+one request stalled by another job does not decide it). A row repeats `--repeats` times, or more
+until each mode has `--min_requests` requests (1 episode: 3 requests a repeat). `mean overhead` is
+the same with means, `overhead vs b2b` against the back-to-back baseline. The overhead holds
 everything between the agent and the engine: the `openai` client, HTTP on loopback, the server,
 and the agents' threads taking turns with the server for one GIL. `handler ms` is the server's own
-part: its time in the request handler besides waiting for the engine. Then
-`--burst` episodes at once through the proxy, counting failed requests (the target is none).
+part: its time in the request handler besides waiting for the engine. Then `--burst` episodes at
+once through the proxy, counting failed requests (the target is none). Which part of the overhead
+is whose: `proxy_phases.py`.
 
     python benchmarks/proxy_overhead.py [--episodes 1 64 --burst 256 --turns 3 --max_new_tokens 16 --repeats 7]
     python benchmarks/proxy_overhead.py --model smollm2-shape   # engine calls of a real small model's length
@@ -27,16 +38,19 @@ tokenizer: calls as long as a small real model's on CPU). The proxy's cost per r
 fixed, so its ratio to the engine call depends on how long that call is.
 
 The last line is `RESULT overhead_1=<x> overhead_64=<y> burst_failed=<n>` (target <= 0.10, 0).
+Each row and the burst print the load average (/proc/loadavg, 1 minute) at their end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import openai
 import ray
@@ -46,12 +60,22 @@ import envs  # noqa: F401  (registers the built-in envs)
 from roll.agentic.env.registry import make_env
 from roll.agentic.proxy.server import ProxyServer
 from roll.agentic.rollout.gateway import InferenceGateway
-from roll.core.records import SamplingParams
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
 from roll.pipeline.builders import init_ray
 from roll.pipeline.tiny_model import env_corpus
+
+
+@dataclass
+class EngineCall:
+    """One engine request the proxy made, its answer, and when (perf_counter) it was sent and answered."""
+
+    request: GenerateRequest
+    out: GenerateOutput
+    sent: float
+    answered: float
 
 
 class Host:
@@ -72,8 +96,9 @@ class Host:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def recorded(self, request):
+        sent = time.perf_counter()
         out = await self.gateway.generate(request)
-        self.engine_requests.append((request, out))
+        self.engine_requests.append(EngineCall(request, out, sent, time.perf_counter()))
         return out
 
     def open(self, name: str, seed: int, max_new_tokens: int):
@@ -108,10 +133,12 @@ def proxy_episode(host: Host, name: str, seed: int, args, latencies: list, failu
     handler.append(episode.overhead_s / max(episode.requests, 1))
 
 
-def run_proxy(host: Host, episodes: int, args, tag: str) -> tuple[list[float], list[str], list, float]:
-    """Latencies, failures, the engine requests made, and the handler's own time per request."""
+def run_proxy(host: Host, episodes: int, args, tag: str) -> tuple[list[float], list[str], list, float, float]:
+    """Latencies, failures, the engine calls made, the handler's own time per request, and when
+    the episodes started."""
     host.engine_requests = []
     latencies, failures, handler = [], [], []
+    started = time.perf_counter()
     threads = [
         threading.Thread(target=proxy_episode, args=(host, f"{tag}-{i}", i, args, latencies, failures, handler))
         for i in range(episodes)
@@ -121,30 +148,44 @@ def run_proxy(host: Host, episodes: int, args, tag: str) -> tuple[list[float], l
     for t in threads:
         t.join()
     recorded = list(host.engine_requests)
-    for session in {r.session_id for r, _ in recorded}:  # the engine forgets the conversations' KV
+    for session in {c.request.session_id for c in recorded}:  # the engine forgets the conversations' KV
         host.loop.call_soon_threadsafe(host.gateway.release, session)
-    return latencies, failures, recorded, statistics.mean(handler)
+    return latencies, failures, recorded, statistics.mean(handler), started
 
 
-def run_engine(host: Host, recorded: list) -> tuple[list[float], list]:
-    """The proxy's engine requests again, straight to the gateway, each episode's turns in order."""
-    by_episode: dict[str, list] = {}
-    for request, _ in recorded:
-        by_episode.setdefault(request.session_id, []).append(request)
+def run_engine(host: Host, recorded: list[EngineCall], proxy_started: float, paced: bool) -> tuple[list[float], dict]:
+    """The proxy's engine requests again, straight to the gateway, each episode's turns in order:
+    paced as the proxy sent them (each request as long after its episode's previous answer, the
+    first as long after the start) or back to back."""
+    by_episode: dict[str, list[EngineCall]] = {}
+    for call in recorded:
+        by_episode.setdefault(call.request.session_id, []).append(call)
     latencies, outs = [], {}
 
-    async def episode(requests):
-        for r in sorted(requests, key=lambda r: int(r.request_id.rsplit("/", 1)[1])):
-            started = time.perf_counter()
-            outs[r.request_id] = await host.gateway.generate(r)
-            latencies.append(time.perf_counter() - started)
-        host.gateway.release(requests[0].session_id)
+    async def episode(calls: list[EngineCall], started: float):
+        calls = sorted(calls, key=lambda c: int(c.request.request_id.rsplit("/", 1)[1]))
+        answered, proxy_answered = started, proxy_started
+        for call in calls:
+            if paced:
+                await asyncio.sleep(max(0.0, answered + (call.sent - proxy_answered) - time.perf_counter()))
+            sent = time.perf_counter()
+            outs[call.request.request_id] = await host.gateway.generate(call.request)
+            answered, proxy_answered = time.perf_counter(), call.answered
+            latencies.append(answered - sent)
+        host.gateway.release(calls[0].request.session_id)
 
     async def all_episodes():
-        await asyncio.gather(*(episode(rs) for rs in by_episode.values()))
+        started = time.perf_counter()
+        await asyncio.gather(*(episode(calls, started) for calls in by_episode.values()))
 
     host.run(all_episodes())
     return latencies, outs
+
+
+def load() -> float:
+    """The 1-minute load average: what else this machine was doing."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 MODELS = {
@@ -161,6 +202,7 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--min_requests", type=int, default=90)
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -170,32 +212,44 @@ def main() -> None:
         host = Host(model_dir, args.threads)
         run_proxy(host, 4, args, "warmup")  # first calls of the engine and the server are slower
         print(
-            f"{'episodes':>8} {'requests':>8} {'engine ms':>10} {'proxy ms':>9} {'overhead':>9} "
-            f"{'handler ms':>10} {'same ids':>8}"
+            f"{'episodes':>8} {'repeats':>7} {'requests':>8} {'engine ms':>10} {'proxy ms':>9} {'overhead':>9} "
+            f"{'mean overhead':>13} {'b2b engine ms':>13} {'overhead vs b2b':>15} {'handler ms':>10} "
+            f"{'same ids':>8} {'load':>5}"
         )
         overheads = {}
         for n in args.episodes:
-            proxy_ms, engine_ms, handler_ms, ratios, same = [], [], [], [], True
-            for r in range(args.repeats):
-                proxy_lat, failures, recorded, handler = run_proxy(host, n, args, f"e{n}r{r}")
+            rows = {k: [] for k in ("proxy", "engine", "b2b", "handler", "ratio", "mean_ratio", "b2b_ratio")}
+            same = True
+            repeats = max(args.repeats, math.ceil(args.min_requests / (n * args.turns)))
+            for r in range(repeats):
+                proxy_lat, failures, recorded, handler, started = run_proxy(host, n, args, f"e{n}r{r}")
                 assert not failures, failures[:3]
-                engine_lat, outs = run_engine(host, recorded)
-                same &= all(outs[q.request_id].token_ids == o.token_ids for q, o in recorded)
-                proxy_ms.append(statistics.mean(proxy_lat) * 1e3)
-                engine_ms.append(statistics.mean(engine_lat) * 1e3)
-                handler_ms.append(handler * 1e3)
-                ratios.append(proxy_ms[-1] / engine_ms[-1] - 1)  # paired: the same minutes of load
-            overheads[n] = statistics.median(ratios)
+                engine_lat, outs = run_engine(host, recorded, started, paced=True)
+                b2b_lat, b2b_outs = run_engine(host, recorded, started, paced=False)
+                for o in (outs, b2b_outs):
+                    same &= all(o[c.request.request_id].token_ids == c.out.token_ids for c in recorded)
+                rows["proxy"].append(statistics.median(proxy_lat) * 1e3)
+                rows["engine"].append(statistics.median(engine_lat) * 1e3)
+                rows["b2b"].append(statistics.median(b2b_lat) * 1e3)
+                rows["handler"].append(handler * 1e3)
+                # paired: the same minutes of load
+                rows["ratio"].append(rows["proxy"][-1] / rows["engine"][-1] - 1)
+                rows["mean_ratio"].append(statistics.mean(proxy_lat) / statistics.mean(engine_lat) - 1)
+                rows["b2b_ratio"].append(rows["proxy"][-1] / rows["b2b"][-1] - 1)
+            m = {k: statistics.median(v) for k, v in rows.items()}
+            overheads[n] = m["ratio"]
             print(
-                f"{n:>8} {len(proxy_lat):>8} {statistics.median(engine_ms):>10.1f} {statistics.median(proxy_ms):>9.1f} "
-                f"{overheads[n]:>+9.1%} {statistics.median(handler_ms):>10.2f} {str(same):>8}"
+                f"{n:>8} {repeats:>7} {len(proxy_lat):>8} {m['engine']:>10.1f} {m['proxy']:>9.1f} {m['ratio']:>+9.1%} "
+                f"{m['mean_ratio']:>+13.1%} {m['b2b']:>13.1f} {m['b2b_ratio']:>+15.1%} {m['handler']:>10.2f} "
+                f"{str(same):>8} {load():>5.1f}",
+                flush=True,
             )
         started = time.perf_counter()
-        burst_lat, failures, _, _ = run_proxy(host, args.burst, args, "burst")
+        burst_lat, failures, *_ = run_proxy(host, args.burst, args, "burst")
         wall = time.perf_counter() - started
         print(
             f"burst: {args.burst} concurrent episodes, {len(burst_lat)} requests served, {len(failures)} failed, "
-            f"{wall:.1f} s, mean latency {statistics.mean(burst_lat) * 1e3:.0f} ms"
+            f"{wall:.1f} s, mean latency {statistics.mean(burst_lat) * 1e3:.0f} ms, load {load():.1f}"
         )
         for f in failures[:5]:
             print("  failed:", f)

@@ -64,9 +64,12 @@ class GenerateTimeout(RuntimeError):
 
 async def generate_within(generate: GenerateFn, request: GenerateRequest, timeout_s: float | None) -> GenerateOutput:
     """`generate(request)`, or `GenerateTimeout` after `timeout_s` seconds (None: unbounded); what
-    env managers and agent loops both send the engine."""
+    env managers and agent loops both send the engine. Awaited in the caller's task (not
+    `wait_for`, which on 3.11 wraps it in a task of its own: one more trip through a busy event
+    loop on the way in and one on the way out)."""
     try:
-        return await asyncio.wait_for(generate(request), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await generate(request)
     except TimeoutError:
         raise GenerateTimeout(f"generate timeout: no answer within {timeout_s}s") from None
 

@@ -126,9 +126,7 @@ class ProxyEpisode:
             ]
             started = time.perf_counter()
             try:
-                outs = await asyncio.gather(
-                    *(generate_within(self.generate, r, self.generate_timeout_s) for r in engine_requests)
-                )
+                outs = await _generate_all(self.generate, engine_requests, self.generate_timeout_s)
             except Exception as e:
                 self.failure = e
                 raise
@@ -139,3 +137,11 @@ class ProxyEpisode:
             for r in replies:
                 self.recorder.record(prompt, r.out, r.message)
             return Completion(replies, len(prompt.ids))
+
+
+async def _generate_all(generate: GenerateFn, requests: list[GenerateRequest], timeout_s: float | None) -> list:
+    """The choices' outputs; one choice (the usual request) is awaited in the handler's own task,
+    not through `gather`'s, which would cost two more trips through the event loop."""
+    if len(requests) == 1:
+        return [await generate_within(generate, requests[0], timeout_s)]
+    return await asyncio.gather(*(generate_within(generate, r, timeout_s) for r in requests))
