@@ -92,6 +92,7 @@ def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path, trainer):
     assert is_vl_model(checkpoint) and type(load_processor(checkpoint)).__name__ == "Qwen2_5_VLProcessor"
 
 
+@pytest.mark.lane  # .ci/run_lanes (slow); .ci/run runs its pre-start checks (tests/configs/test_vl_checks.py)
 @pytest.mark.skipif(not ROLL_VL.is_dir(), reason="ROLL's example configs are not here")
 def test_rolls_vl_sokoban_config_runs(vl_model, tmp_path):
     run(
