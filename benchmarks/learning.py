@@ -41,10 +41,16 @@ ENVS = {
     "frozen_lake": ("frozen_lake", "agent_val_frozen_lake", "frozen_lake"),
     "sokoban": ("sokoban", "agent_val_sokoban", "sokoban"),
     "webshop": ("webshop", "agent_val_webshop", "webshop"),
+    "vl_frozen_lake": ("vl_frozen_lake", "agentic_val_vl_frozen_lake", "vl_frozen_lake"),
 }
 # env -> the validation metric of its curve: success, or WebShop's score (the paper's mean purchase
 # reward: success alone is all-or-nothing, 1.0 only for the right product with every option)
-METRIC = {"frozen_lake": "val/success", "sokoban": "val/success", "webshop": "val/env/score"}
+METRIC = {
+    "frozen_lake": "val/success",
+    "sokoban": "val/success",
+    "webshop": "val/env/score",
+    "vl_frozen_lake": "val/success",
+}
 # envs whose tiny model gets the example's warm start (`roll.pipeline.warm_start`) before RL
 WARM_START = {"webshop"}
 # two-sided 95% Student t quantiles t_{0.975, df} for df = 1..10; larger df use the normal 1.96
