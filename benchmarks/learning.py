@@ -1,5 +1,5 @@
 """Learning curves of the examples: validation success (WebShop: score) against wall time and env
-steps, N seeds.
+steps, N seeds (vl_frozen_lake: the VL example, FrozenLake seen only as images).
 
 Each (env, seed) is one run of the example's config through the CLI, exactly what a user runs,
 with only `seed` and `output_dir` changed (and `max_steps` / `eval_steps` when given), so the
@@ -17,7 +17,7 @@ seeds). Two x axes:
 Writes one PNG (a row per env: success vs wall time, success vs env steps) and prints a markdown
 table; the last line is machine-readable: `RESULT <env>_final=<mean> <env>_ci95=<half width> ...`.
 
-    python benchmarks/learning.py [--envs frozen_lake sokoban webshop] [--seeds 1 2 3]
+    python benchmarks/learning.py [--envs frozen_lake sokoban webshop vl_frozen_lake] [--seeds 1 2 3]
         [--steps N] [--eval_steps K] [--out DIR] [--plot PATH] [--extra key=value ...]
 
 Smoke check (about 2 minutes on 2 cores): `--envs frozen_lake --seeds 1 2 --steps 2 --eval_steps 1`.
@@ -41,10 +41,16 @@ ENVS = {
     "frozen_lake": ("frozen_lake", "agent_val_frozen_lake", "frozen_lake"),
     "sokoban": ("sokoban", "agent_val_sokoban", "sokoban"),
     "webshop": ("webshop", "agent_val_webshop", "webshop"),
+    "vl_frozen_lake": ("vl_frozen_lake", "agentic_val_vl_frozen_lake", "vl_frozen_lake"),
 }
 # env -> the validation metric of its curve: success, or WebShop's score (the paper's mean purchase
 # reward: success alone is all-or-nothing, 1.0 only for the right product with every option)
-METRIC = {"frozen_lake": "val/success", "sokoban": "val/success", "webshop": "val/env/score"}
+METRIC = {
+    "frozen_lake": "val/success",
+    "sokoban": "val/success",
+    "webshop": "val/env/score",
+    "vl_frozen_lake": "val/success",
+}
 # envs whose tiny model gets the example's warm start (`roll.pipeline.warm_start`) before RL
 WARM_START = {"webshop"}
 # two-sided 95% Student t quantiles t_{0.975, df} for df = 1..10; larger df use the normal 1.96

@@ -115,3 +115,35 @@ def test_rolls_vl_sokoban_config_runs(vl_model, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
     assert "val/frames/SimpleSokoban/0" in image_tags(tmp_path / "tb")
+
+
+@pytest.mark.lane  # a second VL run through the CLI (about 2 minutes loaded): .ci/run has the Sokoban one
+def test_the_vl_frozen_lake_example_trains_a_step(tmp_path):
+    from roll.pipeline.tiny_model import main as build
+
+    model = build(["--preset", "vl_frozen_lake", "--output_dir", str(tmp_path / "vl")])
+    out = tmp_path / "run"
+    run(
+        [
+            "--config_path",
+            "vl_frozen_lake",
+            "--config_name",
+            "agentic_val_vl_frozen_lake",
+            f"pretrain={model}",
+            f"output_dir={out}",
+            "max_steps=1",
+            "eval_steps=1",
+            "save_steps=0",
+            "rollout_batch_size=4",
+            "train_env_manager.num_env_groups=2",
+            "train_env_manager.group_size=2",
+            "val_batch_size=2",
+            "val_env_manager.num_env_groups=2",
+            "actor_train.training_args.per_device_train_batch_size=2",
+            "actor_train.training_args.gradient_accumulation_steps=2",
+        ]
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
+    assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
+    assert rows[1]["train/num_actions"] >= 1
