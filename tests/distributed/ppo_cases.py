@@ -104,3 +104,19 @@ def lm_loss(scale: float = 1.0):
         return out.loss * scale, {}
 
     return loss_fn
+
+
+def padded_and_packed(model, ids: torch.Tensor, mask: torch.Tensor) -> list[tuple]:
+    """(log-probs, entropies, gradients by parameter name) of `model` on the padded micro-batch,
+    then of the same model run on packed rows (`PackedSequences`)."""
+    from roll.distributed.micro_batches import token_logprobs
+    from roll.distributed.sequence_packing import PackedSequences
+
+    results = []
+    for runner in (model, PackedSequences(model)):
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(runner, ids, mask, temperature=0.7, with_entropy=True, dedupe=False)
+        (logprobs.sum() + entropy.sum()).backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        results.append((logprobs.detach(), entropy.detach(), grads))
+    return results

@@ -19,12 +19,12 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from ppo_cases import ARGS, assert_same_training, lm_minibatch, train_two_steps
+from ppo_cases import ARGS, assert_same_training, lm_minibatch, padded_and_packed, train_two_steps
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
 from roll.distributed.micro_batches import token_logprobs
-from roll.distributed.sequence_packing import PackedSequences, PackingBudget
+from roll.distributed.sequence_packing import PackingBudget
 from roll.distributed.strategies.process_group import ensure_process_group, free_port
 from roll.distributed.strategies.registry import build_train_strategy
 
@@ -70,14 +70,7 @@ def test_packed_logprobs_entropies_and_gradients_equal_padded(model_dir, megatro
     megatron_model.load_megatron_state(gpt, hf_to_megatron(hf.state_dict(), arch))
     model = megatron_model.MegatronCausalLM(gpt, arch.vocab_size)
     ids, mask = ragged()
-    results = []
-    for runner in (model, PackedSequences(model)):
-        model.zero_grad()
-        logprobs, entropy = token_logprobs(runner, ids, mask, temperature=0.7, with_entropy=True, dedupe=False)
-        (logprobs.sum() + entropy.sum()).backward()
-        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-        results.append((logprobs.detach(), entropy.detach(), grads))
-    (padded_lp, padded_h, padded_g), (packed_lp, packed_h, packed_g) = results
+    (padded_lp, padded_h, padded_g), (packed_lp, packed_h, packed_g) = padded_and_packed(model, ids, mask)
     assert_close(packed_lp, padded_lp, rtol=1e-5, atol=1e-5)
     assert_close(packed_h, padded_h, rtol=1e-5, atol=1e-5)
     with torch.no_grad():

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, ppo_batch
+from ppo_cases import ARGS, VOCAB, WEIGHT_TOL, assert_same_training, padded_and_packed, ppo_batch
 from tensordict import TensorDict
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
@@ -44,14 +44,7 @@ def ragged(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def test_packed_logprobs_entropies_and_gradients_equal_padded(model_dir):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     ids, mask = ragged()
-    results = []
-    for runner in (model, PackedSequences(model)):
-        model.zero_grad()
-        logprobs, entropy = token_logprobs(runner, ids, mask, temperature=0.7, with_entropy=True, dedupe=False)
-        (logprobs.sum() + entropy.sum()).backward()
-        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-        results.append((logprobs.detach(), entropy.detach(), grads))
-    (padded_lp, padded_h, padded_g), (packed_lp, packed_h, packed_g) = results
+    (padded_lp, padded_h, padded_g), (packed_lp, packed_h, packed_g) = padded_and_packed(model, ids, mask)
     assert_close(packed_lp, padded_lp, rtol=1e-5, atol=1e-5)
     assert_close(packed_h, padded_h, rtol=1e-5, atol=1e-5)
     assert (packed_lp[mask == 0] == 0).all() and packed_lp[1, 1:3].ne(0).all()
