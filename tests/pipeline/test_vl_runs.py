@@ -24,6 +24,18 @@ def vl_model(tmp_path_factory):
     return build(["--preset", "vl_sokoban", "--output_dir", str(tmp_path_factory.mktemp("m") / "vl")])
 
 
+# one step of 2 groups x 2 envs, validation on 2: what both VL example runs share
+SMALL = [
+    "rollout_batch_size=4",
+    "train_env_manager.num_env_groups=2",
+    "train_env_manager.group_size=2",
+    "val_batch_size=2",
+    "val_env_manager.num_env_groups=2",
+    "actor_train.training_args.per_device_train_batch_size=2",
+    "actor_train.training_args.gradient_accumulation_steps=2",
+]
+
+
 def image_tags(log_dir: Path) -> set[str]:
     tags = set()
     for events in log_dir.rglob("events.out.tfevents.*"):
@@ -71,13 +83,7 @@ def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path, trainer):
             "max_steps=1",
             "eval_steps=1",
             "save_steps=1",
-            "rollout_batch_size=4",
-            "train_env_manager.num_env_groups=2",
-            "train_env_manager.group_size=2",
-            "val_batch_size=2",
-            "val_env_manager.num_env_groups=2",
-            "actor_train.training_args.per_device_train_batch_size=2",
-            "actor_train.training_args.gradient_accumulation_steps=2",
+            *SMALL,
             *TRAINERS[trainer],
         ]
     )
@@ -134,13 +140,7 @@ def test_the_vl_frozen_lake_example_trains_a_step(tmp_path):
             "max_steps=1",
             "eval_steps=1",
             "save_steps=0",
-            "rollout_batch_size=4",
-            "train_env_manager.num_env_groups=2",
-            "train_env_manager.group_size=2",
-            "val_batch_size=2",
-            "val_env_manager.num_env_groups=2",
-            "actor_train.training_args.per_device_train_batch_size=2",
-            "actor_train.training_args.gradient_accumulation_steps=2",
+            *SMALL,
         ]
     )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
