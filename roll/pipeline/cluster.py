@@ -13,7 +13,9 @@ Two cases, decided once (`init_ray`) and said in one line on stderr:
   the node address is 127.0.0.1, and `ray.init` turns a loopback `_node_ip_address` into the
   machine's outward IP unless clusters are switched off (`ray_constants.ENABLE_RAY_CLUSTER`, set
   from `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` at import). So the switch is off while Ray starts, and
-  the dashboard is not started. tests/pipeline/test_ray_local.py lists the sockets.
+  the dashboard is not started. tests/pipeline/test_ray_local.py lists the sockets. Its GCS keeps
+  the events of the last `TASK_EVENTS_IN_GCS` tasks, where Ray's default keeps 100,000, which a
+  long run fills a little every step; `RAY_task_events_max_num_task_in_gcs` set by the user wins.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from roll.core.errors import RollError
 from roll.pipeline import reaper
 
 LOOPBACK = "127.0.0.1"
+TASK_EVENTS_IN_GCS = 10_000
 _joined = False
 _nodes_at_start: dict[str, str] = {}
 """Node id -> IP of the nodes alive when the run started (`lost_nodes`)."""
@@ -54,6 +57,14 @@ def ray_target(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
+def _private_system_config() -> dict:
+    """Ray settings of the private instance: a bounded task-event history in its GCS, unless the
+    user set Ray's own variable for it."""
+    if "RAY_task_events_max_num_task_in_gcs" in os.environ:
+        return {}
+    return {"task_events_max_num_task_in_gcs": TASK_EVENTS_IN_GCS}
+
+
 def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> bool:
     """Start or join Ray (module docstring); returns whether the run joined a cluster.
     `system_envs` are set in this process and in every worker (the job's runtime_env)."""
@@ -72,6 +83,7 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
                 include_dashboard=False,
                 _node_ip_address=LOOPBACK,
                 logging_level="ERROR",
+                _system_config=_private_system_config(),
                 **runtime_env,
             )
         _remember_nodes()

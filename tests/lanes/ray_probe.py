@@ -38,7 +38,14 @@ if __name__ == "__main__":
     if "hold" in sys.argv[1:]:  # the instance whose sockets are checked: a worker process is up too
         ray.get(Probe.remote().node_id.remote())
     print(
-        json.dumps({"joined": joined, "gcs": ray.get_runtime_context().gcs_address, "listening": listening_sockets()}),
+        json.dumps(
+            {
+                "joined": joined,
+                "gcs": ray.get_runtime_context().gcs_address,
+                "listening": listening_sockets(),
+                "task_events_in_gcs": ray._raylet.Config.task_events_max_num_task_in_gcs(),
+            }
+        ),
         flush=True,
     )
     if sys.argv[1:] == ["hold"]:

@@ -1,6 +1,7 @@
 """The pipeline's own Ray (`init_ray` without `ray_address`): every socket of its processes
 listens on loopback; `RAY_ADDRESS` joins a running instance (no num_cpus passed); a Ray started
-with `ray start` on this machine (its address in `ray_current_cluster`) is not joined."""
+with `ray start` on this machine (its address in `ray_current_cluster`) is not joined; the private
+instance's GCS keeps a bounded task history."""
 
 import json
 import os
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from roll.pipeline.cluster import TASK_EVENTS_IN_GCS
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = [sys.executable, str(Path(__file__).parents[1] / "lanes" / "ray_probe.py")]
@@ -50,6 +53,7 @@ def test_local_ray_listens_on_loopback_only_and_existing_instances_are_handled()
         outside = [s for s in first["listening"] if s[1] not in LOOPBACK]
         assert outside == [], f"listening outside loopback: {outside}"
         assert first["gcs"].startswith("127.0.0.1:")
+        assert first["task_events_in_gcs"] == TASK_EVENTS_IN_GCS  # a bounded task history in its GCS
         # 2. RAY_ADDRESS set: joined, without Ray's "num_cpus must not be provided"
         joined = run_probe(RAY_ADDRESS=first["gcs"])
         assert joined["joined"] is True and joined["gcs"] == first["gcs"]
@@ -57,8 +61,9 @@ def test_local_ray_listens_on_loopback_only_and_existing_instances_are_handled()
         with tempfile.TemporaryDirectory(prefix="r", dir="/tmp") as tmp:  # short: Ray's socket paths
             (Path(tmp) / "ray").mkdir()
             (Path(tmp) / "ray" / "ray_current_cluster").write_text(first["gcs"])
-            private = run_probe(RAY_TMPDIR=tmp)
+            private = run_probe(RAY_TMPDIR=tmp, RAY_task_events_max_num_task_in_gcs="777")
         assert private["joined"] is False and private["gcs"] != first["gcs"]
+        assert private["task_events_in_gcs"] == 777  # the user's own setting wins
         # 4. kill -9 of the driver: every process it started goes with it (Ray's agents alone
         # would wait out a 60 s report to the dead GCS first)
         started = [
