@@ -7,7 +7,10 @@ the agents' threads. Three modes play the same episodes (`--turns` chat turns ea
 `--max_new_tokens` sampled tokens per turn), in turns within each repeat:
 - proxy: each episode is a thread with the real `openai` client, as `GEMRunner` runs, calling
   `/v1/chat/completions` with the episode's token; the recorder keeps every engine request and
-  when the proxy sent it and got its answer;
+  when the proxy sent it and got its answer. With `--agents processes` the threads live in
+  `--agent_procs` spawned processes of their own (episodes dealt round-robin), as an agent
+  program outside the trainer runs: their client's CPU no longer takes turns with the server for
+  this process's GIL (the two cores are still shared);
 - engine (the baseline): the very engine requests the proxy made (same prompt ids, seeds,
   sessions) sent to `gateway.generate` by one coroutine per episode, turn after turn, paced as the
   proxy sent them: each request as long after its episode's previous answer as in the proxy run
@@ -31,13 +34,14 @@ is whose: `proxy_phases.py`.
 
     python benchmarks/proxy_overhead.py [--episodes 1 64 --burst 256 --turns 3 --max_new_tokens 16 --repeats 7]
     python benchmarks/proxy_overhead.py --model smollm2-shape   # engine calls of a real small model's length
+    python benchmarks/proxy_overhead.py --agents processes       # agents as programs of their own
 
 `--model`: `tiny` (the FrozenLake example's model, 0.5M parameters: an engine call of tens of ms)
 or `smollm2-shape` (SmolLM2-135M's layer stack, 30 layers of width 576, random init, with the tiny
 tokenizer: calls as long as a small real model's on CPU). The proxy's cost per request is about
 fixed, so its ratio to the engine call depends on how long that call is.
 
-The last line is `RESULT overhead_1=<x> overhead_64=<y> burst_failed=<n>` (target <= 0.10, 0).
+The last line is `RESULT model=<m> agents=<a> overhead_1=<x> overhead_64=<y> burst_failed=<n>` (target <= 0.10, 0).
 Each row and the burst print the load average (/proc/loadavg, 1 minute) at their end.
 """
 
@@ -46,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import multiprocessing
 import statistics
 import tempfile
 import threading
@@ -115,12 +120,12 @@ class Host:
         return self.run(make())
 
 
-def proxy_episode(host: Host, name: str, seed: int, args, latencies: list, failures: list, handler: list) -> None:
-    episode = host.open(name, seed, args.max_new_tokens)
-    client = host.client.with_options(api_key=episode.token)  # one connection pool, as a runner keeps
+def play(client: openai.OpenAI, name: str, token: str, seed: int, turns: int, latencies: list, failures: list) -> None:
+    """One agent's episode: `turns` chat calls with the real `openai` client, its latencies kept."""
+    client = client.with_options(api_key=token)  # one connection pool, as a runner keeps
     board, info = make_env("frozen_lake", {}).reset(seed=seed)
     messages = [{"role": "system", "content": info["env_instruction"]}, {"role": "user", "content": board}]
-    for turn in range(args.turns):
+    for turn in range(turns):
         started = time.perf_counter()
         try:
             answer = client.chat.completions.create(model="roll-policy", messages=messages).choices[0].message
@@ -129,28 +134,79 @@ def proxy_episode(host: Host, name: str, seed: int, args, latencies: list, failu
             break
         latencies.append(time.perf_counter() - started)
         messages += [{"role": "assistant", "content": answer.content or ""}, {"role": "user", "content": "Next?"}]
-    host.server.close_episode(episode)
-    handler.append(episode.overhead_s / max(episode.requests, 1))
 
 
-def run_proxy(host: Host, episodes: int, args, tag: str) -> tuple[list[float], list[str], list, float, float]:
-    """Latencies, failures, the engine calls made, the handler's own time per request, and when
-    the episodes started."""
-    host.engine_requests = []
-    latencies, failures, handler = [], [], []
-    started = time.perf_counter()
-    threads = [
-        threading.Thread(target=proxy_episode, args=(host, f"{tag}-{i}", i, args, latencies, failures, handler))
-        for i in range(episodes)
-    ]
+def play_all(client: openai.OpenAI, jobs: list[tuple[str, str, int]], turns: int) -> tuple[list[float], list[str]]:
+    """Every job (name, token, seed) at once, a thread each; their latencies and failures."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    threads = [threading.Thread(target=play, args=(client, *job, turns, latencies, failures)) for job in jobs]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return latencies, failures
+
+
+def agent_process(conn, base_url: str) -> None:
+    """An agent program of its own (`--agents processes`): plays the jobs it is sent until None."""
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
+    while (message := conn.recv()) is not None:
+        jobs, turns = message
+        conn.send(play_all(client, jobs, turns))
+
+
+class AgentProcesses:
+    """`n` agent processes (spawned, each with its own `openai` client and GIL), episodes dealt
+    round-robin; each plays its share as threads."""
+
+    def __init__(self, n: int, base_url: str):
+        ctx = multiprocessing.get_context("spawn")
+        self.conns, self.procs = [], []
+        for _ in range(n):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=agent_process, args=(theirs, base_url), daemon=True)
+            proc.start()
+            self.conns.append(ours)
+            self.procs.append(proc)
+
+    def play(self, jobs: list[tuple[str, str, int]], turns: int) -> tuple[list[float], list[str]]:
+        shares = [jobs[i :: len(self.conns)] for i in range(len(self.conns))]
+        for conn, share in zip(self.conns, shares):
+            conn.send((share, turns))
+        latencies: list[float] = []
+        failures: list[str] = []
+        for conn in self.conns:
+            lat, fail = conn.recv()
+            latencies += lat
+            failures += fail
+        return latencies, failures
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+
+
+def run_proxy(host: Host, episodes: int, args, tag: str, agents: AgentProcesses | None = None):
+    """Latencies, failures, the engine calls made, the handler's own time per request, and when
+    the episodes started. The agents are threads of this process, or `agents`' processes."""
+    host.engine_requests = []
+    opened = [host.open(f"{tag}-{i}", i, args.max_new_tokens) for i in range(episodes)]
+    jobs = [(f"{tag}-{i}", episode.token, i) for i, episode in enumerate(opened)]
+    started = time.perf_counter()
+    if agents is None:
+        latencies, failures = play_all(host.client, jobs, args.turns)
+    else:
+        latencies, failures = agents.play(jobs, args.turns)
+    for episode in opened:
+        host.server.close_episode(episode)
+    handler = statistics.mean(e.overhead_s / max(e.requests, 1) for e in opened)
     recorded = list(host.engine_requests)
     for session in {c.request.session_id for c in recorded}:  # the engine forgets the conversations' KV
         host.loop.call_soon_threadsafe(host.gateway.release, session)
-    return latencies, failures, recorded, statistics.mean(handler), started
+    return latencies, failures, recorded, handler, started
 
 
 def run_engine(host: Host, recorded: list[EngineCall], proxy_started: float, paced: bool) -> tuple[list[float], dict]:
@@ -204,13 +260,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--min_requests", type=int, default=90)
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument(
+        "--agents",
+        choices=["threads", "processes"],
+        default="threads",
+        help="threads of the proxy's process (as the built-in runners in an env worker) or agent programs of their own",
+    )
+    parser.add_argument("--agent_procs", type=int, default=4, help="with --agents processes: how many")
     args = parser.parse_args()
     torch.manual_seed(0)
     init_ray(None)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(f"{tmp}/m", corpus=env_corpus("frozen_lake", {}), **MODELS[args.model])
         host = Host(model_dir, args.threads)
-        run_proxy(host, 4, args, "warmup")  # first calls of the engine and the server are slower
+        agents = AgentProcesses(args.agent_procs, f"{host.base_url}/v1") if args.agents == "processes" else None
+        run_proxy(host, 4, args, "warmup", agents)  # first calls of the engine and the server are slower
         print(
             f"{'episodes':>8} {'repeats':>7} {'requests':>8} {'engine ms':>10} {'proxy ms':>9} {'overhead':>9} "
             f"{'mean overhead':>13} {'b2b engine ms':>13} {'overhead vs b2b':>15} {'handler ms':>10} "
@@ -222,7 +286,7 @@ def main() -> None:
             same = True
             repeats = max(args.repeats, math.ceil(args.min_requests / (n * args.turns)))
             for r in range(repeats):
-                proxy_lat, failures, recorded, handler, started = run_proxy(host, n, args, f"e{n}r{r}")
+                proxy_lat, failures, recorded, handler, started = run_proxy(host, n, args, f"e{n}r{r}", agents)
                 assert not failures, failures[:3]
                 engine_lat, outs = run_engine(host, recorded, started, paced=True)
                 b2b_lat, b2b_outs = run_engine(host, recorded, started, paced=False)
@@ -245,7 +309,7 @@ def main() -> None:
                 flush=True,
             )
         started = time.perf_counter()
-        burst_lat, failures, *_ = run_proxy(host, args.burst, args, "burst")
+        burst_lat, failures, *_ = run_proxy(host, args.burst, args, "burst", agents)
         wall = time.perf_counter() - started
         print(
             f"burst: {args.burst} concurrent episodes, {len(burst_lat)} requests served, {len(failures)} failed, "
@@ -253,10 +317,12 @@ def main() -> None:
         )
         for f in failures[:5]:
             print("  failed:", f)
+        if agents is not None:
+            agents.close()
         host.run(host.server.stop())
     ray.shutdown()
     summary = " ".join(f"overhead_{n}={v:.4f}" for n, v in overheads.items())
-    print(f"RESULT model={args.model} {summary} burst_failed={len(failures)}")
+    print(f"RESULT model={args.model} agents={args.agents} {summary} burst_failed={len(failures)}")
 
 
 if __name__ == "__main__":

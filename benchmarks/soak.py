@@ -13,8 +13,10 @@ script samples the run's processes (its own session: driver, Ray, workers): resi
 
 Last line: `RESULT soak_steps=... exit=... missing_steps=... kills=... dropped=... rss_first_mb=...
 rss_last_mb=... files_first=... files_last=...` (first/last: the means of the second and the last
-fifth of the samples, so that start-up does not count as drift); every sample goes to
-`soak_samples.csv` beside `--out`.
+fifth of the samples taken while training, so that neither start-up nor the teardown after the last step
+counts as drift); every sample goes to
+`soak_samples.csv` beside `--out`, and a table of the memory by process title (driver, Ray's own
+processes, each kind of worker), first window against last, shows where any rise is.
 """
 
 from __future__ import annotations
@@ -69,18 +71,21 @@ def session_processes(sid: int) -> list[psutil.Process]:
 KILLED = ("ray::EnvWorker", "ray::InferenceWorker")  # killed in turn
 
 
-def sample(sid: int, title: str) -> tuple[float, int, list[psutil.Process]]:
-    """(RSS MiB, open files, processes whose title starts with `title`) of the run's session."""
-    rss, files, found = 0, 0, []
+def sample(sid: int, title: str) -> tuple[float, int, list[psutil.Process], dict[str, float]]:
+    """(RSS MiB, open files, processes whose title starts with `title`, RSS MiB by process title)
+    of the run's session."""
+    rss, files, found, by_title = 0, 0, [], {}
     for proc in session_processes(sid):
         try:
-            rss += proc.memory_info().rss
+            mem, name = proc.memory_info().rss, proc.name()
             files += proc.num_fds()
-            if proc.name().startswith(title):
-                found.append(proc)
         except psutil.Error:
             continue
-    return rss / 2**20, files, found
+        rss += mem
+        by_title[name] = by_title.get(name, 0.0) + mem / 2**20
+        if name.startswith(title):
+            found.append(proc)
+    return rss / 2**20, files, found, by_title
 
 
 def logged_steps(out: Path) -> list[int]:
@@ -124,9 +129,9 @@ def main() -> None:
     samples, kills = [], []
     try:
         while proc.poll() is None:
-            rss, files, victims = sample(proc.pid, KILLED[len(kills) % len(KILLED)])
+            rss, files, victims, by_title = sample(proc.pid, KILLED[len(kills) % len(KILLED)])
             steps = logged_steps(out)
-            samples.append((time.monotonic() - started, len(steps), rss, files))
+            samples.append((time.monotonic() - started, len(steps), rss, files, by_title))
             if kill_at and steps and steps[-1] >= kill_at[0] and victims:
                 victim = rng.choice(victims)
                 victim.send_signal(signal.SIGKILL)
@@ -140,17 +145,33 @@ def main() -> None:
     report(args, out, proc.returncode, samples, kills, time.monotonic() - started, log)
 
 
+def print_by_title(first: list, last: list) -> None:
+    """Which processes the memory is in, by title, first window against last (MiB, means)."""
+    titles = sorted({t for rows in (first, last) for r in rows for t in r[4]})
+
+    def mean(rows: list, title: str) -> float:
+        return sum(r[4].get(title, 0.0) for r in rows) / len(rows)
+
+    print("| process title | RSS MiB first | RSS MiB last | change |")
+    print("|---|---|---|---|")
+    for t in sorted(titles, key=lambda t: -abs(mean(last, t) - mean(first, t))):
+        print(f"| {t} | {mean(first, t):.0f} | {mean(last, t):.0f} | {mean(last, t) - mean(first, t):+.0f} |")
+
+
 def report(args, out: Path, returncode: int, samples: list, kills: list, wall_s: float, log: Path) -> None:
     steps = logged_steps(out)
     missing = sorted(set(range(1, args.steps + 1)) - set(steps))
     repeated = len(steps) - len(set(steps))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] if steps else []
     dropped = sum(r.get("rollout/dropped_trajectories", 0) for r in rows)
-    fifth = max(len(samples) // 5, 1)
-    first, last = samples[fifth : 2 * fifth] or samples[:fifth], samples[-fifth:]  # after start-up; the end
+    # memory while training: the samples after the last step is logged catch the run tearing down
+    training = [s for s in samples if s[1] < args.steps] or samples
+    fifth = max(len(training) // 5, 1)
+    first, last = training[fifth : 2 * fifth] or training[:fifth], training[-fifth:]  # after start-up; the end
     with open(out.parent / "soak_samples.csv", "w") as f:  # every sample, to plot
         f.write("wall_s,steps_logged,rss_mib,open_files\n")
-        f.writelines(f"{t:.1f},{n},{rss:.1f},{files}\n" for t, n, rss, files in samples)
+        f.writelines(f"{t:.1f},{n},{rss:.1f},{files}\n" for t, n, rss, files, _ in samples)
+    print_by_title(first, last)
     mean = lambda rows, i: sum(r[i] for r in rows) / len(rows)  # noqa: E731
     print("| steps | exit | wall s | kills | dropped trajectories | RSS MiB first/last | open files first/last |")
     print("|---|---|---|---|---|---|---|")
