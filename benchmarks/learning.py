@@ -1,5 +1,6 @@
 """Learning curves of the examples: validation success (WebShop: score) against wall time and env
-steps, N seeds (vl_frozen_lake: the VL example, FrozenLake seen only as images).
+steps, N seeds (vl_frozen_lake: the VL example, FrozenLake seen only as images; vl_frozen_lake_step:
+its step-wise GiGPO variant).
 
 Each (env, seed) is one run of the example's config through the CLI, exactly what a user runs,
 with only `seed` and `output_dir` changed (and `max_steps` / `eval_steps` when given), so the
@@ -17,8 +18,8 @@ seeds). Two x axes:
 Writes one PNG (a row per env: success vs wall time, success vs env steps) and prints a markdown
 table; the last line is machine-readable: `RESULT <env>_final=<mean> <env>_ci95=<half width> ...`.
 
-    python benchmarks/learning.py [--envs frozen_lake sokoban webshop vl_frozen_lake] [--seeds 1 2 3]
-        [--steps N] [--eval_steps K] [--out DIR] [--plot PATH] [--extra key=value ...]
+    python benchmarks/learning.py [--envs frozen_lake sokoban webshop vl_frozen_lake vl_frozen_lake_step]
+        [--seeds 1 2 3] [--steps N] [--eval_steps K] [--out DIR] [--plot PATH] [--extra key=value ...]
 
 Smoke check (about 2 minutes on 2 cores): `--envs frozen_lake --seeds 1 2 --steps 2 --eval_steps 1`.
 """
@@ -42,6 +43,7 @@ ENVS = {
     "sokoban": ("sokoban", "agent_val_sokoban", "sokoban"),
     "webshop": ("webshop", "agent_val_webshop", "webshop"),
     "vl_frozen_lake": ("vl_frozen_lake", "agentic_val_vl_frozen_lake", "vl_frozen_lake"),
+    "vl_frozen_lake_step": ("vl_frozen_lake", "agentic_val_vl_frozen_lake_step", "vl_frozen_lake"),
 }
 # env -> the validation metric of its curve: success, or WebShop's score (the paper's mean purchase
 # reward: success alone is all-or-nothing, 1.0 only for the right product with every option)
@@ -50,6 +52,7 @@ METRIC = {
     "sokoban": "val/success",
     "webshop": "val/env/score",
     "vl_frozen_lake": "val/success",
+    "vl_frozen_lake_step": "val/success",
 }
 # envs whose tiny model gets the example's warm start (`roll.pipeline.warm_start`) before RL
 WARM_START = {"webshop"}

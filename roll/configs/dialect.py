@@ -22,7 +22,7 @@ from roll.configs.correction import TrainInferCorrection
 from roll.configs.rollout import RolloutMock
 from roll.configs.tracking import TrackerKwargs, check_tracker
 
-ENV_MANAGER_CLASSES = {
+ENV_MANAGER_CLASSES: dict[str, str | None] = {
     "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
     "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "step",
     "roll.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
@@ -30,13 +30,17 @@ ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager": "step",
     "roll.agentic.env_manager.native_env_manager.NativeStepEnvManager": "step",
     "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager": "step",
-    "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager": "traj",
-    "roll.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager": "traj",
+    "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager": None,
+    "roll.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager": None,
+    "roll.agentic.env_manager.vl_step_env_manager.VLStepEnvManager": "step",
     "traj": "traj",
     "step": "step",
     "native": "step",
 }
-"""`custom_envs.<Tag>.env_manager_cls` -> our env manager type."""
+"""`custom_envs.<Tag>.env_manager_cls` -> our env manager type; None: the type of the managers
+running the tag (`env_manager_type`). ROLL has no step-wise VL manager, so its `VLTrajEnvManager`
+marks a tag as VL and the sample mode picks the manager: trajectory-wise, or step-wise
+(`roll.agentic.env_manager.vl_step_env_manager`)."""
 NATIVE_ENV_MANAGERS = frozenset(
     {
         "roll.pipeline.agentic.env_manager.agent_native_env_manager.AgentNativeStepEnvManager",
@@ -59,10 +63,11 @@ VL_ENV_MANAGERS = frozenset(
     {
         "roll.pipeline.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager",
         "roll.agentic.env_manager.vl_traj_env_manager.VLTrajEnvManager",
+        "roll.agentic.env_manager.vl_step_env_manager.VLStepEnvManager",
     }
 )
-"""Of those, the trajectory-wise manager for vision-language models: image observations
-(`roll.agentic.env_manager.vl_traj_env_manager`)."""
+"""Of those, the managers for vision-language models: image observations, trajectory- or
+step-wise (`roll.agentic.env_manager.vl_traj_env_manager`, `vl_step_env_manager`)."""
 CONCAT_ENV_MANAGERS = frozenset({"roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager"})
 """Of those, ROLL's step-wise manager for GEM: `{history}` is the earlier observations, one per
 line, instead of "(step: N, observation: ..., action: ..., reward: ...)" entries."""
@@ -375,8 +380,8 @@ def _manager_type_from_tags(name: str, manager, custom_envs) -> None:
     types = {
         tag: ENV_MANAGER_CLASSES[custom_envs[tag].env_manager_cls]
         for tag in manager.tags
-        if tag in custom_envs and custom_envs[tag].env_manager_cls in ENV_MANAGER_CLASSES
-    }  # proxy tags follow the manager's type
+        if tag in custom_envs and ENV_MANAGER_CLASSES.get(custom_envs[tag].env_manager_cls) is not None
+    }  # proxy tags and ROLL's VLTrajEnvManager follow the manager's type
     if not types:
         return
     if len(set(types.values())) > 1:

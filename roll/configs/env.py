@@ -74,7 +74,9 @@ class CustomEnvConfig(ConfigModel):
     `StepEnvManager` ("step") or ROLL's `AgentNativeStepEnvManager` / our `NativeStepEnvManager`
     ("native": step-wise samples whose prompt is the env's own chat, `info["messages"]`;
     roll.agentic.env_manager.native_env_manager). The managers running the tag take that type
-    (`roll.configs.dialect.ENV_MANAGER_CLASSES`); any other path is refused."""
+    (`roll.configs.dialect.ENV_MANAGER_CLASSES`); any other path is refused. Image observations
+    (docs/vision_language.md): ROLL's or our `VLTrajEnvManager` (trajectory- or step-wise, as the
+    manager's `env_manager_type` says) or our `VLStepEnvManager` ("step")."""
     agent_runner_cls: str | None = None
     """ROLL's key: the agent runner that plays this tag through the chat proxy (with
     `env_manager_cls` ROLL's or our `ProxyEnvManager`; roll.agentic.proxy). ROLL's `GEMRunner` /
@@ -167,7 +169,8 @@ class EnvManagerConfig(ConfigModel):
     "step" (GiGPO): one sample per env step, its prompt the instruction, the last
     `history_length` turns and the current observation. Validate with the type you train with."""
     history_length: int = Field(0, ge=0)
-    """Step-wise only: how many earlier (observation, answer) turns a step's prompt shows."""
+    """Step-wise only: how many earlier (observation, answer) turns a step's prompt shows (a VL
+    tag: frames and answers, so a prompt holds up to `history_length` + 1 images)."""
     env_step_timeout_s: float = Field(60.0, gt=0)
     """Most seconds one `env.reset` or `env.step` may take; a call over it drops its trajectory
     (cause "env.step exceeded ..."), and the env is closed and made anew for the next episode."""

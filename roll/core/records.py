@@ -83,7 +83,8 @@ class GenerateOutput:
 @dataclass
 class StepRecord:
     """One env step as its own training sample (step-wise managers): the prompt it was given, the
-    ids the engine generated with their log-probs, the step reward and the observed state's hash."""
+    ids the engine generated with their log-probs, the step reward and the observed state's hash.
+    `images` (vision-language managers) are the prompt's images, as sent with its request."""
 
     step: int
     prompt_ids: list[int]
@@ -91,6 +92,7 @@ class StepRecord:
     logprobs: list[float]
     reward: float
     state_hash: str
+    images: ImageInputs | None = None
 
 
 @dataclass

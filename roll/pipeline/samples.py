@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from roll.algorithms.batch_adjust import adjusted_rows, rows_divisor
 from roll.algorithms.filters import group_reward_std_stats, select_groups_by_reward_std
 from roll.core.fields import Batch, RowInfo
-from roll.core.records import Trajectory
+from roll.core.records import ImageInputs, Trajectory
 from roll.core.seeding import derive_seed
 from roll.distributed.ranks import data_parallel_ranks
 
@@ -49,7 +49,7 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         batch_size=[b],
     )
     if any(tr.images is not None for tr in trajs):
-        batch.update(image_batch(trajs))
+        batch.update(image_batch([tr.images for tr in trajs]))
     rows = RowInfo(
         traj_group_id=[tr.traj_group_id for tr in trajs],
         traj_id=[tr.traj_id for tr in trajs],
@@ -60,26 +60,27 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
     return batch, rows
 
 
-def image_batch(trajs: list[Trajectory]) -> dict[str, torch.Tensor]:
+def image_batch(images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
     """Each row's images, zero-padded: pixel values (B, P, D) and patch grids (B, N, 3)
     (`Batch.PIXEL_VALUES`, `Batch.IMAGE_GRID_THW`; `roll.distributed.micro_batches.vision_inputs`
-    cuts the padding again). Every trajectory of a VL batch must carry its images."""
-    if any(tr.images is None for tr in trajs):
-        raise ValueError("a batch mixes episodes with and without images")
-    pixels = [torch.as_tensor(tr.images.pixel_values, dtype=torch.float32) for tr in trajs]
+    cuts the padding again). Every row of a VL batch (a trajectory, or a step) must carry its images."""
+    if any(row is None for row in images):
+        raise ValueError("a batch mixes samples with and without images")
+    rows: list[ImageInputs] = [row for row in images if row is not None]
+    pixels = [torch.as_tensor(row.pixel_values, dtype=torch.float32) for row in rows]
     patches, dim = max(p.shape[0] for p in pixels), pixels[0].shape[1]
-    images = max(tr.images.num_images for tr in trajs)
-    pixel_values = torch.zeros((len(trajs), patches, dim))
-    grids = torch.zeros((len(trajs), images, 3), dtype=torch.long)
-    for i, (tr, p) in enumerate(zip(trajs, pixels)):
+    pixel_values = torch.zeros((len(rows), patches, dim))
+    grids = torch.zeros((len(rows), max(row.num_images for row in rows), 3), dtype=torch.long)
+    for i, (row, p) in enumerate(zip(rows, pixels)):
         pixel_values[i, : p.shape[0]] = p
-        grids[i, : tr.images.num_images] = torch.tensor(tr.images.image_grid_thw)
+        grids[i, : row.num_images] = torch.tensor(row.image_grid_thw)
     return {Batch.PIXEL_VALUES: pixel_values, Batch.IMAGE_GRID_THW: grids}
 
 
 def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:
     """One row per env step (step-wise managers): prompt + response ids, right-padded.
-    Tensors as in `build_traj_batch` (no token rewards: step-wise advantages are per row).
+    Tensors as in `build_traj_batch` (no token rewards: step-wise advantages are per row), with
+    each step's own images when its manager is a VL one (`image_batch`).
     Per-row ids: traj_group_id, traj_id, tag, truncated, step, state_hash, step_rewards (S,),
     episode_scores (S,) (the trajectory's total reward, repeated on each of its steps).
     """
@@ -105,6 +106,8 @@ def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         },
         batch_size=[b],
     )
+    if any(st.images is not None for _, st in rows):
+        batch.update(image_batch([st.images for _, st in rows]))
     info = RowInfo(
         traj_group_id=[tr.traj_group_id for tr, _ in rows],
         traj_id=[tr.traj_id for tr, _ in rows],

@@ -5,10 +5,12 @@ CLI before Ray starts; each failure is a `ConfigError` naming the key (one line,
   `vision_config`): a text-only model cannot read the frames;
 - each VL tag's env gives images: its class renders "rgb_array" and `env_config.render_mode`
   asks for it;
-- each VL tag's episode fits the engine's per-prompt image limit (`limit_mm_per_prompt.image`):
-  a trajectory's last prompt carries one image per action, `custom_envs.<tag>.max_steps`;
+- each VL tag's prompts fit the engine's per-prompt image limit (`limit_mm_per_prompt.image`):
+  trajectory-wise, the last prompt carries one image per action, `custom_envs.<tag>.max_steps`;
+  step-wise, a step's prompt carries the frames of its history and its own, `history_length` + 1
+  (at most `max_steps`);
 - `sequence_length` holds each VL tag's first prompt (as the VL manager builds it with the
-  model's processor, image placeholders included) and one response;
+  model's processor, image placeholders included; the same in both sample modes) and one response;
 - the inference engine takes images (`hf`; the vllm and sglang engines send text only so far);
 - the training engines run HF models on unpacked rows (not megatron, not sequence packing), with
   no critic, and no `rollout_mock` recording (it would have to store the images).
@@ -19,6 +21,7 @@ from __future__ import annotations
 from roll.configs import ConfigError
 from roll.configs.dialect import VL_ENV_MANAGERS
 from roll.configs.worker import image_limit
+from roll.core.enums import SampleMode
 
 IMAGE_LIMIT_KEY = "actor_infer.strategy_args.strategy_config.limit_mm_per_prompt.image"
 
@@ -76,14 +79,27 @@ def check_image_env(cfg, tag: str) -> None:
 
 def check_image_limit(cfg, tags: list[str]) -> None:
     limit = image_limit("actor_infer", cfg.actor_infer.strategy_args.strategy_config)
-    for tag in tags:
-        images = cfg.custom_envs[tag].max_steps
-        if limit is not None and images > limit:
-            raise ConfigError(
-                IMAGE_LIMIT_KEY,
-                f"{limit} is below custom_envs.{tag}.max_steps={images}: a {tag} episode's last prompt "
-                f"carries {images} images (one per turn)",
-            )
+    if limit is None:
+        return
+    for manager in cfg.env_managers.values():
+        for tag in (t for t in manager.tags if t in tags):
+            env = cfg.custom_envs[tag]
+            if manager.env_manager_type != SampleMode.STEP:
+                if env.max_steps > limit:
+                    raise ConfigError(
+                        IMAGE_LIMIT_KEY,
+                        f"{limit} is below custom_envs.{tag}.max_steps={env.max_steps}: a {tag} episode's last "
+                        f"prompt carries {env.max_steps} images (one per turn)",
+                    )
+                continue
+            history = manager.history_length if env.history_length is None else env.history_length
+            images = min(history, env.max_steps - 1) + 1
+            if images > limit:
+                raise ConfigError(
+                    IMAGE_LIMIT_KEY,
+                    f"{limit} is below {images}: a {tag} step's prompt carries the frames of its last {history} "
+                    "steps (history_length) and its own",
+                )
 
 
 def check_vl_engine(cfg) -> None:
@@ -119,7 +135,8 @@ def check_vl_training(cfg) -> None:
 
 def check_vl_prompt_length(cfg, tags: list[str]) -> None:
     """Each VL tag's first prompt, built by the VL env manager itself on the model's processor
-    (after `reset(seed)`), plus `max_tokens_per_step` fits `sequence_length`."""
+    (after `reset(seed)`; a step-wise manager's first prompt is the same), plus
+    `max_tokens_per_step` fits `sequence_length`."""
     from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
     from roll.core.records import SamplingParams
     from roll.models.loading import load_processor

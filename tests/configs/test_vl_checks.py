@@ -94,6 +94,31 @@ def test_more_images_than_the_limit_is_refused(capsys, tmp_path, vl_dir):
     assert lines[0].startswith(f"config error: {LIMIT}: 2 is below custom_envs.SimpleSokoban.max_steps=")
 
 
+STEP_WISE = [
+    "++train_env_manager.env_manager_type=step",
+    "++val_env_manager.env_manager_type=step",
+    "adv_estimator=gigpo",
+]
+
+
+def test_rolls_vl_manager_plays_step_wise_when_its_managers_do(capsys, tmp_path, vl_dir):
+    """ROLL has no step-wise VL manager: its VLTrajEnvManager takes the sample mode of the managers
+    (step-wise: roll's VLStepEnvManager), whose prompts hold history_length + 1 images, not max_steps."""
+    from roll.configs import load_config
+    from roll.pipeline.rollout_builders import env_spec
+
+    status, lines = run(capsys, tmp_path, vl_dir, *STEP_WISE, f"{LIMIT}=1")
+    assert status == "started", lines
+    overrides = ["+profile=cpu_smoke", f"pretrain={vl_dir}", f"reward_pretrain={vl_dir}", *STEP_WISE]
+    cfg = load_config(str(ROLL_VL), "agentic_val_sokoban", overrides)
+    assert cfg.train_env_manager.env_manager_type == "step" and env_spec(cfg, "SimpleSokoban").vision
+    status, lines = run(capsys, tmp_path, vl_dir, *STEP_WISE, f"{LIMIT}=1", "++train_env_manager.history_length=1")
+    assert status == 2 and lines == [
+        f"config error: {LIMIT}: 1 is below 2: a SimpleSokoban step's prompt carries the frames of its last 1 "
+        "steps (history_length) and its own"
+    ]
+
+
 def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir):
     """vllm (not installed here) is named by validation first; where it is, this check names it."""
     from roll.configs import ConfigError, load_config

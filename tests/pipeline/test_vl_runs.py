@@ -1,7 +1,8 @@
 """Vision-language runs through the CLI: the VL Sokoban example (as its run_*.sh script runs it,
-smaller; with each trainer that takes a VL model) and ROLL's own
+smaller; with each trainer that takes a VL model), ROLL's own
 qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml with `+profile=cpu_smoke`, changed only in where
-the tiny VL model and the outputs are. Each trains a step on the tiny Qwen2.5-VL and writes
+the tiny VL model and the outputs are, and the VL FrozenLake example trajectory-wise and
+step-wise (GiGPO). Each trains a step on the tiny Qwen2.5-VL; the Sokoban runs also write
 TensorBoard image panels of validation frames."""
 
 import json
@@ -147,3 +148,34 @@ def test_the_vl_frozen_lake_example_trains_a_step(tmp_path):
     assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
     assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
     assert rows[1]["train/num_actions"] >= 1
+
+
+# in .ci/run: the one run of step samples with images through the whole loop
+def test_the_step_wise_vl_frozen_lake_example_trains_a_step_with_gigpo(tmp_path):
+    """Step samples with their images through the whole loop: each group's episodes start on one
+    map, so GiGPO finds anchor states shared by at least the first steps of a group."""
+    from roll.pipeline.tiny_model import main as build
+
+    model = build(["--preset", "vl_frozen_lake", "--output_dir", str(tmp_path / "vl")])
+    out = tmp_path / "run"
+    run(
+        [
+            "--config_path",
+            "vl_frozen_lake",
+            "--config_name",
+            "agentic_val_vl_frozen_lake_step",
+            "+profile=cpu_smoke",
+            f"pretrain={model}",
+            f"output_dir={out}",
+            "adv_estimator=gigpo",
+            "max_steps=1",
+            "eval_steps=1",
+            "save_steps=0",
+            *SMALL,
+        ]
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
+    assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
+    assert rows[1]["train/num_actions"] >= 1
+    assert rows[1]["critic/anchor_nonsingleton_frac"] > 0 and rows[1]["critic/anchor_num_groups"] >= 2

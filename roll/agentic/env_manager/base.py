@@ -54,7 +54,7 @@ class EnvSpec:
     concat_history: bool = False  # step-wise: ROLL's StepConcatEnvManager {history} (templates.step_prompt_text)
     pre_step_template: str | None = None  # VL: the text before a turn's image; None: ROLL's default
     next_step_template: str | None = None  # VL: the text after a turn's image; None: ROLL's default
-    vision: bool = False  # played by the VL env manager (image observations; vl_traj_env_manager)
+    vision: bool = False  # played by a VL env manager (image observations; vl_traj_/vl_step_env_manager)
     max_images_per_prompt: int | None = None  # VL: the engine's limit_mm_per_prompt.image; None: no limit
 
 

@@ -23,30 +23,20 @@ import torch
 from roll.agentic.env_manager.base import EnvSpec, EpisodeBuilder, GenerateFn, generate_within
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
+from roll.agentic.env_manager.vl_prompts import (  # noqa: F401 (the templates and errors: re-exported)
+    NEXT_STEP_TEMPLATE,
+    PRE_STEP_TEMPLATE,
+    ImageObservationError,
+    TooManyImages,
+    require_frames,
+    turn_texts,
+    user_content,
+)
 from roll.agentic.episode import TokenLedger
 from roll.core.records import GenerateOutput, GenerateRequest, ImageInputs, SamplingParams
 from roll.models.chat_template import render_text
 
-# ROLL's defaults (its vl_traj_envs.yaml)
-PRE_STEP_TEMPLATE = "\nTurn {turn_idx}:\nState:\n"
-NEXT_STEP_TEMPLATE = (
-    "You have {actions_left} actions left. Always output: <answer> [your answer] </answer> with no extra text. "
-    "Strictly follow this format. Max response length: {max_response_length} words (tokens).\nDecide the next action:\n"
-)
 _PROBE_ANSWER = "ROLL_PROBE_ANSWER"
-
-
-class ImageObservationError(ValueError):
-    """An env under the VL manager does not give images (its `render_mode` is not "rgb_array")."""
-
-
-class TooManyImages(ValueError):
-    """A prompt would carry more images than the inference engine's per-prompt limit."""
-
-
-def user_content(text_before: str, text_after: str) -> list[dict]:
-    """One user turn: text, the image, text (as ROLL's VL manager builds it)."""
-    return [{"type": "text", "text": text_before}, {"type": "image"}, {"type": "text", "text": text_after}]
 
 
 class VLTrajEnvManager(TrajEnvManager):
@@ -67,32 +57,18 @@ class VLTrajEnvManager(TrajEnvManager):
         super().__init__(
             spec, processor.tokenizer, generate, sampling, sequence_length, step_timeout_s, generate_timeout_s
         )
-        if getattr(self.env, "render_mode", None) != "rgb_array":
-            raise ImageObservationError(
-                f"custom_envs.{spec.tag}.env_config.render_mode: the VL env manager needs image observations "
-                f'(render_mode: "rgb_array"), got {getattr(self.env, "render_mode", None)!r}'
-            )
+        require_frames(self.env, spec.tag)
         self.processor = processor
         self.max_images_per_prompt = max_images_per_prompt
         self._builder: VLConversationBuilder | None = None
 
     def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
         spec = self.spec
-        pre = spec.pre_step_template if spec.pre_step_template is not None else PRE_STEP_TEMPLATE
-        nxt = spec.next_step_template if spec.next_step_template is not None else NEXT_STEP_TEMPLATE
-
-        def turn_texts(turn: int) -> tuple[str, str]:
-            before = pre.format(turn_idx=turn + 1)
-            if turn == 0 and instruction:
-                before = instruction + before
-            after = nxt.format(actions_left=spec.max_steps - turn, max_response_length=spec.max_tokens_per_step)
-            return before, after
-
         self._builder = VLConversationBuilder(
             self.processor,
             self.chat,
             spec.agent_system_template,
-            turn_texts,
+            lambda turn: turn_texts(spec, instruction, turn, with_instruction=turn == 0),
             self.env.render(),
             self.sampling.max_new_tokens,
             self.sequence_length,

@@ -12,12 +12,9 @@ import torch
 
 from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
-from roll.agentic.env_manager.base import EnvSpec
-from roll.agentic.env_manager.factory import make_env_manager
+from roll.agentic.env_manager.base import BaseEnvManager, EnvSpec
+from roll.agentic.env_manager.factory import make_env_manager, make_vl_env_manager
 from roll.agentic.env_manager.proxy_env_manager import ProxyEnvManager
-from roll.agentic.env_manager.step_env_manager import StepEnvManager
-from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.agentic.proxy.server import ProxyServer
 from roll.agentic.rollout.gateway import InferenceGateway
@@ -96,7 +93,7 @@ class EnvWorker:
         self._reported = (0, 0)  # (engine calls, requests) already handed back in a GroupResult
         self.groups = [[self._make_manager(spec) for _ in range(group_size + redundancy)] for spec in slots]
 
-    def _make_manager(self, spec: EnvSpec) -> TrajEnvManager | StepEnvManager | AgentManager | ProxyEnvManager:
+    def _make_manager(self, spec: EnvSpec) -> BaseEnvManager | AgentManager | ProxyEnvManager:
         if spec.env_type == AGENT_ENV_TYPE:  # dataset rows played by agent loops (traj-wise samples)
             return AgentManager(spec, self._agent_pool)
         sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
@@ -114,16 +111,17 @@ class EnvWorker:
                 episode_timeout_s=self._episode_timeout_s,
                 generate_timeout_s=generate_timeout_s,
             )
-        if spec.vision:
-            return VLTrajEnvManager(
+        if spec.vision:  # image observations: the model's processor makes the prompts
+            return make_vl_env_manager(
                 spec,
                 self.processor,
                 self._generate,
                 sampling,
                 sequence_length,
-                step_timeout_s,
-                generate_timeout_s,
-                max_images_per_prompt=spec.max_images_per_prompt,
+                mode=self._manager_type,
+                history_length=self._history_length,
+                step_timeout_s=step_timeout_s,
+                generate_timeout_s=generate_timeout_s,
             )
         return make_env_manager(
             spec,
