@@ -58,15 +58,15 @@ class Engine(Protocol):
 
 
 def image_keys(images: ImageInputs | None) -> tuple[str, ...]:
-    """One key per image: a hash of its grid and its rows of `pixel_values`."""
+    """One key per image: a hash (SHA-1) of its grid and its rows of `pixel_values`."""
     if images is None:
         return ()
     pixels = torch.as_tensor(images.pixel_values).detach().cpu().contiguous()
     keys, start = [], 0
     for grid in images.image_grid_thw:
         size = grid[0] * grid[1] * grid[2]
-        digest = hashlib.blake2b(repr(list(grid)).encode(), digest_size=16)
-        digest.update(pixels[start : start + size].contiguous().view(torch.uint8).numpy().tobytes())
+        digest = hashlib.sha1(repr(list(grid)).encode(), usedforsecurity=False)
+        digest.update(pixels[start : start + size].view(torch.uint8).numpy())  # the buffer, not a copy
         keys.append(digest.hexdigest())
         start += size
     return tuple(keys)
@@ -108,6 +108,8 @@ class VLRow:
 
 def plan_row(engine: Engine, request: GenerateRequest) -> VLRow:
     """The session prefix a request may reuse, cut before the first image it must not reuse."""
+    if request.session_id is None or not engine.kv_cache.enabled:
+        return VLRow(request, Prefix(), (), 0)  # nothing to reuse or store: no image to hash
     keys = image_keys(request.images)
     prefix = engine.kv_cache.match(request.session_id, request.prompt_ids)
     config = engine.model.config
