@@ -132,6 +132,20 @@ def test_batch_groups_keep_within_the_bounds(processor):
     assert batch_groups(requests, max_patches=1, max_tokens=1) == [[0], [1], [2], [3]]
 
 
+def test_a_call_over_the_bounds_is_served_in_groups_with_the_same_answers(engine, processor, monkeypatch):
+    from roll.distributed.strategies.hf import vl_generate
+
+    requests = mixed_requests(processor)
+    alone = [engine.generate_batch([r])[0] for r in requests]
+    patches = [sum(t * h * w for t, h, w in r.images.image_grid_thw) for r in requests[:4]]
+    monkeypatch.setattr(vl_generate, "MAX_BATCH_PATCHES", patches[0] + patches[1])
+    calls = engine.stats["prefill_calls"]
+    split = engine.generate_batch(requests)
+    assert engine.stats["prefill_calls"] == calls + 3  # [0, 1], [2], [3, text]
+    assert [o.token_ids for o in split] == [o.token_ids for o in alone]
+    assert all(np.allclose(a.logprobs, b.logprobs, atol=1e-5) for a, b in zip(split, alone))
+
+
 def test_image_keys_tell_images_apart(processor):
     a = image_request(processor, 0, "Go", 56, SamplingParams()).images
     b = ImageInputs(a.pixel_values.flip(0), a.image_grid_thw)

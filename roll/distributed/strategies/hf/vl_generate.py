@@ -143,7 +143,7 @@ def batch_groups(
 def generate_with_images(engine: Engine, requests: list[GenerateRequest]) -> list[GenerateOutput]:
     """Every request's answer, in order; each group of `batch_groups` is one prefill and decode."""
     answers: dict[int, GenerateOutput] = {}
-    for group in batch_groups(requests):
+    for group in batch_groups(requests, MAX_BATCH_PATCHES, MAX_BATCH_TOKENS):
         for i, out in zip(group, _generate_group(engine, [plan_row(engine, requests[i]) for i in group])):
             answers[i] = out
     return [answers[i] for i in range(len(requests))]
