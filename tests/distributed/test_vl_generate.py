@@ -146,6 +146,32 @@ def test_a_call_over_the_bounds_is_served_in_groups_with_the_same_answers(engine
     assert all(np.allclose(a.logprobs, b.logprobs, atol=1e-5) for a, b in zip(split, alone))
 
 
+def test_rows_equal_in_ids_and_images_are_prefilled_once(vl_dir, processor):
+    """Group members start from the same prompt and frame: computed once, each row still sampled
+    with its own seed; equal ids with another image are another row. Their KV is each row's own."""
+    engine = make_engine(vl_dir)
+    a = image_request(processor, 0, "Go", 56, SamplingParams(max_new_tokens=4))
+    twin = dataclasses.replace(a, request_id="twin", seed=5, session_id="twin")
+    other_image = dataclasses.replace(
+        a, request_id="other", images=ImageInputs(a.images.pixel_values.flip(0), a.images.image_grid_thw)
+    )
+    b = image_request(processor, 1, "Go left now please", 56, SamplingParams(max_new_tokens=4))
+    requests = [a, twin, b, other_image]
+    alone = [engine.generate_batch([r])[0] for r in requests]
+    engine.release("twin")
+    before = dict(engine.stats)
+    together = engine.generate_batch(requests)
+    assert engine.stats["prefill_rows_computed"] - before["prefill_rows_computed"] == 3
+    assert engine.stats["prefill_tokens"] - before["prefill_tokens"] == sum(len(r.prompt_ids) for r in requests)
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert together[0].token_ids != together[1].token_ids  # the same distribution, other seeds
+    assert all(np.allclose(x.logprobs, y.logprobs, atol=1e-5) for x, y in zip(together, alone))
+    # the twin's session holds its own KV: asked again, it reuses all but the last id and answers the same
+    again = engine.generate_batch([twin])[0]
+    assert engine.stats["prefix_tokens_reused"] - before["prefix_tokens_reused"] == len(twin.prompt_ids) - 1
+    assert again.token_ids == alone[1].token_ids and np.allclose(again.logprobs, alone[1].logprobs, atol=1e-5)
+
+
 def test_image_keys_tell_images_apart(processor):
     a = image_request(processor, 0, "Go", 56, SamplingParams()).images
     b = ImageInputs(a.pixel_values.flip(0), a.image_grid_thw)

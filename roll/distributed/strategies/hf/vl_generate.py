@@ -7,7 +7,8 @@ A group is one prefill over its rows left-padded, each row with its own images (
 `pixel_values` concatenated in row order, `image_grid_thw` likewise), then one decode loop in
 which every row stops on its own stop ids or `max_new_tokens`. Each row samples with its own seed
 (`RowSampler`), so its tokens do not depend on its batch-mates (up to float round-off between
-batch shapes).
+batch shapes). Where no row reuses a session's KV, rows equal in ids and images (a group's members
+at their first turn) are prefilled once.
 
 Positions are the model's multimodal rotary positions (M-RoPE, the model's `get_rope_index`: an
 image's placeholders sit on its (t, h, w) grid, text counts on from there), computed per row over
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest, ImageInputs
 from roll.distributed.strategies.hf.device_sampling import RowSampler, suppress
@@ -164,8 +166,60 @@ def rope_positions(
 
 
 def _prefill(engine: Engine, rows: list[VLRow], device: torch.device) -> tuple[Prefill, torch.Tensor, torch.Tensor]:
-    """Build and run the group's first model call. Returns (prefill, last-position logits (B, V),
-    each row's next position (B,))."""
+    """The group's first model call, over distinct rows only when no row reuses a session's KV:
+    the members of a group start from the same prompt and frame, so rows equal in ids and images
+    are computed once and their logits and KV copied to every row that asked (each still samples
+    with its own seed). Returns (prefill, last-position logits (B, V), each row's next position (B,))."""
+    if any(row.prefix.length for row in rows):
+        return _run_prefill(engine, rows, device)
+    firsts, inverse = distinct_rows(rows)
+    engine.stats["prefill_rows_computed"] += len(firsts)
+    if len(firsts) == len(rows):
+        return _run_prefill(engine, rows, device)
+    prefill, logits, next_position = _run_prefill(engine, [rows[i] for i in firsts], device)
+    index = torch.tensor(inverse, device=device)
+    layers = [
+        (layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in prefill.cache.layers
+    ]
+    expanded = Prefill(
+        prefill.input_ids[index],
+        prefill.attention_mask[index],
+        prefill.position_ids[index],
+        DynamicCache(layers),
+        [prefill.new[k] for k in inverse],
+    )
+    engine.stats["prefill_tokens"] += sum(expanded.new) - sum(prefill.new)  # counted per row asked, as for text
+    return expanded, logits[index], next_position[index]
+
+
+def distinct_rows(rows: list[VLRow]) -> tuple[list[int], list[int]]:
+    """(index of each distinct row's first occurrence, each row's distinct-row number): rows are
+    equal when their prompt ids and images (pixels and grids) are."""
+    firsts: list[int] = []
+    inverse: list[int] = []
+    by_ids: dict[tuple[int, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        candidates = by_ids.setdefault(tuple(row.request.prompt_ids), [])
+        same = next((u for u in candidates if _same_images(rows[firsts[u]].request.images, row.request.images)), None)
+        if same is None:
+            same = len(firsts)
+            firsts.append(i)
+            candidates.append(same)
+        inverse.append(same)
+    return firsts, inverse
+
+
+def _same_images(a: ImageInputs | None, b: ImageInputs | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return list(map(list, a.image_grid_thw)) == list(map(list, b.image_grid_thw)) and torch.equal(
+        torch.as_tensor(a.pixel_values), torch.as_tensor(b.pixel_values)
+    )
+
+
+def _run_prefill(engine: Engine, rows: list[VLRow], device: torch.device) -> tuple[Prefill, torch.Tensor, torch.Tensor]:
+    """Build and run one prefill over `rows`: (prefill, last-position logits (B, V), each row's
+    next position (B,))."""
     requests = [row.request for row in rows]
     prefill = build_prefill(requests, [row.prefix for row in rows], engine.pad_token_id, device)
     full_ids, full_mask = left_pad([r.prompt_ids for r in requests], engine.pad_token_id)
