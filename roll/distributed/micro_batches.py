@@ -167,6 +167,14 @@ def vision_inputs(micro: TensorDict) -> dict[str, torch.Tensor] | None:
     return {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids)}
 
 
+def image_token_types(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """`mm_token_type_ids` of a (possibly wrapped) vision-language model: 1 on its image
+    placeholders, 0 on text (B, T). With them the model gives images their multimodal rotary
+    positions (M-RoPE), as the `hf` engine does (`strategies/hf/vl_generate.py`)."""
+    config = getattr(model, "module", model).config
+    return (input_ids == config.image_token_id).int()
+
+
 def vision_token_ids_of(model: nn.Module) -> list[int]:
     """`vision_token_ids` of a (possibly wrapped) model's config; empty for a text-only model."""
     return vision_token_ids(getattr(getattr(model, "module", model), "config", None))
@@ -250,6 +258,8 @@ def token_logprobs(
     """
     rows = rows_to_compute(input_ids, attention_mask, dedupe and vision is None)
     shared = rows.index
+    if vision is not None:  # the model places image placeholders on their grids (M-RoPE) only when told where they are
+        vision = vision | {"mm_token_type_ids": image_token_types(model, input_ids[shared])}
     logits = model(input_ids=input_ids[shared], attention_mask=attention_mask[shared], **(vision or {})).logits
     logits = logits[:, :-1].float() / temperature  # (U, T - 1, V): position t scores token t + 1
     suppressed = vision_token_ids_of(model) if vision is not None else []

@@ -12,7 +12,8 @@ assistant turn exactly as `roll.models.chat_template.continuation_ids` does for 
 generated ids are kept as sampled and past turns are never re-rendered. The episode's images
 travel with every generate request (`GenerateRequest.images`: all images of the prompt so far)
 and with the trajectory (`Trajectory.images`), so the trainer scores the very ids and images the
-engine saw. Requests carry no session: the engine keeps no KV between a VL episode's turns.
+engine saw. Requests carry the episode's session id (its traj_id), so an engine may keep the
+episode's KV between turns; the `hf` engine reuses it only up to the first image that differs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _PROBE_ANSWER = "ROLL_PROBE_ANSWER"
 
 
 class VLTrajEnvManager(TrajEnvManager):
-    reuse_kv_across_turns = False  # the engine keeps no KV across requests with images
+    reuse_kv_across_turns = True  # every prompt extends the last; the engine checks the images too
 
     def __init__(
         self,
@@ -81,7 +82,8 @@ class VLTrajEnvManager(TrajEnvManager):
         self, request_id: str, prompt_ids: list[int], seed: int, session_id: str | None = None
     ) -> GenerateOutput:
         """A turn's generation with every image of its prompt."""
-        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, images=self._builder.images())
+        images = self._builder.images()
+        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id, images)
         return await generate_within(self._generate, request, self.generate_timeout_s)
 
 

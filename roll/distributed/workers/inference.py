@@ -83,7 +83,7 @@ class InferenceWorker:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
-        # a vision-language model decodes request by request (HFInferStrategy._generate_with_images)
+        # a vision-language model batches each engine call's requests, not continuously (hf/vl_generate.py)
         self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy) and not self.engine.vision
         self.engine_name = strategy_name
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.hf.infer import HFInferStrategy, RowSampler
+from roll.distributed.strategies.hf.device_sampling import RowSampler
+from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import Chunk
 from roll.distributed.strategies.hf.prefill import build_prefill
 from roll.distributed.strategies.hf.slot_serving import SlotRow, serve_slots

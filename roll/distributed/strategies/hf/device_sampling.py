@@ -105,3 +105,32 @@ def _truncate(scaled: torch.Tensor, state: SamplingState) -> torch.Tensor:
     drop_sorted = (probs.cumsum(dim=-1) - probs) >= state.top_p
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     return scaled.masked_fill(drop | (scaled < kth), float("-inf"))
+
+
+def suppress(logits: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
+    """`logits` (..., V) with `token_ids` set to -inf: ids the model must never produce."""
+    if not token_ids:
+        return logits
+    return logits.index_fill(-1, torch.tensor(token_ids, device=logits.device), float("-inf"))
+
+
+class RowSampler:
+    """Per-row temperature / top-k / top-p sampling for the dynamic-cache decode loops.
+
+    Row i's k-th token is drawn with `counter_uniform(seed_i, k)` (`device_sampling`), the same
+    stream the static decode slots use, so every path gives a request the same tokens.
+    `counters` are the rows' token counts so far (default: all 0); each `sample` advances them.
+    """
+
+    def __init__(
+        self, requests: list[GenerateRequest], device: torch.device, vocab: int, counters: list[int] | None = None
+    ):
+        self.state = SamplingState.from_requests(requests, vocab, device)
+        self.truncate = SamplingState.truncates(requests)
+        self.counters = torch.tensor(counters or [0] * len(requests), dtype=torch.long, device=device)
+
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits (N, V) -> (tokens (N,), logprobs (N,))."""
+        tokens, logprobs = sample(logits, self.state, self.counters, self.truncate)
+        self.counters += 1
+        return tokens, logprobs

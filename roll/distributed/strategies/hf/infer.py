@@ -20,11 +20,11 @@ the dynamic-cache loop below. Both draw a request's k-th token with the uniform 
 (`device_sampling.py`), so they give the same tokens up to round-off.
 
 Vision-language models (a config with `vision_config`) take requests with images
-(`GenerateRequest.images`): each is decoded on its own (`_generate_with_images`), with no KV
-reuse across requests (a session's cached KV was computed with that session's images and is
-never matched against another's), and the vision marker ids (`suppressed_token_ids`) are never
-sampled: a generated image placeholder would have no image behind it in the trainer's forward.
-Their log-probs are of the distribution without those ids, as the trainer computes them.
+(`GenerateRequest.images`) on their own path (`vl_generate.py`): the requests of a call are
+batched (one prefill with every row's images, M-RoPE positions per row, one decode loop), and a
+session reuses its KV only up to the first image that is not the very image it saw there. The
+vision marker ids (`suppressed_token_ids`) are never sampled, and their log-probs are of the
+distribution without those ids, as the trainer computes them.
 
 Log-probs are those of the temperature-scaled full distribution, `log_softmax(logits / T)` — what
 the trainer recomputes — so top-k / top-p truncation is not reflected in them (as in vLLM's
@@ -39,7 +39,7 @@ from transformers import DynamicCache
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.micro_batches import group_equal_rows
 from roll.distributed.strategies.hf import decode_attention
-from roll.distributed.strategies.hf.device_sampling import SamplingState, sample
+from roll.distributed.strategies.hf.device_sampling import RowSampler
 from roll.distributed.strategies.hf.kv_cache import (
     DEFAULT_MAX_CACHED_TOKENS,
     Prefix,
@@ -49,6 +49,7 @@ from roll.distributed.strategies.hf.kv_cache import (
 from roll.distributed.strategies.hf.prefill import Prefill, build_prefill
 from roll.distributed.strategies.hf.slot_serving import SlotPool, serve_slots
 from roll.distributed.strategies.hf.static_decode import supports as slots_support
+from roll.distributed.strategies.hf.vl_generate import generate_with_images
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 
 
@@ -116,7 +117,7 @@ class HFInferStrategy:
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """Decode all requests together; each row stops on its own stop ids or length."""
         if self.vision:
-            return [self._generate_with_images(r) for r in requests]
+            return generate_with_images(self, requests)
         if any(r.images is not None for r in requests):
             raise ValueError("a request carries images, but the model has no vision tower (config.vision_config)")
         if self.static_decode:
@@ -196,46 +197,6 @@ class HFInferStrategy:
             position_ids = position_ids[:, -1:] + 1
         return out_ids, out_lps, finish
 
-    def _generate_with_images(self, request: GenerateRequest) -> GenerateOutput:
-        """One request on a vision-language model: prefill over its ids and images, then one token
-        a step with a fresh KV cache (the model places image and text positions itself: M-RoPE)."""
-        device = next(self.model.parameters()).device
-        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
-        vision = {}
-        if request.images is not None:
-            vision = {
-                "pixel_values": request.images.pixel_values.to(device, self.model.dtype),
-                "image_grid_thw": torch.tensor(request.images.image_grid_thw, dtype=torch.long, device=device),
-            }
-        sampler = RowSampler([request], device, self.model.config.get_text_config().vocab_size)
-        stop = set(request.params.stop_token_ids) | set(self.eos_token_ids)
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        finish = "length"
-        cache = DynamicCache()
-        self.stats["prefill_calls"] += 1
-        self.stats["prefill_tokens"] += len(request.prompt_ids)
-        step_ids, length = ids, ids.shape[1]
-        while len(tokens) < request.params.max_new_tokens:
-            logits = self.model(
-                input_ids=step_ids,
-                attention_mask=torch.ones(1, length, dtype=torch.long, device=device),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-                **vision,
-            ).logits[:, -1, :]
-            vision = {}  # the images are in the cache after the prefill
-            token, logprob = sampler.sample(suppress(logits.float(), self.suppressed_token_ids))
-            tokens.append(int(token))
-            logprobs.append(float(logprob))
-            if tokens[-1] in stop:
-                finish = "stop"
-                break
-            step_ids, length = token.view(1, 1), length + 1
-            self.stats["decode_steps"] += 1
-        return GenerateOutput(request.request_id, tokens, logprobs, finish, self.policy_version)
-
     def prefill_forward(self, prefill: Prefill) -> torch.Tensor:
         """The first model call, over distinct rows only when no row reuses a cached prefix.
 
@@ -291,36 +252,7 @@ class HFInferStrategy:
             )
 
 
-def suppress(logits: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
-    """`logits` (..., V) with `token_ids` set to -inf: ids the model must never produce."""
-    if not token_ids:
-        return logits
-    return logits.index_fill(-1, torch.tensor(token_ids, device=logits.device), float("-inf"))
-
-
 def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(unique rows (U, N), index of each unique row's first occurrence (U,), inverse (B,))."""
     index, inverse = group_equal_rows(rows)
     return rows.index_select(0, index), index, inverse
-
-
-class RowSampler:
-    """Per-row temperature / top-k / top-p sampling for the dynamic-cache decode loops.
-
-    Row i's k-th token is drawn with `counter_uniform(seed_i, k)` (`device_sampling`), the same
-    stream the static decode slots use, so every path gives a request the same tokens.
-    `counters` are the rows' token counts so far (default: all 0); each `sample` advances them.
-    """
-
-    def __init__(
-        self, requests: list[GenerateRequest], device: torch.device, vocab: int, counters: list[int] | None = None
-    ):
-        self.state = SamplingState.from_requests(requests, vocab, device)
-        self.truncate = SamplingState.truncates(requests)
-        self.counters = torch.tensor(counters or [0] * len(requests), dtype=torch.long, device=device)
-
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits (N, V) -> (tokens (N,), logprobs (N,))."""
-        tokens, logprobs = sample(logits, self.state, self.counters, self.truncate)
-        self.counters += 1
-        return tokens, logprobs

@@ -41,16 +41,23 @@ Chunk = list[LayerKV]
 
 @dataclass
 class Prefix:
-    """What a session offers one prompt: the KV of its first `length` ids, as consecutive chunks."""
+    """What a session offers one prompt: the KV of its first `length` ids, as consecutive chunks.
+    `images`: the keys of the images whose placeholders the session's ids hold (VL models)."""
 
     length: int = 0
     chunks: list[Chunk] = field(default_factory=list)
+    images: tuple[str, ...] = ()
+
+    def leading(self, n: int) -> Prefix:
+        """The same prefix cut to its first n ids (n <= length)."""
+        return Prefix(n, _leading(self.chunks, n), self.images) if n < self.length else self
 
 
 @dataclass
 class CachedSession:
     token_ids: list[int]  # the ids the engine fed for this session, in order
     chunks: list[Chunk]  # their KV; chunk lengths sum to len(token_ids)
+    images: tuple[str, ...] = ()  # keys of the images among those ids, in order (VL models)
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -115,9 +122,9 @@ class SessionKVCache:
                 return Prefix()
             self._sessions.move_to_end(session_id)
         n = common_prefix_length(entry.token_ids, prompt_ids[: len(prompt_ids) - 1])
-        return Prefix(n, _leading(entry.chunks, n))
+        return Prefix(n, _leading(entry.chunks, n), entry.images)
 
-    def store(self, session_id: str, token_ids: list[int], chunks: list[Chunk]) -> None:
+    def store(self, session_id: str, token_ids: list[int], chunks: list[Chunk], images: tuple[str, ...] = ()) -> None:
         """Replace the session's entry and evict least-recently-used sessions over the bound.
 
         An entry larger than the whole bound is not kept (and evicts nothing).
@@ -126,7 +133,7 @@ class SessionKVCache:
             self._pop(session_id)
             if len(token_ids) > self.max_cached_tokens:
                 return
-            self._sessions[session_id] = CachedSession(list(token_ids), chunks)
+            self._sessions[session_id] = CachedSession(list(token_ids), chunks, tuple(images))
             self._num_tokens += len(token_ids)
             while self._num_tokens > self.max_cached_tokens:
                 self._pop(next(iter(self._sessions)))

@@ -34,7 +34,7 @@ def build_prefill(
     requests: list[GenerateRequest], prefixes: list[Prefix], pad_id: int, device: torch.device
 ) -> Prefill:
     new_ids = [r.prompt_ids[p.length :] for r, p in zip(requests, prefixes)]
-    input_ids, new_mask = _left_pad(new_ids, pad_id)
+    input_ids, new_mask = left_pad(new_ids, pad_id)
     width = max(p.length for p in prefixes)
     past_mask = torch.zeros((len(requests), width), dtype=torch.long)
     for i, p in enumerate(prefixes):
@@ -45,7 +45,7 @@ def build_prefill(
     return Prefill(input_ids.to(device), attention_mask, position_ids, cache, [len(s) for s in new_ids])
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
