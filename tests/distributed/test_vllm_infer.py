@@ -184,6 +184,21 @@ def test_an_image_request_vllm_cannot_take_whole_is_refused():
         IMAGE_PROMPTS.check_widened(request, [6, 7, 7, 7, 8])
 
 
+def test_a_vl_models_weight_names_are_the_trainers(tmp_path):
+    """transformers 5 saves the tiny Qwen2.5-VL under the old names (`model.layers.*`, `visual.*`)
+    and builds it with new ones (`model.language_model.*`, `model.visual.*`), which the trainer
+    sends on a weight sync: the engine accepts both (vLLM maps both onto its modules)."""
+    from roll.distributed.strategies.vllm_infer import checkpoint_weight_names
+    from roll.models.loading import load_policy
+    from roll.pipeline.tiny_model import main as build
+
+    vl_dir = build(["--preset", "vl_frozen_lake", "--output_dir", str(tmp_path / "vl")])
+    trainer = set(load_policy(vl_dir, training=False).state_dict())
+    names = checkpoint_weight_names(vl_dir)
+    assert trainer <= names and any(n.startswith("model.visual.") for n in trainer)
+    assert any(n.startswith("visual.") for n in names - trainer)  # the checkpoint's own names stay
+
+
 def test_vllm_cannot_load_a_qwen2_5_vl_model_without_torchvision(tmp_path):
     """Why the VL checks refuse `vllm` (roll.pipeline.vl_checks.VLLM_IMAGES_BLOCKED): vLLM's
     Qwen2-VL module, which its Qwen2.5-VL imports, needs torchvision, and so the engine cannot be
