@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
 VISION_TOKENS = (VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD)
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2
+TINY_ROPE_THETA = 10.0
+"""RoPE base of the tiny models: with head_dim 32, the width pairs turn 0.12-0.24 rad a cell (at
+Qwen2.5-VL's 1e6, under 2e-4; see `vl_config`)."""
 VL_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n"
@@ -98,10 +101,14 @@ def vl_config(
     max_position_embeddings: int,
     vision_hidden_size: int,
     vision_depth: int,
+    rope_theta: float = TINY_ROPE_THETA,
 ) -> Qwen2_5_VLConfig:
     """A Qwen2.5-VL config of the given sizes with `tokenizer`'s vocabulary and vision token ids.
     M-RoPE splits the text head's rotary half (head_dim / 2) over time, height and width as
-    Qwen2.5-VL does (1/4, 3/8, 3/8)."""
+    Qwen2.5-VL does (1/4, 3/8, 3/8), lowest frequencies last: width gets the slowest pairs.
+    With a tiny head and Qwen's base of 1e6 those pairs turn by almost nothing from one cell to
+    the next, so image tokens of a row would sit at nearly one position; `rope_theta`
+    (`TINY_ROPE_THETA`) keeps every pair turning by a usable angle per cell."""
     head_dim = hidden_size // num_attention_heads
     if head_dim % 8:
         raise ValueError(f"hidden_size / num_attention_heads must be a multiple of 8, got {head_dim}")
@@ -119,7 +126,7 @@ def vl_config(
         "num_attention_heads": num_attention_heads,
         "num_key_value_heads": num_attention_heads,
         "max_position_embeddings": max_position_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": mrope_section},
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta, "mrope_section": mrope_section},
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": None,

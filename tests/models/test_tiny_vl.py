@@ -107,3 +107,32 @@ def test_a_hub_layout_dir_loads_the_same_processor(vl_dir, frame, tmp_path):
         made.append(processor(text=[text], images=[image], return_tensors="pt"))
     assert torch.equal(made[0]["input_ids"], made[1]["input_ids"])
     assert torch.equal(made[0]["pixel_values"], made[1]["pixel_values"])
+
+
+def _width_angle_per_cell(model, batch) -> float:
+    """The smallest angle (rad) by which the text model's width rotary pairs turn between two
+    image tokens side by side in a row: the positional signal telling neighbouring cells apart."""
+    positions, _ = model.model.get_rope_index(
+        batch["input_ids"], batch["mm_token_type_ids"], image_grid_thw=batch["image_grid_thw"]
+    )
+    image = (batch["input_ids"][0] == model.config.image_token_id).nonzero().flatten()
+    first, second = positions[:, 0, image[0]], positions[:, 0, image[1]]
+    assert first[1] == second[1] and second[2] - first[2] == 1  # same row, next column
+    rotary = model.model.language_model.rotary_emb
+    section = model.config.text_config.rope_parameters["mrope_section"]
+    width = rotary.inv_freq[sum(section[:2]) : sum(section)]
+    return float(width.min())
+
+
+def test_neighbouring_cells_get_rotary_positions_the_tiny_model_can_tell_apart(vl_dir, frame):
+    _, image = frame
+    processor, model = load_processor(vl_dir), load_policy(vl_dir)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Go"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    batch = processor(text=[text], images=[image], return_tensors="pt")
+    assert _width_angle_per_cell(model, batch) > 0.1
+    # Qwen2.5-VL's own base on this tiny head: the width pairs barely turn from cell to cell
+    config = model.config
+    config.text_config.rope_parameters["rope_theta"] = 1e6
+    qwen_base = Qwen2_5_VLForConditionalGeneration._from_config(config)
+    assert _width_angle_per_cell(qwen_base, batch) < 1e-3
