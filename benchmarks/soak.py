@@ -82,7 +82,8 @@ def sample(sid: int, title: str) -> tuple[float, int, list[psutil.Process], dict
         except psutil.Error:
             continue
         rss += mem
-        by_title[name] = by_title.get(name, 0.0) + mem / 2**20
+        kind = name.split(".")[0]  # ray::ActorWorker.train -> ray::ActorWorker: the title names the running method
+        by_title[kind] = by_title.get(kind, 0.0) + mem / 2**20
         if name.startswith(title):
             found.append(proc)
     return rss / 2**20, files, found, by_title
