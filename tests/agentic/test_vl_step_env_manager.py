@@ -19,7 +19,7 @@ import torch
 import envs  # noqa: F401  registers the built-ins
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.base import EnvSpec
-from roll.agentic.env_manager.factory import make_vl_env_manager
+from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.env_manager.step_env_manager import state_hash as text_state_hash
 from roll.agentic.env_manager.vl_prompts import TooManyImages, frame_hash, user_content
 from roll.agentic.env_manager.vl_step_env_manager import VLStepEnvManager
@@ -276,14 +276,25 @@ def test_the_factory_and_the_env_worker_pick_the_vl_manager_by_sample_mode(proce
     sampling = SamplingParams(max_new_tokens=1)
 
     def made(mode: SampleMode, history: int | None = None):
-        return make_vl_env_manager(
-            spec(history_length=history), processor, None, sampling, 512, mode=mode, history_length=2
+        vl = dataclasses.replace(spec(history_length=history), vision=True)
+        return make_env_manager(
+            vl, processor.tokenizer, None, sampling, 512, mode=mode, history_length=2, processor=processor
         )
 
     assert type(made(SampleMode.TRAJ)) is VLTrajEnvManager
     step = made(SampleMode.STEP)
     assert type(step) is VLStepEnvManager and step.history_length == 2  # the manager's
     assert made(SampleMode.STEP, history=0).history_length == 0  # the tag's own wins
+    with pytest.raises(ValueError, match="processor"):  # image observations need the model's processor
+        make_env_manager(
+            dataclasses.replace(spec(), vision=True),
+            processor.tokenizer,
+            None,
+            sampling,
+            512,
+            mode=SampleMode.STEP,
+            history_length=0,
+        )
     vl_spec = dataclasses.replace(spec(), vision=True)
 
     async def worker(mode: str):

@@ -24,38 +24,24 @@ def make_env_manager(
     history_length: int,
     step_timeout_s: float | None = 60.0,
     generate_timeout_s: float | None = 300.0,
-) -> TrajEnvManager | StepEnvManager:
-    """Trajectory-wise, step-wise, or step-wise on the env's own chat (`spec.native_chat`);
-    `history_length` is the manager's, which a tag's own `spec.history_length` overrides."""
-    args = (spec, tokenizer, generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
+    processor=None,
+) -> TrajEnvManager | StepEnvManager | VLTrajEnvManager | VLStepEnvManager:
+    """Trajectory-wise or step-wise by `mode`; step-wise on the env's own chat
+    (`spec.native_chat`); for a tag with image observations (`spec.vision`) the VL managers, whose
+    prompts the model's `processor` makes. `history_length` is the manager's, which a tag's own
+    `spec.history_length` overrides."""
+    history = history_length if spec.history_length is None else spec.history_length
+    timeouts = (step_timeout_s, generate_timeout_s)
+    if spec.vision:
+        if processor is None:
+            raise ValueError(f"custom_envs.{spec.tag} has image observations: its manager needs the model's processor")
+        args = (spec, processor, generate, sampling, sequence_length, *timeouts)
+        if mode == SampleMode.STEP:
+            return VLStepEnvManager(*args, history_length=history, max_images_per_prompt=spec.max_images_per_prompt)
+        return VLTrajEnvManager(*args, max_images_per_prompt=spec.max_images_per_prompt)
+    args = (spec, tokenizer, generate, sampling, sequence_length, *timeouts)
     if mode == SampleMode.STEP and spec.native_chat:
         return NativeStepEnvManager(*args)
     if mode == SampleMode.STEP:
-        return StepEnvManager(
-            *args, history_length=history_length if spec.history_length is None else spec.history_length
-        )
+        return StepEnvManager(*args, history_length=history)
     return TrajEnvManager(*args)
-
-
-def make_vl_env_manager(
-    spec: EnvSpec,
-    processor,
-    generate: GenerateFn,
-    sampling: SamplingParams,
-    sequence_length: int,
-    *,
-    mode: SampleMode,
-    history_length: int,
-    step_timeout_s: float | None = 60.0,
-    generate_timeout_s: float | None = 300.0,
-) -> VLTrajEnvManager | VLStepEnvManager:
-    """A tag with image observations (`spec.vision`), played with the model's `processor`:
-    trajectory- or step-wise by `mode`, as `make_env_manager` chooses for text."""
-    args = (spec, processor, generate, sampling, sequence_length, step_timeout_s, generate_timeout_s)
-    if mode == SampleMode.STEP:
-        return VLStepEnvManager(
-            *args,
-            history_length=history_length if spec.history_length is None else spec.history_length,
-            max_images_per_prompt=spec.max_images_per_prompt,
-        )
-    return VLTrajEnvManager(*args, max_images_per_prompt=spec.max_images_per_prompt)

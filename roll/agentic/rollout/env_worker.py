@@ -13,7 +13,7 @@ import torch
 from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
 from roll.agentic.env_manager.base import BaseEnvManager, EnvSpec
-from roll.agentic.env_manager.factory import make_env_manager, make_vl_env_manager
+from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.env_manager.proxy_env_manager import ProxyEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.agentic.proxy.server import ProxyServer
@@ -111,18 +111,6 @@ class EnvWorker:
                 episode_timeout_s=self._episode_timeout_s,
                 generate_timeout_s=generate_timeout_s,
             )
-        if spec.vision:  # image observations: the model's processor makes the prompts
-            return make_vl_env_manager(
-                spec,
-                self.processor,
-                self._generate,
-                sampling,
-                sequence_length,
-                mode=self._manager_type,
-                history_length=self._history_length,
-                step_timeout_s=step_timeout_s,
-                generate_timeout_s=generate_timeout_s,
-            )
         return make_env_manager(
             spec,
             self.tokenizer,
@@ -133,6 +121,7 @@ class EnvWorker:
             history_length=self._history_length,
             step_timeout_s=step_timeout_s,
             generate_timeout_s=generate_timeout_s,
+            processor=self.processor,  # for the tags with image observations
         )
 
     async def _generate(self, request):
