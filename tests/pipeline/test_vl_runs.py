@@ -124,8 +124,9 @@ def test_rolls_vl_sokoban_config_runs(vl_model, tmp_path):
     assert "val/frames/SimpleSokoban/0" in image_tags(tmp_path / "tb")
 
 
-@pytest.mark.lane  # a second VL run through the CLI (about 2 minutes loaded): .ci/run has the Sokoban one
-def test_the_vl_frozen_lake_example_trains_a_step(tmp_path):
+def frozen_lake_step(tmp_path, config_name: str, *extra: str) -> dict:
+    """One training step of a VL FrozenLake example through the CLI, on its tiny model; the
+    step's metrics row, checked for what every such run logs."""
     from roll.pipeline.tiny_model import main as build
 
     model = build(["--preset", "vl_frozen_lake", "--output_dir", str(tmp_path / "vl")])
@@ -135,7 +136,8 @@ def test_the_vl_frozen_lake_example_trains_a_step(tmp_path):
             "--config_path",
             "vl_frozen_lake",
             "--config_name",
-            "agentic_val_vl_frozen_lake",
+            config_name,
+            *extra,
             f"pretrain={model}",
             f"output_dir={out}",
             "max_steps=1",
@@ -148,34 +150,17 @@ def test_the_vl_frozen_lake_example_trains_a_step(tmp_path):
     assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
     assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
     assert rows[1]["train/num_actions"] >= 1
+    return rows[1]
+
+
+@pytest.mark.lane  # a second VL run through the CLI (about 2 minutes loaded): .ci/run has the Sokoban one
+def test_the_vl_frozen_lake_example_trains_a_step(tmp_path):
+    frozen_lake_step(tmp_path, "agentic_val_vl_frozen_lake")
 
 
 # in .ci/run: the one run of step samples with images through the whole loop
 def test_the_step_wise_vl_frozen_lake_example_trains_a_step_with_gigpo(tmp_path):
     """Step samples with their images through the whole loop: each group's episodes start on one
     map, so GiGPO finds anchor states shared by at least the first steps of a group."""
-    from roll.pipeline.tiny_model import main as build
-
-    model = build(["--preset", "vl_frozen_lake", "--output_dir", str(tmp_path / "vl")])
-    out = tmp_path / "run"
-    run(
-        [
-            "--config_path",
-            "vl_frozen_lake",
-            "--config_name",
-            "agentic_val_vl_frozen_lake_step",
-            "+profile=cpu_smoke",
-            f"pretrain={model}",
-            f"output_dir={out}",
-            "adv_estimator=gigpo",
-            "max_steps=1",
-            "eval_steps=1",
-            "save_steps=0",
-            *SMALL,
-        ]
-    )
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
-    assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
-    assert rows[1]["train/num_actions"] >= 1
-    assert rows[1]["critic/anchor_nonsingleton_frac"] > 0 and rows[1]["critic/anchor_num_groups"] >= 2
+    row = frozen_lake_step(tmp_path, "agentic_val_vl_frozen_lake_step", "+profile=cpu_smoke", "adv_estimator=gigpo")
+    assert row["critic/anchor_nonsingleton_frac"] > 0 and row["critic/anchor_num_groups"] >= 2
