@@ -1,11 +1,12 @@
-"""What tests across folders share: the tiny random Llama.
+"""What tests across folders share: the tiny random Llama, and the `hf` engine on a tiny VL dir.
 
 `tiny_llama_config(layers=2)` is the shape the engine and worker tests train (2 layers, hidden 32,
 4 heads and 2 KV heads: grouped-query attention, vocabulary 32); `layers=1` the smallest one
 (hidden 16, 2 heads, 1 KV head) for tests that only need some model. Keyword overrides change any
 field. `tiny_llama(seed)` builds it with random weights drawn after `torch.manual_seed(seed)`, and
 `save_tiny_llama(path, seed)` saves that as an HF dir. Test files import them (`from tests.conftest
-import tiny_llama`); transformers is imported only when one is called, so tests that need no
+import tiny_llama`). `vl_engine(vl_dir)` is the `hf` engine as the inference worker builds it on a
+VL model (vision marker ids never sampled); transformers is imported only when one is called, so tests that need no
 model do not pay for it.
 """
 
@@ -52,3 +53,16 @@ def save_tiny_llama(path: str | Path, seed: int = 0, layers: int = 2, **override
     tokenizer); returns the path."""
     tiny_llama(seed, layers, **overrides).save_pretrained(path)
     return str(path)
+
+
+def vl_engine(vl_dir: str, **kwargs):
+    """`HFInferStrategy` on the VL model at `vl_dir`, its vision marker ids suppressed as the
+    inference worker does; `kwargs` go to the strategy."""
+    from roll.distributed.strategies.hf.infer import HFInferStrategy
+    from roll.models.loading import load_policy, load_processor, vision_token_ids
+
+    model = load_policy(vl_dir, training=False)
+    tok = load_processor(vl_dir).tokenizer
+    return HFInferStrategy(
+        model, tok.pad_token_id, [tok.eos_token_id], suppressed_token_ids=vision_token_ids(model.config), **kwargs
+    )

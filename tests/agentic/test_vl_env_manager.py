@@ -24,6 +24,7 @@ from roll.distributed.strategies.hf.device_sampling import suppress
 from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.models.loading import load_policy, load_processor, vision_token_ids
 from roll.pipeline.tiny_model import main as build_model
+from tests.conftest import vl_engine
 
 ENV_CONFIG = {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 10, "render_mode": "rgb_array"}
 
@@ -40,11 +41,7 @@ def processor(vl_dir):
 
 @pytest.fixture(scope="module")
 def engine(vl_dir):
-    model = load_policy(vl_dir, training=False)
-    tok = load_processor(vl_dir).tokenizer
-    return HFInferStrategy(
-        model, tok.pad_token_id, [tok.eos_token_id], suppressed_token_ids=vision_token_ids(model.config)
-    )
+    return vl_engine(vl_dir)
 
 
 def spec(max_steps: int = 3, **env_config) -> EnvSpec:

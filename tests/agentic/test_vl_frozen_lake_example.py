@@ -16,10 +16,10 @@ from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.configs.loader import load_config
 from roll.core.records import SamplingParams
-from roll.distributed.strategies.hf.infer import HFInferStrategy
-from roll.models.loading import load_policy, load_processor, vision_token_ids
+from roll.models.loading import load_processor
 from roll.pipeline.rollout_builders import env_spec
 from roll.pipeline.tiny_model import main as build_model
+from tests.conftest import vl_engine
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vl_frozen_lake"
 
@@ -34,13 +34,7 @@ def example(vl_dir):
     """The example's train tag as its env managers get it, the processor and an `hf` engine."""
     cfg = load_config(str(EXAMPLE), "agentic_val_vl_frozen_lake", [f"pretrain={vl_dir}"])
     (tag,) = cfg.train_env_manager.tags
-    processor = load_processor(vl_dir)
-    model = load_policy(vl_dir, training=False)
-    tok = processor.tokenizer
-    engine = HFInferStrategy(
-        model, tok.pad_token_id, [tok.eos_token_id], suppressed_token_ids=vision_token_ids(model.config)
-    )
-    return cfg, env_spec(cfg, tag, cfg.train_env_manager), processor, engine
+    return cfg, env_spec(cfg, tag, cfg.train_env_manager), load_processor(vl_dir), vl_engine(vl_dir)
 
 
 def play(example, env_seed: int) -> tuple[VLTrajEnvManager, list, list[np.ndarray]]:

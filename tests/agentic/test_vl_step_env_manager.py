@@ -29,10 +29,10 @@ from roll.algorithms.gigpo import anchor_group_stats, compute_gigpo_advantages
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch
 from roll.core.records import GenerateOutput, SamplingParams, Trajectory
-from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.models.loading import load_policy, load_processor, vision_token_ids
 from roll.pipeline.samples import build_step_batch
 from roll.pipeline.tiny_model import main as build_model
+from tests.conftest import vl_engine
 
 ENV_CONFIG = {
     "size": 4,
@@ -58,11 +58,7 @@ def processor(vl_dir):
 
 @pytest.fixture(scope="module")
 def engine(vl_dir):
-    model = load_policy(vl_dir, training=False)
-    tok = load_processor(vl_dir).tokenizer
-    return HFInferStrategy(
-        model, tok.pad_token_id, [tok.eos_token_id], suppressed_token_ids=vision_token_ids(model.config)
-    )
+    return vl_engine(vl_dir)
 
 
 def spec(max_steps: int = 6, history_length: int | None = None) -> EnvSpec:

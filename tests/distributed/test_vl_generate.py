@@ -18,10 +18,10 @@ from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.core.records import GenerateRequest, ImageInputs, SamplingParams
 from roll.distributed.micro_batches import token_logprobs
-from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.vl_generate import batch_groups, image_keys
-from roll.models.loading import load_policy, load_processor, vision_token_ids
+from roll.models.loading import load_processor
 from roll.pipeline.tiny_model import main as build_model
+from tests.conftest import vl_engine
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +34,9 @@ def processor(vl_dir):
     return load_processor(vl_dir)
 
 
-def make_engine(vl_dir, **kwargs) -> HFInferStrategy:
-    model = load_policy(vl_dir, training=False)
-    tok = load_processor(vl_dir).tokenizer
-    return HFInferStrategy(
-        model, tok.pad_token_id, [tok.eos_token_id], suppressed_token_ids=vision_token_ids(model.config), **kwargs
-    )
-
-
 @pytest.fixture(scope="module")
 def engine(vl_dir):
-    return make_engine(vl_dir)
+    return vl_engine(vl_dir)
 
 
 def image_request(processor, i: int, words: str, height: int, params: SamplingParams) -> GenerateRequest:
@@ -149,7 +141,7 @@ def test_a_call_over_the_bounds_is_served_in_groups_with_the_same_answers(engine
 def test_rows_equal_in_ids_and_images_are_prefilled_once(vl_dir, processor):
     """Group members start from the same prompt and frame: computed once, each row still sampled
     with its own seed; equal ids with another image are another row. Their KV is each row's own."""
-    engine = make_engine(vl_dir)
+    engine = vl_engine(vl_dir)
     a = image_request(processor, 0, "Go", 56, SamplingParams(max_new_tokens=4))
     twin = dataclasses.replace(a, request_id="twin", seed=5, session_id="twin")
     other_image = dataclasses.replace(
@@ -211,7 +203,7 @@ def play(processor, engine, temperature: float, sent: list | None = None):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_vl_episode_reuses_its_kv_with_the_same_answers(vl_dir, processor, temperature):
-    fresh, reusing = make_engine(vl_dir, max_cached_tokens=0), make_engine(vl_dir)
+    fresh, reusing = vl_engine(vl_dir, max_cached_tokens=0), vl_engine(vl_dir)
     sent = []
     a = play(processor, fresh, temperature)
     fresh_prefill = fresh.stats["prefill_tokens"]
@@ -234,7 +226,7 @@ def test_a_session_never_serves_a_prompt_whose_earlier_image_differs(vl_dir, pro
     that image, and the answer is a fresh prefill's; with the images as they were, it is reused
     up to the end of the previous answer."""
     sent = []
-    engine = make_engine(vl_dir)
+    engine = vl_engine(vl_dir)
     play(processor, engine, 1.0, sent)
     last = sent[-1][0]
     grids, pixels = last.images.image_grid_thw, last.images.pixel_values
