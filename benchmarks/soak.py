@@ -15,7 +15,7 @@ Last line: `RESULT soak_steps=... exit=... missing_steps=... kills=... dropped=.
 rss_last_mb=... files_first=... files_last=...` (first/last: the means of the second and the last
 fifth of the samples taken while training, so that neither start-up nor the teardown after the last step
 counts as drift); every sample goes to
-`soak_samples.csv` beside `--out`, and a table of the memory by process title (driver, Ray's own
+`soak_samples.csv` beside `--out`, and a table of the memory by process kind (driver, Ray's own
 processes, each kind of worker), first window against last, shows where any rise is.
 """
 
@@ -72,9 +72,10 @@ KILLED = ("ray::EnvWorker", "ray::InferenceWorker")  # killed in turn
 
 
 def sample(sid: int, title: str) -> tuple[float, int, list[psutil.Process], dict[str, float]]:
-    """(RSS MiB, open files, processes whose title starts with `title`, RSS MiB by process title)
+    """(RSS MiB, open files, processes whose title starts with `title`, RSS MiB by process kind: the
+    title up to its first dot)
     of the run's session."""
-    rss, files, found, by_title = 0, 0, [], {}
+    rss, files, found, by_kind = 0, 0, [], {}
     for proc in session_processes(sid):
         try:
             mem, name = proc.memory_info().rss, proc.name()
@@ -83,10 +84,10 @@ def sample(sid: int, title: str) -> tuple[float, int, list[psutil.Process], dict
             continue
         rss += mem
         kind = name.split(".")[0]  # ray::ActorWorker.train -> ray::ActorWorker: the title names the running method
-        by_title[kind] = by_title.get(kind, 0.0) + mem / 2**20
+        by_kind[kind] = by_kind.get(kind, 0.0) + mem / 2**20
         if name.startswith(title):
             found.append(proc)
-    return rss / 2**20, files, found, by_title
+    return rss / 2**20, files, found, by_kind
 
 
 def logged_steps(out: Path) -> list[int]:
@@ -130,9 +131,9 @@ def main() -> None:
     samples, kills = [], []
     try:
         while proc.poll() is None:
-            rss, files, victims, by_title = sample(proc.pid, KILLED[len(kills) % len(KILLED)])
+            rss, files, victims, by_kind = sample(proc.pid, KILLED[len(kills) % len(KILLED)])
             steps = logged_steps(out)
-            samples.append((time.monotonic() - started, len(steps), rss, files, by_title))
+            samples.append((time.monotonic() - started, len(steps), rss, files, by_kind))
             if kill_at and steps and steps[-1] >= kill_at[0] and victims:
                 victim = rng.choice(victims)
                 victim.send_signal(signal.SIGKILL)
@@ -146,16 +147,16 @@ def main() -> None:
     report(args, out, proc.returncode, samples, kills, time.monotonic() - started, log)
 
 
-def print_by_title(first: list, last: list) -> None:
-    """Which processes the memory is in, by title, first window against last (MiB, means)."""
-    titles = sorted({t for rows in (first, last) for r in rows for t in r[4]})
+def print_by_kind(first: list, last: list) -> None:
+    """Which processes the memory is in, by kind, first window against last (MiB, means)."""
+    kinds = sorted({t for rows in (first, last) for r in rows for t in r[4]})
 
-    def mean(rows: list, title: str) -> float:
-        return sum(r[4].get(title, 0.0) for r in rows) / len(rows)
+    def mean(rows: list, kind: str) -> float:
+        return sum(r[4].get(kind, 0.0) for r in rows) / len(rows)
 
-    print("| process title | RSS MiB first | RSS MiB last | change |")
+    print("| process | RSS MiB first | RSS MiB last | change |")
     print("|---|---|---|---|")
-    for t in sorted(titles, key=lambda t: -abs(mean(last, t) - mean(first, t))):
+    for t in sorted(kinds, key=lambda t: -abs(mean(last, t) - mean(first, t))):
         print(f"| {t} | {mean(first, t):.0f} | {mean(last, t):.0f} | {mean(last, t) - mean(first, t):+.0f} |")
 
 
@@ -172,7 +173,7 @@ def report(args, out: Path, returncode: int, samples: list, kills: list, wall_s:
     with open(out.parent / "soak_samples.csv", "w") as f:  # every sample, to plot
         f.write("wall_s,steps_logged,rss_mib,open_files\n")
         f.writelines(f"{t:.1f},{n},{rss:.1f},{files}\n" for t, n, rss, files, _ in samples)
-    print_by_title(first, last)
+    print_by_kind(first, last)
     mean = lambda rows, i: sum(r[i] for r in rows) / len(rows)  # noqa: E731
     print("| steps | exit | wall s | kills | dropped trajectories | RSS MiB first/last | open files first/last |")
     print("|---|---|---|---|---|---|---|")
