@@ -133,6 +133,13 @@ def rows_to_compute(input_ids: torch.Tensor, attention_mask: torch.Tensor, dedup
     return distinct_rows(input_ids, attention_mask) if dedupe else all_rows(len(input_ids), input_ids.device)
 
 
+def batch_rows(batch: TensorDict, dedupe: bool) -> DistinctRows:
+    """`rows_to_compute` of a batch's rows. Rows carrying images (`Batch.PIXEL_VALUES`) are never
+    shared: equal ids may show different images, so each is its own distinct row."""
+    shareable = dedupe and Batch.PIXEL_VALUES not in batch.keys()
+    return rows_to_compute(batch["input_ids"], batch["attention_mask"], shareable)
+
+
 def valid_length(attention_mask: torch.Tensor) -> int:
     """Index after the last attended position of any row of `attention_mask` (B, T).
 
@@ -324,7 +331,7 @@ def forward_in_micro_batches(
     A token `budget` (dynamic batching) forms the micro-batches by tokens instead of rows.
     """
     total = batch["input_ids"].shape[1]
-    rows = rows_to_compute(batch["input_ids"], batch["attention_mask"], dedupe)
+    rows = batch_rows(batch, dedupe)
     order: list[torch.Tensor] = []
     parts: dict[str, list[torch.Tensor]] = {}
     for members in distinct_micro_batch_rows(rows, micro_batch_size, batch["attention_mask"], budget):

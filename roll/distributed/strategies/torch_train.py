@@ -33,11 +33,10 @@ from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.micro_batches import (
     MicroForward,
     all_rows,
+    batch_rows,
     distinct_micro_batch_rows,
-    distinct_rows,
     forward_in_micro_batches,
     iter_distinct_micro_batches,
-    rows_to_compute,
     token_logprobs,
     trim_padding,
     vision_inputs,
@@ -156,7 +155,7 @@ class TorchTrainStrategy:
 
     def _forward_stand_ins(self, batch: TensorDict, micro_batch_size: int) -> int:
         """How many micro-batches fewer this rank's forward has than the rank with the most."""
-        rows = rows_to_compute(batch["input_ids"], batch["attention_mask"], self.dedupe_rows)
+        rows = batch_rows(batch, self.dedupe_rows)
         made = len(list(distinct_micro_batch_rows(rows, micro_batch_size, batch["attention_mask"], self.infer_budget)))
         return self._max_over_ranks(made) - made
 
@@ -209,7 +208,7 @@ class TorchTrainStrategy:
         micro-batches are token-budget bins instead (roll.distributed.dynamic_batching); the
         weights above make the step the same.
         """
-        distinct = distinct_rows(minibatch["input_ids"], minibatch["attention_mask"])
+        distinct = batch_rows(minibatch, dedupe=True)  # rows with images are never shared
         grouping = distinct if self.dedupe_rows else all_rows(len(minibatch))
         micros = list(iter_distinct_micro_batches(minibatch, self.micro_batch_size, grouping, self.train_budget))
         across_ranks = total_weight is not None and self.dp_size > 1

@@ -38,6 +38,7 @@ from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.weight_transfer import IpcWeights, share_state
 from roll.distributed.workers.common import (
     average_metrics,
+    model_inputs,
     set_num_threads,
     shuffled_minibatches,
     take_memory_gib,
@@ -96,7 +97,7 @@ class ActorWorker:
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
         """Log-probs (B, T) of the current weights (the PPO "old" log-probs), CPU float32."""
-        logprobs, _ = self.strategy.forward_logprobs(batch.select("input_ids", "attention_mask"), temperature)
+        logprobs, _ = self.strategy.forward_logprobs(model_inputs(batch, "input_ids", "attention_mask"), temperature)
         return logprobs
 
     def train(
@@ -138,7 +139,7 @@ class ActorWorker:
             + (("episode_scores",) if pg_variant == "topr" else ())
             + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ())
         )
-        batch = batch.select(*TRAIN_KEYS, *extra)
+        batch = model_inputs(batch, *TRAIN_KEYS, *extra)
         options = replace(
             pg_options or PGOptions(), clip_low=pg_clip, clip_high=pg_clip if pg_clip_high is None else pg_clip_high
         )

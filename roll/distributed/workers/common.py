@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 from tensordict import TensorDict
 
+from roll.core.fields import Batch
 from roll.core.seeding import derive_seed
 from roll.distributed.ranks import WeightBy, rank_share
 from roll.distributed.strategies.base import TrainStrategy
@@ -20,6 +21,12 @@ def set_num_threads(num_threads: int | None) -> None:
     Several roles share one machine in a CPU run, so the pipeline passes each its share.
     """
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
+
+
+def model_inputs(batch: TensorDict, *keys: str) -> TensorDict:
+    """`batch.select(*keys)` plus the rows' images where the batch has them (`Batch.IMAGE_KEYS`):
+    a vision-language model scores a row only with the images it was generated from."""
+    return batch.select(*keys, *(k for k in Batch.IMAGE_KEYS if k in batch.keys()))
 
 
 def take_memory_gib() -> dict[str, float]:

@@ -6,12 +6,11 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs, vision_inputs
 from roll.distributed.sequence_packing import PackedSequences
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
-from roll.distributed.workers.common import set_num_threads, take_memory_gib
+from roll.distributed.workers.common import model_inputs, set_num_threads, take_memory_gib
 from roll.models.loading import DType, load_policy
 
 
@@ -54,7 +53,7 @@ class ReferenceWorker:
             )
             return {"logprobs": logprobs}
 
-        batch = batch.select("input_ids", "attention_mask", *(k for k in Batch.IMAGE_KEYS if k in batch.keys()))
+        batch = model_inputs(batch, "input_ids", "attention_mask")
         model = PackedSequences(self.model) if self.sequence_packing else self.model
         return forward_in_micro_batches(
             model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
