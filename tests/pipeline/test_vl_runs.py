@@ -150,6 +150,7 @@ def frozen_lake_step(tmp_path, config_name: str, *extra: str) -> dict:
     assert [r["step"] for r in rows] == [0, 1] and "val/success" in rows[1]
     assert "losses/policy_loss" in rows[1] and rows[1]["rollout/dropped_trajectories"] == 0
     assert rows[1]["train/num_actions"] >= 1
+    assert rows[1]["rollout/logprob_abs_diff"] < 1e-4  # the actor scores each row with its images, as the engine did
     return rows[1]
 
 
