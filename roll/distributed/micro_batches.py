@@ -35,6 +35,7 @@ from torch import nn
 from roll.algorithms.losses import entropy_from_logits, row_chunks
 from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget, pad_to_multiple, row_lengths
+from roll.distributed.row_images import RowImages, image_row_keys, row_images, vision_inputs
 from roll.models.loading import vision_token_ids
 
 MicroForward = Callable[[nn.Module, TensorDict], dict[str, torch.Tensor]]
@@ -74,7 +75,9 @@ class DistinctRows(NamedTuple):
         return per_distinct.index_select(0, self.inverse)
 
 
-def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DistinctRows:
+def distinct_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, images: RowImages | None = None
+) -> DistinctRows:
     """Group the rows of `input_ids` (B, T) that a forward pass cannot tell apart.
 
     Two rows are the same when their attention masks are equal and their attended tokens are
@@ -86,6 +89,8 @@ def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Dist
     attended = attention_mask.bool()
     last = attended & (attended.long().cumsum(dim=1) == attended.sum(dim=1, keepdim=True))
     key = torch.where(attended, input_ids, PADDING_KEY).masked_fill(last, LAST_TOKEN_KEY)
+    if images is not None:  # rows with images: equal ids share only with equal images too
+        key = torch.cat([key.long(), image_row_keys(images).to(key.device)], dim=1)
     return group_equal_rows(key)
 
 
@@ -128,16 +133,19 @@ def all_rows(num_rows: int, device: torch.device | str = "cpu") -> DistinctRows:
     return DistinctRows(rows, rows)
 
 
-def rows_to_compute(input_ids: torch.Tensor, attention_mask: torch.Tensor, dedupe: bool) -> DistinctRows:
+def rows_to_compute(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, dedupe: bool, images: RowImages | None = None
+) -> DistinctRows:
     """`distinct_rows` with `dedupe`, else `all_rows`: the rows a forward pass runs the model on."""
-    return distinct_rows(input_ids, attention_mask) if dedupe else all_rows(len(input_ids), input_ids.device)
+    if not dedupe:
+        return all_rows(len(input_ids), input_ids.device)
+    return distinct_rows(input_ids, attention_mask, images)
 
 
 def batch_rows(batch: TensorDict, dedupe: bool) -> DistinctRows:
-    """`rows_to_compute` of a batch's rows. Rows carrying images (`Batch.PIXEL_VALUES`) are never
-    shared: equal ids may show different images, so each is its own distinct row."""
-    shareable = dedupe and Batch.PIXEL_VALUES not in batch.keys()
-    return rows_to_compute(batch["input_ids"], batch["attention_mask"], shareable)
+    """`rows_to_compute` of a batch's rows, with their images where they carry some: rows with
+    equal ids share a forward only when their images are equal too (`row_images`)."""
+    return rows_to_compute(batch["input_ids"], batch["attention_mask"], dedupe, row_images(batch))
 
 
 def valid_length(attention_mask: torch.Tensor) -> int:
@@ -158,20 +166,6 @@ def trim_padding(batch: TensorDict) -> TensorDict:
         lambda x: x[:, :length] if x.dim() >= 2 and x.shape[1] == total else x
     )
     return trimmed.update(batch.select(*(k for k in Batch.IMAGE_KEYS if k in batch.keys())))
-
-
-def vision_inputs(micro: TensorDict) -> dict[str, torch.Tensor] | None:
-    """The model's image inputs of a micro-batch's rows (`Batch.PIXEL_VALUES`,
-    `Batch.IMAGE_GRID_THW`): every row's images in row order, their padding cut; None for a batch
-    without images."""
-    if Batch.IMAGE_GRID_THW not in micro.keys():
-        return None
-    pixels, grids = [], []
-    for row_pixels, row_grid in zip(micro[Batch.PIXEL_VALUES], micro[Batch.IMAGE_GRID_THW]):
-        row_grid = row_grid[row_grid.any(dim=1)]
-        grids.append(row_grid)
-        pixels.append(row_pixels[: int(row_grid.prod(dim=1).sum())])
-    return {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids)}
 
 
 def image_token_types(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
@@ -249,7 +243,7 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool = False,
     dedupe: bool = True,
-    vision: dict[str, torch.Tensor] | None = None,
+    images: RowImages | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B, T) and optionally entropies (B, T) of a causal LM, with grad.
 
@@ -259,17 +253,19 @@ def token_logprobs(
     The model runs once per distinct row (module docstring); `dedupe=False` runs it on every row,
     with the same results, to measure what that saves.
 
-    `vision` (a vision-language model: `vision_inputs` of the rows) goes to the model with the
-    ids; rows are then never shared (equal ids may show different images), and the vision marker
-    ids are left out of every distribution, as the engine leaves them out when sampling.
+    `images` (a vision-language model: the rows' images, `row_images`) go to the model with the
+    ids, each distinct row's own; rows share a forward only when their images are equal too, and
+    the vision marker ids are left out of every distribution, as the engine leaves them out when
+    sampling.
     """
-    rows = rows_to_compute(input_ids, attention_mask, dedupe and vision is None)
+    rows = rows_to_compute(input_ids, attention_mask, dedupe, images)
     shared = rows.index
+    vision = vision_inputs(images.select(shared)) if images is not None else None
     if vision is not None:  # the model places image placeholders on their grids (M-RoPE) only when told where they are
         vision = vision | {"mm_token_type_ids": image_token_types(model, input_ids[shared])}
     logits = model(input_ids=input_ids[shared], attention_mask=attention_mask[shared], **(vision or {})).logits
     logits = logits[:, :-1].float() / temperature  # (U, T - 1, V): position t scores token t + 1
-    suppressed = vision_token_ids_of(model) if vision is not None else []
+    suppressed = vision_token_ids_of(model) if images is not None else []
     mask = attention_mask[:, 1:].to(logits.dtype)
     if suppressed:  # the lowest finite logit, not -inf: 0 * -inf in an entropy or a mask is nan
         ids = torch.tensor(suppressed, device=logits.device)

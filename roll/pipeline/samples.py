@@ -62,7 +62,7 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
 
 def image_batch(images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
     """Each row's images, zero-padded: pixel values (B, P, D) and patch grids (B, N, 3)
-    (`Batch.PIXEL_VALUES`, `Batch.IMAGE_GRID_THW`; `roll.distributed.micro_batches.vision_inputs`
+    (`Batch.PIXEL_VALUES`, `Batch.IMAGE_GRID_THW`; `roll.distributed.row_images.vision_inputs`
     cuts the padding again). Every row of a VL batch (a trajectory, or a step) must carry its images."""
     if any(row is None for row in images):
         raise ValueError("a batch mixes samples with and without images")

@@ -229,7 +229,8 @@ def test_a_row_is_scored_with_its_own_images(vl_dir, vl_trajectories):
 
 def test_a_ppo_step_trains_the_vision_tower(vl_dir, vl_trajectories):
     from roll.core.fields import Batch
-    from roll.distributed.micro_batches import token_logprobs, vision_inputs
+    from roll.distributed.micro_batches import token_logprobs
+    from roll.distributed.row_images import row_images
     from roll.pipeline.samples import build_traj_batch
 
     batch, _ = build_traj_batch(vl_trajectories, pad_token_id=0)
@@ -237,9 +238,7 @@ def test_a_ppo_step_trains_the_vision_tower(vl_dir, vl_trajectories):
     visual = [p.detach().clone() for p in trainer.model.model.visual.parameters()]
 
     def loss_fn(model, micro):  # raise the generated tokens' log-probs
-        logprobs, _ = token_logprobs(
-            model, micro["input_ids"], micro["attention_mask"], 1.0, vision=vision_inputs(micro)
-        )
+        logprobs, _ = token_logprobs(model, micro["input_ids"], micro["attention_mask"], 1.0, images=row_images(micro))
         mask = micro[Batch.RESPONSE_MASK]
         return -(logprobs * mask).sum() / mask.sum().clamp(min=1), {}
 

@@ -337,8 +337,8 @@ def test_the_trainer_scores_step_samples_with_their_own_images(processor, engine
 
 @pytest.fixture(scope="module")
 def step_batch(processor, engine):
-    """Step samples of two episodes on one map and one on another: history 0, so every row's
-    prompt ids are the same and only the rows' images tell them apart."""
+    """Step samples of two episodes on one map and one on another: history 0, so a turn's prompt
+    ids are the same in every episode and only the rows' images tell them apart."""
     trajs = [
         play(manager(processor, engine_policy(engine, [], [])), env_seed, f"g-{m}", sample_seed=m)
         for m, env_seed in enumerate((3, 3, 5))
@@ -352,14 +352,22 @@ def test_the_actor_worker_scores_and_trains_each_row_with_its_images(vl_dir, ste
     mini-batch of `train` sees the same distribution (ratio exactly 1, nothing clipped): neither
     call may leave the images behind, which scores a VL row as text and makes every ratio noise."""
     from roll.configs.worker import TrainingArgs
-    from roll.distributed.micro_batches import batch_rows, distinct_rows
+    from roll.distributed.micro_batches import batch_rows
     from roll.distributed.workers.actor import ActorWorker
 
     batch = step_batch.clone()
     rows = len(batch)
     mask = batch[Batch.RESPONSE_MASK].bool()
-    assert distinct_rows(batch[Batch.INPUT_IDS], batch[Batch.ATTENTION_MASK]).ratio < 1  # equal ids ...
-    assert batch_rows(batch, dedupe=True).ratio == 1.0  # ... are never one row when images differ
+    prompts = [
+        (tuple(ids[m & ~r].tolist()), pixels.numpy().tobytes())
+        for ids, m, r, pixels in zip(
+            batch[Batch.INPUT_IDS], mask | batch[Batch.ATTENTION_MASK].bool(), mask, batch[Batch.PIXEL_VALUES]
+        )
+    ]
+    assert len({ids for ids, _ in prompts}) < len(set(prompts))  # rows with equal ids show other frames ...
+    shared = batch_rows(batch, dedupe=True)
+    assert len(shared.index) == len(set(prompts)) < rows  # ... and rows share a forward only on equal frames
+    assert all(prompts[int(shared.index[u])] == p for u, p in zip(shared.inverse, prompts))
     args = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=rows, gradient_accumulation_steps=1)
     actor = ActorWorker(vl_dir, args, total_train_steps=1, seed=7, num_threads=1)
     batch[Batch.OLD_LOGPROBS] = actor.compute_logprobs(batch, 1.0)
@@ -368,5 +376,5 @@ def test_the_actor_worker_scores_and_trains_each_row_with_its_images(vl_dir, ste
     kw = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.0, "loss_agg_mode": "token-mean"}
     metrics = actor.train(batch, ppo_epochs=1, step=0, **kw)
     assert metrics["losses/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert metrics["losses/clipfrac"] == 0.0 and metrics["actor/unique_row_ratio"] == 1.0
+    assert metrics["losses/clipfrac"] == 0.0 and metrics["actor/unique_row_ratio"] == shared.ratio
     assert metrics["actor/grad_norm"] > 0

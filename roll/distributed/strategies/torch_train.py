@@ -39,9 +39,9 @@ from roll.distributed.micro_batches import (
     iter_distinct_micro_batches,
     token_logprobs,
     trim_padding,
-    vision_inputs,
 )
 from roll.distributed.ranks import micro_weights, without_responses
+from roll.distributed.row_images import row_images
 from roll.distributed.sequence_packing import PackedSequences, PackingBudget
 from roll.distributed.strategies.offload import (
     move_module_,
@@ -171,7 +171,7 @@ class TorchTrainStrategy:
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
             ids, mask = micro["input_ids"], micro["attention_mask"]
             logprobs, entropy = token_logprobs(
-                model, ids, mask, temperature, with_entropy, self.dedupe_rows, vision=vision_inputs(micro)
+                model, ids, mask, temperature, with_entropy, self.dedupe_rows, images=row_images(micro)
             )
             return {"logprobs": logprobs} | ({"entropy": entropy} if with_entropy else {})
 

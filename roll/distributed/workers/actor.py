@@ -33,7 +33,8 @@ from roll.algorithms.train_infer import train_infer_correction
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
-from roll.distributed.micro_batches import token_logprobs, vision_inputs
+from roll.distributed.micro_batches import token_logprobs
+from roll.distributed.row_images import row_images
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.weight_transfer import IpcWeights, share_state
 from roll.distributed.workers.common import (
@@ -235,7 +236,7 @@ def _policy_loss(
         temperature,
         with_entropy=True,
         dedupe=dedupe,
-        vision=vision_inputs(micro),
+        images=row_images(micro),
     )
     mask = micro[Batch.RESPONSE_MASK]
     weights, extra_metrics = None, {}

@@ -7,7 +7,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from roll.distributed.dynamic_batching import TokenBudget
-from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs, vision_inputs
+from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs
+from roll.distributed.row_images import row_images
 from roll.distributed.sequence_packing import PackedSequences
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import model_inputs, set_num_threads, take_memory_gib
@@ -49,7 +50,7 @@ class ReferenceWorker:
 
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
             logprobs, _ = token_logprobs(
-                model, micro["input_ids"], micro["attention_mask"], temperature, vision=vision_inputs(micro)
+                model, micro["input_ids"], micro["attention_mask"], temperature, images=row_images(micro)
             )
             return {"logprobs": logprobs}
 
