@@ -52,5 +52,6 @@ def engine_gap_warning(metrics: dict[str, float], step: int) -> str | None:
         f"step {step}: the trainer's log-probs of the engine's sampled tokens differ from the engine's by "
         f"{gap:.3g} nats a token on the same weights (rollout/logprob_abs_diff; over {ENGINE_GAP_WARN}): "
         "the trainer does not score what the engine sampled from (its inputs, positions or template "
-        "differ), so the PPO ratios are noise"
+        "differ, or the engine reports log-probs of a truncated or rescaled distribution), so the PPO "
+        "ratios are noise"
     )
