@@ -38,7 +38,10 @@ class Batch:
     """(B, P, D) each row's image patches as its processor made them, zero-padded to P patches."""
     IMAGE_GRID_THW: Final = "image_grid_thw"
     """(B, N, 3) each row's images' (t, h, w) patch grids in order; all-zero rows are padding."""
-    IMAGE_KEYS: Final = (PIXEL_VALUES, IMAGE_GRID_THW)
+    IMAGE_HASH: Final = "image_hash"
+    """(B, 2) int64 a 128-bit hash of each row's images: rows with equal images share a forward
+    (`roll.distributed.row_images`)."""
+    IMAGE_KEYS: Final = (PIXEL_VALUES, IMAGE_GRID_THW, IMAGE_HASH)
 
 
 @dataclass

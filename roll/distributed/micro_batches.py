@@ -35,7 +35,7 @@ from torch import nn
 from roll.algorithms.losses import entropy_from_logits, row_chunks
 from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget, pad_to_multiple, row_lengths
-from roll.distributed.row_images import RowImages, image_row_keys, row_images, vision_inputs
+from roll.distributed.row_images import RowImages, row_images, vision_inputs
 from roll.models.loading import vision_token_ids
 
 MicroForward = Callable[[nn.Module, TensorDict], dict[str, torch.Tensor]]
@@ -90,7 +90,7 @@ def distinct_rows(
     last = attended & (attended.long().cumsum(dim=1) == attended.sum(dim=1, keepdim=True))
     key = torch.where(attended, input_ids, PADDING_KEY).masked_fill(last, LAST_TOKEN_KEY)
     if images is not None:  # rows with images: equal ids share only with equal images too
-        key = torch.cat([key.long(), image_row_keys(images).to(key.device)], dim=1)
+        key = torch.cat([key.long(), images.hashes.to(key.device)], dim=1)
     return group_equal_rows(key)
 
 

@@ -31,7 +31,7 @@ from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import build_pg_options, build_workers, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
-from roll.pipeline.guards import stop_if_diverged
+from roll.pipeline.guards import engine_gap_warning, stop_if_diverged
 from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
 from roll.pipeline.rollout_builders import build_rollout
 from roll.pipeline.run_dirs import checkpoint_bytes
@@ -162,6 +162,8 @@ class AgenticPipeline:
                 self.tracker.log(step, {**model_size, **metrics})
                 model_size = {}
             stop_if_diverged(metrics, cfg.max_consecutive_skipped_steps, step)
+            if step == self.start_step + 1 and (gap := engine_gap_warning(metrics, step)):
+                logger.warning(gap)
             if cfg.save_steps > 0 and (step % cfg.save_steps == 0 or step == cfg.max_steps):
                 self.save(step)
             progress.update(step, metrics)

@@ -14,6 +14,7 @@ from roll.core.fields import Batch, RowInfo
 from roll.core.records import ImageInputs, Trajectory
 from roll.core.seeding import derive_seed
 from roll.distributed.ranks import data_parallel_ranks
+from roll.distributed.row_images import image_hashes
 
 
 def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:
@@ -63,7 +64,8 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
 def image_batch(images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
     """Each row's images, zero-padded: pixel values (B, P, D) and patch grids (B, N, 3)
     (`Batch.PIXEL_VALUES`, `Batch.IMAGE_GRID_THW`; `roll.distributed.row_images.vision_inputs`
-    cuts the padding again). Every row of a VL batch (a trajectory, or a step) must carry its images."""
+    cuts the padding again), and their hashes (`Batch.IMAGE_HASH`). Every row of a VL batch (a
+    trajectory, or a step) must carry its images."""
     if any(row is None for row in images):
         raise ValueError("a batch mixes samples with and without images")
     rows: list[ImageInputs] = [row for row in images if row is not None]
@@ -74,7 +76,8 @@ def image_batch(images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
     for i, (row, p) in enumerate(zip(rows, pixels)):
         pixel_values[i, : p.shape[0]] = p
         grids[i, : row.num_images] = torch.tensor(row.image_grid_thw)
-    return {Batch.PIXEL_VALUES: pixel_values, Batch.IMAGE_GRID_THW: grids}
+    hashes = image_hashes(pixel_values, grids)
+    return {Batch.PIXEL_VALUES: pixel_values, Batch.IMAGE_GRID_THW: grids, Batch.IMAGE_HASH: hashes}
 
 
 def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, RowInfo]:

@@ -1,47 +1,52 @@
-"""Rows' images in the trainer: keys equal exactly for equal images, and forwards shared only
-between rows whose ids and images are both equal."""
+"""Rows' images in the trainer: hashes equal for equal images, and forwards shared only between
+rows whose ids and images are both equal."""
 
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDict
 
-from roll.distributed import row_images
+from roll.core.fields import Batch
+from roll.core.records import ImageInputs
 from roll.distributed.micro_batches import distinct_rows
-from roll.distributed.row_images import RowImages, image_row_keys, vision_inputs
+from roll.distributed.row_images import RowImages, image_hashes, row_images, vision_inputs
+from roll.pipeline.samples import image_batch
 
 
-def images(*rows: list[float], grid=(1, 2, 2)) -> RowImages:
+def pixels(*rows: list[float]) -> torch.Tensor:
     """One image of 4 patches of 2 values per row."""
-    pixels = torch.tensor(rows, dtype=torch.float32).view(len(rows), 4, 2)
-    return RowImages(pixels, torch.tensor([[grid]] * len(rows)))
+    return torch.tensor(rows, dtype=torch.float32).view(len(rows), 4, 2)
+
+
+def images(*rows: list[float]) -> RowImages:
+    grids = torch.tensor([[[1, 2, 2]]] * len(rows))
+    return RowImages(pixels(*rows), grids, image_hashes(pixels(*rows), grids))
 
 
 A, B = [0.5, 1, 2, 3, 4, 5, 6, 7], [0.5, 1, 2, 3, 4, 5, 6, 7.0000005]  # B: one float bit apart
 
 
-def groups(keys: torch.Tensor) -> list[int]:
-    return torch.unique(keys, dim=0, return_inverse=True)[1].tolist()
+def groups(hashes: torch.Tensor) -> list[int]:
+    """Each row's group, numbered in the order of first appearance."""
+    seen: dict[tuple[int, ...], int] = {}
+    return [seen.setdefault(tuple(row.tolist()), len(seen)) for row in hashes]
 
 
-def test_keys_are_equal_exactly_when_the_images_are():
-    assert groups(image_row_keys(images(A, B, A, B))) == [0, 1, 0, 1]
-    other_grid = RowImages(images(A, A).pixels, torch.tensor([[[1, 2, 2]], [[1, 4, 1]]]))
-    assert groups(image_row_keys(other_grid)) == [0, 1]  # same pixels, another layout
+def test_hashes_are_equal_for_equal_images_only():
+    assert groups(images(A, B, A, B).hashes) == [0, 1, 0, 1]
+    other_grid = torch.tensor([[[1, 2, 2]], [[1, 4, 1]]])
+    assert groups(image_hashes(pixels(A, A), other_grid)) == [0, 1]  # same pixels, another layout
 
 
-def test_hashing_in_chunks_gives_the_same_keys(monkeypatch):
-    whole = image_row_keys(images(A, B, A, A, B))
-    monkeypatch.setattr(row_images, "HASH_CHUNK_ELEMENTS", 8)  # one row a chunk
-    assert torch.equal(image_row_keys(images(A, B, A, A, B)), whole)
-
-
-def test_a_hash_collision_shares_nothing(monkeypatch):
-    """With every multiplier 1 the hash is the sum of the bits: [x, y] and [y, x] collide. The
-    exact check then gives every row its own key rather than share a forward between them."""
-    monkeypatch.setattr(row_images, "hash_weights", lambda width: torch.ones(width, dtype=torch.long))
-    swapped = A[1:2] + A[:1] + A[2:]
-    assert groups(image_row_keys(images(A, A))) == [0, 0]  # equal rows still share
-    assert groups(image_row_keys(images(A, swapped, A))) == [0, 1, 2]
+def test_a_batch_carries_its_hashes_and_a_batch_without_gets_them():
+    frames = [ImageInputs(pixels(A)[0], [[1, 2, 2]]), ImageInputs(pixels(B)[0], [[1, 2, 2]])]
+    built = image_batch(frames * 2)
+    assert groups(built[Batch.IMAGE_HASH]) == [0, 1, 0, 1]
+    batch = TensorDict(built, batch_size=[4])
+    assert torch.equal(row_images(batch).hashes, built[Batch.IMAGE_HASH])
+    bare = batch.exclude(Batch.IMAGE_HASH)
+    assert torch.equal(row_images(bare).hashes, built[Batch.IMAGE_HASH])
+    assert row_images(bare.exclude(*Batch.IMAGE_KEYS)) is None
 
 
 def test_rows_share_a_forward_only_with_equal_ids_and_images():

@@ -18,7 +18,7 @@ from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.core.records import GenerateRequest, ImageInputs, SamplingParams
 from roll.distributed.micro_batches import token_logprobs
-from roll.distributed.row_images import RowImages
+from roll.distributed.row_images import RowImages, image_hashes
 from roll.distributed.strategies.hf.vl_generate import batch_groups, image_keys
 from roll.models.loading import load_processor
 from roll.pipeline.tiny_model import main as build_model
@@ -105,7 +105,8 @@ def test_the_engines_logprobs_are_the_trainers_with_mrope_positions(engine, proc
             "pixel_values": request.images.pixel_values,
             "image_grid_thw": torch.tensor(request.images.image_grid_thw),
         }
-        images = RowImages(vision["pixel_values"][None], vision["image_grid_thw"][None])
+        pixels, grids = vision["pixel_values"][None], vision["image_grid_thw"][None]
+        images = RowImages(pixels, grids, image_hashes(pixels, grids))
         logprobs, _ = token_logprobs(engine.model, ids, torch.ones_like(ids), 1.0, images=images)
         answer = logprobs[0, len(request.prompt_ids) :]
         assert torch.allclose(answer, torch.tensor(out.logprobs), atol=1e-5)
