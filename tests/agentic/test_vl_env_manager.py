@@ -6,6 +6,7 @@ log-probs)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -55,7 +56,7 @@ def spec(max_steps: int = 3, **env_config) -> EnvSpec:
     )
 
 
-def manager(processor, engine, sent, max_steps=3, max_images=None, answers=None, **env_config):
+def manager(processor, engine, sent, max_steps=3, max_images=None, answers=None, send_frames=False, **env_config):
     async def generate(request):
         sent.append(request)
         out = engine.generate_batch([request])[0]
@@ -64,9 +65,8 @@ def manager(processor, engine, sent, max_steps=3, max_images=None, answers=None,
         return out
 
     sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
-    return VLTrajEnvManager(
-        spec(max_steps, **env_config), processor, generate, sampling, 4096, max_images_per_prompt=max_images
-    )
+    vl_spec = dataclasses.replace(spec(max_steps, **env_config), send_frames=send_frames)
+    return VLTrajEnvManager(vl_spec, processor, generate, sampling, 4096, max_images_per_prompt=max_images)
 
 
 def test_a_trajectory_is_the_engines_ids_and_images(processor, engine, vl_dir):
@@ -132,6 +132,26 @@ def test_a_trajectory_is_the_engines_ids_and_images(processor, engine, vl_dir):
     picked = logprobs.gather(1, ids[0, 1:, None])[:, 0]
     positions = mask[1:].nonzero()[0]
     assert np.allclose(picked[positions].numpy(), np.array(traj.infer_logprobs)[positions + 1], atol=1e-4)
+
+
+def test_requests_carry_their_frames_only_for_an_engine_that_takes_them(processor, engine):
+    """With `send_frames` (the vllm engine) each request carries every frame of its prompt so far,
+    those its pixel values were made from; the trajectory and an `hf` engine's requests carry none."""
+    plain, framed = [], []
+    traj_plain = asyncio.run(manager(processor, engine, plain).run_episode(EpisodeSpec("g", "g-0", 3, 1)))
+    vl = manager(processor, engine, framed, send_frames=True)
+    traj = asyncio.run(vl.run_episode(EpisodeSpec("g", "g-0", 3, 1)))
+    assert len(framed) >= 2 and all(r.images.frames is None for r in plain) and traj.images.frames is None
+    assert traj.token_ids == traj_plain.token_ids  # the same episode: frames change nothing else
+    for k, request in enumerate(framed):
+        frames = request.images.frames
+        assert len(frames) == k + 1 and all(f.dtype == np.uint8 and f.ndim == 3 for f in frames)
+        if k:
+            assert all(a is b for a, b in zip(frames, framed[k - 1].images.frames))  # earlier turns' images
+        again = processor.image_processor(images=frames, return_tensors="pt")["pixel_values"]
+        assert torch.equal(again, request.images.pixel_values)
+    vl.env.reset(seed=3)
+    assert np.array_equal(framed[0].images.frames[0], vl.env.render())
 
 
 def traj_instruction(vl) -> str:

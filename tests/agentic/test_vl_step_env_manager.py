@@ -205,6 +205,33 @@ def test_a_history_shows_the_last_frames_and_answers(processor):
         assert step.state_hash == frame_hash(seen[k][0])  # the current frame's, not the history's
 
 
+def test_requests_carry_their_frames_only_for_an_engine_that_takes_them(processor):
+    """With `send_frames` (the vllm engine) a request's frames are the images of its prompt, the
+    ones its pixel values were made from; the step samples and an `hf` engine's requests carry none."""
+    sent, plain = [], []
+    vl = manager(processor, scripted_policy(processor, seed=0, sent=plain), history_length=1)
+    play(vl, env_seed=0)
+    assert plain and all(r.images.frames is None for r in plain)
+    framed = VLStepEnvManager(
+        dataclasses.replace(spec(), send_frames=True),
+        processor,
+        scripted_policy(processor, seed=0, sent=sent),
+        SamplingParams(max_new_tokens=1, temperature=1.0),
+        512,
+        history_length=1,
+    )
+    traj = play(framed, env_seed=0)
+    seen = replay(framed, traj)
+    assert len(sent) == len(traj.steps) >= 3
+    for k, (request, step) in enumerate(zip(sent, traj.steps)):
+        expected = [seen[k - 1][0], seen[k][0]] if k else [seen[0][0]]
+        assert len(request.images.frames) == len(expected)
+        assert all(np.array_equal(a, b) for a, b in zip(request.images.frames, expected))
+        assert step.images.frames is None and request.prompt_ids == plain[k].prompt_ids
+        again = processor.image_processor(images=request.images.frames, return_tensors="pt")["pixel_values"]
+        assert torch.equal(again, request.images.pixel_values)
+
+
 def test_a_prompt_over_the_image_limit_is_an_error(processor):
     vl = manager(processor, scripted_policy(processor, seed=0, sent=[]), history_length=1, max_images=1)
     with pytest.raises(TooManyImages, match="limit_mm_per_prompt"):

@@ -156,6 +156,9 @@ def test_rolls_vl_manager_maps_to_ours(model_dir):
     spec = env_spec(cfg, "Lake", cfg.train_env_manager)
     assert cfg.train_env_manager.env_manager_type == "traj"
     assert spec.vision and spec.pre_step_template == "T{turn_idx}" and spec.max_images_per_prompt == 4
+    assert not spec.send_frames  # hf takes the processor's pixel values
+    cfg.actor_infer.strategy_args.strategy_name = "vllm"  # runs the processor itself: the frames go too
+    assert env_spec(cfg, "Lake", cfg.train_env_manager).send_frames
 
 
 @pytest.mark.parametrize(

@@ -119,25 +119,46 @@ def test_rolls_vl_manager_plays_step_wise_when_its_managers_do(capsys, tmp_path,
     ]
 
 
-def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir):
+def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir, monkeypatch):
     """vllm and sglang (not installed here) are named by validation first; where they are, this
-    check names them with the reason."""
+    check names them with the reason: sglang always, vllm where torchvision does not import."""
     from roll.configs import ConfigError, load_config
-    from roll.pipeline.vl_checks import check_vision
+    from roll.pipeline import vl_checks
 
     cfg = load_config(
         str(ROLL_VL), "agentic_val_sokoban", ["+profile=cpu_smoke", f"pretrain={vl_dir}", f"reward_pretrain={vl_dir}"]
     )
-    check_vision(cfg)
+    vl_checks.check_vision(cfg)
     cfg.actor_infer.strategy_args.strategy_name = "vllm"
-    with pytest.raises(
-        ConfigError, match=r"^actor_infer\.strategy_args\.strategy_name: 'vllm' does not take image"
-    ) as vllm:
-        check_vision(cfg)
-    assert "only with torchvision (vllm/model_executor/models/qwen2_vl.py:43" in str(vllm.value)
+    no_torchvision = "ModuleNotFoundError: No module named 'torchvision'"
+    monkeypatch.setattr(vl_checks, "torchvision_import_error", lambda: no_torchvision)
+    with pytest.raises(ConfigError) as vllm:
+        vl_checks.check_vision(cfg)
+    assert str(vllm.value) == (
+        "actor_infer.strategy_args.strategy_name: 'vllm' cannot take image requests here: torchvision does not "
+        f"import ({no_torchvision}); {vl_checks.VLLM_NEEDS_TORCHVISION}; use hf (hf_infer) with the VL env manager"
+    )
+    assert "\n" not in str(vllm.value) and "install_vllm_cpu.sh --images" in str(vllm.value)
+    monkeypatch.setattr(vl_checks, "torchvision_import_error", lambda: None)
+    vl_checks.check_vision(cfg)  # torchvision imports: vllm takes the images
     cfg.actor_infer.strategy_args.strategy_name = "sglang"
     with pytest.raises(ConfigError, match=r"'sglang' does not take image requests here yet \(its strategy sends token"):
-        check_vision(cfg)
+        vl_checks.check_vision(cfg)
+
+
+def test_whether_torchvision_imports_is_this_pythons_answer():
+    """The check asks a child interpreter; its answer is an import in this one's."""
+    import importlib
+
+    from roll.pipeline.vl_checks import torchvision_import_error
+
+    try:
+        importlib.import_module("torchvision")
+    except Exception as err:
+        error = torchvision_import_error()
+        assert error is not None and str(err).splitlines()[-1] in error
+    else:
+        assert torchvision_import_error() is None
 
 
 def test_a_sequence_length_below_the_first_vl_prompt_is_refused(capsys, tmp_path, vl_dir):

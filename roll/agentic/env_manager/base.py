@@ -56,6 +56,7 @@ class EnvSpec:
     next_step_template: str | None = None  # VL: the text after a turn's image; None: ROLL's default
     vision: bool = False  # played by a VL env manager (image observations; vl_traj_/vl_step_env_manager)
     max_images_per_prompt: int | None = None  # VL: the engine's limit_mm_per_prompt.image; None: no limit
+    send_frames: bool = False  # VL: requests carry the raw frames too (ImageInputs.frames), for vllm
 
 
 class GenerateTimeout(RuntimeError):

@@ -7,16 +7,21 @@ and the step-wise one (`vl_step_env_manager`).
 - the check that the env gives frames (`require_frames`) and the engine's per-prompt image limit
   (`check_image_count`);
 - `frame_hash`: the state hash of a frame, equal exactly when two frames are equal (the anchor
-  states of GiGPO).
+  states of GiGPO);
+- `request_images`: a prompt's images as its generate request carries them, with the raw frames
+  only for an engine that runs the model's processor itself (`EnvSpec.send_frames`: vllm); the
+  samples never carry frames (the trainer uses the processor's `pixel_values`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import numpy as np
 
 from roll.agentic.env_manager.base import EnvSpec
+from roll.core.records import ImageInputs
 
 # ROLL's defaults (its vl_traj_envs.yaml)
 PRE_STEP_TEMPLATE = "\nTurn {turn_idx}:\nState:\n"
@@ -78,3 +83,13 @@ def frame_hash(frame: np.ndarray) -> str:
     digest.update(f"{frame.shape}{frame.dtype.str}".encode())
     digest.update(frame.tobytes())
     return digest.hexdigest()
+
+
+def request_images(images: ImageInputs, frames: list[np.ndarray], send_frames: bool) -> ImageInputs:
+    """`images` with `frames` (the same images before the processor, in prompt order) when the
+    engine takes them (`send_frames`), else `images` itself."""
+    if not send_frames:
+        return images
+    if len(frames) != images.num_images:
+        raise ValueError(f"{len(frames)} frames for a prompt of {images.num_images} images")
+    return dataclasses.replace(images, frames=list(frames))

@@ -12,7 +12,8 @@ turn with the current frame. History 0: the current frame alone. A prompt so hol
 The model's own processor makes the ids and pixel values of the whole prompt, exactly as the VL
 trajectory manager makes its first prompt (the two agree on a history-free step); the generated
 ids are kept as sampled. Each step sample carries its prompt's images (`StepRecord.images`: what
-its generate request carried) and the hash of its current frame (`vl_prompts.frame_hash`): steps
+its generate request carried, less the raw frames sent to an engine that takes them,
+`vl_prompts.request_images`) and the hash of its current frame (`vl_prompts.frame_hash`): steps
 showing equal frames share a hash, which is what GiGPO groups as anchor states. The hash is of
 the current frame only, not of the history shown, as the text step manager hashes only the
 current observation.
@@ -29,6 +30,7 @@ from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.env_manager.vl_prompts import (
     check_image_count,
     frame_hash,
+    request_images,
     require_frames,
     turn_texts,
     user_content,
@@ -80,7 +82,9 @@ class VLStepEnvManager(BaseEnvManager):
         self, request_id: str, prompt_ids: list[int], seed: int, session_id: str | None = None
     ) -> GenerateOutput:
         """A step's generation with the images of its prompt."""
-        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, images=self._builder.images)
+        builder = self._builder
+        images = request_images(builder.images, builder.frames, self.spec.send_frames)
+        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, images=images)
         return await generate_within(self._generate, request, self.generate_timeout_s)
 
 
@@ -111,6 +115,7 @@ class VLStepBuilder(EpisodeBuilder):
         self.steps: list[StepRecord] = []
         self.prompt_ids: list[int] = []
         self.images: ImageInputs | None = None  # the current prompt's
+        self.frames: list[np.ndarray] = []  # the current prompt's images themselves
         self.frame: np.ndarray | None = None  # the current step's
 
     def prompt(self) -> list[int] | None:
@@ -128,6 +133,7 @@ class VLStepBuilder(EpisodeBuilder):
         out = self.processor(text=[text], images=frames, return_tensors="pt")
         self.prompt_ids = out["input_ids"][0].tolist()
         self.images = ImageInputs(out["pixel_values"], out["image_grid_thw"].tolist())
+        self.frames = frames
         return self.prompt_ids if len(self.prompt_ids) <= self.budget else None
 
     def add_response(self, out: GenerateOutput, reward: float) -> None:

@@ -10,10 +10,11 @@ The model's own processor makes the ids: it renders the first prompt (image plac
 to one id per merged patch) and each later user turn, cut from a probe conversation after the
 assistant turn exactly as `roll.models.chat_template.continuation_ids` does for text, so the
 generated ids are kept as sampled and past turns are never re-rendered. The episode's images
-travel with every generate request (`GenerateRequest.images`: all images of the prompt so far)
-and with the trajectory (`Trajectory.images`), so the trainer scores the very ids and images the
-engine saw. Requests carry the episode's session id (its traj_id), so an engine may keep the
-episode's KV between turns; the `hf` engine reuses it only up to the first image that differs.
+travel with every generate request (`GenerateRequest.images`: all images of the prompt so far, and
+their raw frames for an engine that takes those, `vl_prompts.request_images`) and with the
+trajectory (`Trajectory.images`), so the trainer scores the very ids and images the engine saw.
+Requests carry the episode's session id (its traj_id), so an engine may keep the episode's KV
+between turns; the `hf` engine reuses it only up to the first image that differs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from roll.agentic.env_manager.vl_prompts import (  # noqa: F401 (the templates a
     PRE_STEP_TEMPLATE,
     ImageObservationError,
     TooManyImages,
+    request_images,
     require_frames,
     turn_texts,
     user_content,
@@ -82,7 +84,8 @@ class VLTrajEnvManager(TrajEnvManager):
         self, request_id: str, prompt_ids: list[int], seed: int, session_id: str | None = None
     ) -> GenerateOutput:
         """A turn's generation with every image of its prompt."""
-        images = self._builder.images()
+        builder = self._builder
+        images = request_images(builder.images(), builder.frames, self.spec.send_frames)
         request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id, images)
         return await generate_within(self._generate, request, self.generate_timeout_s)
 
@@ -110,6 +113,7 @@ class VLConversationBuilder(EpisodeBuilder):
         self.budget = sequence_length - max_new_tokens
         self.pixel_values: list[torch.Tensor] = []
         self.grids: list[list[int]] = []
+        self.frames: list[np.ndarray] = []  # the images themselves, in prompt order
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": user_content(*turn_texts(0))})
         text = render_text(processor, messages, add_generation_prompt=True) + chat.response_prefix
@@ -125,6 +129,7 @@ class VLConversationBuilder(EpisodeBuilder):
         out = self.processor(text=[text], images=[image], return_tensors="pt")
         self.pixel_values.append(out["pixel_values"])
         self.grids += out["image_grid_thw"].tolist()
+        self.frames.append(image)
         return out["input_ids"][0].tolist()
 
     def images(self) -> ImageInputs:
