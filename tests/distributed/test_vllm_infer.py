@@ -265,10 +265,11 @@ def vl_requests(vl_dir, sampling: SamplingParams, env_seed: int = 0) -> list[Gen
 def vl_trainer_logprobs(model, request: GenerateRequest, out, temperature: float) -> torch.Tensor:
     """What roll's trainer computes for `out`'s tokens: `token_logprobs` of the whole row with
     its images."""
-    from roll.distributed.row_images import RowImages
+    from roll.distributed.row_images import RowImages, image_hashes
 
     ids = torch.tensor([request.prompt_ids + out.token_ids])
-    images = RowImages(request.images.pixel_values[None], torch.tensor([request.images.image_grid_thw]))
+    pixels, grids = request.images.pixel_values[None], torch.tensor([request.images.image_grid_thw])
+    images = RowImages(pixels, grids, image_hashes(pixels, grids))
     with torch.no_grad():
         lps, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature, images=images)
     return lps[0, len(request.prompt_ids) :]
