@@ -208,7 +208,7 @@ class TorchTrainStrategy:
         micro-batches are token-budget bins instead (roll.distributed.dynamic_batching); the
         weights above make the step the same.
         """
-        distinct = batch_rows(minibatch, dedupe=True)  # rows with images are never shared
+        distinct = batch_rows(minibatch, dedupe=True)  # rows with images share only with equal images
         grouping = distinct if self.dedupe_rows else all_rows(len(minibatch))
         micros = list(iter_distinct_micro_batches(minibatch, self.micro_batch_size, grouping, self.train_budget))
         across_ranks = total_weight is not None and self.dp_size > 1
