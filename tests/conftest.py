@@ -7,12 +7,18 @@ field. `tiny_llama(seed)` builds it with random weights drawn after `torch.manua
 `save_tiny_llama(path, seed)` saves that as an HF dir. Test files import them (`from tests.conftest
 import tiny_llama`). `vl_engine(vl_dir)` is the `hf` engine as the inference worker builds it on a
 VL model (vision marker ids never sampled); transformers is imported only when one is called, so tests that need no
-model do not pay for it.
+model do not pay for it. `run_example(out, *args)` runs `examples/start_agentic_pipeline.py` with
+`output_dir=out` in a subprocess, as a user does, and returns its output and metrics rows.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 TINY_LLAMA_VOCAB = 32
 """Vocabulary size of both shapes unless overridden."""
@@ -66,3 +72,13 @@ def vl_engine(vl_dir: str, **kwargs):
     return HFInferStrategy(
         model, tok.pad_token_id, [tok.eos_token_id], suppressed_token_ids=vision_token_ids(model.config), **kwargs
     )
+
+
+def run_example(out: Path, *args: str, timeout: float = 900) -> tuple[str, list[dict]]:
+    """`python examples/start_agentic_pipeline.py *args output_dir=out`, which must exit 0 (else its
+    stderr's tail is the failure); its stdout and stderr together, and its metrics.jsonl rows."""
+    cmd = [sys.executable, "examples/start_agentic_pipeline.py", *args, f"output_dir={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return proc.stdout + proc.stderr, rows
