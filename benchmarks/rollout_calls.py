@@ -4,8 +4,9 @@ one Ray call per request, on the README's FrozenLake example (step-wise, 256 env
 The same groups (step r's 32 groups of 8, seeds from `RolloutScheduler.group_spec`) are played by
 three env workers of the product class (`EnvWorker`, every slot in one worker as
 `max_env_num_per_worker: 0` gives), each run in this process against one `InferenceWorker` actor:
-- batched: the env worker's own route (`_BatchingClient`: the requests its managers make within
-  2 ms of each other go in one `generate_many` call; on main since the env workers batch);
+- batched: the env worker's own route (`roll.agentic.rollout.batching_client.BatchingClient`: the
+  requests its managers make within 2 ms of each other, or while its call is in flight, go in one
+  `generate_many` call; on main since the env workers batch);
 - per_request: the same env worker whose gateway sends each request in its own
   `InferenceWorker.generate` Ray call (the route a per-request design would take);
 - env_only: the same env worker against an in-process engine that answers every request at once

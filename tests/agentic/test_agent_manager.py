@@ -59,7 +59,7 @@ class ScriptedInference:
         self.tokenizer, self.answer, self.fail_on, self.delay_s = tokenizer, answer, fail_on, delay_s
         self.requests = []
         self.generate_many = self._Remote(self._many)
-        self.release_session = self._Remote(lambda sid: None)
+        self.release_sessions = self._Remote(lambda sids: None)
 
     class _Remote:
         def __init__(self, fn):

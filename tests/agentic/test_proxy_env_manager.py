@@ -50,7 +50,7 @@ class LocalInference:
     def __init__(self, engine):
         self.engine, self.outputs = engine, []
         self.generate_many = _Method(self._generate_many)
-        self.release_session = _Method(lambda session: None)
+        self.release_sessions = _Method(lambda sessions: None)
 
     async def _generate_many(self, requests):
         outs = await self.engine.generate_many(requests)
@@ -146,7 +146,7 @@ class ScriptedTools:
         self.text = f'<tool_call>{{"name": "act", "arguments": {{"action": "{action}"}}}}</tool_call>'
         self.tokenizer, self.prompts = tokenizer, []
         self.generate_many = _Method(self._generate_many)
-        self.release_session = _Method(lambda session: None)
+        self.release_sessions = _Method(lambda sessions: None)
 
     async def _generate_many(self, requests):
         outs = []
@@ -265,7 +265,7 @@ class BrokenEngine:
 
     def __init__(self):
         self.generate_many = _Method(self._generate_many)
-        self.release_session = _Method(lambda session: None)
+        self.release_sessions = _Method(lambda sessions: None)
 
     async def _generate_many(self, requests):
         raise EngineFailed("engine failed: CUDA error (scripted)")

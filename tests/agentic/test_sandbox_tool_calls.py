@@ -76,7 +76,7 @@ class ScriptedModel:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.script, self.prompts, self.outputs = script, [], []
         self.generate_many = _Method(self._generate_many)
-        self.release_session = _Method(lambda session: None)
+        self.release_sessions = _Method(lambda sessions: None)
 
     async def _generate_many(self, requests):
         outs = []

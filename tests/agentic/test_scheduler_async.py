@@ -297,7 +297,7 @@ class FirstCallHangsInference:
 
     def __init__(self, left_id: int):
         self.calls, self.left_id = 0, left_id
-        self.generate_many, self.release_session = _Method(self._generate_many), _Method(lambda session: None)
+        self.generate_many, self.release_sessions = _Method(self._generate_many), _Method(lambda sessions: None)
 
     async def _generate_many(self, requests):
         self.calls += 1
@@ -395,7 +395,7 @@ class CountingInference:
 
     def __init__(self, left_id: int):
         self.left_id, self.calls, self.requests = left_id, 0, 0
-        self.generate_many, self.release_session = _Method(self._generate_many), _Method(lambda session: None)
+        self.generate_many, self.release_sessions = _Method(self._generate_many), _Method(lambda sessions: None)
 
     async def _generate_many(self, requests):
         self.calls += 1
@@ -436,11 +436,12 @@ def test_an_env_worker_sends_the_requests_of_a_turn_in_one_call_and_reports_the_
 
 class RecordingInference:
     """Stands in for one inference replica's handle: answers "Left" after a short wait (so
-    episodes overlap), records which turns it served and which sessions it was told to drop."""
+    episodes overlap), records which turns it served and which sessions it was told to drop
+    (`release_sessions`, as the env worker's batching client sends them)."""
 
     def __init__(self, left_id: int):
         self.left_id, self.served, self.released = left_id, [], []
-        self.generate_many, self.release_session = _Method(self._generate_many), _Method(self.released.append)
+        self.generate_many, self.release_sessions = _Method(self._generate_many), _Method(self.released.extend)
 
     async def _generate_many(self, requests):
         await asyncio.sleep(0.01)
@@ -464,6 +465,7 @@ def test_episodes_spread_over_inference_replicas_and_each_stays_on_one(tmp_path,
     async def play():
         worker = EnvWorker([spec], 4, path, replicas, SamplingParams(), 4096, manager_type=manager_type)
         result = await worker.run_group(0, scheduler.group_spec(1, 0, False))
+        await asyncio.sleep(0.05)  # the releases of one moment go in one call, a window later
         return result, worker._gateway.get_stats()["sticky_sessions"]
 
     result, pinned = asyncio.run(play())

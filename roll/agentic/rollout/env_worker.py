@@ -17,6 +17,7 @@ from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.env_manager.proxy_env_manager import ProxyEnvManager
 from roll.agentic.episode import EpisodeSpec
 from roll.agentic.proxy.server import ProxyServer
+from roll.agentic.rollout.batching_client import BatchingClient
 from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
 from roll.core.errors import engine_failure
@@ -80,7 +81,7 @@ class EnvWorker:
         self.inference = [ray.get_actor(r) if isinstance(r, str) else r for r in replicas]
         # One batching client per inference replica, behind a gateway: a new episode goes to the
         # least-loaded replica and all its turns to that one (its KV is there).
-        self._gateway = InferenceGateway([_BatchingClient(r) for r in self.inference])
+        self._gateway = InferenceGateway([BatchingClient(r) for r in self.inference])
         self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
         self._manager_type, self._history_length = SampleMode(manager_type), history_length
         self._agent_pool = AgentPool(self.tokenizer, self._generate, sampling, sequence_length, generate_timeout_s)
@@ -176,49 +177,3 @@ class EnvWorker:
         delta = (total[0] - self._reported[0], total[1] - self._reported[1])
         self._reported = total
         return delta
-
-
-class _BatchingClient:
-    """Sends the generate requests that this worker's managers make within `window_s` of each
-    other to the inference worker in one Ray call. Hundreds of managers finishing an env step at
-    nearly the same moment then cost one round trip instead of hundreds; the wait is bounded by
-    the window, so no manager waits on another's env."""
-
-    def __init__(self, inference, window_s: float = 0.002):
-        self.inference = inference
-        self.window_s = window_s
-        self._pending: list = []
-        self._flush_handle = None
-        self.calls = 0  # Ray calls made (`generate_many`), and the requests they carried
-        self.requests = 0
-
-    def release_session(self, session_id: str) -> None:
-        self.inference.release_session.remote(session_id)
-
-    async def generate(self, request):
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending.append((request, future))
-        if self._flush_handle is None:
-            self._flush_handle = loop.call_later(self.window_s, self._flush)
-        return await future
-
-    def _flush(self) -> None:
-        batch, self._pending, self._flush_handle = self._pending, [], None
-        self.calls += 1
-        self.requests += len(batch)
-        ref = self.inference.generate_many.remote([r for r, _ in batch])
-        asyncio.ensure_future(self._deliver(ref, [f for _, f in batch]))
-
-    @staticmethod
-    async def _deliver(ref, futures) -> None:
-        try:
-            outputs = await ref
-        except Exception as exc:  # every request of the call fails; their episodes are dropped
-            for f in futures:
-                if not f.done():
-                    f.set_exception(exc)
-            return
-        for f, out in zip(futures, outputs):
-            if not f.done():
-                f.set_result(out)

@@ -167,6 +167,11 @@ class InferenceWorker:
         """Drop a finished conversation's cached KV (safe while the engine runs); True if cached."""
         return self.engine.release(session_id)
 
+    def release_sessions(self, session_ids: list[str]) -> int:
+        """`release_session` for each id (an env worker's releases of one moment, in one call);
+        how many were cached."""
+        return sum(bool(self.engine.release(s)) for s in session_ids)
+
     def get_stats(self) -> dict[str, int]:
         """Worker counters, the engine's own `stats`, the KV tokens roll caches for sessions (0 for
         engines that cache prefixes themselves) and the policy version served."""
