@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from roll.algorithms.batch_adjust import adjusted_rows, rows_divisor
 from roll.algorithms.filters import group_reward_std_stats, select_groups_by_reward_std
 from roll.core.fields import Batch, RowInfo
+from roll.core.padding import flat, length_mask, padded
 from roll.core.records import ImageInputs, Trajectory
 from roll.core.seeding import derive_seed
 from roll.distributed.ranks import data_parallel_ranks
@@ -26,17 +27,15 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
     scores (B,).
     """
     b, t = len(trajs), max(len(tr.token_ids) for tr in trajs)
-    input_ids = torch.full((b, t), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((b, t), dtype=torch.long)
-    response_mask = torch.zeros((b, t))
-    infer_logprobs = torch.zeros((b, t))
+    for tr in trajs:
+        if not len(tr.token_ids) == len(tr.response_mask) == len(tr.infer_logprobs):
+            raise ValueError(f"trajectory {tr.traj_id}: token_ids, response_mask and infer_logprobs differ in length")
+    input_ids = torch.from_numpy(padded([tr.token_ids for tr in trajs], t, pad_token_id, np.int64))
+    attention_mask = torch.from_numpy(length_mask([len(tr.token_ids) for tr in trajs], t).astype(np.int64))
+    response_mask = torch.from_numpy(padded([tr.response_mask for tr in trajs], t, 0, np.float32))
+    infer_logprobs = torch.from_numpy(padded([tr.infer_logprobs for tr in trajs], t, 0, np.float32))
     rewards = torch.zeros((b, t))
     for i, tr in enumerate(trajs):
-        n = len(tr.token_ids)
-        input_ids[i, :n] = torch.tensor(tr.token_ids)
-        attention_mask[i, :n] = 1
-        response_mask[i, :n] = torch.tensor(tr.response_mask, dtype=torch.float)
-        infer_logprobs[i, :n] = torch.tensor(tr.infer_logprobs)
         for pos, r in zip(tr.turn_end_positions, tr.step_rewards):
             rewards[i, pos] += r
     batch = TensorDict(
@@ -88,18 +87,19 @@ def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
     episode_scores (S,) (the trajectory's total reward, repeated on each of its steps).
     """
     rows = [(tr, st) for tr in trajs for st in tr.steps]
-    b = len(rows)
-    t = max(len(st.prompt_ids) + len(st.response_ids) for _, st in rows)
-    input_ids = torch.full((b, t), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((b, t), dtype=torch.long)
-    response_mask = torch.zeros((b, t))
-    infer_logprobs = torch.zeros((b, t))
-    for i, (_, st) in enumerate(rows):
-        p, n = len(st.prompt_ids), len(st.prompt_ids) + len(st.response_ids)
-        input_ids[i, :n] = torch.tensor(st.prompt_ids + st.response_ids)
-        attention_mask[i, :n] = 1
-        response_mask[i, p:n] = 1.0
-        infer_logprobs[i, p:n] = torch.tensor(st.logprobs)
+    steps = [st for _, st in rows]
+    b = len(steps)
+    ids = [st.prompt_ids + st.response_ids for st in steps]
+    t = max(map(len, ids))
+    prompt_lengths = np.fromiter((len(st.prompt_ids) for st in steps), dtype=np.int64, count=b)
+    input_ids = torch.from_numpy(padded(ids, t, pad_token_id, np.int64))
+    attention_mask = torch.from_numpy(length_mask([len(row) for row in ids], t).astype(np.int64))
+    # the response of row i sits at positions prompt_lengths[i] .. its length
+    response = (np.arange(t) >= prompt_lengths[:, None]) & attention_mask.numpy().astype(bool)
+    response_mask = torch.from_numpy(response.astype(np.float32))
+    logprobs = np.zeros((b, t), dtype=np.float32)
+    logprobs[response] = flat([st.logprobs for st in steps], np.float32, int(response.sum()))
+    infer_logprobs = torch.from_numpy(logprobs)
     batch = TensorDict(
         {
             Batch.INPUT_IDS: input_ids,

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
+from roll.core.padding import length_mask, padded
 from roll.core.records import GenerateRequest
 from roll.distributed.strategies.hf.kv_cache import Prefix, left_padded_past
 
@@ -36,9 +38,7 @@ def build_prefill(
     new_ids = [r.prompt_ids[p.length :] for r, p in zip(requests, prefixes)]
     input_ids, new_mask = left_pad(new_ids, pad_id)
     width = max(p.length for p in prefixes)
-    past_mask = torch.zeros((len(requests), width), dtype=torch.long)
-    for i, p in enumerate(prefixes):
-        past_mask[i, width - p.length :] = 1
+    past_mask = torch.from_numpy(length_mask([p.length for p in prefixes], width, left=True).astype(np.int64))
     attention_mask = torch.cat([past_mask, new_mask], dim=1).to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
     cache = DynamicCache(left_padded_past(prefixes)) if width else DynamicCache()
@@ -46,10 +46,8 @@ def build_prefill(
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask), both (B, max length): each row's ids at its end, pad_id before them."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s) :] = 1
-    return ids, mask
+    ids = padded(seqs, width, pad_id, np.int64, left=True)
+    mask = length_mask([len(s) for s in seqs], width, left=True).astype(np.int64)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
