@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import spy  # noqa: E402
 from gpu_e2e_summary import resume_check, summarize_run  # noqa: E402
 
 PARTS = ("a", "b", "c", "a_cpu")
@@ -82,6 +83,8 @@ class Lane:
     """Hydra overrides added to parts a and c (--a_extra), e.g. micro-batches sized for the GPU."""
     profile_calls: str = ""
     """ROLL_PROFILE_CALLS for every part's workers (roll/utils/call_profile.py); reports in --out."""
+    spy: tuple[int, float] | None = None
+    """--spy STEP:SECONDS: py-spy stacks of every process of parts a and a_cpu (benchmarks/spy.py)."""
 
     def devices(self, cpu: bool = False) -> list[str]:
         """device_mapping overrides: every role on GPU 0, or every role on CPU (null)."""
@@ -103,15 +106,22 @@ class Lane:
 
 
 # ---- running one pipeline -------------------------------------------------------------------
-def run_pipeline(name: str, overrides: list[str], output_dir: Path, budget_s: float, lane: Lane) -> dict:
+def run_pipeline(
+    name: str, overrides: list[str], output_dir: Path, budget_s: float, lane: Lane, fresh: bool = True
+) -> dict:
     """One CLI run in its own process group, its log in output_dir/../<name>.log; the arrival time of
     each metrics.jsonl line is noted while it runs (wall seconds since launch). At `budget_s` it gets
     SIGTERM (the CLI stops cleanly), 60 s later SIGKILL; when the lane itself gets SIGTERM, the run
-    gets it at once and 20 s. Returns status, rc, wall_s, arrivals."""
+    gets it at once and 20 s. `fresh`: output_dir is emptied first (a run resumed in it keeps it; the
+    steps already logged there are not noted as arriving). Returns status, rc, wall_s, arrivals."""
+    if fresh and output_dir.exists():
+        shutil.rmtree(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = output_dir.parent / f"{name}.log"
     cmd = [sys.executable, *CLI, f"output_dir={output_dir}", *overrides]
-    start, arrivals, status = time.monotonic(), {}, "ok"
+    arrivals: dict = {}
+    _note_arrivals(output_dir / "metrics.jsonl", arrivals, None)  # logged before this run: None
+    start, status = time.monotonic(), "ok"
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
@@ -120,9 +130,13 @@ def run_pipeline(name: str, overrides: list[str], output_dir: Path, budget_s: fl
             profiles = (lane.out or output_dir.parent) / f"profiles-{name}"
             env |= {"ROLL_PROFILE_CALLS": lane.profile_calls, "ROLL_PROFILE_DIR": str(profiles.resolve())}
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        spy_at = lane.spy[0] if lane.spy and name.startswith("a") else None
         while proc.poll() is None:
             time.sleep(0.2)
             _note_arrivals(output_dir / "metrics.jsonl", arrivals, time.monotonic() - start)
+            if spy_at is not None and arrivals.get(spy_at) is not None:
+                spy.record(proc.pid, lane.spy[1], (lane.out or output_dir.parent) / f"spy-{name}")
+                spy_at = None
             if time.monotonic() - start > budget_s and status == "ok":
                 status, stopped = "stopped_at_budget", time.monotonic()
                 proc.send_signal(signal.SIGTERM)
@@ -136,10 +150,11 @@ def run_pipeline(name: str, overrides: list[str], output_dir: Path, budget_s: fl
     if status == "ok" and proc.returncode != 0:
         status = "failed"
     _copy_outputs(name, output_dir, log_path, lane.out)
+    arrivals = {step: at for step, at in arrivals.items() if at is not None}
     return {"status": status, "rc": proc.returncode, "wall_s": time.monotonic() - start, "arrivals": arrivals}
 
 
-def _note_arrivals(metrics: Path, arrivals: dict, now: float) -> None:
+def _note_arrivals(metrics: Path, arrivals: dict, now: float | None) -> None:
     if not metrics.exists():
         return
     for line in metrics.read_text().splitlines():
@@ -277,7 +292,7 @@ def part_c(lane: Lane) -> dict:
     loaded = resume_check(last)
     done = int(last.name.split("_")[1])
     overrides = c_overrides(lane, done)
-    run = run_pipeline("c", overrides, base, lane.budgets_s["c"], lane)
+    run = run_pipeline("c", overrides, base, lane.budgets_s["c"], lane, fresh=False)
     summary = summarize_run(base, run, first_step=done + 1)
     return {"checkpoint": str(last), "loaded_on_cpu": loaded, "resumed_from_step": done, **summary}
 
@@ -362,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile_calls", default="", help="ROLL_PROFILE_CALLS for the workers, e.g. train@20 (call_profile.py)"
     )
+    parser.add_argument(
+        "--spy", default=None, help="STEP:SECONDS: py-spy every process of parts a/a_cpu once STEP is logged (spy.py)"
+    )
     args = parser.parse_args(argv)
+    spy_at = tuple(float(x) for x in args.spy.split(":")) if args.spy else None
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -385,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         record_path=None if args.smoke else record_path(),
         a_extra=args.a_extra,
         profile_calls=args.profile_calls,
+        spy=(int(spy_at[0]), spy_at[1]) if spy_at else None,
     )
     lane.record = new_record(lane)
     runners = {"a": part_a, "b": part_b, "c": part_c, "a_cpu": lambda lane: part_a(lane, cpu=True)}

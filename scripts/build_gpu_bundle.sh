@@ -6,7 +6,7 @@
 #                     about 28 MB where the wheel is 79 MB, so one call carries it with the checkout
 #   wheels/           cp312 wheels of the other needs (hydra-core, omegaconf, antlr4, pydantic,
 #                     tensordict, gymnasium, bm25s, jsonschema, the proxy's starlette, uvicorn and
-#                     openai, ...) and roll's own wheel,
+#                     openai, ...), py-spy (the lane's --spy) and roll's own wheel,
 #                     which installs the `roll.envs` entry point there (no build step on that machine)
 # Versions are the ones installed here, so the GPU run uses what CI tests. Every file is under 60 MB.
 # On the machine, scripts/install_gpu_bundle.sh installs it offline into a folder for PYTHONPATH.
@@ -30,6 +30,7 @@ binary=(hydra-core omegaconf pydantic pydantic-core annotated-types typing-inspe
         gymnasium farama-notifications bm25s jsonschema jsonschema-specifications referencing rpds-py
         starlette uvicorn httptools openai jiter sniffio httpx2 httpcore2 truststore h11 anyio)
 download "$BUNDLE/wheels" $(pins "${binary[@]}")
+download "$BUNDLE/wheels" py-spy==0.4.3  # the lane's --spy (benchmarks/spy.py); a static binary, Python-independent
 python -m pip wheel -q --no-deps --no-build-isolation -w "$BUNDLE/wheels" "$(pins antlr4-python3-runtime)" .
 
 work=$(mktemp -d)

@@ -158,3 +158,27 @@ def test_smoke_lane_runs_every_part_on_cpu(tmp_path):
     roles = {p["role"] for p in json.loads((out / "a" / "placement.json").read_text())["processes"]}
     assert {"actor_train", "actor_infer", "reference"} <= roles
     assert not list((REPO / "benchmarks" / "results").glob("gpu-e2e-*"))
+
+
+APPENDING_CLI = """
+import json, os, sys
+out = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("output_dir=")][0]
+os.makedirs(out, exist_ok=True)
+path = os.path.join(out, "metrics.jsonl")
+steps = [json.loads(line)["step"] for line in open(path)] if os.path.exists(path) else []
+with open(path, "a") as f:
+    f.write(json.dumps({"step": max(steps, default=0) + 1, "time/step_s": 0.1}) + "\\n")
+"""
+
+
+def test_a_fresh_part_starts_empty_and_a_resumed_one_notes_only_its_own_steps(tmp_path, monkeypatch):
+    """A stale metrics.jsonl (an earlier lane's) is removed before a part runs; a run resumed in its
+    part's dir (c) does not take the steps logged before it as arrivals."""
+    monkeypatch.setattr(gpu_e2e, "CLI", ["-c", APPENDING_CLI])
+    lane = gpu_e2e.Lane(True, tmp_path, None, {}, {}, None)
+    write_metrics(tmp_path / "x", [{"step": 7, "time/step_s": 1.0}])
+    run = gpu_e2e.run_pipeline("x", [], tmp_path / "x", 60.0, lane)
+    assert run["status"] == "ok" and list(run["arrivals"]) == [1]
+    resumed = gpu_e2e.run_pipeline("x", [], tmp_path / "x", 60.0, lane, fresh=False)
+    assert resumed["status"] == "ok" and list(resumed["arrivals"]) == [2]
+    assert [r["step"] for r in summary.read_metrics(tmp_path / "x")] == [1, 2]
