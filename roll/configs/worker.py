@@ -71,7 +71,8 @@ CPU_OPTIONS = ("num_threads", "cpu_affinity")
 (`engine_options`): `num_threads`, the torch threads of each of the role's processes (an int
 >= 1), and `cpu_affinity`, the CPU cores its processes are pinned to (a list of core ids as
 `os.sched_getaffinity` numbers them, or ROLL's 'list(range(a, b))'; a role of several processes
-splits them). Left out, a CPU run takes the defaults of `roll.distributed.cpu_affinity`."""
+splits them). Left out, a CPU run takes the defaults of `roll.distributed.cpu_affinity`, and a
+role on a GPU at most `roll.distributed.workers.common.GPU_HOST_THREADS` threads."""
 _ROLL_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*\)\s*$")
 STRATEGY_ALIASES = {
     "hf_infer": "hf",

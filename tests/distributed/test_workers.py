@@ -235,3 +235,23 @@ def test_resumed_critic_has_the_saved_head_and_optimizer(model_dir, tmp_path):
     assert torch.equal(resumed.compute_values(batch), batch["values"])
     kwargs = dict(ppo_epochs=1, value_clip=0.5, loss_agg_mode="token-mean", step=1)
     assert resumed.train(batch, **kwargs) == original.train(batch, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("num_threads", "device", "cores", "expected"),
+    [
+        (None, "cpu", 16, 16),  # a CPU role computes on every core (a CPU run passes its share instead)
+        (None, "cuda", 16, 4),  # a GPU role's pool stays small: host-side preparation only
+        (None, "cuda:0", 2, 2),
+        (3, "cuda", 16, 3),  # its own num_threads wins
+        (8, "cpu", 16, 8),
+    ],
+)
+def test_a_roles_torch_threads_follow_its_device(monkeypatch, num_threads, device, cores, expected):
+    from roll.distributed.workers import common
+
+    chosen = []
+    monkeypatch.setattr(common.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(common.torch, "set_num_threads", chosen.append)
+    common.set_num_threads(num_threads, device)
+    assert chosen == [expected]

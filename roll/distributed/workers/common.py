@@ -14,13 +14,25 @@ from roll.core.seeding import derive_seed
 from roll.distributed.ranks import WeightBy, rank_share
 from roll.distributed.strategies.base import TrainStrategy
 
+GPU_HOST_THREADS = 4
+"""torch threads of a process that computes on a GPU, unless its `num_threads` says otherwise."""
 
-def set_num_threads(num_threads: int | None) -> None:
-    """Pin torch's intra-op threads; None means every core of the machine.
 
-    Several roles share one machine in a CPU run, so the pipeline passes each its share.
+def set_num_threads(num_threads: int | None, device: str = "cpu") -> None:
+    """Set torch's intra-op threads: `num_threads`, or by default every core of the machine for a
+    process that computes on the CPU, and at most `GPU_HOST_THREADS` for one on a GPU.
+
+    Several roles share one machine in a CPU run, so the pipeline passes each its share. A role on
+    a GPU uses its CPU threads only for host-side preparation (padding, row hashes, indexing of
+    batches of some 10^5 elements), where torch goes parallel above 32,768 elements; with each
+    GPU role sizing its pool to the whole machine the pools oversubscribe the cores, and those
+    small ops slow down several times over (docs/gpu.md). A role that does heavy CPU work of its
+    own (an optimizer offloaded to the CPU) should set `num_threads`.
     """
-    torch.set_num_threads(num_threads or os.cpu_count() or 1)
+    if num_threads is None:
+        cores = os.cpu_count() or 1
+        num_threads = cores if torch.device(device).type == "cpu" else min(GPU_HOST_THREADS, cores)
+    torch.set_num_threads(num_threads)
 
 
 def model_inputs(batch: TensorDict, *keys: str) -> TensorDict:

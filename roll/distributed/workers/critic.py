@@ -52,7 +52,7 @@ class CriticWorker:
         strategy_config: dict | None = None,
         features: dict | None = None,
     ) -> None:
-        set_num_threads(num_threads)
+        set_num_threads(num_threads, device)
         torch.manual_seed(seed)
         self.seed = seed
         self.mini_batch_rows = training_args.mini_batch_size

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,7 @@ from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.distributed.weight_transfer import IpcWeights
-from roll.distributed.workers.common import take_memory_gib
+from roll.distributed.workers.common import set_num_threads, take_memory_gib
 from roll.models.loading import load_policy, load_tokenizer, vision_token_ids
 
 logger = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ class InferenceWorker:
         weight_store: str | None = None,
         attn_implementation: str | None = None,
     ):
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        set_num_threads(num_threads, device)
         tokenizer = load_tokenizer(model_path)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.engine: InferStrategy  # what this worker calls on it (roll.distributed.strategies.base)

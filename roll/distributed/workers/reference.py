@@ -31,7 +31,7 @@ class ReferenceWorker:
         budget: TokenBudget | None = None,
         sequence_packing: bool = False,
     ) -> None:
-        set_num_threads(num_threads)
+        set_num_threads(num_threads, device)
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
         self.budget = budget  # dynamic batching (`use_dynamic_batching_in_infer`); None: micro_batch_size rows
