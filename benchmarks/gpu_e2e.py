@@ -55,6 +55,14 @@ SMOKE_BUDGET_S = 900.0
 B_TOKENS_PER_ACTION = 16  # part b: a random model never stops early, so every action is this long
 CLI = ["examples/start_agentic_pipeline.py", "--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake"]
 REFERENCE = ["use_kl_loss=true", "kl_loss_coef=0.001", "+reference.strategy_args.strategy_name=hf_infer"]
+GPU_MICRO_BATCHES = [
+    "actor_train.training_args.per_device_train_batch_size=512",
+    "actor_train.training_args.gradient_accumulation_steps=1",
+    "actor_train.infer_batch_size=512",
+    "+reference.infer_batch_size=512",
+]
+"""Parts a and c outside smoke: the example's PPO mini-batch of 512 rows in one micro-batch (its 128-row
+micro-batches suit a CPU; a GPU takes 512 rows at once), log-prob passes alike; --a_extra comes after."""
 QWEN2_HALF_B = dict(
     hidden_size=896,
     intermediate_size=4864,
@@ -219,7 +227,7 @@ def a_overrides(lane: Lane, cpu: bool = False) -> list[str]:
     # 45 with a checkpoint every 50 steps left none); the tiny model saves in well under a second
     save = steps if lane.smoke else min(10, steps)
     overrides = [f"pretrain={tiny_model(lane)}", f"max_steps={steps}", f"save_steps={save}", *REFERENCE]
-    overrides += lane.a_extra
+    overrides += ([] if lane.smoke else GPU_MICRO_BATCHES) + lane.a_extra
     return overrides + lane.devices(cpu) + lane.profile() + (["eval_steps=1"] if lane.smoke else [])
 
 

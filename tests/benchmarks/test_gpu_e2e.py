@@ -96,6 +96,19 @@ def test_the_gpu_runs_overrides_make_valid_configs(tmp_path):
         assert set(cfg.built_roles) == {"actor_train", "actor_infer", "reference"}
         assert all(worker.device_mapping == [0] for worker in cfg.built_roles.values())
     assert cfg.max_steps == 53 and cfg.resume_from_checkpoint is True and cfg.save_steps == 0
+    example = load_config(str(REPO / "examples" / "frozen_lake"), "agent_val_frozen_lake", [f"pretrain={model}"])
+    for roles in (
+        cfg.built_roles,
+        load_config(
+            str(REPO / "examples" / "frozen_lake"), "agent_val_frozen_lake", gpu_e2e.a_overrides(lane)
+        ).built_roles,
+    ):
+        args = roles["actor_train"].training_args  # one micro-batch of the example's PPO mini-batch
+        assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (512, 1)
+        assert args.mini_batch_size == example.actor_train.training_args.mini_batch_size == 512
+        assert roles["actor_train"].infer_batch_size == roles["reference"].infer_batch_size == 512
+    smoke = gpu_e2e.Lane(True, tmp_path, None, {"a": 2, "b": 2, "c": 1}, {}, None)
+    assert not set(gpu_e2e.GPU_MICRO_BATCHES) & set(gpu_e2e.a_overrides(smoke))
     cfg = load_config(str(REPO / "examples" / "frozen_lake"), "agent_val_frozen_lake", gpu_e2e.b_overrides(lane, model))
     assert {str(w.model_args.dtype) for w in cfg.built_roles.values()} == {"bfloat16"}
     assert cfg.rollout_batch_size == 32 and cfg.custom_envs["FrozenLake"].max_tokens_per_step == 16
