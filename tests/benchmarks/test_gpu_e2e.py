@@ -156,6 +156,8 @@ def test_smoke_lane_runs_every_part_on_cpu(tmp_path):
     small Qwen2-shaped model), c (that checkpoint loaded on CPU, then resumed for one step); the
     record, marked smoke, lands only in --out and holds each part's figures."""
     out = tmp_path / "out"
+    results = REPO / "benchmarks" / "results"
+    records_before = sorted(results.glob("gpu-e2e-*"))
     assert gpu_e2e.main(["--smoke", "--out", str(out), "--work", str(tmp_path / "work")]) == 0
     record = json.loads((out / "record.json").read_text())
     assert record["smoke"] is True and record["commit"] and record["torch"] == torch.__version__
@@ -170,7 +172,7 @@ def test_smoke_lane_runs_every_part_on_cpu(tmp_path):
         assert {"run.log", "metrics.jsonl", "placement.json"} <= {f.name for f in (out / part).iterdir()}
     roles = {p["role"] for p in json.loads((out / "a" / "placement.json").read_text())["processes"]}
     assert {"actor_train", "actor_infer", "reference"} <= roles
-    assert not list((REPO / "benchmarks" / "results").glob("gpu-e2e-*"))
+    assert sorted(results.glob("gpu-e2e-*")) == records_before  # a smoke record stays in --out
 
 
 APPENDING_CLI = """
