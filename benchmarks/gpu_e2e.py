@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "--spy", default=None, help="STEP:SECONDS: py-spy every process of parts a/a_cpu once STEP is logged (spy.py)"
     )
     args = parser.parse_args(argv)
-    spy_at = tuple(float(x) for x in args.spy.split(":")) if args.spy else None
+    spy_step, _, spy_seconds = (args.spy or "").partition(":")
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         record_path=None if args.smoke else record_path(),
         a_extra=args.a_extra,
         profile_calls=args.profile_calls,
-        spy=(int(spy_at[0]), spy_at[1]) if spy_at else None,
+        spy=(int(spy_step), float(spy_seconds)) if args.spy else None,
     )
     lane.record = new_record(lane)
     runners = {"a": part_a, "b": part_b, "c": part_c, "a_cpu": lambda lane: part_a(lane, cpu=True)}

@@ -93,9 +93,10 @@ def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
     t = max(map(len, ids))
     prompt_lengths = np.fromiter((len(st.prompt_ids) for st in steps), dtype=np.int64, count=b)
     input_ids = torch.from_numpy(padded(ids, t, pad_token_id, np.int64))
-    attention_mask = torch.from_numpy(length_mask([len(row) for row in ids], t).astype(np.int64))
+    attended = length_mask([len(row) for row in ids], t)
+    attention_mask = torch.from_numpy(attended.astype(np.int64))
     # the response of row i sits at positions prompt_lengths[i] .. its length
-    response = (np.arange(t) >= prompt_lengths[:, None]) & attention_mask.numpy().astype(bool)
+    response = (np.arange(t) >= prompt_lengths[:, None]) & attended
     response_mask = torch.from_numpy(response.astype(np.float32))
     logprobs = np.zeros((b, t), dtype=np.float32)
     logprobs[response] = flat([st.logprobs for st in steps], np.float32, int(response.sum()))

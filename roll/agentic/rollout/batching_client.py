@@ -58,9 +58,7 @@ class BatchingClient:
         return await future
 
     def _flush(self) -> None:
-        batch, self._pending, self._flush_handle = self._pending, [], None
-        if not batch:
-            return
+        batch, self._pending, self._flush_handle = self._pending, [], None  # a handle exists only with requests
         self.calls += 1
         self.requests += len(batch)
         self._in_flight += 1
