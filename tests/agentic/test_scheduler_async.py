@@ -176,6 +176,23 @@ def test_too_stale_groups_are_dropped_and_played_again_with_the_same_identity(ma
     assert scheduler.stale_dropped_groups == 0
 
 
+def test_each_finished_group_is_examined_for_staleness_once_a_collect(make_scheduler, monkeypatch):
+    """The staleness limit holds for the whole collect, so a group kept once is not looked at again
+    (re-examining every finished group after each arrival made a step cost groups**2)."""
+    examined = []
+    original = Trajectory.oldest_policy_version
+
+    def counted(self):
+        examined.append(self.traj_id)
+        return original.fget(self)
+
+    monkeypatch.setattr(Trajectory, "oldest_policy_version", property(counted))
+    scheduler, _ = make_scheduler(2)
+    trajs, _ = scheduler.collect(1, 6, policy_version=0, max_staleness=1)
+    assert len(trajs) == 12 and scheduler.stale_dropped_groups == 0
+    assert sorted(examined) == sorted(t.traj_id for t in trajs)  # 12 looks, not 2 + 4 + ... + 12
+
+
 def test_a_group_without_generated_turns_is_never_stale(make_scheduler):
     scheduler, worker = make_scheduler(2, no_turn_group_ids=("train-2-0",))
     scheduler.dispatch(2, 2)

@@ -135,9 +135,10 @@ class RolloutScheduler:
             self._free = self._all_slots_free()
         self.dispatch(step, num_groups, keep_frames)
         state = self._steps[step]
+        checked: set[int] = set()  # groups found fresh enough: the limit holds for the whole call
         while True:
             if policy_version is not None:
-                self._drop_stale(step, policy_version - max_staleness)
+                self._drop_stale(step, policy_version - max_staleness, checked)
             if len(state.done) == state.num_groups:
                 break
             self._receive_one(step)
@@ -145,14 +146,19 @@ class RolloutScheduler:
         self.redundant_trajectories = state.redundant
         return [t for j in sorted(state.done) for t in state.done[j][2].trajectories], state.causes
 
-    def _drop_stale(self, step: int, oldest_allowed: int) -> None:
+    def _drop_stale(self, step: int, oldest_allowed: int, checked: set[int]) -> None:
+        """Drop and queue again each finished group of `step` not in `checked` that has a turn older
+        than `oldest_allowed`; the groups kept join `checked`, so each result is looked at once."""
         state = self._steps[step]
-        for j, (tag, spec, result) in list(state.done.items()):
+        for j in [j for j in state.done if j not in checked]:
+            tag, spec, result = state.done[j]
             versions = [t.oldest_policy_version for t in result.trajectories if t.policy_versions]
             if min(versions, default=oldest_allowed) < oldest_allowed:
                 del state.done[j]
                 self.stale_dropped_groups += 1
                 self._push(tag, step, spec)  # the same group again, on the current weights
+            else:
+                checked.add(j)
         self._launch()
 
     def _receive_one(self, step: int) -> None:
