@@ -35,7 +35,7 @@ from roll.pipeline.guards import engine_gap_warning, stop_if_diverged
 from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
 from roll.pipeline.rollout_builders import build_rollout
 from roll.pipeline.run_dirs import checkpoint_bytes
-from roll.pipeline.run_setup import make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
+from roll.pipeline.run_setup import freeze_heaps, make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.pipeline.samples import (
     adjust_batch,
     batch_divisor,
@@ -103,6 +103,7 @@ class AgenticPipeline:
         self.tracker = make_tracker(cfg, resume_step=self.start_step if self.start_step else -1)
         self.tracker.log_config(cfg)
         self.tracer = make_tracer(cfg, self.tokenizer, self.tracker)
+        self.freeze_heaps()  # what startup made is long-lived: full GC collections skip it from now on
 
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
@@ -162,14 +163,20 @@ class AgenticPipeline:
                 self.tracker.log(step, {**model_size, **metrics})
                 model_size = {}
             stop_if_diverged(metrics, cfg.max_consecutive_skipped_steps, step)
-            if step == self.start_step + 1 and (gap := engine_gap_warning(metrics, step)):
-                logger.warning(gap)
+            if step == self.start_step + 1:  # the first step's lazy imports and warm-up are long-lived too
+                self.freeze_heaps()
+                if gap := engine_gap_warning(metrics, step):
+                    logger.warning(gap)
             if cfg.save_steps > 0 and (step % cfg.save_steps == 0 or step == cfg.max_steps):
                 self.save(step)
             progress.update(step, metrics)
         progress.close()
         self.tracker.close()
         return metrics
+
+    def freeze_heaps(self) -> None:
+        """`freeze_heaps` in the driver, every worker and every env worker (roll.utils.heap)."""
+        freeze_heaps(self.workers, [self.train_rollout, self.val_rollout], self.timeout_s)
 
     @property
     def timeout_s(self) -> float:

@@ -28,7 +28,7 @@ from roll.pipeline.builders import build_inference, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.recorded_rollout import recorded, write_trajectories
 from roll.pipeline.rollout_builders import build_rollout
-from roll.pipeline.run_setup import make_tracer, make_tracker, run_tokenizer, start
+from roll.pipeline.run_setup import freeze_heaps, make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
 from roll.pipeline.samples import summarize_trajectories
 from roll.tracking.progress import ProgressBar
 
@@ -55,6 +55,7 @@ class AgenticRolloutPipeline:
         self.tracker = make_tracker(cfg, resume_step=-1)
         self.tracker.log_config(cfg)
         self.tracer = make_tracer(cfg, self.tokenizer, self.tracker)
+        freeze_heaps({"inference": self.inference}, [self.rollout], rpc_timeout(cfg))  # roll.utils.heap
 
     def run(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}

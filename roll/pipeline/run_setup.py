@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 import threading
 
+import ray
+
 from roll.models.loading import load_tokenizer
 from roll.models.templates import apply_template
 from roll.pipeline.builders import init_ray, place_workers
@@ -15,6 +17,7 @@ from roll.pipeline.residency import PhaseResidency
 from roll.tracking.backends import make_backend
 from roll.tracking.traces import RolloutTracer
 from roll.tracking.tracker import Tracker
+from roll.utils import heap
 
 RAY_TIMEOUT_S = 1800.0
 """Default of `rpc_timeout`: no call on a worker may hang forever."""
@@ -35,6 +38,22 @@ def start(cfg) -> PhaseResidency:
             if handler is not None:
                 signal.signal(sig, handler)
     return residency
+
+
+def freeze_heaps(workers: dict, rollouts: list, timeout_s: float) -> None:
+    """`roll.utils.heap.freeze_heap` in the driver and in every process of the run: the roles of
+    `workers` (`build_workers`' dict) and the env workers of `rollouts` (None entries skipped);
+    nothing with `ROLL_GC_FREEZE=0`. An env worker that Ray restarts later is not frozen."""
+    if not heap.enabled():
+        return
+    actors = [
+        h
+        for group in workers.values()
+        for h in (group if isinstance(group, list) else getattr(group, "handles", [group]))
+    ]
+    actors += [h for rollout in rollouts if rollout is not None for h in rollout.workers]
+    heap.freeze_heap()
+    ray.get(heap.freeze_actors(actors), timeout=timeout_s)
 
 
 def rpc_timeout(cfg) -> float:
