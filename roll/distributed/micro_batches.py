@@ -263,7 +263,8 @@ def token_logprobs(
     vision = vision_inputs(images.select(shared)) if images is not None else None
     if vision is not None:  # the model places image placeholders on their grids (M-RoPE) only when told where they are
         vision = vision | {"mm_token_type_ids": image_token_types(model, input_ids[shared])}
-    logits = model(input_ids=input_ids[shared], attention_mask=attention_mask[shared], **(vision or {})).logits
+    inputs = {"input_ids": input_ids[shared], "attention_mask": attention_mask[shared], **(vision or {})}
+    logits = model(**inputs, use_cache=False).logits  # no KV cache: nothing is decoded after a scoring pass
     logits = logits[:, :-1].float() / temperature  # (U, T - 1, V): position t scores token t + 1
     suppressed = vision_token_ids_of(model) if images is not None else []
     mask = attention_mask[:, 1:].to(logits.dtype)

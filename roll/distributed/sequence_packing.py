@@ -43,7 +43,10 @@ class PackedSequences:
     def __init__(self, model):
         self.model = model
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False
+    ) -> SimpleNamespace:
+        """`use_cache` is accepted as HF models accept it; packed rows never keep a KV cache."""
         lengths = attention_mask.bool().flip(1).int().argmax(1)  # trailing padding per row
         lengths = torch.where(attention_mask.bool().any(1), attention_mask.shape[1] - lengths, 0)
         keep = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]
