@@ -194,3 +194,16 @@ def test_step_manager_one_sample_per_step(tokenizer):
     # the invalid first answer leaves the state unchanged: steps 0 and 1 share an anchor state
     assert traj.steps[0].state_hash == traj.steps[1].state_hash
     assert traj.success and traj.step_rewards[-1] == 1.0
+
+
+def test_a_response_is_decoded_once_however_often_a_turn_reads_it(tokenizer, monkeypatch):
+    from roll.agentic.env_manager.chat import ChatFormatter
+
+    chat = ChatFormatter(tokenizer, response_prefix="<answer>")
+    ids = tokenizer.encode("Left", add_special_tokens=False)
+    decoded = []
+    real = tokenizer.decode
+    monkeypatch.setattr(tokenizer, "decode", lambda *a, **k: decoded.append(a[0]) or real(*a, **k))
+    texts = [chat.response_text(ids) for _ in range(3)]
+    assert texts == ["<answer>Left"] * 3 and decoded == [ids]
+    assert ChatFormatter(tokenizer).response_text(ids) == "Left"  # the prefix is part of the key

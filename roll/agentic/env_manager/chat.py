@@ -19,12 +19,17 @@ _MEMO: dict = {}
 def _memoised(key: tuple, compute) -> list[int]:
     """Ids memoised across the formatters of this process (all managers of an env worker): the envs
     of a group start from one state and often revisit states."""
-    ids = _MEMO.get(key)
-    if ids is None:
+    return list(_memo(key, compute))
+
+
+def _memo(key: tuple, compute):
+    """The memo's value for `key`, computed once (the memo is emptied when full)."""
+    value = _MEMO.get(key)
+    if value is None:
         if len(_MEMO) >= _MEMO_SIZE:
             _MEMO.clear()
-        ids = _MEMO[key] = compute()
-    return list(ids)
+        value = _MEMO[key] = compute()
+    return value
 
 
 class ChatFormatter:
@@ -59,4 +64,5 @@ class ChatFormatter:
 
     def response_text(self, generated_ids: list[int]) -> str:
         """The text the env parses: the forced prefix plus what the model wrote."""
-        return self.response_prefix + self.tokenizer.decode(generated_ids, skip_special_tokens=True)
+        key = (id(self.tokenizer), "text", self.response_prefix, tuple(generated_ids))  # read twice a turn
+        return _memo(key, lambda: self.response_prefix + self.tokenizer.decode(generated_ids, skip_special_tokens=True))
