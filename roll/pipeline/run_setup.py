@@ -43,7 +43,9 @@ def start(cfg) -> PhaseResidency:
 def freeze_heaps(workers: dict, rollouts: list, timeout_s: float) -> None:
     """`roll.utils.heap.freeze_heap` in the driver and in every process of the run: the roles of
     `workers` (`build_workers`' dict) and the env workers of `rollouts` (None entries skipped);
-    nothing with `ROLL_GC_FREEZE=0`. An env worker that Ray restarts later is not frozen."""
+    nothing with `ROLL_GC_FREEZE=0`. Freezing only saves time, so a process that is gone (an env
+    worker killed for good) or still restarting after `timeout_s` is passed over; one that Ray
+    restarts later is not frozen."""
     if not heap.enabled():
         return
     actors = [
@@ -53,7 +55,14 @@ def freeze_heaps(workers: dict, rollouts: list, timeout_s: float) -> None:
     ]
     actors += [h for rollout in rollouts if rollout is not None for h in rollout.workers]
     heap.freeze_heap()
-    ray.get(heap.freeze_actors(actors), timeout=timeout_s)
+    if not actors:
+        return
+    ready, _ = ray.wait(heap.freeze_actors(actors), num_returns=len(actors), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:  # died meanwhile; the scheduler deals with its groups
+            pass
 
 
 def rpc_timeout(cfg) -> float:

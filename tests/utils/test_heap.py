@@ -105,6 +105,16 @@ def test_freeze_heaps_reaches_every_role_and_env_worker_and_the_driver(local_ray
     assert gc.get_freeze_count() > 0
 
 
+def test_freeze_heaps_passes_over_a_worker_that_is_gone(local_ray, unfrozen, monkeypatch):
+    monkeypatch.delenv(heap.ENV_SWITCH, raising=False)
+    alive, gone = ray.remote(Worker).remote(), ray.remote(Worker).remote()
+    ray.get([alive.frozen.remote(), gone.frozen.remote()])
+    ray.kill(gone, no_restart=True)
+    freeze_heaps({"actor": alive}, [Rollout([gone]), Rollout([])], timeout_s=60)
+    assert ray.get(alive.frozen.remote()) > 0
+    freeze_heaps({}, [], timeout_s=60)  # nothing to reach: the driver only
+
+
 def test_freeze_heaps_does_nothing_when_switched_off(local_ray, unfrozen, monkeypatch):
     monkeypatch.setenv(heap.ENV_SWITCH, "0")
     worker = ray.remote(Worker).remote()
