@@ -197,13 +197,35 @@ def test_step_manager_one_sample_per_step(tokenizer):
 
 
 def test_a_response_is_decoded_once_however_often_a_turn_reads_it(tokenizer, monkeypatch):
-    from roll.agentic.env_manager.chat import ChatFormatter
+    from roll.agentic.env_manager import chat as chat_module
 
-    chat = ChatFormatter(tokenizer, response_prefix="<answer>")
+    monkeypatch.setattr(chat_module, "_MEMO", {})  # the process's memo, which other tests filled
+    monkeypatch.setattr(chat_module, "_OWNERS", {})
+    chat = chat_module.ChatFormatter(tokenizer, response_prefix="<answer>")
     ids = tokenizer.encode("Left", add_special_tokens=False)
     decoded = []
     real = tokenizer.decode
     monkeypatch.setattr(tokenizer, "decode", lambda *a, **k: decoded.append(a[0]) or real(*a, **k))
     texts = [chat.response_text(ids) for _ in range(3)]
     assert texts == ["<answer>Left"] * 3 and decoded == [ids]
-    assert ChatFormatter(tokenizer).response_text(ids) == "Left"  # the prefix is part of the key
+    assert chat_module.ChatFormatter(tokenizer).response_text(ids) == "Left"  # the prefix is part of the key
+
+
+def test_the_memo_keeps_its_tokenizers_alive_so_that_no_new_one_takes_their_ids(monkeypatch):
+    import gc
+    import weakref
+
+    from roll.agentic.env_manager import chat as chat_module
+
+    monkeypatch.setattr(chat_module, "_MEMO", {})
+    monkeypatch.setattr(chat_module, "_OWNERS", {})
+    old = build_tiny_tokenizer(corpus=[FrozenLakeEnv.instruction])
+    chat_module.ChatFormatter(old).response_text([10])
+    alive = weakref.ref(old)
+    del old
+    gc.collect()
+    assert alive() is not None  # its id stays taken while the memo holds its entries
+    chat_module._MEMO.update({(i, "x"): i for i in range(chat_module._MEMO_SIZE)})  # full: the next entry empties it
+    chat_module.ChatFormatter(build_tiny_tokenizer(corpus=["Left"])).response_text([10])
+    gc.collect()
+    assert alive() is None and len(chat_module._OWNERS) == 1

@@ -14,21 +14,27 @@ from roll.models.chat_template import chat_template_ids, continuation_ids
 
 _MEMO_SIZE = 65536
 _MEMO: dict = {}
+_OWNERS: dict[int, object] = {}
+"""The tokenizers whose ids key the memo, held while it holds their entries: an id is unique only
+among live objects, and a tokenizer made after another was freed may get its id."""
 
 
-def _memoised(key: tuple, compute) -> list[int]:
+def _memoised(tokenizer, key: tuple, compute) -> list[int]:
     """Ids memoised across the formatters of this process (all managers of an env worker): the envs
     of a group start from one state and often revisit states."""
-    return list(_memo(key, compute))
+    return list(_memo(tokenizer, key, compute))
 
 
-def _memo(key: tuple, compute):
-    """The memo's value for `key`, computed once (the memo is emptied when full)."""
-    value = _MEMO.get(key)
+def _memo(tokenizer, key: tuple, compute):
+    """The memo's value for (`tokenizer`, `key`), computed once (the memo is emptied when full)."""
+    full_key = (id(tokenizer), *key)
+    value = _MEMO.get(full_key)
     if value is None:
         if len(_MEMO) >= _MEMO_SIZE:
             _MEMO.clear()
-        value = _MEMO[key] = compute()
+            _OWNERS.clear()
+        _OWNERS[id(tokenizer)] = tokenizer
+        value = _MEMO[full_key] = compute()
     return value
 
 
@@ -41,8 +47,10 @@ class ChatFormatter:
 
     def template_ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         """`chat_template_ids` of `messages`, memoised."""
-        key = (id(self.tokenizer), tuple((m["role"], m["content"]) for m in messages), add_generation_prompt)
-        return _memoised(key, lambda: chat_template_ids(self.tokenizer, messages, add_generation_prompt))
+        key = (tuple((m["role"], m["content"]) for m in messages), add_generation_prompt)
+        return _memoised(
+            self.tokenizer, key, lambda: chat_template_ids(self.tokenizer, messages, add_generation_prompt)
+        )
 
     def initial_prompt(self, instruction: str | None, observation: str) -> list[int]:
         messages = [{"role": "user", "content": observation}]
@@ -60,9 +68,13 @@ class ChatFormatter:
     def turn_ids(self, observation: str) -> list[int]:
         """What follows an assistant turn when the next user message is `observation`."""
         message = {"role": "user", "content": observation}
-        return _memoised((id(self.tokenizer), "turn", observation), lambda: continuation_ids(self.tokenizer, [message]))
+        return _memoised(self.tokenizer, ("turn", observation), lambda: continuation_ids(self.tokenizer, [message]))
 
     def response_text(self, generated_ids: list[int]) -> str:
         """The text the env parses: the forced prefix plus what the model wrote."""
-        key = (id(self.tokenizer), "text", self.response_prefix, tuple(generated_ids))  # read twice a turn
-        return _memo(key, lambda: self.response_prefix + self.tokenizer.decode(generated_ids, skip_special_tokens=True))
+        key = ("text", self.response_prefix, tuple(generated_ids))  # read twice a turn
+        return _memo(
+            self.tokenizer,
+            key,
+            lambda: self.response_prefix + self.tokenizer.decode(generated_ids, skip_special_tokens=True),
+        )
