@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,17 @@ def test_files_move_in_and_out_and_paths_stay_inside():
         sandbox.run_shell("true")
 
 
+def wait_for_uid(pid: int, uid: int, timeout_s: float = 10.0) -> None:
+    """Until process `pid` runs as real uid `uid` (its /proc status says so)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as status:
+            if any(line.split()[:2] == ["Uid:", str(uid)] for line in status):
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never ran as uid {uid}")
+
+
 @needs_root
 def test_open_sandboxes_never_share_a_uid_so_closing_one_spares_the_other():
     first, second = Sandbox({"wall_s": 5}), Sandbox({"wall_s": 5})
@@ -175,6 +187,7 @@ def test_open_sandboxes_never_share_a_uid_so_closing_one_spares_the_other():
         ["setpriv", f"--reuid={second.uid}", f"--regid={second.uid}", "--clear-groups", "sleep", "30"]
     )
     try:
+        wait_for_uid(survivor.pid, second.uid)  # under load setpriv may not have switched yet
         first.close()
         assert survivor.poll() is None  # second's uid untouched by first's cleanup
         second.close()
