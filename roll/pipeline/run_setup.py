@@ -21,6 +21,8 @@ from roll.utils import heap
 
 RAY_TIMEOUT_S = 1800.0
 """Default of `rpc_timeout`: no call on a worker may hang forever."""
+FREEZE_WAIT_S = 60.0
+"""The longest `freeze_heaps` waits for the workers: freezing is worth no longer a pause."""
 
 
 def start(cfg) -> PhaseResidency:
@@ -44,8 +46,8 @@ def freeze_heaps(workers: dict, rollouts: list, timeout_s: float) -> None:
     """`roll.utils.heap.freeze_heap` in the driver and in every process of the run: the roles of
     `workers` (`build_workers`' dict) and the env workers of `rollouts` (None entries skipped);
     nothing with `ROLL_GC_FREEZE=0`. Freezing only saves time, so a process that is gone (an env
-    worker killed for good) or still restarting after `timeout_s` is passed over; one that Ray
-    restarts later is not frozen."""
+    worker killed for good) or has not answered within `timeout_s` (at most `FREEZE_WAIT_S`: one
+    still restarting) is passed over; one that Ray restarts later is not frozen."""
     if not heap.enabled():
         return
     actors = [
@@ -57,7 +59,8 @@ def freeze_heaps(workers: dict, rollouts: list, timeout_s: float) -> None:
     heap.freeze_heap()
     if not actors:
         return
-    ready, _ = ray.wait(heap.freeze_actors(actors), num_returns=len(actors), timeout=timeout_s)
+    refs = heap.freeze_actors(actors)
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, FREEZE_WAIT_S))
     for ref in ready:
         try:
             ray.get(ref)

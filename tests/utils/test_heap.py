@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 import weakref
 
 import pytest
 import ray
 from ray import cloudpickle
 
+from roll.pipeline import run_setup
 from roll.pipeline.run_setup import freeze_heaps
 from roll.utils import heap
 
@@ -70,6 +72,9 @@ class Worker:
     def frozen(self) -> int:
         return gc.get_freeze_count()
 
+    def busy(self, seconds: float) -> None:
+        time.sleep(seconds)
+
 
 class Group:
     def __init__(self, handles):
@@ -113,6 +118,18 @@ def test_freeze_heaps_passes_over_a_worker_that_is_gone(local_ray, unfrozen, mon
     freeze_heaps({"actor": alive}, [Rollout([gone]), Rollout([])], timeout_s=60)
     assert ray.get(alive.frozen.remote()) > 0
     freeze_heaps({}, [], timeout_s=60)  # nothing to reach: the driver only
+
+
+def test_freeze_heaps_does_not_wait_out_a_busy_worker(local_ray, unfrozen, monkeypatch):
+    monkeypatch.delenv(heap.ENV_SWITCH, raising=False)
+    idle, busy = ray.remote(Worker).remote(), ray.remote(Worker).remote()
+    ray.get([idle.frozen.remote(), busy.frozen.remote()])
+    monkeypatch.setattr(run_setup, "FREEZE_WAIT_S", 0.5)
+    call = busy.busy.remote(30)
+    freeze_heaps({"actor": [idle, busy]}, [], timeout_s=600)  # the run's rpc_timeout: capped
+    assert ray.wait([call], timeout=0)[0] == []  # returned while the busy worker was still busy
+    assert ray.get(idle.frozen.remote()) > 0
+    ray.kill(busy)
 
 
 def test_freeze_heaps_does_nothing_when_switched_off(local_ray, unfrozen, monkeypatch):
