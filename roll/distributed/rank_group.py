@@ -50,6 +50,14 @@ class _Method:
         self.remote = remote
 
 
+def process_handles(entry: Any) -> list:
+    """The actor handle of each process behind one entry of the pipeline's worker dict: a
+    `RankGroup`'s ranks (anything with `handles`), a list of replicas, or a single handle."""
+    if isinstance(entry, list):
+        return entry
+    return list(getattr(entry, "handles", [entry]))
+
+
 class RankGroup:
     """The actor handles of a role's ranks, rank 0 first (see the module docstring)."""
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import ray
 
 from roll.core.errors import RollError
+from roll.distributed.rank_group import process_handles
 from roll.pipeline import reaper
 
 LOOPBACK = "127.0.0.1"
@@ -324,9 +325,7 @@ def placement_rows(plan, workers: dict, env_workers: dict[str, list]) -> list[di
     node it landed on and its devices (its CUDA_VISIBLE_DEVICES, or "cpu")."""
     rows = []
     for role, placements in plan.processes.items():
-        handles = workers[WORKER_KEYS[role]]
-        handles = handles if isinstance(handles, list) else getattr(handles, "handles", [handles])
-        for placement, handle in zip(placements, handles, strict=True):
+        for placement, handle in zip(placements, process_handles(workers[WORKER_KEYS[role]]), strict=True):
             rows.append(
                 {
                     "role": role,

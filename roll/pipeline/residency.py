@@ -32,7 +32,7 @@ from typing import Any
 import ray
 
 from roll.distributed.placement import DevicePlan, ProcessPlacement
-from roll.distributed.rank_group import RankGroup
+from roll.distributed.rank_group import process_handles
 
 PHASE_ROLES: dict[str, tuple[str, ...]] = {
     "rollout": ("actor_infer",),
@@ -79,10 +79,8 @@ class PhaseResidency:
     def attach_workers(self, workers: dict[str, Any]) -> None:
         """`attach` every role of the pipeline's worker dict (the inference entry is a list, a role
         of several ranks a `RankGroup`: each rank is offloaded and reloaded on its own)."""
-        for key, handles in workers.items():
-            if isinstance(handles, RankGroup):
-                handles = handles.handles
-            self.attach(WORKER_ROLES[key], handles if isinstance(handles, list) else [handles])
+        for key, entry in workers.items():
+            self.attach(WORKER_ROLES[key], process_handles(entry))
 
     def enter(self, phase: str) -> None:
         """Make the phase's roles resident, offloading first whoever shares their devices."""

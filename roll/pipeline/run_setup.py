@@ -8,6 +8,7 @@ import threading
 
 import ray
 
+from roll.distributed.rank_group import process_handles
 from roll.models.loading import load_tokenizer
 from roll.models.templates import apply_template
 from roll.pipeline.builders import init_ray, place_workers
@@ -50,11 +51,7 @@ def freeze_heaps(workers: dict, rollouts: list, timeout_s: float) -> None:
     still restarting) is passed over; one that Ray restarts later is not frozen."""
     if not heap.enabled():
         return
-    actors = [
-        h
-        for group in workers.values()
-        for h in (group if isinstance(group, list) else getattr(group, "handles", [group]))
-    ]
+    actors = [h for entry in workers.values() for h in process_handles(entry)]
     actors += [h for rollout in rollouts if rollout is not None for h in rollout.workers]
     heap.freeze_heap()
     if not actors:
