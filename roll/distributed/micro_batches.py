@@ -14,9 +14,10 @@ group starts from the same one) and answer them with different one-token actions
 trajectory-wise samples repeat once the policy sharpens.
 
 So the model runs on one representative row per distinct row, (U, T), and every row of the batch
-(B, T) reads its outputs from its representative's: entropies and values as they are (`expand`),
-log-probs by gathering the row's OWN labels from the representative's per-position distribution
-(`_label_logprobs`); no (B, T, V) tensor is made. Through autograd the contributions of all rows
+(B, T) reads its outputs from its representative's: values as they are (`expand`), log-probs by
+gathering the row's OWN labels from the representative's per-position distribution; no (B, T, V)
+tensor is made, and the output head runs only at the positions some row scores
+(`roll.distributed.output_head`). Through autograd the contributions of all rows
 sharing a representative are summed, which is exactly the gradient of the full batch. Every row
 keeps its own labels, advantages, old log-probs and masks in the loss, so losses and gradients
 are unchanged.
@@ -35,6 +36,7 @@ from torch import nn
 from roll.algorithms.losses import entropy_from_logits, row_chunks
 from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget, pad_to_multiple, row_lengths
+from roll.distributed.output_head import logits_at
 from roll.distributed.row_images import RowImages, row_images, vision_inputs
 from roll.models.loading import vision_token_ids
 
@@ -244,14 +246,17 @@ def token_logprobs(
     with_entropy: bool = False,
     dedupe: bool = True,
     images: RowImages | None = None,
+    scored: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B, T) and optionally entropies (B, T) of a causal LM, with grad.
 
     logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) under logits / temperature, the
-    distribution the token was sampled from; entropy[:, t] is that distribution's entropy.
-    Column 0 has no predecessor and is 0, as are padding positions (attention_mask == 0).
-    The model runs once per distinct row (module docstring); `dedupe=False` runs it on every row,
-    with the same results, to measure what that saves.
+    distribution the token was sampled from; entropy[:, t] is that distribution's entropy. Both
+    are computed for the tokens `scored` (B, T) marks (a response mask; None: every real token)
+    and are 0 elsewhere: column 0, which has no predecessor, padding, and unscored tokens. The
+    model's output head runs only at the positions predicting those tokens (`logits_at`), once per
+    distinct row (module docstring); `dedupe=False` runs the model on every row, with the same
+    results, to measure what that saves.
 
     `images` (a vision-language model: the rows' images, `row_images`) go to the model with the
     ids, each distinct row's own; rows share a forward only when their images are equal too, and
@@ -264,33 +269,33 @@ def token_logprobs(
     if vision is not None:  # the model places image placeholders on their grids (M-RoPE) only when told where they are
         vision = vision | {"mm_token_type_ids": image_token_types(model, input_ids[shared])}
     inputs = {"input_ids": input_ids[shared], "attention_mask": attention_mask[shared], **(vision or {})}
-    logits = model(**inputs, use_cache=False).logits  # no KV cache: nothing is decoded after a scoring pass
-    logits = logits[:, :-1].float() / temperature  # (U, T - 1, V): position t scores token t + 1
+    labels = input_ids[:, 1:]
+    wanted = attention_mask[:, 1:].bool()  # label t + 1 is read from the logits at t
+    if scored is not None:
+        wanted = wanted & scored[:, 1:].bool()
     suppressed = vision_token_ids_of(model) if images is not None else []
-    mask = attention_mask[:, 1:].to(logits.dtype)
-    if suppressed:  # the lowest finite logit, not -inf: 0 * -inf in an entropy or a mask is nan
-        ids = torch.tensor(suppressed, device=logits.device)
+    if suppressed:
+        ids = torch.tensor(suppressed, device=input_ids.device)
+        wanted = wanted & ~torch.isin(labels, ids)  # prompt placeholders: never sampled, scored 0
+    row, col = wanted.nonzero().unbind(1)
+    logits, slot = logits_at(model, inputs, rows.inverse[row], col)  # (K, V): no (U, T, V) logits
+    logits = logits.float() / temperature
+    if suppressed:  # the lowest finite logit, not -inf: 0 * -inf in an entropy is nan
         logits = logits.index_fill(-1, ids, torch.finfo(logits.dtype).min)
-        mask = mask * ~torch.isin(input_ids[:, 1:], ids)  # prompt placeholders: never sampled, scored 0
-    logprobs = F.pad(_label_logprobs(logits, rows.inverse, input_ids[:, 1:]) * mask, (1, 0))
+    log_normaliser = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in row_chunks(logits)])
+    picked = logits[slot, labels[row, col]] - log_normaliser[slot]
+    logprobs = _at_tokens(picked, row, col, input_ids.shape)
     if not with_entropy:
         return logprobs, None
-    return logprobs, F.pad(rows.expand(entropy_from_logits(logits)) * mask, (1, 0))
+    return logprobs, _at_tokens(entropy_from_logits(logits)[slot], row, col, input_ids.shape)
 
 
-def _label_logprobs(logits: torch.Tensor, inverse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits[inverse[b], t])[labels[b, t]]: logits (U, T, V), labels (B, T) -> (B, T).
+def _at_tokens(values: torch.Tensor, row: torch.Tensor, col: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """(B, T) zeros with values[i] at (row[i], col[i] + 1): a label's value goes to its own token.
 
-    Each row reads its own labels out of its representative's distributions with one advanced
-    index (B, T); the log-normaliser is per representative (U, T), a chunk of rows at a time as in
-    `logprobs_from_logits` (`row_chunks`), so neither a (B, T, V) tensor nor a second (U, T, V) one (which
-    log_softmax would keep for backward) is made. Backward scatters every row's gradient into its
-    representative's logits, adding up those of rows sharing one.
-    """
-    positions = torch.arange(labels.shape[1], device=labels.device)
-    picked = logits[inverse[:, None], positions[None, :], labels]
-    log_normaliser = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in row_chunks(logits)])
-    return picked - log_normaliser.index_select(0, inverse)
+    Rows sharing a representative read the same logits (`slot`); backward through the gather adds
+    their gradients into the shared logits, the gradient of the whole batch."""
+    return values.new_zeros(shape).index_put((row, col + 1), values)
 
 
 def shifted_values(

@@ -47,9 +47,23 @@ class PackedSequences:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False
     ) -> SimpleNamespace:
         """`use_cache` is accepted as HF models accept it; packed rows never keep a KV cache."""
-        lengths = attention_mask.bool().flip(1).int().argmax(1)  # trailing padding per row
-        lengths = torch.where(attention_mask.bool().any(1), attention_mask.shape[1] - lengths, 0)
-        keep = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]
+        keep = self.kept(attention_mask)
+        packed = self.packed_logits(input_ids, attention_mask)  # (N, ...)
+        logits = packed.new_zeros(*input_ids.shape, *packed.shape[1:])
+        logits[keep] = packed
+        return SimpleNamespace(logits=logits)
+
+    @staticmethod
+    def kept(attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, T) bool: the positions packed, each row's real tokens (right padding dropped)."""
+        padding = attention_mask.bool().flip(1).int().argmax(1)  # trailing padding per row
+        lengths = torch.where(attention_mask.bool().any(1), attention_mask.shape[1] - padding, 0)
+        return torch.arange(attention_mask.shape[1], device=attention_mask.device)[None, :] < lengths[:, None]
+
+    def packed_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The model's logits (N, ...) on the packed row: the `kept` positions in row-major order."""
+        keep = self.kept(attention_mask)
+        lengths = keep.sum(1)
         positions = torch.cat([torch.arange(int(n), device=input_ids.device) for n in lengths])
         inputs = {"input_ids": input_ids[keep][None], "position_ids": positions[None], "use_cache": False}
         if uses_segment_attention(self.model, int(lengths.max())):
@@ -57,10 +71,7 @@ class PackedSequences:
                 out = self.model(**inputs, **segment_kwargs(lengths))
         else:
             out = self.model(**inputs)
-        packed = out.logits[0]  # (N, ...)
-        logits = packed.new_zeros(*input_ids.shape, *packed.shape[1:])
-        logits[keep] = packed
-        return SimpleNamespace(logits=logits)
+        return out.logits[0]
 
     def __getattr__(self, name: str):
         return getattr(self.model, name)

@@ -75,17 +75,23 @@ def global_norm(tensors) -> float:
 
 
 # ---- forward_logprobs -----------------------------------------------------------------------
+@pytest.mark.parametrize("scored", ["response", "every_token"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_forward_logprobs_matches_manual_log_softmax(temperature):
+def test_forward_logprobs_matches_manual_log_softmax(temperature, scored):
+    """With a response mask only response tokens are scored (0 elsewhere); without one, every
+    real token after the first."""
     strategy = make_strategy()
     batch = make_batch([6, 9, 4], [2, 3, 1], width=10)
+    prompts = [2, 3, 1] if scored == "response" else [1, 1, 1]
+    if scored == "every_token":
+        batch = batch.exclude("response_mask")
     logprobs, entropy = strategy.forward_logprobs(batch, temperature, with_entropy=True, micro_batch_size=2)
 
     with torch.no_grad():
         logits = strategy.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     expected_lp, expected_ent = torch.zeros(3, 10), torch.zeros(3, 10)
-    for b, length in enumerate([6, 9, 4]):
-        for t in range(1, length):
+    for b, (prompt, length) in enumerate(zip(prompts, [6, 9, 4], strict=True)):
+        for t in range(prompt, length):
             log_p = torch.log_softmax(logits[b, t - 1] / temperature, dim=-1)
             expected_lp[b, t] = log_p[batch["input_ids"][b, t]]
             expected_ent[b, t] = -(log_p.exp() * log_p).sum()

@@ -29,6 +29,7 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import get_scheduler
 
+from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.micro_batches import (
     MicroForward,
@@ -166,12 +167,20 @@ class TorchTrainStrategy:
         with_entropy: bool = False,
         micro_batch_size: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (B, T) and entropy (B, T) or None, aligned as in `token_logprobs`."""
+        """Log-probs (B, T) and entropy (B, T) or None, aligned as in `token_logprobs`, of the
+        tokens under `batch`'s response mask where it has one, else of every real token."""
 
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
             ids, mask = micro["input_ids"], micro["attention_mask"]
             logprobs, entropy = token_logprobs(
-                model, ids, mask, temperature, with_entropy, self.dedupe_rows, images=row_images(micro)
+                model,
+                ids,
+                mask,
+                temperature,
+                with_entropy,
+                self.dedupe_rows,
+                images=row_images(micro),
+                scored=micro.get(Batch.RESPONSE_MASK, None),
             )
             return {"logprobs": logprobs} | ({"entropy": entropy} if with_entropy else {})
 

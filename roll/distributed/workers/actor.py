@@ -40,6 +40,7 @@ from roll.distributed.weight_transfer import IpcWeights, share_state
 from roll.distributed.workers.common import (
     average_metrics,
     model_inputs,
+    scoring_inputs,
     set_num_threads,
     shuffled_minibatches,
     take_memory_gib,
@@ -97,8 +98,9 @@ class ActorWorker:
         self.model_path = model_path
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
-        """Log-probs (B, T) of the current weights (the PPO "old" log-probs), CPU float32."""
-        logprobs, _ = self.strategy.forward_logprobs(model_inputs(batch, "input_ids", "attention_mask"), temperature)
+        """Log-probs (B, T) of the current weights (the PPO "old" log-probs), CPU float32: of the
+        response tokens where `batch` has a response mask, else of every real token."""
+        logprobs, _ = self.strategy.forward_logprobs(scoring_inputs(batch), temperature)
         return logprobs
 
     def train(
@@ -237,6 +239,7 @@ def _policy_loss(
         with_entropy=True,
         dedupe=dedupe,
         images=row_images(micro),
+        scored=micro[Batch.RESPONSE_MASK],
     )
     mask = micro[Batch.RESPONSE_MASK]
     weights, extra_metrics = None, {}

@@ -41,6 +41,14 @@ def model_inputs(batch: TensorDict, *keys: str) -> TensorDict:
     return batch.select(*keys, *(k for k in Batch.IMAGE_KEYS if k in batch.keys()))
 
 
+def scoring_inputs(batch: TensorDict) -> TensorDict:
+    """What a log-prob pass reads of `batch` (`model_inputs`): ids, attention mask, and the
+    response mask where the batch has one, since only response tokens are scored
+    (`roll.distributed.micro_batches.token_logprobs`); without one every real token is."""
+    scored = (Batch.RESPONSE_MASK,) if Batch.RESPONSE_MASK in batch.keys() else ()
+    return model_inputs(batch, Batch.INPUT_IDS, Batch.ATTENTION_MASK, *scored)
+
+
 def take_memory_gib() -> dict[str, float]:
     """GPU memory of this process's one visible device, GiB: `peak` (the most its tensors held,
     `max_memory_allocated`) and `reserved_peak` (the most torch's caching allocator held) since the

@@ -6,12 +6,13 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from roll.core.fields import Batch
 from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.micro_batches import forward_in_micro_batches, token_logprobs
 from roll.distributed.row_images import row_images
 from roll.distributed.sequence_packing import PackedSequences
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
-from roll.distributed.workers.common import model_inputs, set_num_threads, take_memory_gib
+from roll.distributed.workers.common import scoring_inputs, set_num_threads, take_memory_gib
 from roll.models.loading import DType, load_policy
 
 
@@ -46,15 +47,21 @@ class ReferenceWorker:
         )
 
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
-        """Log-probs (B, T) aligned as in roll.distributed.micro_batches.token_logprobs, CPU float32."""
+        """Log-probs (B, T) aligned as in roll.distributed.micro_batches.token_logprobs, CPU float32:
+        of the response tokens where `batch` has a response mask, else of every real token."""
 
         def logprobs_forward(model: nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
             logprobs, _ = token_logprobs(
-                model, micro["input_ids"], micro["attention_mask"], temperature, images=row_images(micro)
+                model,
+                micro["input_ids"],
+                micro["attention_mask"],
+                temperature,
+                images=row_images(micro),
+                scored=micro.get(Batch.RESPONSE_MASK, None),
             )
             return {"logprobs": logprobs}
 
-        batch = model_inputs(batch, "input_ids", "attention_mask")
+        batch = scoring_inputs(batch)
         model = PackedSequences(self.model) if self.sequence_packing else self.model
         return forward_in_micro_batches(
             model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
