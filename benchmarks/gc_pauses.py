@@ -70,11 +70,14 @@ def collect_times(model: str, repeats: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_pipeline(model: str, out: Path, steps: int, freeze: bool) -> dict[str, list[float]]:
+def run_pipeline(
+    model: str, out: Path, steps: int, switches: dict[str, str], overrides: list[str] = PART_A
+) -> dict[str, list[float]]:
+    """The README example with `overrides`, `switches` in its environment; each phase's seconds
+    of steps 3 and on."""
     cmd = [sys.executable, "examples/start_agentic_pipeline.py", "--config_path", "frozen_lake"]
     cmd += ["--config_name", "agent_val_frozen_lake", f"pretrain={model}", f"output_dir={out}", f"max_steps={steps}"]
-    env = dict(os.environ, ROLL_GC_FREEZE="1" if freeze else "0")
-    proc = subprocess.run(cmd + PART_A, cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd + overrides, cwd=REPO, env=dict(os.environ, **switches), capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(proc.stderr[-3000:])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -118,7 +121,8 @@ def main() -> None:
         merged: dict[str, dict[str, list[float]]] = {"off": {}, "on": {}}
         for round_ in range(args.rounds):
             for mode in ("off", "on"):
-                times = run_pipeline(model, Path(tmp) / f"{mode}-{round_}", args.steps, freeze=mode == "on")
+                switch = {"ROLL_GC_FREEZE": "1" if mode == "on" else "0"}
+                times = run_pipeline(model, Path(tmp) / f"{mode}-{round_}", args.steps, switch)
                 for key, values in times.items():
                     merged[mode].setdefault(key, []).extend(values)
                 print(f"round {round_ + 1} {mode}: step mean {statistics.mean(times['step']):.3f} s", flush=True)

@@ -30,6 +30,7 @@ from roll.distributed.weight_transfer import CUDA_IPC
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import build_pg_options, build_workers, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
+from roll.pipeline.cpu_shares import call_all, score_in_turns
 from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import engine_gap_warning, stop_if_diverged
 from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
@@ -92,9 +93,11 @@ class AgenticPipeline:
         self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
         self.step_wise = cfg.sample_mode == SampleMode.STEP
         self.build_batch = build_step_batch if self.step_wise else build_traj_batch
-        self.batch_divisor = batch_divisor(
-            cfg, ["actor_train"] + [r for r in ("critic", "reference") if r in self.workers]
-        )
+        training_roles = ["actor_train"] + [r for r in ("critic", "reference") if r in self.workers]
+        self.batch_divisor = batch_divisor(cfg, training_roles)
+        self.score_in_turns = score_in_turns(cfg, training_roles)
+        if self.score_in_turns:
+            logger.info("score phase: %s pass in turns (they share the CPU cores)", ", ".join(training_roles))
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
         self.sync_path = sync_path(cfg, self.residency.plan)  # CUDA IPC when actor and engine share a GPU
@@ -232,13 +235,14 @@ class AgenticPipeline:
 
     def score(self, batch, rows: RowInfo) -> dict[str, float]:
         self.residency.enter("score")
-        refs = {Batch.OLD_LOGPROBS: self.workers["actor"].compute_logprobs.remote(batch, self.temperature)}
-        if "reference" in self.workers:
-            refs[Batch.REF_LOGPROBS] = self.workers["reference"].compute_logprobs.remote(batch, self.temperature)
-        if "critic" in self.workers:  # one position more: the value of each row's last state
+        workers, temperature = self.workers, self.temperature
+        passes = {Batch.OLD_LOGPROBS: lambda: workers["actor"].compute_logprobs.remote(batch, temperature)}
+        if "reference" in workers:
+            passes[Batch.REF_LOGPROBS] = lambda: workers["reference"].compute_logprobs.remote(batch, temperature)
+        if "critic" in workers:  # one position more: the value of each row's last state
             critic_input = with_final_state(batch)
-            refs[Batch.VALUES] = self.workers["critic"].compute_values.remote(critic_input)
-        results = {key: ray.get(ref, timeout=self.timeout_s) for key, ref in refs.items()}
+            passes[Batch.VALUES] = lambda: workers["critic"].compute_values.remote(critic_input)
+        results = call_all(passes, self.score_in_turns, self.timeout_s)  # in turns where they share CPU cores
         if Batch.VALUES in results:  # GAE bootstraps truncated rows from the value of their last state
             rows.final_values = final_values(results[Batch.VALUES], critic_input[Batch.ATTENTION_MASK])
             results[Batch.VALUES] = results[Batch.VALUES][:, :-1]

@@ -4,9 +4,21 @@ A role's own `strategy_config.cpu_affinity` / `num_threads` win; otherwise a CPU
 machine takes `roll.distributed.cpu_affinity.default_cpu_shares` (GPU runs and Ray clusters get
 no default: their roles do not share one machine's cores the same way). Pinning happens inside
 each worker process right after it starts (`pin_workers`), so no worker class needs to know.
+
+The training roles take turns within a step, except in the score phase, where actor_train,
+reference and critic each run a forward pass over the batch. Where they would share cores (a CPU
+run on one machine, their cores overlapping), those passes run one after another
+(`score_in_turns`), each with the role's whole share: at once, two pools sized to the same cores
+oversubscribe them and their threads spin and wait on each other (`benchmarks/role_cores.py`).
+`ROLL_SCORE_IN_TURNS=0` in the driver's environment runs them at once anyway, to compare.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import ray
 
 from roll.configs.worker import cpu_options
 from roll.distributed.cpu_affinity import (
@@ -21,6 +33,7 @@ from roll.distributed.cpu_affinity import (
 )
 from roll.pipeline import cluster
 
+SCORE_SWITCH = "ROLL_SCORE_IN_TURNS"
 _GROUP = {"actor_infer": INFERENCE, "actor_train": TRAINING, "critic": TRAINING, "reference": TRAINING}
 
 
@@ -57,3 +70,25 @@ def pin_workers(handles: list, shares: list[CpuShare]) -> list:
     a run's actors lets them load their models side by side. An env worker that Ray restarts runs
     unpinned."""
     return [h.__ray_call__.remote(_pin, s) for h, s in zip(handles, shares, strict=True) if s.cores is not None]
+
+
+def score_in_turns(cfg, roles: list[str], cores: tuple[int, ...] | None = None) -> bool:
+    """Whether the score phase's passes of `roles` run one after another (module docstring): a CPU
+    run on one machine where two of the roles' cores overlap (a role not pinned has them all);
+    `cores`: the machine's usable cores (default: this process's)."""
+    if os.environ.get(SCORE_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if len(roles) < 2 or cluster.joined() or any(cfg.device_layout["mappings"].values()):
+        return False
+    machine = usable_cores() if cores is None else cores
+    held = [set(role_share(cfg, role, machine).cores or machine) for role in roles]
+    return any(a & b for i, a in enumerate(held) for b in held[i + 1 :])
+
+
+def call_all(calls: dict[str, Callable[[], ray.ObjectRef]], in_turns: bool, timeout_s: float) -> dict:
+    """Each call's result by key: every call started at once, or with `in_turns` each started once
+    the one before has returned."""
+    if in_turns:
+        return {key: ray.get(call(), timeout=timeout_s) for key, call in calls.items()}
+    refs = {key: call() for key, call in calls.items()}
+    return {key: ray.get(ref, timeout=timeout_s) for key, ref in refs.items()}

@@ -135,3 +135,60 @@ def test_a_roles_own_options_win_over_the_default(monkeypatch):
     assert cpu_shares.role_share(cfg, ENV_WORKERS, cores) == CpuShare((3,), 1)
     cfg.device_layout["mappings"]["actor_train"] = [0]  # a GPU run: no default pinning
     assert cpu_shares.role_share(cfg, "critic", cores) == CpuShare()
+
+
+def test_score_passes_take_turns_only_where_roles_share_cpu_cores(monkeypatch):
+    from types import SimpleNamespace
+
+    from roll.pipeline import cpu_shares
+
+    monkeypatch.setattr(cpu_shares.cluster, "joined", lambda: False)
+    monkeypatch.delenv(cpu_shares.SCORE_SWITCH, raising=False)
+    cfg = SimpleNamespace(
+        actor_train=worker(),
+        reference=worker("hf_infer"),
+        async_generation_ratio=0,
+        device_layout={"mappings": {"actor_train": None, "actor_infer": None}},
+    )
+    roles, cores = ["actor_train", "reference"], (0, 1, 2, 3)
+    assert cpu_shares.score_in_turns(cfg, roles, cores)  # both default to every role core
+    assert cpu_shares.score_in_turns(cfg, roles, (0, 1))  # 2 cores: nothing pinned, both use all
+    assert not cpu_shares.score_in_turns(cfg, ["actor_train"], cores)  # one pass: nothing to order
+    cfg.reference = worker("hf_infer", cpu_affinity=[2, 3])
+    cfg.actor_train = worker(cpu_affinity=[0, 1])
+    assert not cpu_shares.score_in_turns(cfg, roles, cores)  # pinned apart: at once
+    cfg.actor_train = worker(cpu_affinity=[1, 2])
+    assert cpu_shares.score_in_turns(cfg, roles, cores)  # core 2 in both
+    monkeypatch.setenv(cpu_shares.SCORE_SWITCH, "0")
+    assert not cpu_shares.score_in_turns(cfg, roles, cores)
+    monkeypatch.delenv(cpu_shares.SCORE_SWITCH)
+    cfg.device_layout["mappings"]["actor_train"] = [0]  # a GPU run: the GPU roles' passes overlap
+    assert not cpu_shares.score_in_turns(cfg, roles, cores)
+    monkeypatch.setattr(cpu_shares.cluster, "joined", lambda: True)
+    cfg.device_layout["mappings"]["actor_train"] = None
+    assert not cpu_shares.score_in_turns(cfg, roles, cores)  # a cluster: roles may be on other nodes
+
+
+def test_call_all_starts_each_call_after_the_last_returned_only_in_turns():
+    import time
+
+    import ray
+
+    from roll.pipeline.cpu_shares import call_all
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+
+    @ray.remote
+    def interval(delay: float) -> tuple[float, float]:
+        start = time.time()
+        time.sleep(delay)
+        return start, time.time()
+
+    try:
+        calls = {"a": lambda: interval.remote(0.5), "b": lambda: interval.remote(0.5)}
+        (_, a_end), (b_start, _) = call_all(calls, in_turns=True, timeout_s=60).values()
+        assert b_start >= a_end
+        (_, a_end), (b_start, _) = call_all(calls, in_turns=False, timeout_s=60).values()
+        assert b_start < a_end
+    finally:
+        ray.shutdown()
