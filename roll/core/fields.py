@@ -26,9 +26,11 @@ class Batch:
     TOKEN_LEVEL_REWARDS: Final = "token_level_rewards"
     """Trajectory-wise rows: each step reward on the last generated token of its turn."""
     OLD_LOGPROBS: Final = "old_logprobs"
-    """The trained actor's log-probs before the update (scoring phase)."""
+    """The trained actor's log-probs of the response tokens before the update (scoring phase; 0.0
+    elsewhere)."""
     REF_LOGPROBS: Final = "ref_logprobs"
-    """The reference model's log-probs (when the KL penalty is on)."""
+    """The reference model's log-probs of the response tokens (when the KL penalty is on; 0.0
+    elsewhere)."""
     VALUES: Final = "values"
     """Critic values, values[:, t] = V(input_ids[:, :t]) (see `roll.distributed.workers.critic`)."""
     ADVANTAGES: Final = "advantages"
