@@ -60,7 +60,7 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) per position. logits (B, T, V) -> (B, T).
+    """Entropy of softmax(logits) per position. logits (..., V) -> (...), e.g. (B, T, V) -> (B, T).
 
     H = logsumexp(l) - sum(softmax(l) * l), a chunk of rows at a time (`row_chunks`) and in at
     least float32, like `logprobs_from_logits`.
@@ -71,7 +71,7 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
         chunk = chunk_logits.to(dtype)
         probs = torch.softmax(chunk, dim=-1)
         rows.append(torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1))
-    return torch.cat(rows) if rows else logits.new_zeros(logits.shape[:2], dtype=dtype)
+    return torch.cat(rows) if rows else logits.new_zeros(logits.shape[:-1], dtype=dtype)
 
 
 def agg_loss(loss_mat: Tensor, mask: Tensor, mode: AggMode) -> Tensor:

@@ -15,7 +15,8 @@ called whole: FSDP's and DeepSpeed's hooks, LoRA layers, vision towers and gradi
 run as always, and the head's matmul and everything after it (softcapping, the float32 copy,
 log-softmax, entropy) see K positions. A model without such a head (Megatron's `MegatronCausalLM`)
 returns all its logits and the same K rows are picked from them: the same numbers, without the
-saving. `PackedSequences` (one packed row, no padding) is narrowed at the packed positions.
+saving (logits at any other number of positions than its inputs' are an error, not misread).
+`PackedSequences` (one packed row, no padding) is narrowed at the packed positions.
 
 Backward through the narrowed input sends each picked position's gradient to its hidden state and
 zero to the others, which is exactly the gradient of a loss that reads only those positions.
@@ -101,4 +102,8 @@ def logits_at(
     with head_rows(model, index, positions) as narrowed:
         logits = call(**inputs)
     logits = logits.reshape(-1, logits.shape[-1])
-    return (logits if narrowed else logits.index_select(0, index)), slot
+    if narrowed:
+        return logits, slot
+    if len(logits) != positions:  # picking by index would read other positions' logits
+        raise ValueError(f"{type(model).__name__} returned logits at {len(logits)} positions for {positions} inputs")
+    return logits.index_select(0, index), slot

@@ -8,8 +8,10 @@ runs it row by row for the pass (roll.distributed.segment_attention: work sum L^
 otherwise transformers reads the position ids as packed sequences, with varlen kernels for flash
 attention and a block-diagonal causal mask over the whole row for eager attention, and for sdpa
 under gradient checkpointing. Logits come back in the padded layout (B, T, ...), zeros at
-padding, so `token_logprobs`, `shifted_values` and the losses are unchanged, and packed and padded
-passes give the same numbers up to float round-off (tests/distributed/test_sequence_packing.py).
+padding, so `shifted_values` and the losses are unchanged; `token_logprobs` takes the packed
+logits instead (`packed_logits`, with the output head narrowed to the scored positions,
+roll.distributed.output_head). Packed and padded passes give the same numbers up to float
+round-off (tests/distributed/test_sequence_packing.py).
 Compute is spent on the N real tokens only, instead of B x T.
 
 `PackingBudget` is ROLL's `sequence_packing_args.algorithm: load_balance`: a micro-batch plan by

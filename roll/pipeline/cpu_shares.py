@@ -6,10 +6,11 @@ no default: their roles do not share one machine's cores the same way). Pinning 
 each worker process right after it starts (`pin_workers`), so no worker class needs to know.
 
 The training roles take turns within a step, except in the score phase, where actor_train,
-reference and critic each run a forward pass over the batch. Where they would share cores (a CPU
-run on one machine, their cores overlapping), those passes run one after another
+reference and critic each run a forward pass over the batch. Where they would oversubscribe
+the cores (a CPU run on one machine whose roles' threads together outnumber the cores they may
+run on: by default every synchronous CPU run), those passes run one after another
 (`score_in_turns`), each with the role's whole share: at once, two pools sized to the same cores
-oversubscribe them and their threads spin and wait on each other (`benchmarks/role_cores.py`).
+spin and wait on each other (`benchmarks/role_cores.py`).
 `ROLL_SCORE_IN_TURNS=0` in the driver's environment runs them at once anyway, to compare.
 """
 
@@ -74,15 +75,18 @@ def pin_workers(handles: list, shares: list[CpuShare]) -> list:
 
 def score_in_turns(cfg, roles: list[str], cores: tuple[int, ...] | None = None) -> bool:
     """Whether the score phase's passes of `roles` run one after another (module docstring): a CPU
-    run on one machine where two of the roles' cores overlap (a role not pinned has them all);
+    run on one machine where the roles' torch threads together outnumber the cores they may run
+    on (a role not pinned may run on every core; a role's threads default to its cores' count);
     `cores`: the machine's usable cores (default: this process's)."""
     if os.environ.get(SCORE_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     if len(roles) < 2 or cluster.joined() or any(cfg.device_layout["mappings"].values()):
         return False
     machine = usable_cores() if cores is None else cores
-    held = [set(role_share(cfg, role, machine).cores or machine) for role in roles]
-    return any(a & b for i, a in enumerate(held) for b in held[i + 1 :])
+    shares = [role_share(cfg, role, machine) for role in roles]
+    held = [set(share.cores or machine) for share in shares]
+    threads = sum(share.num_threads or len(mine) for share, mine in zip(shares, held, strict=True))
+    return threads > len(set().union(*held))
 
 
 def call_all(calls: dict[str, Callable[[], ray.ObjectRef]], in_turns: bool, timeout_s: float) -> dict:

@@ -158,7 +158,10 @@ def test_score_passes_take_turns_only_where_roles_share_cpu_cores(monkeypatch):
     cfg.actor_train = worker(cpu_affinity=[0, 1])
     assert not cpu_shares.score_in_turns(cfg, roles, cores)  # pinned apart: at once
     cfg.actor_train = worker(cpu_affinity=[1, 2])
-    assert cpu_shares.score_in_turns(cfg, roles, cores)  # core 2 in both
+    assert cpu_shares.score_in_turns(cfg, roles, cores)  # 4 threads on cores 1-3
+    cfg.actor_train, cfg.reference = worker(num_threads=2), worker("hf_infer", num_threads=2)
+    assert not cpu_shares.score_in_turns(cfg, roles, cores)  # 2 + 2 threads on 4 cores
+    assert cpu_shares.score_in_turns(cfg, roles, (0, 1, 2))
     monkeypatch.setenv(cpu_shares.SCORE_SWITCH, "0")
     assert not cpu_shares.score_in_turns(cfg, roles, cores)
     monkeypatch.delenv(cpu_shares.SCORE_SWITCH)
@@ -185,7 +188,8 @@ def test_call_all_starts_each_call_after_the_last_returned_only_in_turns():
         return start, time.time()
 
     try:
-        calls = {"a": lambda: interval.remote(0.5), "b": lambda: interval.remote(0.5)}
+        ray.get([interval.remote(0.0), interval.remote(0.0)])  # both workers started before timing
+        calls = {"a": lambda: interval.remote(2.0), "b": lambda: interval.remote(2.0)}
         (_, a_end), (b_start, _) = call_all(calls, in_turns=True, timeout_s=60).values()
         assert b_start >= a_end
         (_, a_end), (b_start, _) = call_all(calls, in_turns=False, timeout_s=60).values()

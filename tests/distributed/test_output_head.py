@@ -5,6 +5,9 @@ the head sees exactly the positions some row scores, and models it cannot narrow
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 from torch import nn
 
@@ -143,3 +146,20 @@ def test_logits_at_numbers_positions_in_row_major_order():
         full = model(**inputs).logits
     assert slot.tolist() == [2, 1, 2, 0]  # distinct positions (0, 1), (0, 4), (1, 2)
     torch.testing.assert_close(logits, full[[0, 0, 1], [1, 4, 2]])
+
+
+def test_logits_at_other_positions_than_the_inputs_are_refused():
+    """A model whose head cannot be narrowed and whose logits do not match its inputs' positions
+    (one extra here) would have its log-probs read from other positions: an error instead."""
+
+    class OneMore(nn.Module):
+        def __init__(self, model: nn.Module) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, **kwargs):
+            logits = self.inner(**kwargs).logits
+            return SimpleNamespace(logits=torch.cat([logits, logits[:, -1:]], dim=1))
+
+    with pytest.raises(ValueError, match="logits at 32 positions for 28 inputs"):
+        token_logprobs(OneMore(tiny_llama(seed=8)), IDS, MASK, 1.0, scored=RESPONSE, dedupe=False)

@@ -50,7 +50,9 @@ class TrainStrategy(Protocol):
         with_entropy: bool = False,
         micro_batch_size: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs (B, T-1) of `input_ids` under the model, and entropies if asked."""
+        """Per-token log-probs (B, T) of `input_ids` under the model, and entropies if asked,
+        aligned as in `roll.distributed.micro_batches.token_logprobs`: of the tokens under the
+        batch's response mask where it has one, else of every real token; 0 elsewhere."""
         ...
 
     def forward(
