@@ -97,7 +97,7 @@ class AgenticPipeline:
         self.batch_divisor = batch_divisor(cfg, training_roles)
         self.score_in_turns = score_in_turns(cfg, training_roles)
         if self.score_in_turns:
-            logger.info("score phase: %s pass in turns (they share the CPU cores)", ", ".join(training_roles))
+            logger.info("score phase: %s pass in turns (their threads outnumber the cores)", ", ".join(training_roles))
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
         self.sync_path = sync_path(cfg, self.residency.plan)  # CUDA IPC when actor and engine share a GPU
