@@ -58,6 +58,7 @@ def pipeline(model_dir: str, monkeypatch, step_wise: bool, *overrides: str) -> A
         p.workers["reference"] = LocalHandle(ReferenceWorker(model_dir, micro_batch_size=4, num_threads=1))
     p.residency = type("NoResidency", (), {"enter": staticmethod(lambda phase: None)})()
     p.step_wise, p.temperature = step_wise, 1.0
+    p.score_in_turns = True  # one CPU machine: the actor's and the reference's passes in turns
     p.kl_ctl = make_kl_controller(p.cfg.init_kl_coef, p.cfg.target_kl, p.cfg.kl_horizon)
     p.pg_options = build_pg_options(p.cfg)
     return p

@@ -206,6 +206,7 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     p.kl_ctl = make_kl_controller(0.0, None, 100)
     p.pg_options = build_pg_options(p.cfg)
     p.sync_path = CPU_COPY
+    p.score_in_turns = False  # roles on a GPU
     monkeypatch.setattr(agentic_pipeline.ray, "get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(agentic_pipeline, "score_batch", lambda *args, **kwargs: {})
     monkeypatch.setattr(agentic_pipeline, "summarize_trajectories", lambda *args: {})
