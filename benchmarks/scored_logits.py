@@ -31,19 +31,11 @@ import statistics
 import time
 
 import torch
+from gpu_e2e import QWEN2_HALF_B  # benchmarks/ is on sys.path when run as a script
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from roll.distributed.micro_batches import token_logprobs
-
-QWEN2_WIDTH = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-)
 
 
 class EveryPosition(nn.Module):
@@ -127,7 +119,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_WIDTH, num_hidden_layers=args.layers))
+    model = Qwen2ForCausalLM(Qwen2Config(**(QWEN2_HALF_B | {"num_hidden_layers": args.layers})))
     print(f"load {os.getloadavg()[0]:.1f}; {torch.get_num_threads()} threads; layers {args.layers}")
     ratios = {}
     for kind in ("step", "traj"):

@@ -24,7 +24,7 @@ zero to the others, which is exactly the gradient of a loss that reads only thos
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -92,15 +92,14 @@ def logits_at(
         wanted[0, 0] = True
     number = wanted.flatten().cumsum(0) - 1  # each wanted position's place among the K
     slot = number[rows * ids.shape[1] + cols]
-    call: Callable[..., torch.Tensor]
-    if isinstance(model, PackedSequences):  # the head sees the real tokens only, row after row
+    packed = isinstance(model, PackedSequences)
+    if packed:  # the head sees the real tokens only, row after row
         kept = model.kept(mask)
-        index, positions, call = wanted[kept].nonzero()[:, 0], int(kept.sum()), model.packed_logits
+        index, positions = wanted[kept].nonzero()[:, 0], int(kept.sum())
     else:  # the head sees all (U, T) positions
         index, positions = wanted.flatten().nonzero()[:, 0], ids.numel()
-        call = lambda **kw: model(**kw, use_cache=False).logits  # noqa: E731
     with head_rows(model, index, positions) as narrowed:
-        logits = call(**inputs)
+        logits = model.packed_logits(ids, kept) if packed else model(**inputs, use_cache=False).logits
     logits = logits.reshape(-1, logits.shape[-1])
     if narrowed:
         return logits, slot

@@ -50,7 +50,7 @@ class PackedSequences:
     ) -> SimpleNamespace:
         """`use_cache` is accepted as HF models accept it; packed rows never keep a KV cache."""
         keep = self.kept(attention_mask)
-        packed = self.packed_logits(input_ids, attention_mask)  # (N, ...)
+        packed = self.packed_logits(input_ids, keep)  # (N, ...)
         logits = packed.new_zeros(*input_ids.shape, *packed.shape[1:])
         logits[keep] = packed
         return SimpleNamespace(logits=logits)
@@ -62,9 +62,9 @@ class PackedSequences:
         lengths = torch.where(attention_mask.bool().any(1), attention_mask.shape[1] - padding, 0)
         return torch.arange(attention_mask.shape[1], device=attention_mask.device)[None, :] < lengths[:, None]
 
-    def packed_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The model's logits (N, ...) on the packed row: the `kept` positions in row-major order."""
-        keep = self.kept(attention_mask)
+    def packed_logits(self, input_ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The model's logits (N, ...) on the packed row: the positions `keep` (B, T) marks (`kept`
+        of the attention mask) in row-major order."""
         lengths = keep.sum(1)
         positions = torch.cat([torch.arange(int(n), device=input_ids.device) for n in lengths])
         inputs = {"input_ids": input_ids[keep][None], "position_ids": positions[None], "use_cache": False}

@@ -16,7 +16,6 @@ spin and wait on each other (`benchmarks/role_cores.py`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import ray
@@ -33,6 +32,7 @@ from roll.distributed.cpu_affinity import (
     usable_cores,
 )
 from roll.pipeline import cluster
+from roll.utils.env_switches import switched_on
 
 SCORE_SWITCH = "ROLL_SCORE_IN_TURNS"
 _GROUP = {"actor_infer": INFERENCE, "actor_train": TRAINING, "critic": TRAINING, "reference": TRAINING}
@@ -78,7 +78,7 @@ def score_in_turns(cfg, roles: list[str], cores: tuple[int, ...] | None = None) 
     run on one machine where the roles' torch threads together outnumber the cores they may run
     on (a role not pinned may run on every core; a role's threads default to its cores' count);
     `cores`: the machine's usable cores (default: this process's)."""
-    if os.environ.get(SCORE_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switched_on(SCORE_SWITCH):
         return False
     if len(roles) < 2 or cluster.joined() or any(cfg.device_layout["mappings"].values()):
         return False

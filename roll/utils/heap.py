@@ -17,14 +17,15 @@ driver's environment turns it off (`enabled()`), to compare or to look for a lea
 from __future__ import annotations
 
 import gc
-import os
+
+from roll.utils.env_switches import switched_on
 
 ENV_SWITCH = "ROLL_GC_FREEZE"
 
 
 def enabled() -> bool:
     """False when `ROLL_GC_FREEZE` is "0" (or "false", "no", "off"); True otherwise."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(ENV_SWITCH)
 
 
 def freeze_heap() -> int:
