@@ -26,8 +26,9 @@ class Batch:
     TOKEN_LEVEL_REWARDS: Final = "token_level_rewards"
     """Trajectory-wise rows: each step reward on the last generated token of its turn."""
     OLD_LOGPROBS: Final = "old_logprobs"
-    """The trained actor's log-probs of the response tokens before the update (scoring phase; 0.0
-    elsewhere)."""
+    """The trained actor's log-probs of the response tokens before the update (0.0 elsewhere): from
+    the score phase's pass, or taken in the actor's training call
+    (`roll.distributed.workers.old_logprobs`)."""
     REF_LOGPROBS: Final = "ref_logprobs"
     """The reference model's log-probs of the response tokens (when the KL penalty is on; 0.0
     elsewhere)."""

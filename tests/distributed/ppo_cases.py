@@ -22,9 +22,10 @@ ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_
 WEIGHT_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
-def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
+def ppo_batch(actor: ActorWorker, n: int = 8, old: bool = True) -> TensorDict:
     """Rows with 3-token prompts and 3..6-token responses (right-padded); old log-probs from the
-    actor itself."""
+    actor itself. `old=False`: none (the actor takes them in `train`), and the engine's log-probs
+    instead, the actor's own shifted by a fixed +-0.01 per token."""
     generator = torch.Generator().manual_seed(n)
     positions = torch.arange(10)
     lengths = torch.tensor([6 + i % 4 for i in range(n)])[:, None]
@@ -37,8 +38,13 @@ def ppo_batch(actor: ActorWorker, n: int = 8) -> TensorDict:
         },
         batch_size=[n],
     )
-    batch["old_logprobs"] = actor.compute_logprobs(batch, 1.0)
+    logprobs = actor.compute_logprobs(batch, 1.0)
     batch["advantages"] = torch.randn(n, 1, generator=generator) * batch["response_mask"]
+    if old:
+        batch["old_logprobs"] = logprobs
+    else:
+        signs = torch.where(torch.arange(10) % 2 == 0, 1.0, -1.0)
+        batch["infer_logprobs"] = (logprobs + 0.01 * signs) * batch["response_mask"]
     return batch
 
 

@@ -71,13 +71,14 @@ def fsdp2_ranks(model_dir):
     ray.shutdown()
 
 
-def _three_steps(actor) -> tuple[list[dict], dict]:
+def _three_steps(actor, sizes=(8, 8, 7), old: bool = True, first_step: int = 0) -> tuple[list[dict], dict]:
     """ppo_cases' PPO step on 8 rows twice, then on 7: that step's second mini-batch (3 rows) gives
     rank 0 two micro-batches and rank 1 one, so rank 1 must pad its passes to join FSDP2's
-    collectives; the 7-row log-probs split 4/3, unequal forwards too."""
+    collectives; the 7-row log-probs split 4/3, unequal forwards too. `old=False`: the actor takes
+    the old log-probs itself."""
     metrics = [
         actor.train(
-            ppo_batch(actor, n),
+            ppo_batch(actor, n, old=old),
             temperature=1.0,
             ppo_epochs=2,
             pg_clip=0.2,
@@ -85,7 +86,7 @@ def _three_steps(actor) -> tuple[list[dict], dict]:
             loss_agg_mode="token-mean",
             step=step,
         )
-        for step, n in enumerate((8, 8, 7))
+        for step, n in enumerate(sizes, start=first_step)
     ]
     return metrics, actor.get_weights()
 
@@ -104,3 +105,17 @@ def test_two_ranks_train_like_one_process(fsdp2_ranks, model_dir, tmp_path):
     ray.get(group.save_checkpoint.remote(str(tmp_path)))  # a collective; rank 0 writes the HF dir
     for key, value in load_file(tmp_path / "model.safetensors").items():
         torch.testing.assert_close(value, got[1][key], rtol=0, atol=0, msg=key)
+
+
+def test_two_ranks_take_old_logprobs_in_training_like_one_process_given_them(fsdp2_ranks, model_dir, tmp_path):
+    """From one checkpoint: the ranks take the old log-probs in `train` (each its share of the
+    first mini-batch, its slice of the other rows, then summed); one process is given them by a
+    pass. Steps of 8, 5 and 7 rows: 5 leaves one row outside the first mini-batch, so rank 1 has no
+    slice and joins FSDP2's forward with a stand-in."""
+    group = fsdp2_ranks
+    ray.get(group.save_checkpoint.remote(str(tmp_path)))
+    one_process = ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1)
+    one_process.load_checkpoint(str(tmp_path))
+    got = _three_steps(_GroupActor(group), (8, 5, 7), old=False, first_step=3)
+    assert_same_training(got, _three_steps(one_process, (8, 5, 7), first_step=3))
+    assert all(m["rollout/logprob_abs_diff"] == pytest.approx(0.01, abs=1e-6) for m in got[0])

@@ -71,6 +71,11 @@ class TrainStrategy(Protocol):
         """One optimizer step over `minibatch` (this rank's share of `total_weight`); its metrics."""
         ...
 
+    def sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over the data-parallel ranks (a collective: every rank calls it), on
+        this rank's device."""
+        ...
+
     def step_lr_scheduler(self) -> None:
         """Advance the LR schedule by one pipeline step."""
         ...

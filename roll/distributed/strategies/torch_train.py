@@ -263,15 +263,26 @@ class TorchTrainStrategy:
         stand_ins = self._max_over_ranks(len(micros)) - len(micros)
         return micros + [without_responses(micros[0])] * stand_ins, weights + [0.0] * stand_ins
 
+    def sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over the data-parallel ranks, on this rank's device (nccl reduces device
+        tensors only); every rank must call it."""
+        tensor = tensor.to(self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._data_parallel_group())
+        return tensor
+
+    def _data_parallel_group(self):
+        """The process group of the data-parallel ranks: the default one (every process is a rank)."""
+        return None
+
     def _max_over_ranks(self, value: int) -> int:
         return int(self._reduce_over_ranks([float(value)], dist.ReduceOp.MAX)[0])
 
     def _reduce_over_ranks(self, values: list[float], op) -> list[float]:
-        """`values` reduced element-wise over the data-parallel ranks (all of the default group)."""
+        """`values` reduced element-wise over the data-parallel ranks (`_data_parallel_group`)."""
         tensor = torch.tensor(values, dtype=torch.float64)
         if self.device.type == "cuda":  # nccl reduces device tensors only
             tensor = tensor.to(self.device)
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=op, group=self._data_parallel_group())
         return tensor.cpu().tolist()
 
     # The two places an engine differs in a training step (DeepSpeed and FSDP2 override them).

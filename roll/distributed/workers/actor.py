@@ -34,21 +34,23 @@ from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
 from roll.distributed.micro_batches import token_logprobs
+from roll.distributed.ranks import WeightBy
 from roll.distributed.row_images import row_images
 from roll.distributed.strategies.registry import build_train_strategy
 from roll.distributed.weight_transfer import IpcWeights, share_state
 from roll.distributed.workers.common import (
     average_metrics,
+    minibatch_rows,
     model_inputs,
     scoring_inputs,
     set_num_threads,
-    shuffled_minibatches,
     take_memory_gib,
     train_on_share,
 )
+from roll.distributed.workers.old_logprobs import OldLogprobs, logprob_abs_diff
 from roll.models.loading import DType, load_policy, load_tokenizer
 
-TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.OLD_LOGPROBS, Batch.ADVANTAGES)
+TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.ADVANTAGES)
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
@@ -124,8 +126,10 @@ class ActorWorker:
     ) -> dict[str, float]:
         """`ppo_epochs` shuffled passes of mini-batches over `batch`; metrics averaged over steps.
 
-        `batch` needs input_ids, attention_mask, response_mask, old_logprobs, advantages (B, T),
-        and infer_logprobs when `tis_level` ("token" / "sequence") turns the off-policy
+        `batch` needs input_ids, attention_mask, response_mask, advantages (B, T), old_logprobs
+        or else infer_logprobs (the old log-probs are then taken in this call,
+        `roll.distributed.workers.old_logprobs`, and `rollout/logprob_abs_diff` is among the
+        metrics), and infer_logprobs when `tis_level` ("token" / "sequence") turns the off-policy
         correction on (weights truncated at `tis_cap`), and episode_scores (B,) for pg_variant
         "topr". `pg_options` holds the variant's parameters; its clip range is `pg_clip` /
         `pg_clip_high` (None: PGOptions' defaults for the rest). With `kl_loss_coef` set (the KL
@@ -137,8 +141,10 @@ class ActorWorker:
         ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
         the mean over mini-batches of their distinct rows / rows.
         """
+        take_old = Batch.OLD_LOGPROBS not in batch.keys()  # then taken here (workers.old_logprobs)
         extra = (
-            ((Batch.INFER_LOGPROBS,) if tis_level or correction else ())
+            ((Batch.INFER_LOGPROBS,) if tis_level or correction or take_old else ())
+            + ((Batch.OLD_LOGPROBS,) if not take_old else ())
             + (("episode_scores",) if pg_variant == "topr" else ())
             + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ())
         )
@@ -161,14 +167,31 @@ class ActorWorker:
             correction=correction,
         )
         weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
-        rows = self.mini_batch_rows * self.strategy.dp_size  # over all data-parallel ranks, as in ROLL
-        per_step = [
-            train_on_share(self.strategy, minibatch, loss_fn, weight_by)
-            for epoch in range(ppo_epochs)
-            for minibatch in shuffled_minibatches(batch, rows, self.seed, "minibatch", step, epoch)
-        ]
+        per_step, old_metrics = self._optimizer_steps(batch, loss_fn, weight_by, temperature, ppo_epochs, step)
         self.strategy.step_lr_scheduler()
-        return average_metrics(per_step, summed=("actor/skipped_steps",), last=("actor/consecutive_skipped_steps",))
+        summed, last = ("actor/skipped_steps",), ("actor/consecutive_skipped_steps",)
+        return average_metrics(per_step, summed=summed, last=last) | old_metrics
+
+    def _optimizer_steps(
+        self, batch: TensorDict, loss_fn, weight_by: WeightBy, temperature: float, ppo_epochs: int, step: int
+    ) -> tuple[list[dict[str, float]], dict[str, float]]:
+        """One optimizer step per mini-batch of each epoch: their metrics, and where `batch` came
+        without old log-probs, `rollout/logprob_abs_diff` of those taken at the first step."""
+        rows = self.mini_batch_rows * self.strategy.dp_size  # over all data-parallel ranks, as in ROLL
+        per_step, old_metrics = [], {}
+        for epoch in range(ppo_epochs):
+            for minibatch in minibatch_rows(batch.batch_size[0], rows, self.seed, "minibatch", step, epoch):
+                if Batch.OLD_LOGPROBS in batch.keys():
+                    per_step.append(train_on_share(self.strategy, batch[minibatch], loss_fn, weight_by))
+                    continue
+                # the first step: the weights are still those before the update, so its log-probs are the old ones
+                old = OldLogprobs(batch, minibatch, self.strategy, temperature)
+                old.score_others()
+                first = train_on_share(self.strategy, old.first_minibatch(), partial(loss_fn, old=old), weight_by)
+                per_step.append(first)
+                batch[Batch.OLD_LOGPROBS] = old.tensor()
+                old_metrics = logprob_abs_diff(batch)
+        return per_step, old_metrics
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
@@ -227,10 +250,12 @@ def _policy_loss(
     kl_loss_coef: float | None = None,
     kl_loss_type: KLKind = "low_var_kl",
     correction: dict | None = None,
+    old: OldLogprobs | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`pg_variant`'s loss (importance-weighted if `tis_level`), plus kl_loss_coef * KL to the
     reference when `kl_loss_coef` is set, minus the entropy bonus, on one micro-batch; metrics as
-    floats."""
+    floats. The old log-probs are the micro-batch's, or with `old` (the first optimizer step of a
+    call that takes them itself) this forward's own, detached."""
     logprobs, entropy = token_logprobs(
         model,
         micro["input_ids"],
@@ -242,20 +267,21 @@ def _policy_loss(
         scored=micro[Batch.RESPONSE_MASK],
     )
     mask = micro[Batch.RESPONSE_MASK]
+    old_logprobs = micro[Batch.OLD_LOGPROBS] if old is None else old.take(micro, logprobs)
     weights, extra_metrics = None, {}
     if tis_level is not None:
         weights = truncated_importance_weights(
-            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap
+            old_logprobs, micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap
         )
     if correction is not None:
         weights, keep, extra_metrics = train_infer_correction(
-            micro[Batch.OLD_LOGPROBS], micro[Batch.INFER_LOGPROBS], mask, **correction
+            old_logprobs, micro[Batch.INFER_LOGPROBS], mask, **correction
         )
         mask = mask * keep
     pg_loss, metrics = policy_gradient_loss(
         pg_variant,
         logprobs,
-        micro[Batch.OLD_LOGPROBS],
+        old_logprobs,
         micro[Batch.ADVANTAGES],
         mask,
         options=pg_options,

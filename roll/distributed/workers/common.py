@@ -64,15 +64,20 @@ def take_memory_gib() -> dict[str, float]:
     return reading
 
 
-def shuffled_minibatches(batch: TensorDict, rows: int, *seed_keys: object) -> Iterator[TensorDict]:
-    """Rows of `batch` in a derived random order, `rows` at a time (the last may be smaller).
-
-    The order depends only on `derive_seed(*seed_keys)`, so a resumed run replays it exactly.
-    """
+def minibatch_rows(num_rows: int, rows: int, *seed_keys: object) -> Iterator[torch.Tensor]:
+    """Row indices of each mini-batch: 0..num_rows-1 in a derived random order, `rows` at a time
+    (the last may be fewer). The order depends only on `derive_seed(*seed_keys)`, so a resumed run
+    replays it exactly."""
     generator = torch.Generator().manual_seed(derive_seed(*seed_keys))
-    order = torch.randperm(batch.batch_size[0], generator=generator)
-    for start in range(0, len(order), rows):
-        yield batch[order[start : start + rows]]
+    order = torch.randperm(num_rows, generator=generator)
+    for start in range(0, num_rows, rows):
+        yield order[start : start + rows]
+
+
+def shuffled_minibatches(batch: TensorDict, rows: int, *seed_keys: object) -> Iterator[TensorDict]:
+    """The mini-batches of `batch` whose rows `minibatch_rows` draws."""
+    for members in minibatch_rows(batch.batch_size[0], rows, *seed_keys):
+        yield batch[members]
 
 
 def average_metrics(

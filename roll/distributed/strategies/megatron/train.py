@@ -277,14 +277,10 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         tied.grad = grad
         return tied
 
-    def _reduce_over_ranks(self, values: list[float], op) -> list[float]:
-        """Over the data-parallel ranks only: the tensor-parallel ranks of one data-parallel rank
-        hold the same rows and metrics, and summing them would count each row tp times."""
-        tensor = torch.tensor(values, dtype=torch.float64)
-        if self.device.type == "cuda":  # nccl reduces device tensors only
-            tensor = tensor.to(self.device)
-        dist.all_reduce(tensor, op=op, group=self.data_parallel_group)
-        return tensor.cpu().tolist()
+    def _data_parallel_group(self):
+        """The data-parallel ranks only: the tensor-parallel ranks of one data-parallel rank hold
+        the same rows and metrics, and summing them would count each row tp times."""
+        return self.data_parallel_group
 
     # ---- weights and checkpoints ------------------------------------------------------------
     def _megatron_weights(self) -> dict[str, torch.Tensor]:
