@@ -136,11 +136,18 @@ class RollDialect(ConfigModel):
     (ours, not ROLL's): the batch is trained as it is; our trainers take a short last mini-batch,
     so nothing needs copying, which is what this project's examples use (a step-wise FrozenLake
     batch of ~750 rows would otherwise be copied up to 1024)."""
-    enable_old_logprobs_recompute: bool = True
-    """ROLL's switch between old log-probs recomputed in a pass of their own (true) and cached
-    inside the first training step (false). Both are the trainer's log-probs under the weights
-    before the update, so the numbers agree; roll always computes them in a pass of their own,
-    once per step, whichever value is given."""
+    enable_old_logprobs_recompute: bool = False
+    """ROLL's switch for the PPO old log-probs. false (ROLL's default): the actor takes them in its
+    training call, the first mini-batch's from its first optimizer step's own forward and the other
+    rows' from one pass just before that step (`roll.distributed.workers.old_logprobs`), so the
+    score phase runs no actor pass; ROLL does so only when a step is one mini-batch. true: a pass of
+    their own in the score phase. Both give the same numbers up to float rounding. A run whose
+    rewards carry the KL penalty (it needs them before the advantages) or whose actor trains with
+    megatron takes the pass either way, and says so at start (`old_logprobs_pass_needed`)."""
+    force_disable_old_logprobs_recompute: bool = False
+    """ROLL's override of `enable_old_logprobs_recompute`: true takes the old log-probs in the
+    training call even when that key is true; a run that cannot (a KL penalty in the rewards, a
+    megatron actor) is refused at start."""
     train_infer_correction: TrainInferCorrection | None = None
     """ROLL's importance weights and token filters from the trainer/engine log-prob gap
     (`roll.algorithms.train_infer`). Not together with `off_policy_correction` (the same weight
@@ -394,8 +401,30 @@ def _manager_type_from_tags(name: str, manager, custom_envs) -> None:
     manager.env_manager_type = kind
 
 
+def old_logprobs_pass_needed(cfg) -> str | None:
+    """Why the score phase must compute this run's old log-probs in a pass of its own, whatever
+    `enable_old_logprobs_recompute` says; None when the actor can take them in its training call."""
+    if cfg.uses_kl_penalty:
+        return "the KL penalty in the rewards (init_kl_coef / target_kl) needs them before the advantages"
+    if cfg.actor_train is not None and cfg.actor_train.strategy_args.strategy_name == "megatron":
+        return "the megatron strategy does not take them in its training step yet"
+    return None
+
+
+def old_logprobs_in_train(cfg) -> bool:
+    """Whether the actor takes the old log-probs in its training call, so that the score phase
+    runs no actor pass (`enable_old_logprobs_recompute`)."""
+    if cfg.actor_train is None or old_logprobs_pass_needed(cfg):
+        return False
+    return cfg.force_disable_old_logprobs_recompute or not cfg.enable_old_logprobs_recompute
+
+
 def _check_algorithm_keys(cfg) -> None:
     step_wise = cfg.train_env_manager.env_manager_type == "step"
+    if cfg.force_disable_old_logprobs_recompute and (why := old_logprobs_pass_needed(cfg)):
+        raise InvalidField(
+            "force_disable_old_logprobs_recompute", f"{why}, so the old log-probs get a pass of their own"
+        )
     if cfg.whiten_rewards and step_wise:
         raise InvalidField(
             "whiten_rewards", "whitens token rewards of trajectory-wise samples; step-wise ones have none"

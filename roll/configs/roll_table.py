@@ -205,10 +205,10 @@ PPO_CONFIG: dict[str, Answer] = {
         "ROLL switches it on itself when a KL term needs the reference (else it only adds a metric); roll "
         "runs the reference exactly when a KL term needs it"
     ),
-    "enable_old_logprobs_recompute": ok("accepted; roll always recomputes old log-probs (the same numbers)"),
-    "force_disable_old_logprobs_recompute": noop(
-        "both ways give the same old log-probs (enable_old_logprobs_recompute)"
+    "enable_old_logprobs_recompute": ok(
+        "false (the default) takes the old log-probs in the actor's training call, for any number of mini-batches"
     ),
+    "force_disable_old_logprobs_recompute": ok("takes them in the training call whatever the key above says"),
     "train_infer_correction": ok("importance weights and token filters", section=("TrainInferCorrectionConfig",)),
     "pure_opd_pipeline_type": noop("read only by ROLL's distillation launcher"),
     "teacher": refused(_OPD),

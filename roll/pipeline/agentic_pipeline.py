@@ -23,6 +23,7 @@ import ray
 
 from roll.algorithms.kl import make_kl_controller
 from roll.algorithms.utils import masked_mean
+from roll.configs.dialect import old_logprobs_in_train, old_logprobs_pass_needed
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
 from roll.core.seeding import seed_everything
@@ -96,6 +97,9 @@ class AgenticPipeline:
         training_roles = ["actor_train"] + [r for r in ("critic", "reference") if r in self.workers]
         self.batch_divisor = batch_divisor(cfg, training_roles)
         self.score_in_turns = score_in_turns(cfg, training_roles)
+        self.old_logprobs_in_train = old_logprobs_in_train(cfg)  # else a pass of the actor's own when scoring
+        if not self.old_logprobs_in_train and (why := old_logprobs_pass_needed(cfg)):
+            logger.info("score phase: the actor's old log-probs in a pass of their own (%s)", why)
         if self.score_in_turns:
             logger.info("score phase: %s pass in turns (their threads outnumber the cores)", ", ".join(training_roles))
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
@@ -234,9 +238,12 @@ class AgenticPipeline:
             self.train_rollout.dispatch(ahead, self.cfg.train_groups_per_step)
 
     def score(self, batch, rows: RowInfo) -> dict[str, float]:
-        self.residency.enter("score")
-        workers, temperature = self.workers, self.temperature
-        passes = {Batch.OLD_LOGPROBS: lambda: workers["actor"].compute_logprobs.remote(batch, temperature)}
+        """Reference log-probs, values and (unless the actor takes them when training) old
+        log-probs, then rewards into advantages."""
+        self.residency.enter("score_without_actor" if self.old_logprobs_in_train else "score")
+        workers, temperature, passes = self.workers, self.temperature, {}
+        if not self.old_logprobs_in_train:
+            passes[Batch.OLD_LOGPROBS] = lambda: workers["actor"].compute_logprobs.remote(batch, temperature)
         if "reference" in workers:
             passes[Batch.REF_LOGPROBS] = lambda: workers["reference"].compute_logprobs.remote(batch, temperature)
         if "critic" in workers:  # one position more: the value of each row's last state
@@ -280,8 +287,9 @@ class AgenticPipeline:
         metrics.update(reward_metrics)
         if "critic/kl" in metrics:
             self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
-        diff = (batch[Batch.INFER_LOGPROBS] - batch[Batch.OLD_LOGPROBS]).abs()
-        metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch[Batch.RESPONSE_MASK]))
+        if Batch.OLD_LOGPROBS in batch.keys():  # else the actor's training call reports it
+            diff = (batch[Batch.INFER_LOGPROBS] - batch[Batch.OLD_LOGPROBS]).abs()
+            metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch[Batch.RESPONSE_MASK]))
         return metrics
 
     def shape_rewards(self, batch, rows: RowInfo) -> dict[str, float]:

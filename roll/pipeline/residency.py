@@ -8,7 +8,8 @@ process whose devices nobody else uses is never touched, so with no colocation (
 `enter` makes no call at all.
 
 Over one synchronous step of a fully colocated layout that gives: rollout on the engine (training
-roles offloaded) -> score (engine offloaded; actor, reference, critic reloaded) -> train (reference
+roles offloaded) -> score (engine offloaded; actor, reference, critic reloaded; without the actor,
+"score_without_actor", when it takes its old log-probs while training) -> train (reference
 offloaded) -> sync (actor and critic offloaded, engine reloaded, then the new weights loaded into
 the awake engine; the actor's weights were taken before it left the GPU) -> validate on the engine
 -> checkpoint (engine offloaded, actor and critic reloaded; only on save steps). Colocating the
@@ -37,6 +38,7 @@ from roll.distributed.rank_group import process_handles
 PHASE_ROLES: dict[str, tuple[str, ...]] = {
     "rollout": ("actor_infer",),
     "score": ("actor_train", "reference", "critic"),
+    "score_without_actor": ("reference", "critic"),  # the actor takes its old log-probs when training
     "train": ("actor_train", "critic"),
     "sync": ("actor_infer",),  # the actor's weights are CPU copies taken before it is offloaded
     "sync_on_device": ("actor_infer", "actor_train"),  # the engine copies from the actor's GPU tensors

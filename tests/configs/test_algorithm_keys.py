@@ -11,6 +11,7 @@ import pytest
 from roll.algorithms.kl import KL_KINDS
 from roll.algorithms.pg_variants import PG_VARIANTS
 from roll.configs import ConfigError, load_config
+from roll.configs.dialect import old_logprobs_in_train, old_logprobs_pass_needed
 from roll.configs.pipeline import PipelineConfig
 from roll.configs.worker import WorkerConfig
 
@@ -83,3 +84,23 @@ def test_roll_reward_normalization_block_and_clips(model_dir):
         load(model_dir, "+reward_normalization={method: rank}")
     with pytest.raises(ConfigError, match="^advantage_clip: input should be greater than 0"):
         load(model_dir, "advantage_clip=0")
+
+
+def test_old_logprobs_are_taken_in_training_unless_a_key_or_the_run_needs_a_pass(model_dir):
+    """ROLL's enable_old_logprobs_recompute: false (its default) takes them in the actor's training
+    call; true, a KL penalty in the rewards or a megatron actor give the score phase's pass."""
+    assert old_logprobs_in_train(load(model_dir))
+    assert not old_logprobs_in_train(load(model_dir, "enable_old_logprobs_recompute=true"))
+    both = ("enable_old_logprobs_recompute=true", "force_disable_old_logprobs_recompute=true")
+    assert old_logprobs_in_train(load(model_dir, *both))
+    penalty = load(model_dir, REFERENCE, "init_kl_coef=0.1")
+    assert not old_logprobs_in_train(penalty)
+    assert "KL penalty in the rewards" in old_logprobs_pass_needed(penalty)
+    megatron = load(model_dir, "actor_train.strategy_args.strategy_name=megatron_train")
+    assert not old_logprobs_in_train(megatron) and "megatron" in old_logprobs_pass_needed(megatron)
+    assert old_logprobs_in_train(load(model_dir, REFERENCE, "use_kl_loss=true", "kl_loss_coef=0.01"))
+
+
+def test_forcing_old_logprobs_into_training_is_refused_where_a_pass_is_needed(model_dir):
+    with pytest.raises(ConfigError, match=r"^force_disable_old_logprobs_recompute: the KL penalty in the rewards"):
+        load(model_dir, REFERENCE, "init_kl_coef=0.1", "force_disable_old_logprobs_recompute=true")

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 
 from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
+from roll.configs.dialect import old_logprobs_in_train
 from roll.core.fields import RowInfo
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.reference import ReferenceWorker
@@ -59,6 +60,7 @@ def pipeline(model_dir: str, monkeypatch, step_wise: bool, *overrides: str) -> A
     p.residency = type("NoResidency", (), {"enter": staticmethod(lambda phase: None)})()
     p.step_wise, p.temperature = step_wise, 1.0
     p.score_in_turns = True  # one CPU machine: the actor's and the reference's passes in turns
+    p.old_logprobs_in_train = old_logprobs_in_train(p.cfg)  # by default the actor takes them when training
     p.kl_ctl = make_kl_controller(p.cfg.init_kl_coef, p.cfg.target_kl, p.cfg.kl_horizon)
     p.pg_options = build_pg_options(p.cfg)
     return p
@@ -151,6 +153,29 @@ def test_without_kl_loss_no_reference_and_no_kl_metric(model_dir, monkeypatch):
     p.score(batch, meta)
     assert "reference" not in p.workers and "ref_logprobs" not in batch.keys()
     assert "losses/kl_loss" not in p.update(batch, step=1)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_old_logprobs_from_the_score_phase_or_the_training_call_train_alike(model_dir, monkeypatch, recompute):
+    """enable_old_logprobs_recompute: true scores them in the score phase, false (the default)
+    leaves them to the actor's training call; either way the step is the same and
+    rollout/logprob_abs_diff (|engine -3.0 - trainer|) is reported once."""
+    p = pipeline(model_dir, monkeypatch, False, f"enable_old_logprobs_recompute={str(recompute).lower()}")
+    assert p.old_logprobs_in_train is not recompute
+    batch, meta = batch_and_meta(step_wise=False)
+    score_metrics = p.score(batch, meta)
+    assert ("old_logprobs" in batch.keys()) is recompute
+    metrics = p.update(batch, step=1)
+    assert ("rollout/logprob_abs_diff" in score_metrics) is recompute
+    assert ("rollout/logprob_abs_diff" in metrics) is not recompute
+    where = score_metrics if recompute else metrics
+    actor = ActorWorker(model_dir, p.cfg.actor_train.training_args, total_train_steps=2, seed=3, num_threads=1)
+    trainer = actor.compute_logprobs(batch, 1.0)
+    gap = ((batch["infer_logprobs"] - trainer).abs() * batch["response_mask"]).sum() / batch["response_mask"].sum()
+    assert where["rollout/logprob_abs_diff"] == pytest.approx(float(gap), rel=1e-5)
+    # ratio 1 on the only mini-batch either way: the loss is -token-mean(A) before any update
+    advantages = (batch["advantages"] * batch["response_mask"]).sum() / batch["response_mask"].sum()
+    assert metrics["losses/policy_loss"] == pytest.approx(-float(advantages), rel=1e-4, abs=1e-6)
 
 
 def test_dual_clip_loss_reaches_the_actor_loss(model_dir, monkeypatch):

@@ -13,6 +13,7 @@ from tensordict import TensorDict
 
 from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
+from roll.configs.dialect import old_logprobs_in_train
 from roll.distributed.placement import plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.weight_transfer import CPU_COPY, CUDA_IPC
@@ -207,14 +208,19 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     p.pg_options = build_pg_options(p.cfg)
     p.sync_path = CPU_COPY
     p.score_in_turns = False  # roles on a GPU
+    p.old_logprobs_in_train = old_logprobs_in_train(p.cfg)  # the default: the actor takes them when training
     monkeypatch.setattr(agentic_pipeline.ray, "get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(agentic_pipeline, "score_batch", lambda *args, **kwargs: {})
     monkeypatch.setattr(agentic_pipeline, "summarize_trajectories", lambda *args: {})
     return p, log
 
 
-def test_pipeline_phases_offload_and_reload_in_order(pipeline):
+@pytest.mark.parametrize("old_logprobs_in_train", [True, False])
+def test_pipeline_phases_offload_and_reload_in_order(pipeline, old_logprobs_in_train):
+    """The same turns whether the actor scores its old log-probs in the score phase or takes them
+    when training (then the score phase needs no role of GPU 0 and the turns start at train)."""
     p, log = pipeline
+    p.old_logprobs_in_train = old_logprobs_in_train
     batch = TensorDict({"infer_logprobs": torch.zeros(2, 3), "response_mask": torch.ones(2, 3)}, batch_size=[2])
     p.rollout(step=1)
     p.score(batch, None)
@@ -227,7 +233,7 @@ def test_pipeline_phases_offload_and_reload_in_order(pipeline):
         "rollout.collect",  # the engine has the GPU for the rollout
         "actor_infer.offload",
         "actor_train.reload",
-        "actor.compute_logprobs",
+        *([] if old_logprobs_in_train else ["actor.compute_logprobs"]),
         "actor.train",
         # weights first (CPU copies, before the actor leaves the GPU), then into the awake engine
         "actor.get_weights",
