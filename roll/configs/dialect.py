@@ -143,7 +143,8 @@ class RollDialect(ConfigModel):
     score phase runs no actor pass; ROLL does so only when a step is one mini-batch. true: a pass of
     their own in the score phase. Both give the same numbers up to float rounding. A run whose
     rewards carry the KL penalty (it needs them before the advantages) or whose actor trains with
-    megatron takes the pass either way, and says so at start (`old_logprobs_pass_needed`)."""
+    megatron takes the pass either way, as do `critic_warmup` steps (for the engine-gap metric);
+    the driver logs why at start (`old_logprobs_pass_needed`)."""
     force_disable_old_logprobs_recompute: bool = False
     """ROLL's override of `enable_old_logprobs_recompute`: true takes the old log-probs in the
     training call even when that key is true; a run that cannot (a KL penalty in the rewards, a

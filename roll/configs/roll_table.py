@@ -206,9 +206,13 @@ PPO_CONFIG: dict[str, Answer] = {
         "runs the reference exactly when a KL term needs it"
     ),
     "enable_old_logprobs_recompute": ok(
-        "false (the default) takes the old log-probs in the actor's training call, for any number of mini-batches"
+        "false (the default) takes the old log-probs in the actor's training call, exact for any number of "
+        "mini-batches and every estimator (ROLL runs the pass for several mini-batches, gigpo and step_reinforce)"
     ),
-    "force_disable_old_logprobs_recompute": ok("takes them in the training call whatever the key above says"),
+    "force_disable_old_logprobs_recompute": ok(
+        "takes them in the training call whatever the key above says, still exact (ROLL's cache takes rows "
+        "after the first mini-batch from updated weights); refused where a pass is needed"
+    ),
     "train_infer_correction": ok("importance weights and token filters", section=("TrainInferCorrectionConfig",)),
     "pure_opd_pipeline_type": noop("read only by ROLL's distillation launcher"),
     "teacher": refused(_OPD),

@@ -98,7 +98,8 @@ class AgenticPipeline:
         self.batch_divisor = batch_divisor(cfg, training_roles)
         self.score_in_turns = score_in_turns(cfg, training_roles)
         self.old_logprobs_in_train = old_logprobs_in_train(cfg)  # else a pass of the actor's own when scoring
-        if not self.old_logprobs_in_train and (why := old_logprobs_pass_needed(cfg)):
+        if not self.old_logprobs_in_train:
+            why = old_logprobs_pass_needed(cfg) or "enable_old_logprobs_recompute: true"
             logger.info("score phase: the actor's old log-probs in a pass of their own (%s)", why)
         if self.score_in_turns:
             logger.info("score phase: %s pass in turns (their threads outnumber the cores)", ", ".join(training_roles))
@@ -140,7 +141,7 @@ class AgenticPipeline:
                 batch, rows = self.build_batch(kept, self.pad_id)
             # 3. Score: old/ref log-probs, values, then advantages
             with _timer(timings, "score"):
-                score_metrics = self.score(batch, rows)
+                score_metrics = self.score(batch, rows, step)
             # ROLL's batch_adjust_mode: rows copied or deleted to whole mini-batches (after scoring)
             batch, adjust_metrics = adjust_batch(batch, cfg.batch_adjust_mode, self.batch_divisor, cfg.seed, step)
             # 4. Update: critic, then actor
@@ -237,12 +238,14 @@ class AgenticPipeline:
         for ahead in range(step + 1, last + 1):
             self.train_rollout.dispatch(ahead, self.cfg.train_groups_per_step)
 
-    def score(self, batch, rows: RowInfo) -> dict[str, float]:
-        """Reference log-probs, values and (unless the actor takes them when training) old
-        log-probs, then rewards into advantages."""
-        self.residency.enter("score_without_actor" if self.old_logprobs_in_train else "score")
+    def score(self, batch, rows: RowInfo, step: int = 1) -> dict[str, float]:
+        """Reference log-probs, values and old log-probs, then rewards into advantages. The actor
+        takes the old log-probs when training (`old_logprobs_in_train`) except in `critic_warmup`
+        steps, where it does not train: there this pass gives the engine-gap metric."""
+        in_train = self.old_logprobs_in_train and step > self.cfg.critic_warmup
+        self.residency.enter("score_without_actor" if in_train else "score")
         workers, temperature, passes = self.workers, self.temperature, {}
-        if not self.old_logprobs_in_train:
+        if not in_train:
             passes[Batch.OLD_LOGPROBS] = lambda: workers["actor"].compute_logprobs.remote(batch, temperature)
         if "reference" in workers:
             passes[Batch.REF_LOGPROBS] = lambda: workers["reference"].compute_logprobs.remote(batch, temperature)

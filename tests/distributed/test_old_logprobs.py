@@ -1,6 +1,7 @@
 """The actor taking PPO's old log-probs in its training call (roll.distributed.workers.old_logprobs):
-it trains exactly as with the score phase's pass, runs no pass for a one-mini-batch step and one
-over the other rows otherwise, and notes only response tokens. Two ranks: test_rank_group.py."""
+it trains as with the score phase's pass (every engine and batching feature), runs no pass for a
+one-mini-batch step and one over the other rows otherwise, notes only response tokens, and an
+engine that cannot take them refuses. Two ranks: test_rank_group.py."""
 
 from __future__ import annotations
 
@@ -12,19 +13,31 @@ from ppo_cases import ARGS, assert_same_training, ppo_batch
 from tensordict import TensorDict
 
 from roll.algorithms.utils import masked_mean
+from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.workers.actor import ActorWorker
+from roll.distributed.workers.common import minibatch_rows
 from roll.distributed.workers.old_logprobs import ROW_INDEX, OldLogprobs
 
 TRAIN_KW = dict(temperature=1.0, pg_clip=0.2, entropy_loss_coef=0.01, loss_agg_mode="token-mean")
 
 
-def new_actor(model_dir) -> ActorWorker:
-    return ActorWorker(model_dir, ARGS, total_train_steps=4, seed=7, num_threads=1)
+def new_actor(model_dir, name: str = "torch", config: dict | None = None, features: dict | None = None):
+    return ActorWorker(
+        model_dir,
+        ARGS,
+        total_train_steps=4,
+        seed=7,
+        num_threads=1,
+        strategy_name=name,
+        strategy_config=config or {},
+        features=features,
+    )
 
 
-def three_steps(model_dir, old: bool, taken: list | None = None) -> tuple[list[dict], dict]:
-    """Steps of 8, 8 and 7 rows, 2 epochs of mini-batches of 4 (so 3-4 rows outside the first)."""
-    actor = new_actor(model_dir)
+def three_steps(model_dir, old: bool, taken: list | None = None, engine: tuple = ("torch",)) -> tuple[list[dict], dict]:
+    """Steps of 8, 8 and 7 rows, 2 epochs of mini-batches of 4 (so 3-4 rows outside the first);
+    `engine`: `new_actor`'s name, config and features."""
+    actor = new_actor(model_dir, *engine)
     metrics = []
     for step, n in enumerate((8, 8, 7)):
         batch = ppo_batch(actor, n, old=old)
@@ -48,6 +61,37 @@ def test_taken_old_logprobs_train_like_a_pass_of_their_own(model_dir, monkeypatc
         assert torch.all(taken[batch["response_mask"] == 0] == 0)
     for metrics in got[0]:  # the engine's log-probs are the actor's +-0.01 at each response token
         assert metrics["rollout/logprob_abs_diff"] == pytest.approx(0.01, abs=1e-6)
+
+
+BUDGET = TokenBudget(40, round_to=8)  # micro-batches padded to 16 columns, past the batch's 10
+ENGINES = {
+    "dynamic_batching": ("torch", None, {"train_budget": BUDGET, "infer_budget": BUDGET}),
+    "sequence_packing": ("torch", None, {"sequence_packing": True}),
+    "lora": ("torch", None, {"lora": {"rank": 4, "alpha": 8, "target": "all-linear"}}),
+    "gradient_checkpointing": ("torch", None, {"gradient_checkpointing": True}),
+    "deepspeed-zero3": ("deepspeed", {"zero_optimization": {"stage": 3}}, None),
+    "fsdp2": ("fsdp2", {}, None),
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_every_engine_and_feature_trains_alike_either_way(model_dir, engine):
+    if ENGINES[engine][0] == "deepspeed":
+        pytest.importorskip("deepspeed")
+    got = three_steps(model_dir, old=False, engine=ENGINES[engine])
+    assert_same_training(got, three_steps(model_dir, old=True, engine=ENGINES[engine]))
+    assert all(m["rollout/logprob_abs_diff"] == pytest.approx(0.01, abs=1e-6) for m in got[0])
+
+
+def test_an_engine_that_cannot_take_them_refuses_a_batch_without_them(model_dir):
+    pytest.importorskip("megatron.core", reason="needs megatron-core (the test extra installs it)")
+    from roll.distributed.strategies.megatron.train import MegatronTrainStrategy
+
+    assert MegatronTrainStrategy.takes_old_logprobs is False
+    worker = new_actor(model_dir)
+    worker.strategy.takes_old_logprobs = False  # as megatron's
+    with pytest.raises(ValueError, match="needs the batch's old_logprobs"):
+        worker.train(ppo_batch(worker, 4, old=False), ppo_epochs=1, step=0, **TRAIN_KW)
 
 
 def _count_passes(worker: ActorWorker, monkeypatch) -> list[int]:
@@ -92,6 +136,8 @@ def test_copies_of_rows_share_the_first_steps_forward(model_dir):
     worker = new_actor(model_dir)
     half = ppo_batch(worker, 4, old=True)
     batch = torch.cat([half, half])  # rows 4..7 repeat rows 0..3
+    first = set(next(minibatch_rows(8, 4, 7, "minibatch", 0, 0)).tolist())
+    assert any((row in first) != (row + 4 in first) for row in range(4))  # a copy on each side
     given = worker.train(batch.clone(), ppo_epochs=2, step=0, **TRAIN_KW)
     taking = new_actor(model_dir)
     without = batch.exclude("old_logprobs")

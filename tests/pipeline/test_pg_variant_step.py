@@ -155,27 +155,32 @@ def test_without_kl_loss_no_reference_and_no_kl_metric(model_dir, monkeypatch):
     assert "losses/kl_loss" not in p.update(batch, step=1)
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_old_logprobs_from_the_score_phase_or_the_training_call_train_alike(model_dir, monkeypatch, recompute):
+def test_old_logprobs_from_the_score_phase_or_the_training_call_train_alike(model_dir, monkeypatch):
     """enable_old_logprobs_recompute: true scores them in the score phase, false (the default)
-    leaves them to the actor's training call; either way the step is the same and
-    rollout/logprob_abs_diff (|engine -3.0 - trainer|) is reported once."""
-    p = pipeline(model_dir, monkeypatch, False, f"enable_old_logprobs_recompute={str(recompute).lower()}")
-    assert p.old_logprobs_in_train is not recompute
-    batch, meta = batch_and_meta(step_wise=False)
-    score_metrics = p.score(batch, meta)
-    assert ("old_logprobs" in batch.keys()) is recompute
-    metrics = p.update(batch, step=1)
-    assert ("rollout/logprob_abs_diff" in score_metrics) is recompute
-    assert ("rollout/logprob_abs_diff" in metrics) is not recompute
-    where = score_metrics if recompute else metrics
+    leaves them to the actor's training call, which also scores the 2 rows outside its first
+    mini-batch of 2; the step is the same either way and rollout/logprob_abs_diff (|engine -3.0 -
+    trainer|) is reported once."""
+    minibatches = ["actor_train.training_args.per_device_train_batch_size=1", "ppo_epochs=2"]
+    runs = {}
+    for recompute in (True, False):
+        p = pipeline(
+            model_dir, monkeypatch, False, f"enable_old_logprobs_recompute={str(recompute).lower()}", *minibatches
+        )
+        assert p.old_logprobs_in_train is not recompute
+        batch, meta = batch_and_meta(step_wise=False)
+        score_metrics = p.score(batch, meta)
+        assert ("old_logprobs" in batch.keys()) is recompute
+        metrics = p.update(batch, step=1)
+        assert ("rollout/logprob_abs_diff" in score_metrics) is recompute
+        assert ("rollout/logprob_abs_diff" in metrics) is not recompute
+        runs[recompute] = score_metrics | metrics
+    for key in ("losses/policy_loss", "losses/approx_kl", "actor/grad_norm", "rollout/logprob_abs_diff"):
+        assert runs[False][key] == pytest.approx(runs[True][key], rel=1e-4, abs=1e-7), key
+    assert runs[False]["losses/approx_kl"] != 0  # the later mini-batches saw moved weights
     actor = ActorWorker(model_dir, p.cfg.actor_train.training_args, total_train_steps=2, seed=3, num_threads=1)
     trainer = actor.compute_logprobs(batch, 1.0)
     gap = ((batch["infer_logprobs"] - trainer).abs() * batch["response_mask"]).sum() / batch["response_mask"].sum()
-    assert where["rollout/logprob_abs_diff"] == pytest.approx(float(gap), rel=1e-5)
-    # ratio 1 on the only mini-batch either way: the loss is -token-mean(A) before any update
-    advantages = (batch["advantages"] * batch["response_mask"]).sum() / batch["response_mask"].sum()
-    assert metrics["losses/policy_loss"] == pytest.approx(-float(advantages), rel=1e-4, abs=1e-6)
+    assert runs[False]["rollout/logprob_abs_diff"] == pytest.approx(float(gap), rel=1e-5)
 
 
 def test_dual_clip_loss_reaches_the_actor_loss(model_dir, monkeypatch):
@@ -190,7 +195,11 @@ def test_critic_warmup_leaves_the_actor_alone_for_its_first_steps(model_dir, mon
     # ROLL trains the actor when critic_warmup <= global_step (0-based); roll's steps count from 1.
     p = pipeline(model_dir, monkeypatch, False, "+critic_warmup=2")
     batch, meta = batch_and_meta(step_wise=False)
-    p.score(batch, meta)
+    assert p.old_logprobs_in_train
+    warm_up = p.score(batch.clone(), meta, step=2)  # the actor does not train: the pass gives the gap metric
+    assert "rollout/logprob_abs_diff" in warm_up
+    p.score(batch, meta, step=3)
+    assert "old_logprobs" not in batch.keys()
     before = {k: v.clone() for k, v in p.workers["actor"].worker.get_weights().items()}
     assert p.update(batch, step=1) == {} and p.update(batch, step=2) == {}
     after = p.workers["actor"].worker.get_weights()

@@ -42,6 +42,9 @@ class TrainStrategy(Protocol):
     """Whether ranks' shares are balanced by tokens (sequence packing's plans), not split by rows."""
     dedupe_rows: bool
     """Whether forwards run once per distinct row (the actor reuses that for its own grouping)."""
+    takes_old_logprobs: bool
+    """Whether a training step may take PPO's old log-probs from its own forward
+    (`roll.distributed.workers.old_logprobs`); the actor refuses a batch without them otherwise."""
 
     def forward_logprobs(
         self,

@@ -66,6 +66,10 @@ class TorchTrainStrategy:
     exists to measure what deduplication saves (benchmarks/train_dedupe.py).
     """
 
+    takes_old_logprobs = True
+    """Whether a training step may take PPO's old log-probs from its own forward
+    (`roll.distributed.workers.old_logprobs`)."""
+
     FUSED_ADAMW = True
     """On CUDA, torch's fused AdamW kernel (one launch for all parameters) instead of the per-list
     `foreach` one; the same update to float rounding. False where another library owns the step's

@@ -142,6 +142,8 @@ class ActorWorker:
         the mean over mini-batches of their distinct rows / rows.
         """
         take_old = Batch.OLD_LOGPROBS not in batch.keys()  # then taken here (workers.old_logprobs)
+        if take_old and not self.strategy.takes_old_logprobs:
+            raise ValueError(f"{type(self.strategy).__name__} needs the batch's old_logprobs (compute_logprobs)")
         extra = (
             ((Batch.INFER_LOGPROBS,) if tis_level or correction or take_old else ())
             + ((Batch.OLD_LOGPROBS,) if not take_old else ())

@@ -88,6 +88,8 @@ class MegatronTrainStrategy(TorchTrainStrategy):
     `recompute_granularity: full` when that key is not set. `lora` ({rank, alpha, target},
     `ModelArgs.lora`): adapters on the targeted layers, the rest frozen (megatron.lora)."""
 
+    takes_old_logprobs = False  # not built or tested for its tensor- and pipeline-parallel steps
+
     def __init__(
         self,
         model: nn.Module,
