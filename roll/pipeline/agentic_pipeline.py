@@ -22,12 +22,12 @@ from contextlib import contextmanager
 import ray
 
 from roll.algorithms.kl import make_kl_controller
-from roll.algorithms.utils import masked_mean
 from roll.configs.dialect import old_logprobs_in_train, old_logprobs_pass_needed
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
 from roll.core.seeding import seed_everything
 from roll.distributed.weight_transfer import CUDA_IPC
+from roll.distributed.workers.old_logprobs import logprob_abs_diff
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import build_pg_options, build_workers, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
@@ -291,8 +291,7 @@ class AgenticPipeline:
         if "critic/kl" in metrics:
             self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
         if Batch.OLD_LOGPROBS in batch.keys():  # else the actor's training call reports it
-            diff = (batch[Batch.INFER_LOGPROBS] - batch[Batch.OLD_LOGPROBS]).abs()
-            metrics["rollout/logprob_abs_diff"] = float(masked_mean(diff, batch[Batch.RESPONSE_MASK]))
+            metrics.update(logprob_abs_diff(batch))
         return metrics
 
     def shape_rewards(self, batch, rows: RowInfo) -> dict[str, float]:

@@ -48,12 +48,12 @@ def ppo_batch(actor: ActorWorker, n: int = 8, old: bool = True) -> TensorDict:
     return batch
 
 
-def train_two_steps(
-    model_dir: str, name: str, config: dict | None = None, features: dict | None = None
-) -> tuple[list[dict], dict]:
-    """The metrics of two PPO steps with engine `name` (and strategy `features`, as
-    `build_train_strategy` takes them) and its weights after them."""
-    actor = ActorWorker(
+def make_actor(
+    model_dir: str, name: str = "torch", config: dict | None = None, features: dict | None = None
+) -> ActorWorker:
+    """An actor on engine `name` (its `config`, and strategy `features` as `build_train_strategy`
+    takes them) with `ARGS`, seed 7, one thread."""
+    return ActorWorker(
         model_dir,
         ARGS,
         total_train_steps=4,
@@ -63,6 +63,13 @@ def train_two_steps(
         strategy_config=config or {},
         features=features,
     )
+
+
+def train_two_steps(
+    model_dir: str, name: str, config: dict | None = None, features: dict | None = None
+) -> tuple[list[dict], dict]:
+    """The metrics of two PPO steps with `make_actor`'s actor and its weights after them."""
+    actor = make_actor(model_dir, name, config, features)
     metrics = [
         actor.train(
             ppo_batch(actor),

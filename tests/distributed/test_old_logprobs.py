@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from ppo_cases import ARGS, assert_same_training, ppo_batch
+from ppo_cases import assert_same_training, make_actor, ppo_batch
 from tensordict import TensorDict
 
 from roll.algorithms.utils import masked_mean
@@ -21,23 +21,10 @@ from roll.distributed.workers.old_logprobs import ROW_INDEX, OldLogprobs
 TRAIN_KW = dict(temperature=1.0, pg_clip=0.2, entropy_loss_coef=0.01, loss_agg_mode="token-mean")
 
 
-def new_actor(model_dir, name: str = "torch", config: dict | None = None, features: dict | None = None):
-    return ActorWorker(
-        model_dir,
-        ARGS,
-        total_train_steps=4,
-        seed=7,
-        num_threads=1,
-        strategy_name=name,
-        strategy_config=config or {},
-        features=features,
-    )
-
-
 def three_steps(model_dir, old: bool, taken: list | None = None, engine: tuple = ("torch",)) -> tuple[list[dict], dict]:
     """Steps of 8, 8 and 7 rows, 2 epochs of mini-batches of 4 (so 3-4 rows outside the first);
     `engine`: `new_actor`'s name, config and features."""
-    actor = new_actor(model_dir, *engine)
+    actor = make_actor(model_dir, *engine)
     metrics = []
     for step, n in enumerate((8, 8, 7)):
         batch = ppo_batch(actor, n, old=old)
@@ -88,7 +75,7 @@ def test_an_engine_that_cannot_take_them_refuses_a_batch_without_them(model_dir)
     from roll.distributed.strategies.megatron.train import MegatronTrainStrategy
 
     assert MegatronTrainStrategy.takes_old_logprobs is False
-    worker = new_actor(model_dir)
+    worker = make_actor(model_dir)
     worker.strategy.takes_old_logprobs = False  # as megatron's
     with pytest.raises(ValueError, match="needs the batch's old_logprobs"):
         worker.train(ppo_batch(worker, 4, old=False), ppo_epochs=1, step=0, **TRAIN_KW)
@@ -107,7 +94,7 @@ def _count_passes(worker: ActorWorker, monkeypatch) -> list[int]:
 
 
 def test_a_step_of_one_minibatch_runs_no_pass_and_sees_ratio_one(model_dir, monkeypatch):
-    worker = new_actor(model_dir)
+    worker = make_actor(model_dir)
     batch = ppo_batch(worker, 4, old=False)  # ARGS: mini-batches of 4 rows
     passes = _count_passes(worker, monkeypatch)
 
@@ -120,7 +107,7 @@ def test_a_step_of_one_minibatch_runs_no_pass_and_sees_ratio_one(model_dir, monk
 
 
 def test_more_minibatches_score_only_the_rows_outside_the_first(model_dir, monkeypatch):
-    worker = new_actor(model_dir)
+    worker = make_actor(model_dir)
     batch = ppo_batch(worker, 11, old=False)  # mini-batches of 4, 4 and 3 rows
     passes = _count_passes(worker, monkeypatch)
 
@@ -133,13 +120,13 @@ def test_more_minibatches_score_only_the_rows_outside_the_first(model_dir, monke
 def test_copies_of_rows_share_the_first_steps_forward(model_dir):
     """With deduplication, rows with equal ids share one forward; a copy inside the first
     mini-batch and one outside it both get the row's old log-probs."""
-    worker = new_actor(model_dir)
+    worker = make_actor(model_dir)
     half = ppo_batch(worker, 4, old=True)
     batch = torch.cat([half, half])  # rows 4..7 repeat rows 0..3
     first = set(next(minibatch_rows(8, 4, 7, "minibatch", 0, 0)).tolist())
     assert any((row in first) != (row + 4 in first) for row in range(4))  # a copy on each side
     given = worker.train(batch.clone(), ppo_epochs=2, step=0, **TRAIN_KW)
-    taking = new_actor(model_dir)
+    taking = make_actor(model_dir)
     without = batch.exclude("old_logprobs")
     without["infer_logprobs"] = batch["old_logprobs"]
     taken = taking.train(without, ppo_epochs=2, step=0, **TRAIN_KW)

@@ -63,7 +63,7 @@ class OldLogprobs:
             return
         mine = split_rows(len(others), self.strategy.dp_size)[self.strategy.dp_rank]
         rows = others[mine]
-        scored = rank_input(scoring_inputs(self.batch[others]), mine)
+        scored = rank_input(scoring_inputs(self.batch)[others], mine)  # only the keys a pass reads are copied
         logprobs, _ = self.strategy.forward_logprobs(scored, self.temperature)
         if len(rows):
             self.others = rows, logprobs
@@ -93,6 +93,6 @@ class OldLogprobs:
 
 def logprob_abs_diff(batch: TensorDict) -> dict[str, float]:
     """`rollout/logprob_abs_diff`: the mean |engine - trainer| log-prob gap over response tokens,
-    the metric the score phase logs when it computes the old log-probs itself."""
+    logged by whichever computed the old log-probs (the score phase or the training call)."""
     diff = (batch[Batch.INFER_LOGPROBS] - batch[Batch.OLD_LOGPROBS]).abs()
     return {"rollout/logprob_abs_diff": float(masked_mean(diff, batch[Batch.RESPONSE_MASK]))}
