@@ -268,11 +268,8 @@ class TorchTrainStrategy:
         return micros + [without_responses(micros[0])] * stand_ins, weights + [0.0] * stand_ins
 
     def sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` summed over the data-parallel ranks, on this rank's device (nccl reduces device
-        tensors only); every rank must call it."""
-        tensor = tensor.to(self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._data_parallel_group())
-        return tensor
+        """`tensor` summed over the data-parallel ranks, on this rank's device; every rank must call it."""
+        return self._all_reduce(tensor, dist.ReduceOp.SUM)
 
     def _data_parallel_group(self):
         """The process group of the data-parallel ranks: the default one (every process is a rank)."""
@@ -283,11 +280,14 @@ class TorchTrainStrategy:
 
     def _reduce_over_ranks(self, values: list[float], op) -> list[float]:
         """`values` reduced element-wise over the data-parallel ranks (`_data_parallel_group`)."""
-        tensor = torch.tensor(values, dtype=torch.float64)
-        if self.device.type == "cuda":  # nccl reduces device tensors only
-            tensor = tensor.to(self.device)
+        return self._all_reduce(torch.tensor(values, dtype=torch.float64), op).cpu().tolist()
+
+    def _all_reduce(self, tensor: torch.Tensor, op) -> torch.Tensor:
+        """`tensor` on this rank's device (nccl reduces device tensors only), reduced there by `op`
+        over the data-parallel ranks."""
+        tensor = tensor.to(self.device)
         dist.all_reduce(tensor, op=op, group=self._data_parallel_group())
-        return tensor.cpu().tolist()
+        return tensor
 
     # The two places an engine differs in a training step (DeepSpeed and FSDP2 override them).
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
