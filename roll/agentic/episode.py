@@ -31,12 +31,14 @@ class TokenLedger:
     """The conversation as one token sequence, built by appending only: the prompt (mask 0),
     generated ids with their log-probs (mask 1), context ids between turns (observations, tool
     results; mask 0). `turn_ends[k]` is the index of turn k's last generated id, where its step
-    reward `step_rewards[k]` is credited; `versions[k]` the policy version that generated it."""
+    reward `step_rewards[k]` is credited; `versions[k]` the oldest policy version among its tokens,
+    and `token_versions[i]` the version that sampled id i (-1 on ids the policy did not generate)."""
 
     def __init__(self, prompt_ids: list[int]):
         self.token_ids = list(prompt_ids)
         self.response_mask = [0] * len(prompt_ids)
         self.logprobs = [0.0] * len(prompt_ids)
+        self.token_versions = [-1] * len(prompt_ids)
         self.turn_ends: list[int] = []
         self.step_rewards: list[float] = []
         self.versions: list[int] = []
@@ -45,18 +47,19 @@ class TokenLedger:
         """A generated turn; its step reward starts at 0 and the player adds to it."""
         if len(out.logprobs) != len(out.token_ids):
             raise ValueError(f"{out.request_id}: {len(out.token_ids)} ids but {len(out.logprobs)} logprobs")
-        self._extend(out.token_ids, 1, out.logprobs)
+        self._extend(out.token_ids, 1, out.logprobs, out.token_versions)
         self.turn_ends.append(len(self.token_ids) - 1)
         self.step_rewards.append(0.0)
-        self.versions.append(out.policy_version)
+        self.versions.append(out.oldest_version)
 
     def add_context(self, ids: list[int]) -> None:
-        self._extend(ids, 0, [0.0] * len(ids))
+        self._extend(ids, 0, [0.0] * len(ids), [-1] * len(ids))
 
-    def _extend(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
+    def _extend(self, ids: list[int], mask: int, logprobs: list[float], versions: list[int]) -> None:
         self.token_ids = self.token_ids + list(ids)  # a new list: a request may still hold the old
         self.response_mask += [mask] * len(ids)
         self.logprobs += [float(x) for x in logprobs]
+        self.token_versions += list(versions)
 
     @property
     def num_turns(self) -> int:
@@ -69,4 +72,5 @@ class TokenLedger:
             "response_mask": self.response_mask,
             "infer_logprobs": self.logprobs,
             "turn_end_positions": list(self.turn_ends),
+            "token_versions": list(self.token_versions),
         }

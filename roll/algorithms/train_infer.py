@@ -5,8 +5,9 @@ from the gap between the trainer's log-probs (`old_logprobs`, pi_old) and the en
 Per token, ratio = exp(old - infer) and diff = exp(old) - exp(infer). Each is also aggregated,
 then repeated on the positions it covers:
 - "token": the token's own value;
-- "segment": the mean over a run of consecutive response tokens (one turn of a multi-turn row);
-  the ratio is exp of the segment's mean log-ratio;
+- "segment": the mean over a run of consecutive response tokens sampled by one policy version
+  (one turn of a multi-turn row, or the part of a turn a version sampled when partial rollout
+  continued it under new weights); the ratio is exp of the segment's mean log-ratio;
 - "geometric": over the row: exp of the mean log-ratio (the diff: the mean diff);
 - "sequence": over the row: exp of the summed log-ratio (the diff: the summed diff).
 
@@ -30,11 +31,14 @@ from roll.algorithms.utils import masked_mean, masked_sum
 LEVELS = ("token", "segment", "geometric", "sequence")
 
 
-def segment_mean(values: Tensor, mask: Tensor) -> Tensor:
+def segment_mean(values: Tensor, mask: Tensor, versions: Tensor | None = None) -> Tensor:
     """(B, T): on each run of consecutive mask-1 positions, the mean of `values` over that run;
-    0 outside the mask."""
+    0 outside the mask. With `versions` (B, T), a run also ends where the version changes."""
     m = mask.to(torch.long)
     starts = m * (1 - torch.nn.functional.pad(m, (1, 0))[:, :-1])  # 1 where a run begins
+    if versions is not None:  # ... or where another version's tokens begin inside one
+        changed = (versions[:, 1:] != versions[:, :-1]).to(torch.long)
+        starts = torch.maximum(starts, m * torch.nn.functional.pad(changed, (1, 0)))
     run = torch.cumsum(starts, dim=-1) * m  # 1, 2, ... per row inside runs, 0 outside
     width = run.shape[-1] + 1
     flat = (run + torch.arange(run.shape[0], device=run.device).unsqueeze(-1) * width).flatten()
@@ -46,8 +50,11 @@ def segment_mean(values: Tensor, mask: Tensor) -> Tensor:
     return mean[flat].view_as(values) * m
 
 
-def ratios_and_diffs(old_logprobs: Tensor, infer_logprobs: Tensor, mask: Tensor) -> dict[str, dict[str, Tensor]]:
-    """{"ratio": {level: (B, T)}, "diff": {level: (B, T)}} for every level of the module docstring."""
+def ratios_and_diffs(
+    old_logprobs: Tensor, infer_logprobs: Tensor, mask: Tensor, versions: Tensor | None = None
+) -> dict[str, dict[str, Tensor]]:
+    """{"ratio": {level: (B, T)}, "diff": {level: (B, T)}} for every level of the module docstring;
+    `versions` (B, T): the policy version of each token, where segments split too."""
     log_ratio = old_logprobs - infer_logprobs
     diff = old_logprobs.exp() - infer_logprobs.exp()
 
@@ -57,13 +64,13 @@ def ratios_and_diffs(old_logprobs: Tensor, infer_logprobs: Tensor, mask: Tensor)
     return {
         "ratio": {
             "token": log_ratio.exp(),
-            "segment": segment_mean(log_ratio, mask).exp(),
+            "segment": segment_mean(log_ratio, mask, versions).exp(),
             "geometric": per_row(log_ratio, masked_mean).exp(),
             "sequence": per_row(log_ratio, masked_sum).exp(),
         },
         "diff": {
             "token": diff,
-            "segment": segment_mean(diff, mask),
+            "segment": segment_mean(diff, mask, versions),
             "geometric": per_row(diff, masked_mean),
             "sequence": per_row(diff, masked_sum),
         },
@@ -78,14 +85,16 @@ def train_infer_correction(
     *,
     is_weight: dict[str, Any] | None,
     filters: Sequence[dict[str, Any]],
+    versions: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor, dict[str, float]]:
     """(weights or None, keep-mask (B, T) of 0/1, metrics).
 
     `is_weight`: {"weight_type": level, "upper_bound": float or None} or None (no weights).
     `filters`: dicts with agg_type, ratio_enabled, ratio_low, ratio_high, diff_enabled, diff_low,
-    diff_high (only the enabled filters are passed)."""
+    diff_high (only the enabled filters are passed). `versions` (B, T): the policy version that
+    sampled each token (`Batch.POLICY_VERSION`), so that a segment never spans two versions."""
     mask = mask.to(old_logprobs.dtype)
-    stats = ratios_and_diffs(old_logprobs, infer_logprobs, mask)
+    stats = ratios_and_diffs(old_logprobs, infer_logprobs, mask, versions)
     metrics = {
         f"actor/train_infer_{kind}_{level}_mean": float(masked_mean(stats[kind][level], mask))
         for kind in ("ratio", "diff")

@@ -156,17 +156,29 @@ class PipelineConfig(RollDialect):
     """k: how many steps rollout runs ahead of training. 0 is synchronous: step t's rollout starts
     after step t-1's weights are in the engine, and a run is reproducible from its seed. With k > 0,
     as soon as step t's groups are collected, the groups of steps t+1..t+k start on the current
-    weights and keep generating while step t scores and trains. On a weight sync, requests already
-    in the engine finish on the old weights (they are never aborted); later turns of the same
-    episode use the new ones (the engine drops every conversation's cached KV on the update, so no
-    turn reuses keys and values of old weights). An episode may thus mix versions: each turn
-    records its version (`Trajectory.policy_versions`); the batch reports `rollout/staleness_mean`,
-    `rollout/staleness_max` and `rollout/mixed_version_trajectories`; at collect time a group whose
-    oldest turn is more than k versions old is dropped and played again
-    (`rollout/stale_dropped_groups`). Groups queued behind busy env slots start at the next
-    collect (results are only received there), so give enough `num_env_groups`. Which weights
-    a turn sees depends on timing, so k > 0 is not bitwise reproducible; a resumed run regenerates
-    the groups that were in flight. Pair it with `off_policy_correction`."""
+    weights and keep generating while step t scores and trains. What a weight sync does to the
+    requests in the engine at that moment is `partial_rollout`; later turns of the same episode use
+    the new weights (the engine drops every conversation's cached KV on the update, so no turn
+    reuses keys and values of old weights). An episode may thus mix versions: each token records
+    the version that sampled it; the batch reports `rollout/staleness_mean`,
+    `rollout/staleness_max`, `rollout/mixed_version_trajectories` and
+    `rollout/tokens_by_version_lag/<lag>`; at collect time a group whose oldest token is more than
+    k versions old is dropped and played again (`rollout/stale_dropped_groups`). Groups queued
+    behind busy env slots start at the next collect (results are only received there), so give
+    enough `num_env_groups`. Which weights a turn sees depends on timing, so k > 0 is not bitwise
+    reproducible; a resumed run regenerates the groups that were in flight. Pair it with
+    `off_policy_correction`."""
+    partial_rollout: Literal["finish", "continue", "abort"] = "finish"
+    """What a weight sync does to the generations running in the engine (async training; in a
+    synchronous run nothing runs at a sync). false ("finish"): they end on the old weights first,
+    so the sync waits for the slowest of them. true ("continue"): the engine stops them at a token boundary, takes the
+    new weights and continues each from where it stopped, its prefix's KV recomputed under the
+    new weights; no token is thrown away, and each keeps the version and log-prob it was sampled
+    with (the batch's `policy_version`, so the importance ratios and `train_infer_correction`
+    are per token against the version that sampled it). "abort" (ROLL's behaviour, for
+    comparison): their tokens are thrown away and the turn is generated again on the new
+    weights. Counted per step in `rollout/interrupted_requests` and `rollout/discarded_tokens`.
+    Needs the continuous `hf` engine (text models)."""
     off_policy_correction: OffPolicyCorrection | None = None
     """Truncated importance weights between the engine's and the trainer's log-probs (null: off)."""
     rollout_batch_size: int = Field(ge=1)
@@ -199,6 +211,12 @@ class PipelineConfig(RollDialect):
     def _is_model_dir(cls, path: str | None) -> str | None:
         return path if path is None else check_model_dir(path)
 
+    @field_validator("partial_rollout", mode="before")
+    @classmethod
+    def _mode_of_bool(cls, value: object) -> object:
+        """true / false are "continue" / "finish"."""
+        return {True: "continue", False: "finish"}.get(value, value) if isinstance(value, bool) else value
+
     @field_validator("resume_from_checkpoint", mode="plain", json_schema_input_type=bool | str)
     @classmethod
     def _bool_or_existing_dir(cls, value: object) -> bool | str:
@@ -212,6 +230,7 @@ class PipelineConfig(RollDialect):
     @model_validator(mode="after")
     def _check_and_fill(self) -> PipelineConfig:
         check_dialect(self)  # ROLL's class paths and run-level keys (roll.configs.dialect)
+        self._check_partial_rollout()
         for role, worker in self.workers.items():
             check_strategy_for_role(role, worker)
         self._check_batches()
@@ -226,6 +245,23 @@ class PipelineConfig(RollDialect):
         for role, worker in self.workers.items():  # needs the model paths: after filling them
             check_token_budgets(role, worker, self.sequence_length)
         return self
+
+    def _check_partial_rollout(self) -> None:
+        """Only the continuous `hf` engine stops a generation at a token boundary."""
+        if self.partial_rollout == "finish":
+            return
+        engine = self.actor_infer.strategy_args
+        if engine.strategy_name != "hf":
+            raise InvalidField(
+                "partial_rollout",
+                f"{self.partial_rollout!r} needs actor_infer on the hf engine; {engine.strategy_name!r} "
+                "finishes each engine call before a weight sync (use false)",
+            )
+        if not engine.strategy_config.get("continuous_batching", True):
+            raise InvalidField(
+                "partial_rollout",
+                f"{self.partial_rollout!r} needs actor_infer.strategy_args.strategy_config.continuous_batching: true",
+            )
 
     def _check_agent_tags(self) -> None:
         """Agent loops give one sample per trajectory: their tags need a "traj" manager."""

@@ -29,6 +29,9 @@ class Batch:
     """The trained actor's log-probs of the response tokens before the update (0.0 elsewhere): from
     the score phase's pass, or taken in the actor's training call
     (`roll.distributed.workers.old_logprobs`)."""
+    POLICY_VERSION: Final = "policy_version"
+    """(int64) The policy version that sampled each generated token (-1 elsewhere): in async
+    training a row may hold several (turns, or with partial rollout the parts of one turn)."""
     REF_LOGPROBS: Final = "ref_logprobs"
     """The reference model's log-probs of the response tokens (when the KL penalty is on; 0.0
     elsewhere)."""

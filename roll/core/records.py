@@ -60,7 +60,9 @@ class GenerateRequest:
     KV of the ids it already processed for that session and prefill only what the prompt adds
     (the prompt is still sent whole, and a prompt that does not extend them is handled exactly).
     `images` (vision-language models) are the prompt's images; their placeholder ids are in
-    `prompt_ids` already.
+    `prompt_ids` already. `sample_offset` is the index of the first token to sample in the
+    request's random stream: 0 for a new request; a request continued after an interruption
+    (partial rollout) starts where its first part stopped, so it draws what it would have drawn.
     """
 
     request_id: str
@@ -69,19 +71,39 @@ class GenerateRequest:
     seed: int
     session_id: str | None = None
     images: ImageInputs | None = None
+    sample_offset: int = 0
 
 
 @dataclass
 class GenerateOutput:
     """Token-out answer: the exact ids the engine sampled and their log-probs under the sampling
     distribution (after temperature). `finish_reason` is "stop" (a stop/eos token was produced,
-    and it is the last id) or "length" (max_new_tokens reached)."""
+    and it is the last id) or "length" (max_new_tokens reached).
+
+    `token_versions[i]` is the policy version that sampled token i, and `logprobs[i]` is that
+    version's log-prob. A request interrupted by a weight update and continued under the new
+    weights (partial rollout) has older versions first; `policy_version` is the version that
+    finished it (the newest). Left empty, every token is `policy_version`'s."""
 
     request_id: str
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     policy_version: int
+    token_versions: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.token_versions:
+            self.token_versions = [self.policy_version] * len(self.token_ids)
+        elif len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"{self.request_id}: {len(self.token_ids)} ids but {len(self.token_versions)} token versions"
+            )
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version among the tokens (`policy_version` when there are none)."""
+        return min(self.token_versions, default=self.policy_version)
 
 
 @dataclass
@@ -97,6 +119,7 @@ class StepRecord:
     reward: float
     state_hash: str
     images: ImageInputs | None = None
+    versions: list[int] = field(default_factory=list)  # per response id: the policy version that sampled it
 
 
 @dataclass
@@ -110,9 +133,11 @@ class Trajectory:
     elsewhere); `turn_end_positions[k]` is the index of the last generated token of turn k, where
     `step_rewards[k]` is credited. Step-wise managers fill `steps` instead (one sample per step).
 
-    `policy_versions[k]` is the version of the weights that generated turn k. In async training
-    (weights updated while an episode runs) the turns of one episode may come from different
-    versions; `policy_version` is the newest of them.
+    `policy_versions[k]` is the oldest version of the weights that generated a token of turn k;
+    `token_versions[i]` (trajectory-wise) the version that sampled token i (-1 where the policy did
+    not generate it). In async training (weights updated while an episode runs) the turns of one
+    episode may come from different versions, and with partial rollout the tokens of one turn too;
+    `policy_version` is the newest of them.
     """
 
     tag: str
@@ -136,15 +161,24 @@ class Trajectory:
     frames: list[str] = field(default_factory=list)
     frame_captions: list[str] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
-    rollout_s: float = 0.0
+    token_versions: list[int] = field(default_factory=list)
+    rollout_s: float = 0.0  # seconds from the start of the group's episodes to this one's end
     # Vision-language managers: every image of `token_ids`, in order (None for text episodes)
-    images: ImageInputs | None = None  # seconds from the start of the group's episodes to this one's end
+    images: ImageInputs | None = None
 
     @property
     def oldest_policy_version(self) -> int | None:
         """The version of the oldest weights that generated a turn; None if no turn was generated
         (such an episode is no older than any policy)."""
         return min(self.policy_versions, default=None)
+
+    def generated_token_versions(self) -> list[int]:
+        """The policy version of every generated token, in order (both sample modes)."""
+        if self.steps:
+            return [v for s in self.steps for v in (s.versions or [self.policy_version] * len(s.response_ids))]
+        if self.token_versions:
+            return [v for v, m in zip(self.token_versions, self.response_mask) if m]
+        return [self.policy_version] * sum(self.response_mask)
 
     @property
     def truncated(self) -> bool:

@@ -9,7 +9,8 @@ t's rollout, on the weights of that moment, and generate while step t trains (`r
 Roles that share GPUs take turns on them: each phase first makes its roles resident
 (`self.residency.enter`, roll/pipeline/residency.py), which does nothing when no GPU is shared.
 Each step logs its phase times (`time/*_s`; the residency's offload and reload waits are parts of
-them) and, with roles on GPUs, each role's peak GPU memory (`memory/<role>_peak_gib`).
+them), each role's compute, sync and idle seconds (`time/idle/<role>`, roll/pipeline/idle.py) and,
+with roles on GPUs, each role's peak GPU memory (`memory/<role>_peak_gib`).
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from roll.core.fields import Batch, RowInfo
 from roll.core.seeding import seed_everything
 from roll.distributed.weight_transfer import CUDA_IPC
 from roll.distributed.workers.old_logprobs import logprob_abs_diff
+from roll.distributed.workers.partial import COUNTS as INTERRUPT_COUNTS
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.builders import build_pg_options, build_workers, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.cpu_shares import call_all, score_in_turns
 from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import engine_gap_warning, stop_if_diverged
+from roll.pipeline.idle import StepClock
 from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
 from roll.pipeline.rollout_builders import build_rollout
 from roll.pipeline.run_dirs import checkpoint_bytes
@@ -106,6 +109,7 @@ class AgenticPipeline:
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.pg_options = build_pg_options(cfg)
         self.sync_path = sync_path(cfg, self.residency.plan)  # CUDA IPC when actor and engine share a GPU
+        self.clock = StepClock(self.workers, self.timeout_s)
         self.start_step = self._resume()
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
         self.tracker = make_tracker(cfg, resume_step=self.start_step if self.start_step else -1)
@@ -131,6 +135,7 @@ class AgenticPipeline:
             self.tracker.log(0, self.validate(0))  # where the untrained policy starts
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             timings: dict[str, float] = {}
+            self.clock.start()  # each role's compute, sync and idle seconds in the step (roll/pipeline/idle.py)
             # 1. Rollout: complete groups of trajectories on the current weights (version step - 1),
             #    or at most async_generation_ratio versions older; then the next steps' groups start
             with _timer(timings, "rollout"):
@@ -150,6 +155,7 @@ class AgenticPipeline:
             # 5. Sync: new actor weights to the inference engine
             with _timer(timings, "sync"):
                 self.sync_weights(version=step)
+            step_time = self.clock.finish()
             # 6. Log / validate / checkpoint
             metrics = {
                 **self.rollout_metrics(trajs, dropped, step),
@@ -158,7 +164,7 @@ class AgenticPipeline:
                 **adjust_metrics,
                 **train_metrics,
                 **{f"time/{k}_s": v for k, v in timings.items()},
-                "time/step_s": sum(timings.values()),
+                **step_time,
                 **self.residency.take_seconds(),
                 "sync/cuda_ipc": float(self.sync_path == CUDA_IPC),
                 **self.memory_metrics(first_step=step == self.start_step + 1),
@@ -205,7 +211,23 @@ class AgenticPipeline:
             "rollout/redundant_trajectories": float(self.train_rollout.redundant_trajectories),
             "rollout/engine_calls": float(self.train_rollout.engine_calls),
             "rollout/engine_requests": float(self.train_rollout.engine_requests),
+            **self.interruptions(),
         }
+
+    def interruptions(self) -> dict[str, float]:
+        """What the weight syncs since the last call did to generations in flight (`partial_rollout`):
+        `rollout/interrupted_requests`, `rollout/discarded_tokens`, `rollout/recomputed_tokens`,
+        summed over the engines (one that is restarting counts nothing)."""
+        refs = [w.take_interruptions.remote() for w in self.workers["inference"]]
+        totals = {f"rollout/{key}": 0.0 for key in INTERRUPT_COUNTS}
+        for ref in refs:
+            try:
+                counts = ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.RayActorError:
+                continue
+            for key, value in counts.items():
+                totals[f"rollout/{key}"] = totals.get(f"rollout/{key}", 0.0) + value
+        return totals
 
     def memory_metrics(self, first_step: bool) -> dict[str, float]:
         """`memory/<role>_peak_gib`: the most GPU memory a process of each role held since the last

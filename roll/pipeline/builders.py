@@ -185,6 +185,7 @@ def build_inference(cfg, residency: PhaseResidency, pins: list | None = None, we
             **_strategy(infer_cfg, offloadable=plan.is_colocated("actor_infer")),
             num_threads=share.num_threads,
             weight_store=weight_store,
+            interrupt=cfg.partial_rollout,
         )
         for placement, name, spot, share in zip(
             placements, inference_names(cfg), node_spots("actor_infer", placements), infer_shares, strict=True

@@ -34,6 +34,7 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
     attention_mask = torch.from_numpy(length_mask([len(tr.token_ids) for tr in trajs], t).astype(np.int64))
     response_mask = torch.from_numpy(padded([tr.response_mask for tr in trajs], t, 0, np.float32))
     infer_logprobs = torch.from_numpy(padded([tr.infer_logprobs for tr in trajs], t, 0, np.float32))
+    versions = torch.from_numpy(padded([traj_token_versions(tr) for tr in trajs], t, -1, np.int64))
     rewards = torch.zeros((b, t))
     for i, tr in enumerate(trajs):
         for pos, r in zip(tr.turn_end_positions, tr.step_rewards):
@@ -44,6 +45,7 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
             Batch.ATTENTION_MASK: attention_mask,
             Batch.RESPONSE_MASK: response_mask,
             Batch.INFER_LOGPROBS: infer_logprobs,
+            Batch.POLICY_VERSION: versions,
             Batch.TOKEN_LEVEL_REWARDS: rewards,
         },
         batch_size=[b],
@@ -58,6 +60,14 @@ def build_traj_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
         scores=torch.tensor([tr.episode_reward for tr in trajs]),
     )
     return batch, rows
+
+
+def traj_token_versions(tr: Trajectory) -> list[int]:
+    """Per token of a trajectory-wise sample, the version that sampled it (-1 where the policy
+    did not); a trajectory made without them (an old recording) gives its `policy_version`."""
+    if tr.token_versions:
+        return tr.token_versions
+    return [tr.policy_version if m else -1 for m in tr.response_mask]
 
 
 def image_batch(images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
@@ -101,12 +111,16 @@ def build_step_batch(trajs: list[Trajectory], pad_token_id: int) -> tuple[Tensor
     logprobs = np.zeros((b, t), dtype=np.float32)
     logprobs[response] = flat([st.logprobs for st in steps], np.float32, int(response.sum()))
     infer_logprobs = torch.from_numpy(logprobs)
+    versions = np.full((b, t), -1, dtype=np.int64)
+    step_versions = [st.versions or [tr.policy_version] * len(st.response_ids) for tr, st in rows]
+    versions[response] = flat(step_versions, np.int64, int(response.sum()))
     batch = TensorDict(
         {
             Batch.INPUT_IDS: input_ids,
             Batch.ATTENTION_MASK: attention_mask,
             Batch.RESPONSE_MASK: response_mask,
             Batch.INFER_LOGPROBS: infer_logprobs,
+            Batch.POLICY_VERSION: torch.from_numpy(versions),
         },
         batch_size=[b],
     )
@@ -139,18 +153,29 @@ def filter_groups(trajs: list[Trajectory], keep_ratio: float) -> tuple[list[Traj
 
 def staleness_metrics(trajs: list[Trajectory], policy_version: int) -> dict[str, float]:
     """How far behind the trained policy the batch was generated (async training). Per trajectory,
-    staleness = `policy_version` (the weights being trained) minus the version of its oldest turn;
-    `rollout/mixed_version_trajectories` is the fraction whose turns span more than one version.
-    Trajectories without a generated turn count as fresh (staleness 0)."""
+    staleness = `policy_version` (the weights being trained) minus the version of its oldest
+    token; `rollout/mixed_version_trajectories` is the fraction whose tokens span more than one
+    version. Trajectories without a generated token count as fresh (staleness 0). Per generated
+    token, lag = `policy_version` minus the version that sampled it:
+    `rollout/tokens_by_version_lag/<lag>` is the fraction of the batch's tokens at each lag seen
+    (a histogram), and `rollout/token_lag_mean` their mean."""
     if not trajs:
         return {}
+    versions = [tr.generated_token_versions() for tr in trajs]
+    # a turn's version is its oldest token's (`Trajectory.policy_versions`)
     staleness = [policy_version - tr.oldest_policy_version if tr.policy_versions else 0 for tr in trajs]
-    mixed = [len(set(tr.policy_versions)) > 1 for tr in trajs]
-    return {
+    mixed = [len(set(v or tr.policy_versions)) > 1 for v, tr in zip(versions, trajs, strict=True)]
+    lags = np.asarray([policy_version - x for v in versions for x in v], dtype=np.int64)
+    out = {
         "rollout/staleness_mean": float(np.mean(staleness)),
         "rollout/staleness_max": float(max(staleness)),
         "rollout/mixed_version_trajectories": float(np.mean(mixed)),
+        "rollout/token_lag_mean": float(lags.mean()) if lags.size else 0.0,
     }
+    if lags.size:
+        counts = np.bincount(np.clip(lags, 0, None))
+        out.update({f"rollout/tokens_by_version_lag/{lag}": n / lags.size for lag, n in enumerate(counts) if n})
+    return out
 
 
 def summarize_trajectories(trajs: list[Trajectory], prefix: str) -> dict[str, float]:

@@ -48,6 +48,12 @@ def check_vision(cfg) -> None:
         check_image_env(cfg, tag)
     check_image_limit(cfg, tags)
     check_vl_engine(cfg)
+    if cfg.partial_rollout != "finish":
+        raise ConfigError(
+            "partial_rollout",
+            "the hf engine generates image requests a call at a time, which a weight sync cannot stop "
+            "at a token boundary; use false with the VL env managers",
+        )
     check_vl_training(cfg)
     check_vl_prompt_length(cfg, tags)
     if cfg.rollout_mock is not None:

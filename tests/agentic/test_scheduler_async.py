@@ -29,6 +29,7 @@ from roll.core.records import (
     GenerateOutput,
     GroupResult,
     SamplingParams,
+    StepRecord,
     Trajectory,
 )
 from roll.models.loading import load_tokenizer
@@ -225,6 +226,54 @@ def test_staleness_metrics_by_hand():
         "rollout/staleness_mean": 0.75,
         "rollout/staleness_max": 2.0,
         "rollout/mixed_version_trajectories": 0.25,
+        "rollout/token_lag_mean": 0.0,  # these have no tokens
+    }
+
+
+def test_token_lags_count_every_generated_token_by_the_version_that_sampled_it():
+    """A trajectory-wise episode whose second turn was continued under new weights (partial
+    rollout), and a step-wise one: 7 tokens at lags 2, 2, 1, 1, 0 (trajectory) and 1, 0 (steps)."""
+    traj_wise = Trajectory(
+        tag="lake",
+        traj_group_id="g",
+        traj_id="a",
+        env_seed=0,
+        step_rewards=[0.0, 1.0],
+        success=True,
+        stop_reason="terminated",
+        policy_version=5,
+        num_actions=2,
+        num_valid_actions=2,
+        token_ids=[1, 7, 7, 2, 8, 8, 8],
+        response_mask=[0, 1, 1, 0, 1, 1, 1],
+        infer_logprobs=[0.0] * 7,
+        token_versions=[-1, 3, 3, -1, 4, 4, 5],
+        policy_versions=[3, 4],
+    )
+    steps = [StepRecord(0, [1], [7], [-0.1], 0.0, "h", versions=[4]), StepRecord(1, [1], [8], [-0.1], 1.0, "h")]
+    step_wise = Trajectory(
+        tag="lake",
+        traj_group_id="g",
+        traj_id="b",
+        env_seed=0,
+        step_rewards=[0.0, 1.0],
+        success=True,
+        stop_reason="terminated",
+        policy_version=5,
+        num_actions=2,
+        num_valid_actions=2,
+        steps=steps,
+        policy_versions=[4, 5],
+    )
+    metrics = staleness_metrics([traj_wise, step_wise], policy_version=5)
+    assert metrics == {
+        "rollout/staleness_mean": 1.5,  # oldest tokens: version 3 (lag 2) and 4 (lag 1)
+        "rollout/staleness_max": 2.0,
+        "rollout/mixed_version_trajectories": 1.0,
+        "rollout/token_lag_mean": 7 / 7,  # (2 + 2 + 1 + 1 + 0 + 1 + 0) / 7
+        "rollout/tokens_by_version_lag/0": 2 / 7,
+        "rollout/tokens_by_version_lag/1": 3 / 7,
+        "rollout/tokens_by_version_lag/2": 2 / 7,
     }
 
 

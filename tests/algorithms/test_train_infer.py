@@ -41,6 +41,28 @@ def test_segment_mean_keeps_rows_and_runs_apart():
     assert segment_mean(values, mask).tolist() == [[1.5, 1.5, 0, 5, 5, 5], [0, 0, 30, 0, 0, 60]]
 
 
+def test_a_segment_ends_where_the_policy_version_changes():
+    """Partial rollout: a turn continued under new weights is two segments, one per version."""
+    values = torch.tensor([[1.0, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[1.0, 1, 1, 1, 0, 1]])
+    versions = torch.tensor([[3, 3, 4, 4, -1, 4]])  # a turn of versions 3 then 4; another turn of 4
+    assert segment_mean(values, mask, versions).tolist() == [[1.5, 1.5, 3.5, 3.5, 0, 6]]
+    assert segment_mean(values, mask).tolist() == [[2.5, 2.5, 2.5, 2.5, 0, 6]]
+    # the row of the module docstring with its first turn split after position 1: ln2 and 0 apart
+    split = torch.tensor([[-1, 5, 6, -1, 6]])
+    s = ratios_and_diffs(OLD, INFER, MASK, split)
+    assert at(s["ratio"]["segment"]) == [2.0, 1.0, 0.5] and at(s["diff"]["segment"]) == [0.5, 0.0, -0.25]
+    _, keep, _ = train_infer_correction(
+        OLD,
+        INFER,
+        MASK,
+        is_weight=None,
+        filters=[dict(agg_type="segment", ratio_enabled=True, ratio_low=0.9, ratio_high=1.1, diff_enabled=False)],
+        versions=split,
+    )
+    assert at(keep) == [0.0, 1.0, 0.0]  # only the version-6 token of the first turn is kept
+
+
 def test_is_weight_is_clamped_at_the_upper_bound_and_counts_what_it_clipped():
     weights, keep, metrics = train_infer_correction(
         OLD, INFER, MASK, is_weight={"weight_type": "token", "upper_bound": 1.2}, filters=[]

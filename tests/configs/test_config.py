@@ -29,6 +29,12 @@ def error_of(model_dir, *overrides) -> str:
     return str(info.value)
 
 
+@pytest.mark.parametrize(("value", "mode"), [("true", "continue"), ("false", "finish"), ("abort", "abort")])
+def test_partial_rollout_takes_a_bool_or_a_mode(model_dir, value, mode):
+    assert load(model_dir, f"+partial_rollout={value}").partial_rollout == mode
+    assert load(model_dir).partial_rollout == "finish"
+
+
 def test_valid_yaml_gives_exact_values_and_derived_sizes(model_dir):
     cfg = load(model_dir)
     assert cfg.exp_name == "minimal" and cfg.max_steps == 3 and cfg.seed == 7
@@ -177,6 +183,19 @@ MALFORMED = [
     (
         ["async_generation_ratio=-1"],
         "async_generation_ratio: input should be greater than or equal to 0 (got -1)",
+    ),
+    (
+        ["+partial_rollout=pause"],
+        "partial_rollout: input should be 'finish', 'continue' or 'abort' (got 'pause')",
+    ),
+    (
+        ["+partial_rollout=true", "actor_infer.strategy_args.strategy_name=vllm"],
+        "partial_rollout: 'continue' needs actor_infer on the hf engine; 'vllm' finishes each engine call "
+        "before a weight sync (use false)",
+    ),
+    (
+        ["+partial_rollout=abort", "+actor_infer.strategy_args.strategy_config={continuous_batching: false}"],
+        "partial_rollout: 'abort' needs actor_infer.strategy_args.strategy_config.continuous_batching: true",
     ),
     (
         [

@@ -69,6 +69,17 @@ def test_cli_trains_logs_and_checkpoints(tiny_model, tmp_path):
         assert all(key in r for r in rows[1:]), key
     assert {"val/success"} <= rows[0].keys() and "val/success" in rows[2] and "val/success" in rows[3]
     assert all(r["rollout/dropped_trajectories"] == 0 for r in rows[1:])
+    # idle accounting: per role, compute + sync + idle is the step; the actor trains in the train
+    # phase, the engine generates in the rollout phase (a synchronous run) and both take part in the sync
+    for r in rows[1:]:
+        for role in ("actor_train", "actor_infer"):
+            parts = [r[f"time/{kind}/{role}"] for kind in ("compute", "sync", "idle")]
+            assert min(parts) >= 0 and sum(parts) == pytest.approx(r["time/step_s"], rel=1e-9), (role, parts)
+        assert 0 < r["time/compute/actor_train"] <= r["time/train_s"]
+        assert 0 < r["time/compute/actor_infer"] <= r["time/rollout_s"]
+        assert r["time/sync/actor_train"] > 0 and r["time/sync/actor_infer"] > 0
+        assert 0 < r["time/idle_fraction"] < 1
+        assert r["rollout/interrupted_requests"] == r["rollout/discarded_tokens"] == 0  # nothing runs at a sync
     assert all(r["rollout/kept_trajectories"] == 4 for r in rows[1:])  # 1 of 2 groups of 4
     # the env worker's requests travel batched: one Ray call carries every request of a turn
     assert all(0 < r["rollout/engine_calls"] < r["rollout/engine_requests"] for r in rows[1:])

@@ -44,8 +44,10 @@ def test_traj_batch_places_step_rewards_at_turn_ends():
         infer_logprobs=[0, 0, -0.3],
         turn_end_positions=[2],
     )
+    a.token_versions = [-1, 2, -1, -1, 3]  # b has none: its policy_version (0) on its generated id
     batch, meta = build_traj_batch([a, b], pad_token_id=0)
     torch.testing.assert_close(batch["input_ids"], torch.tensor([[1, 2, 3, 4, 5], [1, 2, 9, 0, 0]]))
+    assert batch["policy_version"].tolist() == [[-1, 2, -1, -1, 3], [-1, -1, 0, -1, -1]]
     torch.testing.assert_close(batch["attention_mask"], torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
     torch.testing.assert_close(batch["response_mask"], torch.tensor([[0.0, 1, 0, 0, 1], [0, 0, 1, 0, 0]]))
     torch.testing.assert_close(batch["token_level_rewards"], torch.tensor([[0.0, 0.5, 0, 0, 1], [0, 0, -0.1, 0, 0]]))
@@ -66,8 +68,12 @@ def test_only_terminated_trajectories_are_not_truncated():
 
 
 def test_step_batch_has_one_row_per_step():
-    steps = [StepRecord(0, [1, 2], [7], [-0.5], 0.0, "h0"), StepRecord(1, [1, 3, 3], [8], [-0.25], 1.0, "h1")]
+    steps = [
+        StepRecord(0, [1, 2], [7], [-0.5], 0.0, "h0", versions=[3]),
+        StepRecord(1, [1, 3, 3], [8], [-0.25], 1.0, "h1"),  # no versions: the trajectory's (0)
+    ]
     batch, meta = build_step_batch([traj("g", 0, [0.0, 1.0], steps=steps)], pad_token_id=0)
+    assert batch["policy_version"].tolist() == [[-1, -1, 3, -1], [-1, -1, -1, 0]]
     torch.testing.assert_close(batch["input_ids"], torch.tensor([[1, 2, 7, 0], [1, 3, 3, 8]]))
     torch.testing.assert_close(batch["response_mask"], torch.tensor([[0.0, 0, 1, 0], [0, 0, 0, 1]]))
     torch.testing.assert_close(batch["infer_logprobs"], torch.tensor([[0.0, 0, -0.5, 0], [0, 0, 0, -0.25]]))

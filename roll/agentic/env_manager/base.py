@@ -189,7 +189,8 @@ class BaseEnvManager:
         frames = [obs] if episode.keep_frames else []  # a text env's observation is its frame
         captions = [f"reset (seed {episode.env_seed})"] if episode.keep_frames else []
         rewards: list[float] = []
-        versions: list[int] = []  # per turn: which weights generated it
+        versions: list[int] = []  # per turn: the oldest weights that generated a token of it
+        newest = 0  # the newest weights that generated a token
         num_valid, success, stop_reason, info = 0, False, StopReason.MAX_STEPS, {}
         for turn in range(self.spec.max_steps):
             prompt_ids = builder.prompt()
@@ -202,7 +203,8 @@ class BaseEnvManager:
                 derive_seed(episode.sample_seed, turn),
                 episode.traj_id if self.reuse_kv_across_turns else None,
             )
-            versions.append(out.policy_version)
+            versions.append(out.oldest_version)
+            newest = max(newest, out.policy_version)
             obs, reward, terminated, truncated, info = await self.env_step(self.chat.response_text(out.token_ids))
             rewards.append(float(reward))
             builder.add_response(out, float(reward))
@@ -224,7 +226,7 @@ class BaseEnvManager:
             step_rewards=rewards,
             success=success,
             stop_reason=stop_reason,
-            policy_version=max(versions, default=0),
+            policy_version=newest,
             num_actions=len(rewards),
             num_valid_actions=num_valid,
             metrics={k: float(v) for k, v in (info.get("metrics") or {}).items()},

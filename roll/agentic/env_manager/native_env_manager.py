@@ -80,6 +80,7 @@ class _NativeStepBuilder(EpisodeBuilder):
                 prompt_ids=self._prompt,
                 response_ids=list(out.token_ids),
                 logprobs=list(out.logprobs),
+                versions=list(out.token_versions),
                 reward=reward,
                 state_hash=self._state,
             )

@@ -74,6 +74,7 @@ class _StepBuilder(EpisodeBuilder):
                 prompt_ids=self._prompt,
                 response_ids=list(out.token_ids),
                 logprobs=list(out.logprobs),
+                versions=list(out.token_versions),
                 reward=reward,
                 state_hash=state_hash(self.observation),
             )

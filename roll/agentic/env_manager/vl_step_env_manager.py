@@ -143,6 +143,7 @@ class VLStepBuilder(EpisodeBuilder):
                 prompt_ids=self.prompt_ids,
                 response_ids=list(out.token_ids),
                 logprobs=list(out.logprobs),
+                versions=list(out.token_versions),
                 reward=reward,
                 state_hash=frame_hash(self.frame),
                 images=self.images,

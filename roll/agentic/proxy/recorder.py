@@ -130,12 +130,13 @@ class EpisodeRecorder:
                 prompt_ids=list(c.prompt_ids),
                 response_ids=list(c.out.token_ids),
                 logprobs=list(c.out.logprobs),
+                versions=list(c.out.token_versions),
                 reward=rewards[c.index],
                 state_hash=c.state_hash,
             )
             for c in self.calls
         ]
-        return {"steps": steps, "policy_versions": [c.out.policy_version for c in self.calls]}
+        return {"steps": steps, "policy_versions": [c.out.oldest_version for c in self.calls]}
 
 
 def spread_rewards(score: float, step_scores: list[float], turns: int) -> list[float]:

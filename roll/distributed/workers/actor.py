@@ -48,13 +48,14 @@ from roll.distributed.workers.common import (
     train_on_share,
 )
 from roll.distributed.workers.old_logprobs import OldLogprobs, logprob_abs_diff
+from roll.distributed.workers.work_clock import Clocked, timed
 from roll.models.loading import DType, load_policy, load_tokenizer
 
 TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.ADVANTAGES)
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
-class ActorWorker:
+class ActorWorker(Clocked):
     """Holds the trainable policy: old log-probs, PPO updates, weights for inference, checkpoints.
 
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
@@ -99,12 +100,14 @@ class ActorWorker:
         self.tokenizer = _load_tokenizer(model_path)
         self.model_path = model_path
 
+    @timed("compute")
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
         """Log-probs (B, T) of the current weights (the PPO "old" log-probs), CPU float32: of the
         response tokens where `batch` has a response mask, else of every real token."""
         logprobs, _ = self.strategy.forward_logprobs(scoring_inputs(batch), temperature)
         return logprobs
 
+    @timed("compute")
     def train(
         self,
         batch: TensorDict,
@@ -195,10 +198,12 @@ class ActorWorker:
                 old_metrics = logprob_abs_diff(batch)
         return per_step, old_metrics
 
+    @timed("sync")
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Policy weights, detached, contiguous, on CPU, for `model_update` of inference workers."""
         return self.strategy.state_dict()
 
+    @timed("sync")
     def share_weights(self) -> IpcWeights:
         """CUDA IPC handles of the policy's own device tensors, no copy, for an engine on the same
         GPU (`roll.distributed.weight_transfer`; one `torch` rank without LoRA: the module holds the
@@ -228,10 +233,12 @@ class ActorWorker:
         """Restore weights, optimizer and LR schedule from `save_checkpoint`'s directory."""
         self.strategy.load_checkpoint(directory)
 
+    @timed("sync")
     def offload(self) -> None:
         """Weights, gradients and optimizer state to CPU while a colocated role uses the device."""
         self.strategy.offload()
 
+    @timed("sync")
     def reload(self) -> None:
         """Back onto the device, exactly as they were (`TorchTrainStrategy.offload`)."""
         self.strategy.reload()
@@ -276,8 +283,9 @@ def _policy_loss(
             old_logprobs, micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap
         )
     if correction is not None:
+        versions = micro[Batch.POLICY_VERSION] if Batch.POLICY_VERSION in micro.keys() else None
         weights, keep, extra_metrics = train_infer_correction(
-            old_logprobs, micro[Batch.INFER_LOGPROBS], mask, **correction
+            old_logprobs, micro[Batch.INFER_LOGPROBS], mask, **correction, versions=versions
         )
         mask = mask * keep
     pg_loss, metrics = policy_gradient_loss(

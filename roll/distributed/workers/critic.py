@@ -26,12 +26,13 @@ from roll.distributed.workers.common import (
     take_memory_gib,
     train_on_share,
 )
+from roll.distributed.workers.work_clock import Clocked, timed
 from roll.models.loading import DType, load_value_model
 
 TRAIN_KEYS = (Batch.INPUT_IDS, Batch.ATTENTION_MASK, Batch.RESPONSE_MASK, Batch.VALUES, Batch.RETURNS)
 
 
-class CriticWorker:
+class CriticWorker(Clocked):
     """Holds the value model: values for GAE, value updates, checkpoints.
 
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps.
@@ -74,11 +75,13 @@ class CriticWorker:
             **(features or {}),
         )
 
+    @timed("compute")
     def compute_values(self, batch: TensorDict) -> torch.Tensor:
         """Values (B, T) under the convention in the module docstring, CPU float32."""
         out = self.strategy.forward(batch.select("input_ids", "attention_mask"), _values_forward)
         return out["values"]
 
+    @timed("compute")
     def train(
         self,
         batch: TensorDict,
@@ -124,10 +127,12 @@ class CriticWorker:
         """Restore weights, optimizer and LR schedule from `save_checkpoint`'s directory."""
         self.strategy.load_checkpoint(directory)
 
+    @timed("sync")
     def offload(self) -> None:
         """Weights, gradients and optimizer state to CPU while a colocated role uses the device."""
         self.strategy.offload()
 
+    @timed("sync")
     def reload(self) -> None:
         """Back onto the device, exactly as they were (`TorchTrainStrategy.offload`)."""
         self.strategy.reload()

@@ -9,6 +9,11 @@ imported only when chosen.
 
 Contract: `offload` / `reload` (a GPU shared with a training role) wait for the engine call in
 progress; requests that arrive meanwhile wait for `reload`, and new weights are refused until then.
+What a weight update does to the requests running at that moment is `interrupt` (the config's
+`partial_rollout`): "finish" lets them end on the old weights first; "continue" stops them at a
+token boundary and, once the weights are in, continues each from where it stopped (every token
+keeps the version and log-prob it was sampled with); "abort" throws their tokens away and serves
+them again from the start. Only the continuous `hf` engine stops at a token boundary.
 An engine that raises is failed for good (`EngineFailed`): every pending and later request fails
 with the engine's message, and the run stops with one line, exit 1.
 
@@ -33,15 +38,18 @@ from roll.distributed.strategies.base import InferStrategy
 from roll.distributed.strategies.hf import continuous
 from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
+from roll.distributed.strategies.hf.slot_serving import Suspended
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.distributed.weight_transfer import IpcWeights
 from roll.distributed.workers.common import set_num_threads, take_memory_gib
+from roll.distributed.workers.partial import PartialRequests
+from roll.distributed.workers.work_clock import Clocked
 from roll.models.loading import load_policy, load_tokenizer, vision_token_ids
 
 logger = logging.getLogger(__name__)
 
 
-class InferenceWorker:
+class InferenceWorker(Clocked):
     """Ray actor (async): owns one inference engine and the policy version it serves."""
 
     def __init__(
@@ -60,6 +68,7 @@ class InferenceWorker:
         static_decode: bool | None = None,
         weight_store: str | None = None,
         attn_implementation: str | None = None,
+        interrupt: str = "finish",
     ):
         set_num_threads(num_threads, device)
         tokenizer = load_tokenizer(model_path)
@@ -84,6 +93,13 @@ class InferenceWorker:
         self.batch_wait_s = batch_wait_ms / 1000.0
         # a vision-language model batches each engine call's requests, not continuously (hf/vl_generate.py)
         self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy) and not self.engine.vision
+        if interrupt != "finish" and not self.continuous:
+            raise ValueError(
+                f"interrupt={interrupt!r} needs the continuous hf engine (text model, continuous_batching); "
+                f"{strategy_name} finishes each engine call before a weight update"
+            )
+        self.interrupt = interrupt
+        self.partial = PartialRequests(interrupt)  # requests interrupted and served again
         self.engine_name = strategy_name
         self.failed: EngineFailed | None = None  # set once the engine raised; see `_fail`
         self._pending: list[tuple[GenerateRequest, asyncio.Future, float]] = []  # + time.monotonic() it came
@@ -127,21 +143,24 @@ class InferenceWorker:
         return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor] | IpcWeights, version: int) -> int:
-        """Load new actor weights between engine calls, never in the middle of one: a batch already
-        running finishes on the old weights (async training's sync policy; nothing is aborted; a
-        continuous engine call admits no new request meanwhile, so no response mixes weights),
-        then the engine drops every cached conversation KV, which the new weights make stale.
-        Requests still queued are served on the new weights and stamped with `version`."""
+        """Load new actor weights between engine calls, never in the middle of one. With
+        `interrupt` "finish" a batch already running finishes on the old weights (a continuous
+        engine call admits no new request meanwhile, so no response mixes weights); "continue" and
+        "abort" stop the running requests at the next token boundary instead (`_requeue`). Then the
+        engine drops every cached conversation KV, which the new weights make stale. Requests
+        still queued, and the continued ones, are served on the new weights and their tokens
+        stamped with `version`."""
         self._ensure_loop()
         async with self._between_engine_calls():
             if not self._awake.is_set():
                 raise RuntimeError("update_weights: the engine is offloaded; reload it first")
-            if isinstance(state_dict, IpcWeights):  # the actor's GPU tensors, shared: copied in, then let go
-                tensors = state_dict.open()
-                self.engine.load_weights(tensors, version)
-                IpcWeights.close(tensors)
-            else:
-                self.engine.load_weights(state_dict, version)
+            with self.clock.measure("sync"):
+                if isinstance(state_dict, IpcWeights):  # the actor's GPU tensors, shared: copied in, then let go
+                    tensors = state_dict.open()
+                    self.engine.load_weights(tensors, version)
+                    IpcWeights.close(tensors)
+                else:
+                    self.engine.load_weights(state_dict, version)
         return version
 
     async def offload(self) -> None:
@@ -149,13 +168,15 @@ class InferenceWorker:
         self._ensure_loop()
         async with self._between_engine_calls():
             self._awake.clear()
-            self.engine.offload()
+            with self.clock.measure("sync"):
+                self.engine.offload()
 
     async def reload(self) -> None:
         """Bring the engine back and serve the requests that waited."""
         self._ensure_loop()
         async with self._engine_lock:
-            self.engine.reload()
+            with self.clock.measure("sync"):
+                self.engine.reload()
             self._awake.set()
 
     def memory_gib(self) -> dict[str, float]:
@@ -171,11 +192,17 @@ class InferenceWorker:
         how many were cached."""
         return sum(bool(self.engine.release(s)) for s in session_ids)
 
+    def take_interruptions(self) -> dict[str, int]:
+        """What weight updates (and offloads) did to running requests since the last call:
+        `interrupted_requests`, `discarded_tokens`, `recomputed_tokens`."""
+        return self.partial.take_counts()
+
     def get_stats(self) -> dict[str, int]:
         """Worker counters, the engine's own `stats`, the KV tokens roll caches for sessions (0 for
         engines that cache prefixes themselves) and the policy version served."""
         return dict(
             self.stats,
+            **self.partial.counts,
             **self.engine.stats,
             kv_cached_tokens=self.engine.kv_cache.num_tokens,
             policy_version=self.engine.policy_version,
@@ -202,9 +229,10 @@ class InferenceWorker:
                     batch = self._pending[: self.max_batch_size]
                     self._pending = self._pending[self.max_batch_size :]
                 try:
-                    outputs = await loop.run_in_executor(
-                        self._executor, self.engine.generate_batch, [r for r, *_ in batch]
-                    )
+                    with self.clock.measure("compute"):
+                        outputs = await loop.run_in_executor(
+                            self._executor, self.engine.generate_batch, [r for r, *_ in batch]
+                        )
                 except Exception as exc:
                     self._fail(batch, exc)
                     return
@@ -219,8 +247,11 @@ class InferenceWorker:
         """Continuous batching (`strategies/hf/continuous.py`): one engine call serves every request
         that arrives while it runs; each is answered the moment its row stops. The call ends when
         the engine is idle, or when a weight update or offload waits (`_drain_waiters`): then it
-        takes no new request and returns once its running rows are done."""
+        takes no new request and returns once its running rows are done; with `interrupt` other
+        than "finish" it returns at the next token boundary, and its running rows go back to the
+        front of the queue (`_requeue`) before the update runs."""
         loop = asyncio.get_running_loop()
+        stopping = (lambda: self._drain_waiters > 0) if self.interrupt != "finish" else (lambda: False)
         while self._pending:
             await self._awake.wait()
             await self._wait_for_a_fuller_batch()
@@ -228,21 +259,25 @@ class InferenceWorker:
                 if not self._awake.is_set():
                     continue
                 try:
-                    await loop.run_in_executor(
-                        self._executor,
-                        continuous.serve,
-                        self.engine,
-                        self._take,
-                        lambda request, output: loop.call_soon_threadsafe(self._answer, request, output),
-                        self.max_batch_size,
-                        lambda: self._drain_waiters > 0,
-                    )
+                    with self.clock.measure("compute"):
+                        suspended = await loop.run_in_executor(
+                            self._executor,
+                            continuous.serve,
+                            self.engine,
+                            self._take,
+                            lambda request, output: loop.call_soon_threadsafe(self._answer, request, output),
+                            self.max_batch_size,
+                            lambda: self._drain_waiters > 0,
+                            stopping,
+                        )
                 except Exception as exc:
                     with self._pending_lock:
                         serving = [item for items in self._serving.values() for item in items]
                         self._serving = {}
+                    self.partial.clear()
                     self._fail(serving, exc)
                     return
+                self._requeue(suspended)  # under the lock: before the waiting update loads its weights
             self.stats["engine_calls"] += 1
 
     async def _wait_for_a_fuller_batch(self) -> None:
@@ -278,12 +313,30 @@ class InferenceWorker:
                 self._serving.setdefault(id(r), []).append((r, fut))
         return [r for r, *_ in taken]
 
-    def _answer(self, request: GenerateRequest, output: GenerateOutput) -> None:
+    def _requeue(self, suspended: list[Suspended]) -> None:
+        """Requests a weight update stopped mid-way go back to the front of the queue, in their
+        order, as `self.partial` turns them (a continuation, or the request again)."""
+        now = time.monotonic()
+        front = [
+            (request, self._untake(item.request), now)
+            for item in suspended
+            for request in [self.partial.resume(item, self.engine.policy_version)]
+        ]
+        with self._pending_lock:
+            self._pending[:0] = front
+
+    def _untake(self, request: GenerateRequest) -> asyncio.Future:
+        """The future of a request taken by the engine and not answered; it is no longer served."""
         with self._pending_lock:
             waiting = self._serving[id(request)]
             _, fut = waiting.pop(0)
             if not waiting:
                 del self._serving[id(request)]
+        return fut
+
+    def _answer(self, request: GenerateRequest, output: GenerateOutput) -> None:
+        fut = self._untake(request)
+        output = self.partial.whole(request, output)  # the rest of an interrupted request: answered whole
         self.stats["requests"] += 1
         self.stats["generated_tokens"] += len(output.token_ids)
         if not fut.done():

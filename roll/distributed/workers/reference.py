@@ -13,10 +13,11 @@ from roll.distributed.row_images import row_images
 from roll.distributed.sequence_packing import PackedSequences
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
 from roll.distributed.workers.common import scoring_inputs, set_num_threads, take_memory_gib
+from roll.distributed.workers.work_clock import Clocked, timed
 from roll.models.loading import DType, load_policy
 
 
-class ReferenceWorker:
+class ReferenceWorker(Clocked):
     """Log-probs of a frozen model (eval mode, no grad, no optimizer), computed once per distinct
     row of the batch (roll.distributed.micro_batches.forward_in_micro_batches)."""
 
@@ -46,6 +47,7 @@ class ReferenceWorker:
             .requires_grad_(False)
         )
 
+    @timed("compute")
     def compute_logprobs(self, batch: TensorDict, temperature: float) -> torch.Tensor:
         """Log-probs (B, T) aligned as in roll.distributed.micro_batches.token_logprobs, CPU float32:
         of the response tokens where `batch` has a response mask, else of every real token."""
@@ -71,11 +73,13 @@ class ReferenceWorker:
         """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
         return take_memory_gib()
 
+    @timed("sync")
     def offload(self, to: str | torch.device = "cpu") -> None:
         """The frozen model to `to` (CPU by default) while a colocated role uses the device."""
         move_module_(self.model, to)
         release_cached_memory(self.device)
 
+    @timed("sync")
     def reload(self) -> None:
         """The model back onto its device."""
         move_module_(self.model, self.device)

@@ -38,7 +38,7 @@ from roll.distributed.strategies.hf.device_sampling import RowSampler
 from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import Chunk
 from roll.distributed.strategies.hf.prefill import build_prefill
-from roll.distributed.strategies.hf.slot_serving import SlotRow, serve_slots
+from roll.distributed.strategies.hf.slot_serving import SlotRow, Suspended, serve_slots
 
 Take = Callable[[int], list[GenerateRequest]]
 """`take(n)`: up to n requests that arrived since the last call (none: an empty list)."""
@@ -86,7 +86,7 @@ class RunningBatch:
                 [r.request for r in self.rows],
                 self.mask.device,
                 vocab,
-                [len(r.token_ids) for r in self.rows],
+                [r.request.sample_offset + len(r.token_ids) for r in self.rows],
             )
         return self._sampler
 
@@ -136,19 +136,29 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 @torch.no_grad()
 def serve(
-    engine: HFInferStrategy, take: Take, deliver: Deliver, max_rows: int, stop_admitting: Callable[[], bool]
-) -> None:
+    engine: HFInferStrategy,
+    take: Take,
+    deliver: Deliver,
+    max_rows: int,
+    stop_admitting: Callable[[], bool],
+    interrupt: Callable[[], bool] = lambda: False,
+) -> list[Suspended]:
     """Decode until no row runs and `take` has nothing new: before each decode step, admit up to
     `max_rows - running` new requests. Once `stop_admitting()` is true, no request is taken and
     the call returns when the running rows are done (a weight update or offload is waiting).
+    Once `interrupt()` is true (partial rollout), the call returns before the next decode step,
+    every running row unanswered: the returned `Suspended` rows, each with the ids it sampled so
+    far (the last one not fed yet).
 
     Runs on the engine's thread; `take` and `deliver` are the inference worker's thread-safe
     hand-offs to and from its event loop. An engine on static decode slots runs `serve_slots`.
     """
     if engine.static_decode:
-        return serve_slots(engine, take, deliver, max_rows, stop_admitting)
+        return serve_slots(engine, take, deliver, max_rows, stop_admitting, interrupt)
     running: RunningBatch | None = None
     while True:
+        if running is not None and interrupt():
+            return [Suspended(r.request, r.token_ids, r.logprobs) for r in running.rows]
         room = max_rows - (running.size if running else 0)
         joiners = take(room) if room > 0 and not stop_admitting() else []
         if joiners:
@@ -160,7 +170,7 @@ def serve(
         if running is None:
             if joiners:
                 continue
-            return
+            return []
         engine.stats["decode_steps"] += 1
         running = _sample_and_retire(engine, running, running.forward(engine.model), deliver)
 

@@ -119,7 +119,8 @@ class RowSampler:
 
     Row i's k-th token is drawn with `counter_uniform(seed_i, k)` (`device_sampling`), the same
     stream the static decode slots use, so every path gives a request the same tokens.
-    `counters` are the rows' token counts so far (default: all 0); each `sample` advances them.
+    `counters` are the rows' indexes of the next token in their streams (default: each request's
+    `sample_offset`); each `sample` advances them.
     """
 
     def __init__(
@@ -127,7 +128,9 @@ class RowSampler:
     ):
         self.state = SamplingState.from_requests(requests, vocab, device)
         self.truncate = SamplingState.truncates(requests)
-        self.counters = torch.tensor(counters or [0] * len(requests), dtype=torch.long, device=device)
+        if counters is None:
+            counters = [r.sample_offset for r in requests]
+        self.counters = torch.tensor(counters, dtype=torch.long, device=device)
 
     def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """logits (N, V) -> (tokens (N,), logprobs (N,))."""

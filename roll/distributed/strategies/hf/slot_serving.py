@@ -60,6 +60,16 @@ class SlotRow:
         return GenerateOutput(self.request.request_id, self.token_ids, self.logprobs, self.finish, version)
 
 
+@dataclass
+class Suspended:
+    """A request stopped at a token boundary before it was done (partial rollout): the ids it
+    sampled so far, the last of them not fed to the model yet, and their log-probs."""
+
+    request: GenerateRequest
+    token_ids: list[int]
+    logprobs: list[float]
+
+
 class SlotPool:
     """The engine's DecodeSlots between calls, least recently used first."""
 
@@ -120,8 +130,8 @@ class _Run:
         engine.stats["prefill_tokens"] += sum(prefill.new)
         logits = engine.prefill_forward(prefill)
         state = SamplingState.from_requests(live, logits.shape[-1], device)
-        zeros = torch.zeros(len(live), dtype=torch.long, device=device)
-        first, first_lp = sample(logits, state, zeros, SamplingState.truncates(live))
+        offsets = torch.tensor([r.sample_offset for r in live], dtype=torch.long, device=device)
+        first, first_lp = sample(logits, state, offsets, SamplingState.truncates(live))
         eos = frozenset(engine.eos_token_ids)
         width = prefill.attention_mask.shape[1]
         rows = [
@@ -174,6 +184,14 @@ class _Run:
         while self.slots is not None and self.slots.inflight:
             self._read()
 
+    def suspend(self) -> list[Suspended]:
+        """Every running row, unanswered, its slot freed (after the steps in flight are read)."""
+        self.drain()
+        rows, self.rows = self.rows, {}
+        if self.slots is not None:
+            self.slots.release(list(rows))
+        return [Suspended(row.request, row.token_ids, row.logprobs) for row in rows.values()]
+
     def _read(self) -> None:
         """Take the oldest launched step's tokens; rows that are done leave their slots."""
         tokens, logprobs = self.slots.collect()
@@ -208,10 +226,16 @@ def serve_slots(
     deliver: Callable[[GenerateRequest, GenerateOutput], None],
     max_rows: int,
     stop_admitting: Callable[[], bool],
-) -> None:
-    """Decode until no row runs and `take` has nothing new (see the module docstring)."""
+    interrupt: Callable[[], bool] = lambda: False,
+) -> list[Suspended]:
+    """Decode until no row runs and `take` has nothing new (see the module docstring); returns the
+    rows suspended once `interrupt()` is true, as `continuous.serve` does."""
     run = _Run(engine, deliver)
     while True:
+        if run.rows and interrupt():
+            suspended = run.suspend()  # rows done in the steps still in flight are answered first
+            if suspended:
+                return suspended
         room = max_rows - len(run.rows)
         joiners = take(room) if room > 0 and not stop_admitting() else []
         if joiners:
@@ -222,5 +246,5 @@ def serve_slots(
             if joiners:
                 continue
             run.drain()
-            return
+            return []
         run.advance()

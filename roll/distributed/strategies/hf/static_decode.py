@@ -129,7 +129,8 @@ class DecodeSlots:
         """Put prefilled rows into free slots; returns their slots.
 
         `layers`: per layer (keys, values) of the prefill, (B, H_kv, W, D); `mask` (B, W), 1 on real
-        ids; `first` (B,) the token each row sampled from its prefill logits (counter 0).
+        ids; `first` (B,) the token each row sampled from its prefill logits (the counter of a
+        request's `sample_offset`).
         """
         width = mask.shape[1]
         assert len(requests) <= len(self.free) and width < self.length, "grow the slots first"
@@ -144,7 +145,8 @@ class DecodeSlots:
         self.ids.index_copy_(0, idx, first.view(-1, 1))
         self.positions.index_copy_(0, idx, mask.sum(-1, keepdim=True).long())
         self.column.index_fill_(0, idx, width)
-        self.counters.index_fill_(0, idx, 1)
+        offsets = torch.tensor([r.sample_offset + 1 for r in requests], dtype=torch.long, device=self.device)
+        self.counters.index_copy_(0, idx, offsets)
         new = SamplingState.from_requests(requests, self.vocab, self.device)
         for name in ("greedy", "temperature", "top_k", "top_p", "seeds"):
             getattr(self.sampling, name).index_copy_(0, idx, getattr(new, name))
