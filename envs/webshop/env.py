@@ -237,8 +237,8 @@ class WebShopEnv(TextEnv):
     def tokenizer_whole_words(self) -> list[str]:
         """The product codes (ASINs), each one token of a tiny word-level tokenizer: clicking a
         product means copying its code from the page, which a 2-layer model trained in minutes
-        does not learn for a code spelled as 10 one-character tokens (docs/benchmarks.md,
-        learning.py: WebShop)."""
+        does not learn for a code spelled as 10 one-character tokens (benchmarks/results/learning.md,
+        WebShop)."""
         return [product.asin for product in self.catalog.products]
 
     def tokenizer_corpus(self) -> list[str]:
