@@ -1,8 +1,9 @@
 """The shipped coding tasks: fix or write one function in `solution.py` so that hidden tests pass.
 
 Each task has the text the agent reads, the starter `solution.py` it finds in its workspace (a
-stub or a bug), the expert's `solution.py`, and hidden tests: Python statements that see the
-module as `solution` and pass when they raise nothing. The agent never sees the tests. Every
+stub or a bug), the expert's `solution.py`, and hidden tests, each `assert solution.f(args) ==
+<literal>` (or `is True` / `False` / `None`): the grader makes the call in the sandbox and compares
+the value outside it (grader.py). The agent never sees the tests. Every
 starter fails at least one test and the expert passes them all (tests/envs/test_code_sandbox.py
 runs both in the sandbox).
 """
@@ -30,7 +31,7 @@ TASKS: tuple[CodeTask, ...] = (
         tests=(
             "assert solution.add(1, 2) == 3",
             "assert solution.add(-5, 5) == 0",
-            "assert solution.add(10**12, 1) == 10**12 + 1",
+            "assert solution.add(10**12, 1) == 1000000000001",
         ),
     ),
     CodeTask(

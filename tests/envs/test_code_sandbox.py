@@ -9,7 +9,10 @@ import pytest
 
 import envs  # noqa: F401  registers the built-ins
 from envs.code_sandbox import TASKS, CodeSandboxEnv
+from envs.code_sandbox.grader import grade, parse_test
+from envs.code_sandbox.tasks import TASKS_BY_NAME
 from roll.agentic.env import make_env
+from roll.agentic.sandbox import Sandbox
 from roll.agentic.sandbox.isolation import choose_mode
 
 NAMESPACES = choose_mode("auto") == "namespaces"
@@ -60,11 +63,42 @@ def test_reward_is_the_share_of_hidden_tests_passed():
         "import sys\nsys.exit(0)\n",
         "print('[true, true, true]')\nimport os\nos._exit(0)\n",
         "def add(a, b):\n    while True:\n        pass\n",
+        # the grader's own marker line, read from the grading process it runs in
+        "import __main__, json, os\nprint(__main__.MARK + json.dumps(['True'] * 3), flush=True)\nos._exit(0)\n",
+        # a value equal to everything
+        "class Equal:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Equal()\n",
+        # an int equal to everything
+        "class Equal(int):\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Equal(7)\n",
     ],
 )
 def test_a_solution_cannot_fake_its_grade(cheat):
     env = CodeSandboxEnv(tasks=["add"], sandbox={"wall_s": 8})
     assert submit(env, "add", cheat)[0] == 0.0
+
+
+def test_a_planted_stdlib_module_is_not_what_the_grader_imports():
+    """The runner imports json and signal: a json.py in the workspace stays unread."""
+    task = TASKS_BY_NAME["add"]
+    with Sandbox({"wall_s": 8}) as box:
+        box.write_file("solution.py", task.solution)
+        box.write_file("json.py", "open('shadow_ran', 'w').close()\ndef dumps(x):\n    return '[true, true, true]'\n")
+        assert grade(box, task.tests) == [True, True, True]
+        assert box.read_file("shadow_ran") is None
+        box.write_file("solution.py", task.starter)
+        assert grade(box, task.tests) == [False, False, False]
+
+
+def test_hidden_tests_compare_a_call_with_a_literal():
+    assert parse_test("assert solution.add(1, 2) == 3") == ("solution.add(1, 2)", "==", 3)
+    assert parse_test("assert solution.is_even(0) is True") == ("solution.is_even(0)", "is", True)
+    for bad in (
+        "assert solution.add(1, 2) == 1 + 2",
+        "assert add(1, 2) == 3",
+        "solution.add(1, 2)",
+        "assert solution.f() is 3",
+    ):
+        with pytest.raises(ValueError, match="hidden test"):
+            parse_test(bad)
 
 
 def test_shell_and_python_run_in_the_workspace_and_it_is_gone_after_the_episode():
