@@ -1,6 +1,6 @@
 """Every field of ROLL's config dataclasses, run level, with roll's answer (`roll.configs.roll_answers`).
 
-ROLL's classes at commit `ROLL_COMMIT` (the one `/work/shared/roll_examples` and this dialect
+ROLL's classes at commit `ROLL_COMMIT` (the one `../shared/roll_examples` and this dialect
 follow): `roll/configs/{base_config,worker_config,model_args,training_args,generating_args,
 data_args}.py` and `roll/pipeline/agentic/agentic_config.py`. `ROLL_TABLE[cls][field]` is the
 answer; a class's table lists its own fields, inherited ones stay with the class that declares

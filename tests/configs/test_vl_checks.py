@@ -5,16 +5,16 @@ naming the key and exit 2."""
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from roll.cli import main
 from roll.pipeline.tiny_model import main as build_model
 
-ROLL_VL = "/work/shared/roll_examples/qwen2.5-vl-3B-agentic"
-pytestmark = pytest.mark.skipif(not os.path.isdir(ROLL_VL), reason="ROLL's example configs are not here")
+ROLL_VL = Path(__file__).resolve().parents[2] / ".." / "shared" / "roll_examples" / "qwen2.5-vl-3B-agentic"
+pytestmark = pytest.mark.skipif(not ROLL_VL.is_dir(), reason=f"ROLL's example configs are not at {ROLL_VL}")
 LIMIT = "actor_infer.strategy_args.strategy_config.limit_mm_per_prompt.image"
 
 
@@ -35,7 +35,7 @@ def run(capsys, tmp_path, model, *overrides, keep_notes=False):
         status = main(
             [
                 "--config_path",
-                ROLL_VL,
+                str(ROLL_VL),
                 "--config_name",
                 "agentic_val_sokoban",
                 "+profile=cpu_smoke",

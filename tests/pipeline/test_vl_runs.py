@@ -14,7 +14,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[2]
-ROLL_VL = Path("/work/shared/roll_examples/qwen2.5-vl-3B-agentic")
+ROLL_VL = REPO / ".." / "shared" / "roll_examples" / "qwen2.5-vl-3B-agentic"  # beside the checkout
 pytestmark = pytest.mark.ray
 
 
@@ -100,7 +100,7 @@ def test_the_vl_example_trains_and_shows_frames(vl_model, tmp_path, trainer):
 
 
 @pytest.mark.lane  # .ci/run_lanes (slow); .ci/run runs its pre-start checks (tests/configs/test_vl_checks.py)
-@pytest.mark.skipif(not ROLL_VL.is_dir(), reason="ROLL's example configs are not here")
+@pytest.mark.skipif(not ROLL_VL.is_dir(), reason=f"ROLL's example configs are not at {ROLL_VL}")
 def test_rolls_vl_sokoban_config_runs(vl_model, tmp_path):
     run(
         [
