@@ -5,24 +5,18 @@ tokens and environment observations interleaved. `response_mask` (B, T) is 1.0 e
 the policy generated. Every output is 0 off the mask: observation and padding tokens get no
 advantage and no return.
 
-Variants implemented, and where they differ from the papers:
-- `gae` — GAE (Schulman et al. 2016) at token level, as in RLHF PPO (Ouyang et al. 2022; verl).
-  One "time step" is one generated token. Observation tokens are the environment's transition,
-  not actions, so the recursion skips them: the successor of a generated token is the next
-  generated token of the same row. After the row's last generated token the next value is 0 if
-  the trajectory terminated, and the value of its last state if it was truncated (cut by max
-  actions, max tokens or the env's time limit: `bootstrap_values`), as CleanRL and SB3 do. This
-  equals verl's multi-turn GAE that carries `nextvalues` across observation tokens, plus the
-  truncation bootstrap that verl leaves out.
-- `grpo` — group-relative advantages (Shao et al. 2024, DeepSeekMath "outcome supervision"):
-  (score - group mean) / (group std + eps) with the unbiased std, broadcast to every generated
-  token. `norm_by_std=False` keeps only the mean baseline (Dr. GRPO, Liu et al. 2025). A group of
-  one has no baseline and gets advantage 0.
-- `reinforce` — baseline-free REINFORCE (Williams 1992): the discounted reward-to-go of each
-  generated token. Whitening, if wanted, is the pipeline's `whiten_advantages` option.
+- `gae`: GAE (Schulman et al. 2016) at token level, as in RLHF PPO. One time step is one generated
+  token; the recursion skips observation tokens (the env's transition). After a row's last
+  generated token the next value is 0 if the trajectory terminated, and the value of its last
+  state if it was truncated (`bootstrap_values`), as CleanRL and SB3 do: verl's multi-turn GAE
+  plus the truncation bootstrap that verl leaves out.
+- `grpo`: (score - group mean) / (group std + eps), unbiased std (Shao et al. 2024), broadcast to
+  every generated token; `norm_by_std=False` is Dr. GRPO (Liu et al. 2025). A group of one gets 0.
+- `reinforce`: baseline-free REINFORCE (Williams 1992): the discounted reward-to-go of each
+  generated token.
 
 Discounting is per generated token, not per turn: a turn of n tokens discounts the next turn's
-rewards by gamma**n. With the usual gamma = 1 both conventions agree.
+rewards by gamma**n. In full: docs/algorithms.md#trajectory-estimators-in-full.
 """
 
 from __future__ import annotations

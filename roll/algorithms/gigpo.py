@@ -1,45 +1,23 @@
 """Step-wise advantage estimators: one sample (row) per environment step, one advantage per row.
 
-A step-wise batch has S rows. Row i carries its trajectory's group (`traj_group_ids`, the
-trajectories that started from the same env seed), its trajectory (`traj_ids`, unique across the
-batch), its 0-based `steps` index in that trajectory, the hash of the observation it answered
-(`state_hashes`), the env reward of that step (`step_rewards`, r_t) and the trajectory's episode
-score R(tau) repeated on each of its rows (`episode_scores`). Every argument is a length-S list or
-1-D tensor; rows may come in any order. Each estimator returns advantages (S,);
-`broadcast_to_tokens` puts them on the generated tokens of each row, (S, T).
+A step-wise batch has S rows; every argument is a length-S list or 1-D tensor, rows in any order:
+`traj_group_ids` (the trajectories that started from one env seed), `traj_ids` (unique across the
+batch), `steps` (0-based index in the trajectory), `state_hashes` (the observation the row
+answered), `step_rewards` (r_t) and `episode_scores` (R(tau), repeated on each of its rows). Each
+estimator returns advantages (S,); `broadcast_to_tokens` puts them on each row's generated tokens,
+(S, T). Every trajectory must be complete (steps 0..L-1, each once), else ValueError.
 
-Variants implemented, and where they differ from the paper or the reference code:
-- `gigpo` — GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent
-  Training"): A = episode_weight * A_E + step_weight * A_S (the paper has episode_weight = 1 and
-  step_weight = omega).
-  * A_E = (R(tau) - mean) / F over the N trajectories of the group, each trajectory counted
-    once (the paper's Eq. 3). verl-agent's default (`compute_mean_std_cross_steps=True`) and
-    ROLL's port take the mean and std over step rows instead, which weighs a trajectory by its
-    length: long trajectories (often failures that wander until max_steps) drag the baseline
-    towards their score. Counting trajectories keeps the paper's estimator and gives a
-    trajectory the same A_E as traj-wise GRPO on the same episodes.
-  * A_S = (R_t - mean) / F over the anchor group of the row: the rows of one traj_group_id
-    whose observation hashes are equal. R_t = sum_{k>=t} gamma^(k-t) r_k, discounted once per
-    env step (not per token, unlike `advantages.compute_reinforce_returns`). The paper groups
-    rows by identical environment states; we group by the hash of the observation text, which
-    is the same thing for fully observed text envs (FrozenLake, Sokoban) and may pool distinct
-    hidden states in partially observed ones. A state revisited within one trajectory (an
-    invalid move leaves the board as it was) joins the same anchor group, as in verl-agent.
-  * F = std + eps with the unbiased std (torch.std) when `norm_std`, else 1 (verl-agent's
-    default "mean_norm").
-  * A group with one member, or whose values are all equal, gets exactly 0: it has no baseline
-    to compare against. verl-agent instead gives a lone member mean 0 and std 1, i.e. its raw
-    return as advantage; the paper does not say.
-  * R(tau) is taken as given, not summed from the step rewards: pass sum(r_t) for the paper's
-    episode return, or a success score.
-- `step_reinforce` — REINFORCE (Williams 1992) on env steps: A = R_t, optionally whitened over
-  all rows of the batch.
-- `step_grpo` — GRPO (Shao et al. 2024) on step-wise samples: every row gets its trajectory's
-  GRPO advantage, normalised over the trajectories of its group; equal to `gigpo` with
-  step_weight = 0 and norm_std = True.
+- `gigpo`: GiGPO (Feng et al. 2025): episode_weight * A_E + step_weight * A_S. A_E normalises
+  R(tau) over the group's trajectories, each counted once (the paper's Eq. 3; verl-agent and ROLL
+  count step rows, which weighs a trajectory by its length). A_S normalises the step return R_t,
+  discounted once per env step, over the anchor group: the group's rows whose observation hashes
+  are equal (the paper: equal env states).
+- `step_reinforce`: REINFORCE (Williams 1992) on env steps: A = R_t, optionally whitened.
+- `step_grpo`: GRPO (Shao et al. 2024) on step rows: `gigpo` with step_weight 0 and norm_std.
 
-Every trajectory must be complete in the batch: its rows have steps 0..L-1, each exactly once
-(R_t needs every later reward). Anything else raises ValueError rather than discount wrongly.
+A group with one member, or whose values are all equal, gets exactly 0 (verl-agent: the raw
+return). The math and every difference from the paper, verl-agent and ROLL:
+docs/algorithms.md#gigpo-in-full.
 """
 
 from __future__ import annotations

@@ -4,30 +4,19 @@ Every variant maps per-token log-probs of the current weights (`logprobs`, with 
 weights that scored the batch (`old_logprobs`, pi_old) and advantages to per-token losses; the
 shared `policy_gradient_loss` then applies the optional off-policy weights of `off_policy.py`,
 aggregates with `loss_agg_mode` and adds the diagnostics every variant reports. With
-r = exp(logprobs - old_logprobs) and sg() a stop-gradient (detach):
+r = exp(logprobs - old_logprobs) and sg() a stop-gradient:
 
-- "vanilla": REINFORCE (Williams 1992, eq. 11): -A * log pi. No ratio, no clipping.
-- "ppo": the clipped surrogate (Schulman et al. 2017, eq. 7): -min(r A, clip(r, 1-lo, 1+hi) A),
-  the same numbers as `losses.ppo_policy_loss`.
-- "tis": truncated importance sampling of the REINFORCE gradient (Ionides 2008, "Truncated
-  importance sampling"; the form of Espeholt et al. 2018, IMPALA eq. 1, truncated from both
-  sides): -sg(clip(r, tis_lower_bound, tis_upper_bound)) * A * log pi.
-- "topr": Tapered Off-Policy REINFORCE (Le Roux et al. 2025, arXiv 2503.14286, eq. 8): rows of
-  trajectories with a positive reward take the plain REINFORCE (SFT-like) term -A log pi; the
-  others the truncated one -sg(clip(r, 0, 1)) * A * log pi; each side scaled by its weight.
-- "cispo": MiniMax-M1 (2025, arXiv 2506.13585, eq. 4): -sg(clip(r, 1-eps_low, 1+eps_high)) * A *
-  log pi: the IS weight is clipped, never the gradient. With `cispo_use_unified_mask`, eq. 7's
-  mask drops tokens with A > 0 and r > 1+eps_high or A < 0 and r < 1-eps_low (PPO's trust region).
-- "kimi15": Kimi k1.5 (2025, arXiv 2501.12599, eq. 3): -A * log pi + tau/2 * (log pi - log pi_old)^2,
-  a squared log-ratio penalty in place of clipping.
+- "vanilla": REINFORCE (Williams 1992, eq. 11): -A * log pi.
+- "ppo": the clipped surrogate (Schulman et al. 2017, eq. 7), as `losses.ppo_policy_loss`.
+- "tis": truncated IS of the REINFORCE gradient (Ionides 2008): -sg(clip(r, lo, hi)) * A * log pi.
+- "topr": Tapered Off-Policy REINFORCE (Le Roux et al. 2025, eq. 8): -A log pi on rows that scored
+  > 0, -sg(clip(r, 0, 1)) * A * log pi on the others, each side scaled by its weight.
+- "cispo": MiniMax-M1 (2025, eq. 4): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi.
+- "kimi15": Kimi k1.5 (2025, eq. 3): -A * log pi + tau/2 * (log pi - log pi_old)^2.
 
-Where these follow ROLL (`roll/pipeline/agentic/agentic_actor_pg_worker.py`) rather than the paper:
-the ratios of TOPR and Kimi are per token, where the papers take the ratio of the whole response
-pi(tau)/mu(tau); TOPR splits rows by the sign of the trajectory's raw episode score (> 0 is
-positive), as ROLL does. Where ours differs from ROLL: TOPR reads each row's own episode score
-(ROLL collects one score per `traj_id`, in group order, which misaligns with step-wise rows); the
-clip fractions are masked means over generated tokens (ROLL's TOPR / CISPO fractions average every
-position, padding included); there is no PPO dual clip.
+As in ROLL, TOPR's and Kimi's ratios are per token (the papers: whole responses). Unlike ROLL, TOPR
+reads each row's own episode score, clip fractions are masked means over generated tokens, and
+there is no PPO dual clip. In full: docs/algorithms.md#policy-gradient-variants-in-full.
 """
 
 from __future__ import annotations

@@ -1,36 +1,19 @@
 """Reward normalisation before advantage estimation: ROLL's `reward_normalization` block.
 
-ROLL's agentic pipeline (`agentic_reward_norm` in `roll/pipeline/agentic/utils.py`) rescales the
-response-level score of every sample before the advantage estimator sees it. Its config is
-`reward_normalization {grouping, norm_mean_type, norm_std_type}`:
-- `grouping` names the non-tensor key whose equal values form a group: `traj_group_id` (the
-  trajectories that started from one env seed, GRPO's group), `tag` (one env type), or `batch`
-  (the whole rollout batch is one group). The caller passes that key's values as `group_keys`,
-  or one constant for every row when grouping is "batch".
-- `norm_mean_type` says what is subtracted: the mean of the whole batch ("batch"), the mean of the
-  row's group ("group"), or nothing (None).
-- `norm_std_type` says what the result is divided by: std + eps of the whole batch ("batch"), of
-  the row's group ("group"), or nothing (None). Stds are unbiased (torch.std), eps = 1e-6.
-Batch statistics ignore the grouping; with grouping "batch" the two kinds agree. GRPO's outcome
-advantage is ("group", "group") grouped by traj_group_id; ("batch", "batch") is plain whitening.
-ROLL's older key `method` names pairs of them (`norm_types_for_method`): "identity" (None, None),
-"mean" (K, None), "mean_std" and "asym_clip" (K, K), K being "batch" for grouping "batch" and
-"group" otherwise. "asym_clip" then clamps the normalised score to [-1, 3] (ROLL's original
-implementation, `get_score_normalize_fn` before ROLL commit 29301e71; ROLL's current code derives
-the same statistics but has dropped the clamp, so there it equals "mean_std").
+The response-level score of every sample is rescaled before the advantage estimator sees it, as
+ROLL's `agentic_reward_norm` does, by `reward_normalization {grouping, norm_mean_type,
+norm_std_type}`: `grouping` is the non-tensor key whose equal values form a group
+(`traj_group_id`, `tag` or `batch`; the caller passes those values as `group_keys`); the mean
+subtracted and the std + eps divided by are the batch's ("batch"), the row's group's ("group") or
+none (None); stds are unbiased, eps = 1e-6. ROLL's older `method` names pairs of them
+(`norm_types_for_method`); "asym_clip" then clamps to [-1, 3], as ROLL's original code did.
+`clip_symmetric` is ROLL's `reward_clip` / `advantage_clip`: clamp to [-limit, limit] and report
+the fraction that was outside.
 
-`clip_symmetric` is ROLL's `reward_clip` / `advantage_clip`: clamp to [-limit, limit] and report the
-fraction of values that were outside.
-
-Where this differs from ROLL: statistics without spread. ROLL, whenever norm_std_type is set,
-returns 0 for every row of a group that has one member or whose chosen std is <= 1e-6, whatever
-the mean type: under ("batch", "group") a lone trajectory loses its reward entirely. Here the
-divisor falls back to 1 when the rows the std is taken over (the batch for "batch", the group for
-"group") have one member or all equal scores, and the centred value is kept. When the mean comes
-from the same rows, the centred value is 0 anyway (set exactly, so the mean's rounding, 1e-17 for
-0.1, 0.1, 0.1, does not leak through), and ROLL and this agree; when the centre is the batch mean
-or None, this keeps the signal that ROLL drops. "No spread" means all scores exactly equal: a
-group with a tiny but real spread is still divided by its std + eps, where ROLL would zero it.
+Where this differs from ROLL: a group (or batch) without spread, one member or all scores exactly
+equal, divides by 1 and keeps its centred value; ROLL zeroes every row of it whatever the mean
+type, so under ("batch", "group") a lone trajectory loses its reward. Each mode in full:
+docs/algorithms.md#reward-normalisation-in-full.
 """
 
 from __future__ import annotations
