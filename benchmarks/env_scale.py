@@ -1,32 +1,21 @@
 """Many envs at once: memory per env and steps/s, for 1 to 1024 concurrent FrozenLake / Sokoban / WebShop envs.
 
-For each env (the example configs' settings) and each count N:
-- memory per env: what N built and reset envs hold, by tracemalloc (Python objects and numpy
-  arrays), after one untimed env of each kind has paid for lazy imports and caches; and how much
-  of it is gymnasium spaces (envs share one read-only `SharedText`, built before the cell, so
-  this is 0 unless an env builds its own). RSS growth is not reported: in one process it mostly
-  reads memory that earlier cells freed, so it says little per env;
-- steps/s through a plain loop: every env steps in turn, one process, one thread;
-- steps/s the env-worker way: one coroutine per env awaiting its env manager's `EnvCaller` (the
-  code `BaseEnvManager` calls its env through inside `EnvWorker`, with EnvWorker's executor of
-  min(N, 64) threads and its 60 s step timeout), twice: with every call forced onto the thread
-  path (`threads`), and as the env declares (`worker`: FrozenLake's reset and step and
-  Sokoban's step run inline in the event loop, see `TextEnv.cheap_calls`).
-Actions are random action words in the answer format (`<answer>Left</answer>`) from a seeded
-generator; WebShop, whose actions are open text, plays its scripted shopper (search, open the
-goal product, pick its options, buy: every step an HTTP request to the process's shop server on
-127.0.0.1, which one env kept alive for the whole run holds up, so no cell pays for starting it).
-An env whose episode ended is reset (seeded) and the reset counts in the loop time.
-Each cell steps every env `max(4, --min_steps // N)` times, on each path in turn, `--repeats`
-times (default 3); the table gives each path's median steps/s by the wall clock, and the last
-column the worker/loop ratio per second of process CPU time (steadier on a shared machine). The last line,
-`RESULT env_scale ...`, gives FrozenLake's smallest worker/loop ratio over the counts (wall
-clock and CPU time) and its largest memory per env.
+For each env (the example configs' settings) and each count N: the memory N built and reset envs
+hold (tracemalloc, and how much of it is gymnasium spaces), and steps/s three ways, in turns
+within each repeat: a plain loop, every call forced onto EnvWorker's thread path (`threads`), and
+EnvWorker's path as the env declares it (`worker`: cheap calls run inline, `TextEnv.cheap_calls`).
+Actions are seeded random action words; WebShop plays its scripted shopper. An env whose episode
+ended is reset, and the reset counts. The table gives median steps/s and, last, the worker/loop
+ratio per second of process CPU time (steadier on a shared machine).
 
-`--protocol roll` measures instead as the issue measured ROLL's envs (`roll_protocol.py`).
+`--protocol roll` measures instead as ROLL's envs were measured (`roll_protocol.py`).
 
     python benchmarks/env_scale.py [--counts 1 64 256 1024 --envs frozen_lake sokoban webshop --min_steps 4096]
     python benchmarks/env_scale.py --protocol roll
+
+The last line, `RESULT env_scale ...`, gives FrozenLake's smallest worker/loop ratio over the
+counts (wall clock and CPU time) and its largest memory per env. The method in full, and every
+run: benchmarks/results/env_scale.md.
 """
 
 from __future__ import annotations

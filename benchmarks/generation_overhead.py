@@ -1,29 +1,17 @@
 """Generation through our InferenceWorker (a Ray actor) vs the `hf` engine called in-process.
 
 The same requests (FrozenLake first-turn prompts, one sampling seed each) are generated three
-ways, side by side in one process:
-- engine: `HFInferStrategy.generate_batch` called directly, `--max_batch_size` rows per call
-  (what the worker's batch loop does with a full queue);
-- generate_many: one Ray call with every request, as an env worker's batching client sends them;
-- generate: one Ray call per request, all in flight at once, batched by the worker's own loop
-  (the path of a manager with no neighbours in its 2 ms window).
-Both sides load the same model dir with the same number of torch threads (`--threads`, passed to
-the worker's `num_threads`), and never run at the same time. The default is 1 thread: on two
-cores shared with other jobs, two OpenMP threads thrash whenever another process holds a core
-(the same engine pass measured 1.8-2.8 s with one thread and 2.4-14 s with two, minutes apart),
-which would swamp the difference being measured; `--threads 2` is the pipeline's setting (the
-worker's default, every core) for a machine of your own. A mode's time is the
-best of `--repeats`, the modes taking turns within each repeat so that load from other processes
-hits all of them. Sampling is seeded per request, so all modes must produce the same tokens
-(the `same ids` column; the engine is batch-invariant up to float round-off).
-
-Two response lengths: `--max_new_tokens` (decode-heavy) and 1 (the FrozenLake example answers
-with one token after a forced "<answer>": prefill-heavy, where per-call costs weigh most).
+ways, in turns within each repeat: the engine's `generate_batch` in-process; one Ray
+`generate_many` call with every request (an env worker's route); one Ray `generate` call a
+request. Both sides load the same model dir with `--threads` torch threads (default 1: two
+threads thrash on two shared cores). A mode's time is the best of `--repeats`; every mode must
+produce the same tokens (`same ids`). Two response lengths: `--max_new_tokens` and 1 (prefill-heavy).
 
     python benchmarks/generation_overhead.py [--requests 256 --max_new_tokens 32 --threads 1 --repeats 5]
 
 The last line is `RESULT overhead_generate_many=<x> overhead_generate=<y>`: 1 - (tokens/s through
-the worker) / (tokens/s of the engine), at `--max_new_tokens`; the target is <= 0.10.
+the worker) / (tokens/s of the engine), at `--max_new_tokens`; the target is <= 0.10. The method
+in full, and every run: benchmarks/results/generation_overhead.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,22 @@
 """The GPU lane (`.ci/run_gpu`): every training strategy and `hf` generation measured on one CUDA
 GPU, without Ray (the strategies are driven directly, as a role drives them).
 
-What it runs, on a random-init Qwen2-shaped model (`--size 0.5b`: Qwen2-0.5B's shape, 494M
-parameters, tied embeddings) in bf16 with sdpa attention (flash_attention_2 when the
-`flash_attn` package imports):
+On a random-init Qwen2-shaped model (`--size 0.5b`: Qwen2-0.5B's shape) in bf16:
 - training, per strategy (torch, fsdp2, deepspeed ZeRO-2 and ZeRO-3, megatron) and variant
-  (plain, gradient checkpointing, LoRA, compile): `--steps` optimizer steps of a causal-LM loss on random
-  tokens after one warm-up step -> training tokens/s, MFU and peak memory;
-- generation with the `hf` engine (roll.distributed.strategies.hf.infer) -> generated tokens/s.
-A variant a strategy cannot run is printed and recorded as "skipped: <why>", never dropped.
-How the variants are switched: gradient checkpointing by HF's `gradient_checkpointing_enable()`
-on the model before the strategy takes it (megatron: `recompute_granularity: full`); LoRA by
-`build_train_strategy(lora=...)`, as `lora_rank: 16, lora_alpha: 32` on the attention and MLP
-projections switch it on (peft on the HF model; megatron: its own adapters on the fused layers);
-compile by `strategy_config: {torch_compile: true}` (torch and fsdp2; its compile happens in the
-warm-up step, outside the timing).
+  (plain, gradient checkpointing, LoRA, compile): `--steps` optimizer steps of a causal-LM loss on
+  random tokens after one warm-up step -> training tokens/s, MFU and peak memory;
+- generation with the `hf` engine -> generated tokens/s.
+A variant a strategy cannot run is recorded as "skipped: <why>", never dropped.
 
 MFU = model FLOPs per second / the bf16 matmul peak measured on the same GPU in the same run
-(`matmul_peak_flops`: the best of several 8192^3 matmuls), not a datasheet figure. Model FLOPs of
-training per token = 6 * (parameters in matmuls) + 12 * layers * hidden * sequence (attention
-scores and values, forward and backward), as in the PaLM paper's appendix B; recomputation is not
-counted (it is overhead, not model work), LoRA steps count the same forward and the backward
-through the frozen weights, so their MFU is comparable only with each other.
+(`matmul_peak_flops`), not a datasheet figure; training FLOPs per token = 6 * matmul parameters +
+12 * layers * hidden * sequence (PaLM, appendix B), recomputation not counted.
 
 Without CUDA the lane prints "no CUDA device: skipped" for every GPU part and writes nothing.
 `--smoke` runs the same code on CPU with a tiny model in float32 for 2 steps (what CI tests,
-tests/benchmarks/test_gpu_lane.py); its record goes where `--out` says, never to results/.
+tests/benchmarks/test_gpu_lane.py); its record goes where `--out` says, never to results/. How
+each variant is switched on and how MFU is counted, in full, and every run:
+benchmarks/results/gpu_lane.md.
 """
 
 from __future__ import annotations

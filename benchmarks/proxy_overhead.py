@@ -1,48 +1,22 @@
 """The chat proxy's overhead per request against the engine's own generate call, and a burst of
 concurrent episodes through it (docs/agent_proxy.md).
 
-As in a run: the inference worker (the tiny FrozenLake model, `hf` engine) is a Ray actor, and this
-process hosts what an env worker hosts: the gateway and the `ProxyServer` on one event loop, and
-the agents' threads. Three modes play the same episodes (`--turns` chat turns each,
-`--max_new_tokens` sampled tokens per turn), in turns within each repeat:
-- proxy: each episode is a thread with the real `openai` client, as `GEMRunner` runs, calling
-  `/v1/chat/completions` with the episode's token; the recorder keeps every engine request and
-  when the proxy sent it and got its answer. With `--agents processes` the threads live in
-  `--agent_procs` spawned processes of their own (episodes dealt round-robin), as an agent
-  program outside the trainer runs: their client's CPU no longer takes turns with the server for
-  this process's GIL (the two cores are still shared);
-- engine (the baseline): the very engine requests the proxy made (same prompt ids, seeds,
-  sessions) sent to `gateway.generate` by one coroutine per episode, turn after turn, paced as the
-  proxy sent them: each request as long after its episode's previous answer as in the proxy run
-  (the first as long after the start). The engine sees the same arrivals, so its call is compared
-  with itself: an engine left idle for a few ms between turns (as it is behind any agent, which
-  steps its env between calls) answers later on a loaded machine than one fed back to back;
-- b2b: the same requests back to back, each sent the moment its episode's previous one is
-  answered (this script's only baseline before 2026-11-27; shown for comparison).
-Sampling is seeded per request, so every mode generates the same tokens (checked: `same ids`).
-A request's latency is from the call to its answer; overhead = median proxy latency / median engine
-latency - 1 within a repeat, at each `--episodes` count; the median over the repeats of each
-repeat's ratio is reported (paired, so that load from other jobs hits both sides; medians, so that
-one request stalled by another job does not decide it). A row repeats `--repeats` times, or more
-until each mode has `--min_requests` requests (1 episode: 3 requests a repeat). `mean overhead` is
-the same with means, `overhead vs b2b` against the back-to-back baseline. The overhead holds
-everything between the agent and the engine: the `openai` client, HTTP on loopback, the server,
-and the agents' threads taking turns with the server for one GIL. `handler ms` is the server's own
-part: its time in the request handler besides waiting for the engine. Then `--burst` episodes at
-once through the proxy, counting failed requests (the target is none). Which part of the overhead
-is whose: `proxy_phases.py`.
+As in a run: the engine is a Ray actor, and this process hosts the gateway, the `ProxyServer` and
+the agents' threads (`--agents processes`: the agents in processes of their own). Three modes
+play the same episodes, in turns within each repeat: proxy (each episode a thread with the real
+`openai` client), engine (the very engine requests the proxy made, sent to `gateway.generate`
+paced as the proxy sent them: the baseline) and b2b (the same requests back to back). Every mode
+generates the same tokens (`same ids`). Overhead = median proxy latency / median engine latency
+- 1 within a repeat, the median over the repeats; `handler ms` is the server's own part. Then
+`--burst` episodes at once, counting failed requests. Which part is whose: `proxy_phases.py`.
 
     python benchmarks/proxy_overhead.py [--episodes 1 64 --burst 256 --turns 3 --max_new_tokens 16 --repeats 7]
     python benchmarks/proxy_overhead.py --model smollm2-shape   # engine calls of a real small model's length
     python benchmarks/proxy_overhead.py --agents processes       # agents as programs of their own
 
-`--model`: `tiny` (the FrozenLake example's model, 0.5M parameters: an engine call of tens of ms)
-or `smollm2-shape` (SmolLM2-135M's layer stack, 30 layers of width 576, random init, with the tiny
-tokenizer: calls as long as a small real model's on CPU). The proxy's cost per request is about
-fixed, so its ratio to the engine call depends on how long that call is.
-
-The last line is `RESULT model=<m> agents=<a> overhead_1=<x> overhead_64=<y> burst_failed=<n>` (target <= 0.10, 0).
-Each row and the burst print the load average (/proc/loadavg, 1 minute) at their end.
+The last line is `RESULT model=<m> agents=<a> overhead_1=<x> overhead_64=<y> burst_failed=<n>`
+(target <= 0.10, 0). Each row and the burst print the load average at their end. The method in
+full, and every run: benchmarks/results/proxy_overhead.md.
 """
 
 from __future__ import annotations

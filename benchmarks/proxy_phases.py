@@ -1,35 +1,22 @@
 """Where one chat request through the proxy spends its milliseconds (docs/benchmarks.md, proxy).
 
 Not a ratio table: a breakdown that says which part of `proxy_overhead.py`'s overhead is whose.
-Agents are threads with the real `openai` client (one connection pool), the `ProxyServer` runs on
-its own event loop in this process, as in an env worker. Each request carries an `x-key` header
-and is stamped at every phase boundary, on both sides of the socket; the table gives the median
-and mean of each phase over all requests:
+Agents are threads with the real `openai` client, the `ProxyServer` runs on its own event loop in
+this process, as in an env worker. Each request carries an `x-key` header and is stamped at every
+phase boundary on both sides of the socket (the openai client builds it, loopback and HTTP
+parsing, routing, body, validation, prompt ids, engine request, the engine call, the reply and
+its recording, the response, loopback back, the client parsing it); the table gives each phase's
+median and mean over all requests, then `total - engine`, `server - engine`, the same engine
+requests sent straight to the engine, and the CPU a request costs the agents' threads and the
+server's event loop.
 
-    call -> client_sent          the openai client builds the request (httpx's request hook fires)
-    client_sent -> asgi_in       loopback, the event loop reading it, uvicorn's HTTP parsing
-    asgi_in -> chat_in           Starlette's routing
-    chat_in -> json_done         auth and reading and decoding the body
-    json_done -> parsed          validation (pydantic)
-    prompt_in -> prompt_out      the prompt ids (recorded prefix + continuation, or the template)
-    prompt_out -> gen_in         sampling params, the engine request
-    gen_in -> gen_out            the engine: `gateway.generate` (a Ray call with `--engine ray`)
-    gen_out -> complete_done     the reply (detokenised, parsed) and its recording
-    complete_done -> chat_out    the response body
-    chat_out -> asgi_sent        uvicorn writes it
-    asgi_sent -> client_headers  loopback, the agent's thread waking up, httpx reading the head
-    client_headers -> returned   the openai client reads and parses the body
-
-`--engine instant` answers every request at once with fixed ids (the proxy alone);
-`--engine ray` is the tiny model's `InferenceWorker` as a Ray actor behind the gateway, as
-`proxy_overhead.py` runs it. Below the phases: `total - engine` (what the request cost besides its
-engine call), `server - engine` (the server's part of it), the same engine requests sent straight
-to the engine (in turns with the proxy's rounds, one coroutine per episode, back to back), and the
-CPU time a request costs each side: the agents' threads and the server's event loop (thread CPU
-time, which load from other processes stretches less than wall time).
+`--engine instant` answers every request at once (the proxy alone); `--engine ray` is the tiny
+model's `InferenceWorker` as a Ray actor behind the gateway, as `proxy_overhead.py` runs it.
 
     python benchmarks/proxy_phases.py --engine ray --episodes 1 --rounds 30
     python benchmarks/proxy_phases.py --engine ray --episodes 64 --rounds 3
+
+The phase boundaries in full, and every run: benchmarks/results/proxy_overhead.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,22 @@
 """Rollout throughput: our env-level async rollout vs a batch-synchronous loop vs the zero-latency bound.
 
-The same envs, model, trajectories and sampling, three ways, side by side in one process:
-- async: the pipeline's own rollout (`build_workers` / `build_rollout` of the trajectory-wise
-  FrozenLake example: RolloutScheduler, EnvWorker actors whose env managers each run their own
-  episode, one InferenceWorker that batches whatever requests are pending);
-- sync: the loop of RAGEN and verl's gather: a batch of envs steps together (in threads, so a
-  turn waits for its slowest env, not their sum), then ONE batched `generate_many` on the same
-  InferenceWorker for every live env, turn after turn; `--concurrent_envs` envs per batch, the
-  same number as the async rollout keeps in flight;
-- bound: async with `median_ms=0` (the envs still run in threads; only the sleep is gone).
-Env latency: `benchmarks/latency_env.py` (log-normal, median `--median_ms`, shape `--sigma`).
-The model is the tiny FrozenLake model (random init: it answers anything, so most episodes run
-all `--max_turns` turns, invalid answers included). Every mode plays the same groups (env seeds
-and sampling seeds from `RolloutScheduler.group_spec`); each repeat uses new groups, and a
-mode's time is the best of `--repeats`. The modes take turns within a repeat, so a load spike
-from other processes on the machine hits all of them.
-
-The inference worker runs `--engine_threads 1` torch thread by default, not the pipeline's
-every core (`--engine_threads 0`): on 2 cores that the env workers, the driver and other jobs
-share, two OpenMP threads thrash whenever another process holds a core. With other jobs on the
-machine (load average ~5) every mode ran 2-4x slower and far noisier with two threads (bound
-11.7-18 s against 3.7-4.1 s); on an idle machine both settings measured the same. All three
-modes share the one worker, so the comparison is fair either way.
-
-The table also prints what env latency alone costs each mode (Monte-Carlo over the same
-distribution, no engine time): in the async rollout a slot starts its next group only when the
-slowest member of its group is done, so that critical path bounds its wall time however fast
-the engine is.
+The same envs, model, trajectories and sampling, three ways, in turns within each repeat:
+- async: the pipeline's own rollout of the trajectory-wise FrozenLake example (RolloutScheduler,
+  EnvWorker actors, one InferenceWorker batching whatever is pending);
+- sync: RAGEN's and verl's loop: a batch of `--concurrent_envs` envs steps together, then one
+  batched `generate_many` for every live env, turn after turn;
+- bound: async with no env latency.
+Env latency is log-normal (`benchmarks/latency_env.py`, `--median_ms`, `--sigma`); the model is
+the tiny random-init one, so most episodes run all `--max_turns` turns. A mode's time is the best
+of `--repeats`; the engine runs `--engine_threads 1` torch thread (0: every core). The table also
+prints what env latency alone costs each mode (Monte-Carlo).
 
     python benchmarks/rollout_throughput.py [--trajectories 256 --concurrent_envs 128 --group_size 8
         --max_turns 8 --median_ms 50 --sigma 1.0 --envs_per_worker 0 --engine_threads 1 --redundancy 0
         --repeats 3]
 
 The last line is `RESULT async_over_sync=<x> async_over_bound=<y>` (ratios of trajectories/s).
+The method in full, and every run: benchmarks/results/rollout_throughput.md.
 """
 
 from __future__ import annotations

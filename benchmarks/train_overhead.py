@@ -1,30 +1,20 @@
 """One PPO training step through our ActorWorker vs the same step written as a raw torch loop.
 
-The batch is shaped like a trajectory-wise FrozenLake batch: `--rows` right-padded conversations
-of `--min_len`..`--max_len` random ids with a generated token every `--turn_len` positions
-(response_mask 1 there), random advantages and old log-probs. One step = one optimizer step over
-the whole batch (one PPO mini-batch) in micro-batches of `--micro_batch` rows.
-
-- raw torch: a plain loop over the same micro-batches (same rows, same order, each cut to its
-  longest row, as ours does): forward, log_softmax, PPO-clip token-mean loss minus the entropy
-  bonus, backward scaled by the micro-batch's share of tokens, clip_grad_norm_, AdamW.step;
-- ActorWorker.train, row dedupe off: the same computation through our strategy (the fair row);
-- ActorWorker.train, row dedupe on (the default): the rows are all distinct here (random ids),
-  so this row shows what looking for duplicates costs when there are none;
-- ActorWorker as a Ray actor (dedupe off), the way the pipeline calls it: adds shipping the batch
-  and the metrics across processes.
-All use `--threads` torch threads (default 1: on two cores shared with other jobs, two OpenMP
-threads thrash whenever another process holds a core, which would swamp the difference being
-measured; the pipeline's workers take every core) and start from the same weights (one model
-dir), and they take turns within each repeat; a variant's
-time is the best of `--repeats`. The raw loop and the dedupe-off worker do the same arithmetic,
-so the script also prints how far apart their weights end up (float noise when they agree).
+The batch is shaped like a trajectory-wise FrozenLake batch (`--rows` right-padded conversations
+of random ids, a generated token every `--turn_len` positions, random advantages and old
+log-probs); one step is one optimizer step over it in micro-batches of `--micro_batch` rows.
+Variants, in turns within each repeat, from the same weights: a raw torch loop (forward,
+log_softmax, PPO-clip minus entropy, backward, clip, AdamW); `ActorWorker.train` with row dedupe
+off (the fair row) and on (the default); the worker as a Ray actor. `--threads` torch threads
+(default 1). A variant's time is the best of `--repeats`; the script also prints how far apart
+the raw loop's and the worker's weights end up.
 
     python benchmarks/train_overhead.py \
         [--rows 128 --micro_batch 64 --min_len 100 --max_len 300 --threads 1 --repeats 3]
 
 The last line is `RESULT train_overhead=<x> train_overhead_dedupe=<y>`: our time / raw time - 1
-(in-process worker); the target is <= 0.10.
+(in-process worker); the target is <= 0.10. The method in full, and every run:
+benchmarks/results/train_overhead.md.
 """
 
 from __future__ import annotations
