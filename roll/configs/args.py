@@ -219,6 +219,9 @@ class GeneratingArgs(ConfigModel):
     stop_strings: list[str] = Field(default_factory=list)
     """Generation stops after any of these; each must be a single token of the tokenizer, which
     the pipeline checks once it has loaded the tokenizer."""
+    ignore_eos: bool = False
+    """Go on past the end-of-text token, stopping only at `stop_strings` or the length (vLLM's
+    `ignore_eos`): fixes response lengths, for benchmarks; a trained policy needs its EOS."""
 
     @field_validator("top_k", mode="before")
     @classmethod
@@ -241,6 +244,7 @@ class GeneratingArgs(ConfigModel):
             top_k=self.top_k,
             do_sample=self.do_sample,
             stop_token_ids=list(stop_token_ids),
+            ignore_eos=self.ignore_eos,
         )
 
 

@@ -168,6 +168,13 @@ class PipelineConfig(RollDialect):
     enough `num_env_groups`. Which weights a turn sees depends on timing, so k > 0 is not bitwise
     reproducible; a resumed run regenerates the groups that were in flight. Pair it with
     `off_policy_correction`."""
+    async_max_staleness: int | None = Field(None, ge=0)
+    """The oldest token a trained trajectory may hold, in versions behind the weights being
+    trained: a group with an older one is dropped at collect and played again. null: k
+    (`async_generation_ratio`; a group run k steps ahead is at most k versions old). 0 keeps only
+    groups generated wholly on the weights being trained: such a run trains exactly what a
+    synchronous run trains, and throws away what it generated ahead (a check of the async path:
+    the same seed gives a synchronous run's losses). Needs k > 0."""
     partial_rollout: Literal["finish", "continue", "abort"] = "finish"
     """What a weight sync does to the generations running in the engine (async training; in a
     synchronous run nothing runs at a sync). false ("finish"): they end on the old weights first,
@@ -231,6 +238,8 @@ class PipelineConfig(RollDialect):
     def _check_and_fill(self) -> PipelineConfig:
         check_dialect(self)  # ROLL's class paths and run-level keys (roll.configs.dialect)
         self._check_partial_rollout()
+        if self.async_max_staleness is not None and self.async_generation_ratio == 0:
+            raise InvalidField("async_max_staleness", "limits async training; set async_generation_ratio > 0 too")
         for role, worker in self.workers.items():
             check_strategy_for_role(role, worker)
         self._check_batches()
@@ -245,6 +254,11 @@ class PipelineConfig(RollDialect):
         for role, worker in self.workers.items():  # needs the model paths: after filling them
             check_token_budgets(role, worker, self.sequence_length)
         return self
+
+    @property
+    def staleness_limit(self) -> int:
+        """The versions a trained token may lag (`async_max_staleness`, else k)."""
+        return self.async_generation_ratio if self.async_max_staleness is None else self.async_max_staleness
 
     def _check_partial_rollout(self) -> None:
         """Only the continuous `hf` engine stops a generation at a token boundary."""

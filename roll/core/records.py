@@ -16,7 +16,9 @@ from roll.core.enums import StopReason
 
 @dataclass
 class SamplingParams:
-    """How to sample one response. `temperature == 0` or `do_sample=False` means greedy."""
+    """How to sample one response. `temperature == 0` or `do_sample=False` means greedy.
+    `ignore_eos`: the engine's end-of-text ids do not stop it (vLLM's `ignore_eos`), only
+    `stop_token_ids` and the length: a benchmark's way to fix response lengths."""
 
     max_new_tokens: int = 32
     temperature: float = 1.0
@@ -24,10 +26,15 @@ class SamplingParams:
     top_k: int = 0  # 0 = no top-k truncation
     do_sample: bool = True
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
         return (not self.do_sample) or self.temperature <= 0.0
+
+    def stop_ids(self, eos_token_ids) -> frozenset[int]:
+        """The ids that end a response: `stop_token_ids` and, unless `ignore_eos`, the EOS ids."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(eos_token_ids))
 
 
 @dataclass

@@ -248,7 +248,7 @@ class AgenticPipeline:
         the next steps start (`run_ahead`)."""
         self.residency.enter("rollout")
         trajs, dropped = self.train_rollout.collect(
-            step, self.cfg.train_groups_per_step, policy_version=step - 1, max_staleness=self.cfg.async_generation_ratio
+            step, self.cfg.train_groups_per_step, policy_version=step - 1, max_staleness=self.cfg.staleness_limit
         )
         self.run_ahead(step)
         return trajs, dropped

@@ -185,6 +185,10 @@ MALFORMED = [
         "async_generation_ratio: input should be greater than or equal to 0 (got -1)",
     ),
     (
+        ["+async_max_staleness=0"],
+        "async_max_staleness: limits async training; set async_generation_ratio > 0 too",
+    ),
+    (
         ["+partial_rollout=pause"],
         "partial_rollout: input should be 'finish', 'continue' or 'abort' (got 'pause')",
     ),

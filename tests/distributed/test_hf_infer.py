@@ -100,6 +100,28 @@ def test_stop_tokens_and_length(engine):
     assert len(short.token_ids) == 1
 
 
+def test_ignore_eos_goes_on_past_the_end_of_text_token(engine):
+    """The EOS the engine stops on becomes an ordinary token: the same tokens up to it, then
+    more, up to the length (a benchmark's fixed response lengths)."""
+    strategy, tok = engine
+    eos = tok.eos_token_id
+    ended = [
+        (seed, out)
+        for seed in range(40)
+        for out in strategy.generate_batch([req("e", PROMPTS[0], seed=seed, max_new_tokens=64)])
+        if out.finish_reason == "stop" and len(out.token_ids) < 64
+    ]
+    seed, out = ended[0]  # premise: some seed ends early on the EOS
+    assert out.token_ids[-1] == eos
+    longer = strategy.generate_batch([req("e", PROMPTS[0], seed=seed, max_new_tokens=64, ignore_eos=True)])[0]
+    assert longer.token_ids[: len(out.token_ids)] == out.token_ids
+    assert len(longer.token_ids) == 64 and longer.finish_reason == "length"
+    stopped = strategy.generate_batch(
+        [req("e", PROMPTS[0], seed=seed, max_new_tokens=64, ignore_eos=True, stop_token_ids=[eos])]
+    )[0]
+    assert stopped.token_ids == out.token_ids  # a stop id still stops it
+
+
 def test_top_k_one_is_greedy(engine):
     strategy, _ = engine
     greedy = strategy.generate_batch([req("g", PROMPTS[0], seed=1, do_sample=False, max_new_tokens=6)])[0]

@@ -131,7 +131,7 @@ class SGLangInferStrategy:
             "temperature": 0.0 if p.greedy else p.temperature,
             "top_p": p.top_p,
             "top_k": p.top_k if p.top_k > 0 else -1,  # SGLang: -1 = whole vocabulary
-            "stop_token_ids": sorted(set(p.stop_token_ids) | set(self.eos_token_ids)),
+            "stop_token_ids": sorted(p.stop_ids(self.eos_token_ids)),
             "sampling_seed": request.seed,
         }
 

@@ -196,7 +196,7 @@ class VLLMInferStrategy:
             seed=request.seed,
             # Stop on exactly the ids `hf` stops on: the request's and the worker's EOS, not the
             # EOS vLLM would add from the model's generation config.
-            stop_token_ids=sorted(set(p.stop_token_ids) | set(self.eos_token_ids)),
+            stop_token_ids=sorted(p.stop_ids(self.eos_token_ids)),
             ignore_eos=True,
             # a vision-language model never samples its vision markers (as `hf`; the trainer
             # leaves them out of every distribution too)

@@ -172,6 +172,7 @@ def serve(
                 continue
             return []
         engine.stats["decode_steps"] += 1
+        engine.pace()
         running = _sample_and_retire(engine, running, running.forward(engine.model), deliver)
 
 
@@ -191,8 +192,7 @@ def _admit(engine: HFInferStrategy, requests: list[GenerateRequest], deliver: De
     engine.stats["prefix_tokens_reused"] += sum(p.length for p in prefixes)
     engine.stats["prefill_tokens"] += sum(prefill.new)
     logits = engine.prefill_forward(prefill)
-    eos = frozenset(engine.eos_token_ids)
-    rows = [SlotRow(r, p, eos | frozenset(r.params.stop_token_ids)) for r, p in zip(live, prefixes)]
+    rows = [SlotRow(r, p, r.params.stop_ids(engine.eos_token_ids)) for r, p in zip(live, prefixes)]
     batch = RunningBatch(rows, prefill.cache, prefill.attention_mask, torch.zeros(len(rows), dtype=torch.long))
     return _sample_and_retire(engine, batch, logits, deliver)
 

@@ -33,6 +33,9 @@ default). Greedy rows report `log_softmax(logits)`.
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 from transformers import DynamicCache
 
@@ -51,6 +54,11 @@ from roll.distributed.strategies.hf.slot_serving import SlotPool, serve_slots
 from roll.distributed.strategies.hf.static_decode import supports as slots_support
 from roll.distributed.strategies.hf.vl_generate import generate_with_images
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
+
+DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"
+"""Benchmarks only (set in the engine's environment, e.g. `actor_infer.system_envs`): every decode
+step sleeps this many milliseconds on top of its compute, without holding a core, as if the engine
+decoded on a device of its own (the latency-injected engine of benchmarks/partial_rollout.py)."""
 
 
 class HFInferStrategy:
@@ -79,6 +87,7 @@ class HFInferStrategy:
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.policy_version = 0
+        self.decode_delay_s = float(os.environ.get(DECODE_DELAY_VAR) or 0) / 1000
         self.kv_cache = SessionKVCache(max_cached_tokens)
         self.stats = {
             "prefix_tokens_reused": 0,
@@ -95,6 +104,11 @@ class HFInferStrategy:
         self.model.load_state_dict(state_dict, strict=False)
         self.policy_version = version
         self.kv_cache.clear()
+
+    def pace(self) -> None:
+        """Before a decode step: sleep `DECODE_DELAY_VAR`'s delay, if one is set."""
+        if self.decode_delay_s > 0:
+            time.sleep(self.decode_delay_s)
 
     def release(self, session_id: str) -> bool:
         """Forget a finished conversation's KV; True if it was cached."""
@@ -155,7 +169,7 @@ class HFInferStrategy:
         """
         n = len(requests)
         sampler = RowSampler(requests, prefill.input_ids.device, self.model.config.vocab_size)
-        stop_sets = [set(r.params.stop_token_ids) | set(self.eos_token_ids) for r in requests]
+        stop_sets = [r.params.stop_ids(self.eos_token_ids) for r in requests]
         max_new = [r.params.max_new_tokens for r in requests]
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lps: list[list[float]] = [[] for _ in range(n)]
@@ -169,6 +183,7 @@ class HFInferStrategy:
                 logits = self.prefill_forward(prefill)
             else:
                 self.stats["decode_steps"] += 1
+                self.pace()
                 logits = (
                     self.model(
                         input_ids=step_ids,

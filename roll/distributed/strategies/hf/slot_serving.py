@@ -134,9 +134,7 @@ class _Run:
         first, first_lp = sample(logits, state, offsets, SamplingState.truncates(live))
         eos = frozenset(engine.eos_token_ids)
         width = prefill.attention_mask.shape[1]
-        rows = [
-            SlotRow(r, p, eos | frozenset(r.params.stop_token_ids), width) for r, p in zip(live, prefixes, strict=True)
-        ]
+        rows = [SlotRow(r, p, r.params.stop_ids(eos), width) for r, p in zip(live, prefixes, strict=True)]
         layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
         keep = []
         for i, (row, tok, lp) in enumerate(zip(rows, first.tolist(), first_lp.tolist(), strict=True)):
@@ -174,6 +172,7 @@ class _Run:
         """Launch steps until `depth` are in flight, then read the oldest one."""
         depth = 2 if self.slots.device.type == "cuda" else 1  # on a GPU the host reads step t during step t+1
         while self.slots.inflight < depth:
+            self.engine.pace()
             self.slots.launch(self.truncate)
         self._read()
         if self.rows and len(self.rows) * SHRINK_BELOW <= self.slots.size and self.slots.size >= 8:

@@ -254,7 +254,7 @@ def _generate_group(engine: Engine, rows: list[VLRow]) -> list[GenerateOutput]:
     requests = [row.request for row in rows]
     n = len(rows)
     sampler = RowSampler(requests, device, engine.model.config.get_text_config().vocab_size)
-    stop_sets = [set(r.params.stop_token_ids) | set(engine.eos_token_ids) for r in requests]
+    stop_sets = [r.params.stop_ids(engine.eos_token_ids) for r in requests]
     max_new = [r.params.max_new_tokens for r in requests]
     out_ids: list[list[int]] = [[] for _ in range(n)]
     out_lps: list[list[float]] = [[] for _ in range(n)]
@@ -279,6 +279,7 @@ def _generate_group(engine: Engine, rows: list[VLRow]) -> list[GenerateOutput]:
         if not any(active):
             break
         engine.stats["decode_steps"] += 1
+        engine.pace()
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], dim=1)
         logits = engine.model(
             input_ids=tokens.view(n, 1),
