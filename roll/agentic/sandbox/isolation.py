@@ -1,23 +1,30 @@
 """Which isolation a sandbox can have on this machine, and what each one guarantees.
 
 - "namespaces" (root, `unshare` from util-linux): fresh mount, network, pid, ipc and uts
-  namespaces; every mount read-only but the workspace; no network at all (not even loopback);
-  the command runs as a dedicated unprivileged uid under rlimits; the pid namespace dies with the
-  launcher, so nothing survives the command.
+  namespaces; every mount read-only but the workspace; the host's shared folders (`/tmp`,
+  `/var/tmp`, `/dev/shm`, `/run`: other episodes' workspaces, sockets, shared memory) and the
+  training code (`code_folders`: the task sets and their hidden tests) covered by empty
+  tmpfs; no network at all (not even loopback); the command runs as a dedicated unprivileged uid
+  under rlimits; the pid namespace dies with the launcher, so nothing survives the command.
 - "rlimits" (anywhere): rlimits, a session and process group of its own and a supervising
   launcher. As root the command still runs as a dedicated uid (so it cannot write root's files or
   signal our processes, and RLIMIT_NPROC binds). Without root it runs as the caller: the network
   is open and writes outside the workspace are stopped only by file permissions.
-`GUARANTEES[mode][as_root]` is what an episode's info reports; nothing is assumed.
+`GUARANTEES[level]` is what an episode's info reports, `open_items(level)` what it does not contain
+(`info()["open"]`, and a warning logged once per process); nothing is assumed. The red team
+(tests/agentic/test_sandbox_red_team.py) checks each item both ways.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import logging
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 UNSHARE_FLAGS = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc")
 MODES = ("auto", "namespaces", "rlimits")
@@ -31,6 +38,20 @@ GUARANTEES = {
 how writes outside the workspace are stopped (read-only mounts, a uid of its own, or only the
 caller's own file permissions); `pid` how our processes are hidden from it; `leftovers` how its
 processes are found and killed (the pid namespace, its uid, or the launcher's descendants)."""
+
+
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+"""Host folders that others write in, hidden under namespaces (the workspace is kept)."""
+
+
+def code_folders() -> list[str]:
+    """The training code, hidden under namespaces: the checkout holding the `roll` package (a
+    folder with a pyproject.toml or .git), else the installed `roll` and `envs` packages."""
+    package = Path(__file__).resolve().parents[2]
+    if any((package.parent / marker).exists() for marker in ("pyproject.toml", ".git")):
+        return [str(package.parent)]
+    envs = importlib.util.find_spec("envs")
+    return [str(package), *(envs.submodule_search_locations or [] if envs else [])]
 
 
 def is_root() -> bool:
@@ -65,9 +86,71 @@ def choose_mode(requested: str) -> str:
     return "namespaces" if why_not is None else "rlimits"
 
 
+_NETWORK = "TCP and UDP on loopback and beyond: the agent proxy's and Ray's ports"
+_PROCESS_LIST = "every host process's command line (/proc/PID/cmdline), a token passed as an argument included"
+OPEN = {
+    "namespaces": {
+        "host_files": "world-readable host files outside the hidden folders (/etc, /usr, other projects), read-only",
+    },
+    "rlimits_root": {
+        "network": _NETWORK,
+        "unix_sockets": "the host's abstract unix sockets, and socket files others may write",
+        "process_list": _PROCESS_LIST,
+        "host_files": "world-readable host files, the training code and its task sets included",
+        "shared_folders": "files in /tmp, /var/tmp and /dev/shm: outside the disk cap, seen by the host until close",
+        "sysv_ipc": "the host's SysV IPC objects (shared memory, semaphores, queues) that others may use",
+    },
+    "rlimits_user": {
+        "network": _NETWORK,
+        "unix_sockets": "every unix socket of the caller's uid and the host's abstract ones",
+        "process_list": _PROCESS_LIST,
+        "host_files": "every file the caller may read or write: ~/.ssh, the repository, the training code",
+        "shared_folders": "files in /tmp, /var/tmp and /dev/shm: outside the disk cap, left after close",
+        "sysv_ipc": "the SysV IPC objects of the caller's uid and those others may use",
+        "same_uid_processes": "the environment (/proc/PID/environ) and signals of every process of the caller's "
+        "uid: the env worker, the agent proxy, Ray (kill -9 -1 ends them all)",
+        "other_workspaces": "other episodes' workspaces (the same uid)",
+        "ptrace": "ptrace and /proc/PID/mem of the caller's processes (Yama's ptrace_scope is 0 or absent)",
+    },
+}
+"""What each isolation level leaves open: item -> what the command can reach. `open_items` drops
+what this machine closes anyway (ptrace under a Yama ptrace_scope >= 1)."""
+
+
+def level(mode: str) -> str:
+    """The key of GUARANTEES and OPEN: "namespaces", "rlimits_root" or "rlimits_user"."""
+    return mode if mode == "namespaces" else ("rlimits_root" if is_root() else "rlimits_user")
+
+
+def ptrace_scope() -> int:
+    """Yama's ptrace_scope (0 when there is no Yama: same-uid processes may trace each other)."""
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def open_items(key: str) -> dict[str, str]:
+    items = dict(OPEN[key])
+    if "ptrace" in items and ptrace_scope() >= 1:
+        del items["ptrace"]  # only descendants may be traced: the host's processes are not its own
+    return items
+
+
 def guarantees(mode: str) -> dict:
-    key = mode if mode == "namespaces" else ("rlimits_root" if is_root() else "rlimits_user")
-    return {"isolation": mode, "as_root": is_root(), **GUARANTEES[key]}
+    key = level(mode)
+    return {"isolation": mode, "as_root": is_root(), **GUARANTEES[key], "open": sorted(open_items(key))}
+
+
+@functools.cache
+def warn_open(key: str) -> None:
+    """Log, once per process and level, what this isolation does not contain."""
+    items = open_items(key)
+    if items:
+        named = "; ".join(f"{name}: {text}" for name, text in items.items())
+        logging.getLogger("roll.agentic.sandbox").warning(
+            "sandbox isolation %s does not contain: %s (docs/sandbox.md, red team table)", key, named
+        )
 
 
 def unshare_prefix() -> list[str]:

@@ -3,9 +3,11 @@
 `python -I -S launcher.py SPEC_JSON` is started by `roll.agentic.sandbox.sandbox.Sandbox`, under
 `unshare` (isolation "namespaces") or directly (isolation "rlimits"), always in a session of its
 own. It:
-1. with namespaces (as root, in fresh mount, network, pid, ipc and uts namespaces): binds the
-   workspace onto itself, makes every other mount read-only, and re-exposes interpreter folders
-   that sit under a folder the sandbox user cannot enter (`/root/.pyenv` under a 0700 `/root`);
+1. with namespaces (as root, in fresh mount, network, pid, ipc and uts namespaces): re-exposes
+   interpreter folders that sit under a folder the sandbox user cannot enter (`/root/.pyenv`
+   under a 0700 `/root`), covers the folders to hide (the host's `/tmp`, `/dev/shm`, ..., the
+   training code) with empty tmpfs, keeping the workspace and the interpreter, binds the
+   workspace onto itself and makes every other mount read-only;
 2. becomes a child subreaper, forks the command, and in the child sets the rlimits (CPU seconds,
    address space, processes, file size, no core files), drops to the sandbox uid when given one,
    and execs it in the workspace with a scrubbed environment;
@@ -25,7 +27,16 @@ import signal
 import sys
 import time
 
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE, MS_MOVE = 1, 32, 4096, 16384, 1 << 18, 8192
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE, MS_MOVE = (
+    1,
+    2,
+    4,
+    32,
+    4096,
+    16384,
+    1 << 18,
+    8192,
+)
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -58,12 +69,34 @@ def _expose(closed: str, inside: list[str], stage: str) -> None:
         _mount(spot, path, None, MS_MOVE)
 
 
+def _hide(folders: list[str], keep: list[str]) -> None:
+    """Cover each of `folders` with an empty tmpfs, keeping the paths of `keep` below it: each is
+    held by an fd taken before the cover and bound back from it (/proc/self/fd/N)."""
+    for folder in sorted(folders, key=len):
+        if folder in keep or os.path.islink(folder) or not os.path.isdir(folder):
+            continue
+        inside = [k for k in sorted(keep, key=len) if k.startswith(folder + "/") and os.path.exists(k)]
+        inside = [k for k in inside if not any(k.startswith(other + "/") for other in inside)]
+        held = [(os.open(path, os.O_PATH | os.O_CLOEXEC), path) for path in inside]
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for fd, path in held:
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "a").close()
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            os.close(fd)
+
+
 def _lock_filesystem(spec: dict) -> None:
-    """Namespaces only: everything read-only except the workspace (this mount namespace's copy)."""
+    """Namespaces only: everything read-only except the workspace (this mount namespace's copy),
+    the folders to hide covered."""
     workspace = spec["workspace"]
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     for closed, inside in spec.get("expose", {}).items():
         _expose(closed, inside, spec["stage"])
+    _hide(spec.get("hide", []), [workspace, *spec.get("keep", [])])
     _mount(workspace, workspace, None, MS_BIND | MS_REC)
     for point in _mount_points():
         if point == workspace or point == "/proc" or point.startswith("/proc/"):

@@ -18,6 +18,7 @@ VIOLATIONS = (
     "processes",  # a fork failed under RLIMIT_NPROC (a fork bomb)
     "output",  # wrote more than output_bytes (endless output)
     "file_size",  # a file grew past RLIMIT_FSIZE
+    "disk",  # the workspace grew past disk_mb (many files, each under RLIMIT_FSIZE)
     "network",  # tried the network and found none
     "write_outside",  # tried to write outside the workspace and was refused
     "signal_denied",  # tried to signal a process it may not (its parent, ours)
@@ -42,6 +43,10 @@ class SandboxLimits:
     """Bytes of stdout+stderr kept; a command writing more is killed."""
     file_size_mb: int = 16
     """Largest file the command may write, in MiB (RLIMIT_FSIZE)."""
+    disk_mb: int = 256
+    """MiB the workspace may hold (each entry's blocks, at least 4 KiB: empty files count too);
+    measured every 0.05 s (`sandbox.DISK_POLL_S`; less often for a workspace slow to measure)
+    while a command runs and when it ends: past it, the command is killed (reason "disk")."""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

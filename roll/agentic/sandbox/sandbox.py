@@ -6,7 +6,8 @@ trusted side; `run_shell(cmd)` and `run_python(code)` run one command under the 
 `CommandResult` whose `reason` names the first limit hit; `close()` kills anything left and
 removes the workspace (also on `with` exit, garbage collection and interpreter exit; what a
 process killed outright left is swept by the next sandbox made on the machine: janitor.py).
-`info()` says which isolation ran and what it guarantees (`isolation.GUARANTEES`), and counts
+`info()` says which isolation ran, what it guarantees (`isolation.GUARANTEES`) and what it leaves
+open (`info()["open"]`, `isolation.OPEN`; logged as a warning once per process), and counts
 violations by reason.
 A command's violation never raises here: the caller (an env) decides what it costs.
 """
@@ -18,6 +19,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,9 @@ import roll.agentic.sandbox.janitor as janitor
 from roll.agentic.sandbox.limits import CommandResult, SandboxLimits
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
+DISK_POLL_S = 0.05  # how often the workspace is measured while a command runs (at least)
+BLOCK = 4096  # what the smallest entry counts against disk_mb
+LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 UID_BASE = 200_000  # sandbox uids: UID_BASE + (pid mod 2**20) * SLOTS + a slot; no user owns them
 SLOTS = 1024  # sandboxes open at once in one process, each with a uid of its own
 _live_slots: set[int] = set()
@@ -57,6 +62,7 @@ class Sandbox:
     ) -> None:
         self.limits = SandboxLimits.of(limits)
         self.mode = isolation.choose_mode(isolation_mode)
+        isolation.warn_open(isolation.level(self.mode))
         self.as_root = isolation.is_root()
         self._slot = _take_slot() if self.as_root else None
         self.uid = None if self._slot is None else UID_BASE + (os.getpid() % 2**20) * SLOTS + self._slot
@@ -64,9 +70,11 @@ class Sandbox:
         self._root = tempfile.mkdtemp(prefix=janitor.folder_prefix(), dir=root_dir)
         os.chmod(self._root, 0o711)
         self.workspace = os.path.join(self._root, "ws")
-        os.mkdir(self.workspace, 0o755)
+        os.mkdir(self.workspace, 0o700)  # other episodes' sandbox uids cannot enter it
         os.mkdir(os.path.join(self.workspace, ".tmp"), 0o700)
-        self._chown_tree(self.workspace)
+        if self.uid is not None:
+            for folder in (self.workspace, os.path.join(self.workspace, ".tmp")):
+                os.chown(folder, self.uid, self.uid)
         self.python = self._python()
         self.violations: Counter[str] = Counter()
         self.commands = 0
@@ -75,26 +83,92 @@ class Sandbox:
         janitor.track(self)
 
     # --- files, from the trusted side ------------------------------------------------------
-    def path(self, relative: str) -> Path:
-        target = Path(self.workspace, relative).resolve()
-        if not target.is_relative_to(self.workspace):
-            raise ValueError(f"{relative!r} is outside the workspace")
-        return target
-
+    # The command may have planted links where we read or write: a symbolic link to a file of
+    # ours, a hard link to one (a second name of a host file, where the kernel allows it), a
+    # folder link on the way. Files are reached by open(2) one component at a time with
+    # O_NOFOLLOW from the workspace down, so nothing is followed out of it.
     def write_file(self, relative: str, text: str) -> None:
-        target = self.path(relative)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink():  # the command may have planted a link to a file of ours
-            target.unlink()
-        target.write_text(text)
-        self._chown_tree(self.workspace)
+        """Write `text` to `relative` (a path inside the workspace). What the command planted on
+        the way is replaced, never followed: a link is unlinked and the file made anew, owned by
+        the sandbox uid."""
+        parts = _parts(relative)
+        try:
+            self._write(parts, text)
+        except PermissionError:
+            if self.uid is not None:
+                raise
+            _reclaim(self.workspace)  # the command runs as us: it may have taken our access away
+            self._write(parts, text)
+
+    def _write(self, parts: tuple[str, ...], text: str) -> None:
+        folder = self._open_folder(parts[:-1], create=True)
+        try:
+            try:
+                os.unlink(parts[-1], dir_fd=folder)  # never write through a link (or into a hard link)
+            except FileNotFoundError:
+                pass
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(parts[-1], flags, 0o644, dir_fd=folder)
+        finally:
+            os.close(folder)
+        with os.fdopen(fd, "w") as f:
+            if self.uid is not None:
+                os.fchown(fd, self.uid, self.uid)
+            f.write(text)
 
     def read_file(self, relative: str, max_bytes: int = 1 << 20) -> str | None:
-        target = self.path(relative)
-        if not target.is_file():
+        """The text of the regular file `relative` in the workspace (at most `max_bytes`), or None
+        when there is none there: missing, or not followed out of the workspace (a symbolic link,
+        a hard link, i.e. a file with a second name, a fifo, a file the sandbox uid does not own)."""
+        parts = _parts(relative)
+        try:
+            fd = self._open_file(parts)
+        except PermissionError:
+            if self.uid is not None:
+                return None
+            _reclaim(self.workspace)
+            try:
+                fd = self._open_file(parts)
+            except OSError:
+                return None
+        except OSError:
             return None
-        with open(target, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or self.uid not in (None, st.st_uid):
+                return None
             return f.read(max_bytes).decode(errors="replace")
+
+    def _open_file(self, parts: tuple[str, ...]) -> int:
+        folder = self._open_folder(parts[:-1], create=False)
+        try:
+            return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+        finally:
+            os.close(folder)
+
+    def _open_folder(self, parts: tuple[str, ...], create: bool) -> int:
+        """An fd of the folder `parts` below the workspace, reached without following a link;
+        with `create`, folders missing (or planted as links or files) are made anew."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.workspace, flags)
+        for part in parts:
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except OSError:
+                if not create:
+                    os.close(fd)
+                    raise
+                try:
+                    os.unlink(part, dir_fd=fd)  # a link or a file where a folder should be
+                except FileNotFoundError:
+                    pass
+                os.mkdir(part, 0o755, dir_fd=fd)
+                child = os.open(part, flags, dir_fd=fd)
+                if self.uid is not None:
+                    os.fchown(child, self.uid, self.uid)
+            os.close(fd)
+            fd = child
+        return fd
 
     # --- commands --------------------------------------------------------------------------
     def run_shell(self, command: str) -> CommandResult:
@@ -115,6 +189,7 @@ class Sandbox:
         start = time.monotonic()
         proc = subprocess.Popen(
             [*prefix, sys.executable, "-I", "-S", LAUNCHER, json.dumps(spec)],  # -S: no site, 3x faster start
+            env=LAUNCHER_ENV,  # not the caller's: a command of the caller's uid may read the launcher's
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -151,6 +226,8 @@ class Sandbox:
         if self.uid is not None:
             _kill_uid(self.uid)
             self.strays_removed += _remove_strays(self.uid)
+        else:
+            _reclaim(self.workspace)  # a folder the command made unreadable would survive rmtree
         shutil.rmtree(self._root, ignore_errors=True)
         if self._slot is not None:
             with _slot_lock:
@@ -178,13 +255,6 @@ class Sandbox:
         system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
         return system if system and isolation.reachable_by_others(system) else sys.executable
 
-    def _chown_tree(self, top: str) -> None:
-        if self.uid is None:
-            return
-        for folder, _, files in os.walk(top):
-            for name in [folder, *(os.path.join(folder, f) for f in files)]:
-                os.lchown(name, self.uid, self.uid)
-
     def _spec(self, argv: list[str], status_fd: int) -> dict:
         tmp = os.path.join(self.workspace, ".tmp")
         path = os.pathsep.join([os.path.dirname(self.python), "/usr/local/bin", "/usr/bin", "/bin"])
@@ -194,30 +264,43 @@ class Sandbox:
         spec |= {"nproc": nproc, "limits": vars(self.limits), "status_fd": status_fd}
         if self.mode == "namespaces":
             spec |= {"stage": os.path.join(self._root, "stage"), "expose": self._exposed()}
+            keep = sorted({os.path.realpath(p) for p in [*isolation.interpreter_paths(), os.path.dirname(self.python)]})
+            spec |= {"hide": [*isolation.SHARED_FOLDERS, *isolation.code_folders()], "keep": keep}
         return spec
 
     def _exposed(self) -> dict[str, list[str]]:
         return isolation.closed_ancestors([*isolation.interpreter_paths(), self.python])
 
     def _collect(self, proc: subprocess.Popen, start: float) -> tuple[bytes, str | None]:
-        """Read the output up to `output_bytes` before the wall-clock deadline."""
+        """Read the output up to `output_bytes` before the wall-clock deadline, the workspace
+        under `disk_mb`."""
         cap, deadline = self.limits.output_bytes, start + self.limits.wall_s
-        chunks, size = [], 0
+        chunks, size, next_disk_check = [], 0, start + DISK_POLL_S
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
             while True:
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if now >= next_disk_check:
+                    if self._over_disk():
+                        return b"".join(chunks), "disk"
+                    # a big workspace takes longer to measure: then measure it less often
+                    next_disk_check = time.monotonic() + max(DISK_POLL_S, 20 * (time.monotonic() - now))
+                left = deadline - now
                 if left <= 0:
                     return b"".join(chunks), "wall_time"
-                if not sel.select(timeout=min(left, 0.5)):
+                if not sel.select(timeout=min(left, DISK_POLL_S)):
                     continue
                 chunk = os.read(proc.stdout.fileno(), 65536)
                 if not chunk:
-                    return b"".join(chunks), None
+                    return b"".join(chunks), "disk" if self._over_disk() else None
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > cap:
                     return b"".join(chunks)[:cap], "output"
+
+    def _over_disk(self) -> bool:
+        cap = self.limits.disk_mb << 20
+        return _usage(self.workspace, cap, reclaim=self.uid is None) > cap
 
     def _kill(self, proc: subprocess.Popen) -> None:
         """SIGKILL the launcher's process group and every descendant, then reap it."""
@@ -261,6 +344,58 @@ class Sandbox:
             signal=sig,
             details={"launcher_returncode": rc},
         )
+
+
+def _parts(relative: str) -> tuple[str, ...]:
+    """The components of a path inside the workspace; one leading out of it is the caller's error."""
+    parts = tuple(p for p in Path(relative).parts if p != ".")
+    if not parts or Path(relative).is_absolute() or ".." in parts:
+        raise ValueError(f"{relative!r} is outside the workspace")
+    return parts
+
+
+def _reclaim(top: str) -> None:
+    """Give the owner back rwx on every folder under `top` (a link is never followed): a command
+    running as the caller may chmod 000 a folder, which would then block us and survive rmtree."""
+    folders = [top]
+    while folders:
+        folder = folders.pop()
+        try:
+            _give_back(folder)
+            with os.scandir(folder) as entries:
+                folders += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+
+
+def _give_back(folder: str) -> None:
+    mode = os.lstat(folder).st_mode
+    if stat.S_ISDIR(mode) and mode & 0o700 != 0o700:
+        os.chmod(folder, stat.S_IMODE(mode) | 0o700)
+
+
+def _usage(top: str, cap: int, reclaim: bool) -> int:
+    """Bytes under `top`: each entry's blocks, at least `BLOCK` (so a million empty files count),
+    every name of a hard link; counting stops past `cap`. With `reclaim`, a folder the command
+    (running as us) made unreadable is given back first."""
+    used, folders = 0, [top]
+    while folders and used <= cap:
+        folder = folders.pop()
+        try:
+            if reclaim:
+                _give_back(folder)
+            entries = os.scandir(folder)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    used += max(entry.stat(follow_symlinks=False).st_blocks * 512, BLOCK)
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                except OSError:
+                    continue
+    return used
 
 
 def _uids_of_pid(pid: int) -> range:
