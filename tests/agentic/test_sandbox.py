@@ -1,6 +1,7 @@
 """The sandbox contains escape attempts under every isolation this machine can give.
 
-Each isolation runs the same attempts (tests/lanes/sandbox_escapes.py): the network, a write
+Each isolation runs the same attempts (tests/lanes/sandbox_escapes.py): the network (refused
+under rlimits too where the seccomp filter installs), a write
 outside the workspace, a fork bomb, endless output, sleeping forever, killing its parent, a CPU
 burn, a memory hog and a daemon that outlives its command. Each must be contained, named by the
 result's `reason`, counted in `info()["violations"]`, and leave no process and no workspace.
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from roll.agentic.sandbox import Sandbox, SandboxLimits
-from roll.agentic.sandbox.isolation import namespaces_available
+from roll.agentic.sandbox.isolation import namespaces_available, seccomp_available
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parents[1] / "lanes" / "sandbox_escapes.py"
@@ -95,6 +96,19 @@ def _check_common(report: dict) -> dict:
     return results
 
 
+def _check_network(report: dict, listener: socket.socket) -> None:
+    """rlimits: no network where the seccomp filter installs (as here: `seccomp_available`), else
+    the loopback listener is reached, and the report says which."""
+    info, network = report["info"], report["results"]["network"]
+    assert info["seccomp"] is (seccomp_available() is None)
+    if info["seccomp"]:  # every socket but a unix one refused
+        assert info["network_isolated"] is True and "network" not in info["open"]
+        assert network["reason"] == "network" and not _accepted(listener)
+    else:  # reported, not assumed: loopback is reachable
+        assert info["network_isolated"] is False and "network" in info["open"]
+        assert network["reason"] == "ok" and _accepted(listener)
+
+
 @needs_root
 @pytest.mark.skipif(bool(namespaces_available()), reason=f"no namespaces here: {namespaces_available()}")
 def test_namespaces_contain_every_escape(listener):
@@ -118,8 +132,7 @@ def test_rlimits_as_root_run_a_uid_of_their_own(listener):
     results = _check_common(report)
     info = report["info"]
     assert info["isolation"] == "rlimits" and info["filesystem"] == "uid"
-    assert info["network_isolated"] is False  # reported, not assumed: loopback is reachable here
-    assert results["network"]["reason"] == "ok" and _accepted(listener)
+    _check_network(report, listener)
     assert results["write_outside"]["reason"] == "write_outside"
     assert "Permission denied" in results["write_outside"]["output"]
     # /dev/shm is world-writable: the write succeeds, and the file is removed at close
@@ -137,6 +150,7 @@ def test_rlimits_without_root_contain_runaways(listener):
     assert info["isolation"] == "rlimits" and info["as_root"] is False and info["uid"] is None
     assert info["filesystem"] == "permissions" and info["pid"] == "none"
     assert results["write_outside"]["reason"] == "write_outside"  # "/" is root's
+    _check_network(report, listener)
     # the command may kill its launcher (same uid): that is caught and named, and we live on
     assert results["kill_parent"]["reason"] == "parent_killed"
     # without root nothing tells the sandbox's files in /dev/shm from the caller's: left (documented)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from roll.agentic.sandbox import Sandbox
-from roll.agentic.sandbox.isolation import namespaces_available, ptrace_scope
+from roll.agentic.sandbox.isolation import namespaces_available, ptrace_scope, seccomp_available
 
 ROOT = Path(__file__).resolve().parents[2]
 LANE = ROOT / "tests" / "lanes" / "sandbox_red_team.py"
@@ -34,6 +34,7 @@ HEADERS = ("namespaces", "rlimits as root", "rlimits without root")
 
 _PID_NS, _UID = "contained: pid namespace", "contained: another uid"
 _NO_NET = "contained: no network (network namespace)"
+_SECCOMP = "contained: seccomp refuses every socket but a unix one"
 _ALL = {
     "symlink": "contained: reached with O_NOFOLLOW from the workspace down: the link is replaced, never followed",
     "fifo": "contained: opened non-blocking, read only as a regular file, replaced on write",
@@ -99,10 +100,10 @@ EXPECTED: dict[str, tuple[str, str, str]] = {
         "contained: the owner's modes are given back before writing and removal",
     ),
     # the network and local sockets
-    "loopback_proxy": (_NO_NET, "open: network", "open: network"),
-    "loopback_port_scan": (_NO_NET, "open: network", "open: network"),
-    "udp_exfil": (_NO_NET, "open: network", "open: network"),
-    "ipv6_loopback": (_NO_NET, "open: network", "open: network"),
+    "loopback_proxy": (_NO_NET, _SECCOMP, _SECCOMP),
+    "loopback_port_scan": (_NO_NET, _SECCOMP, _SECCOMP),
+    "udp_exfil": (_NO_NET, _SECCOMP, _SECCOMP),
+    "ipv6_loopback": (_NO_NET, _SECCOMP, _SECCOMP),
     "unix_socket_shared": ("contained: the host's /tmp hidden", "open: unix_sockets", "open: unix_sockets"),
     "unix_socket_private": (
         "contained: the host's /tmp hidden",
@@ -144,8 +145,11 @@ def lane_attempts() -> dict[str, str]:
 
 
 def expected(name: str, level: str) -> str:
-    """EXPECTED, for this machine: ptrace of a non-descendant is refused under Yama >= 1."""
+    """EXPECTED, for this machine: without the seccomp filter rlimits has the network; under
+    Yama >= 1 a non-descendant's memory is refused."""
     cell = EXPECTED[name][LEVELS.index(level)]
+    if cell == _SECCOMP and seccomp_available():
+        return "open: network"
     if cell == "open: ptrace" and ptrace_scope() >= 1:
         return "contained: Yama ptrace_scope >= 1"
     return cell

@@ -230,18 +230,23 @@ def proc_cwd(host: Host) -> dict:
     return verdict(host.secret not in out, out)
 
 
-@attempt("PTRACE_ATTACH to a host process of the caller's uid")
+@attempt("PTRACE_ATTACH to a host process of the caller's uid, and reading its memory (/proc/PID/mem)")
 def ptrace_host(host: Host) -> dict:
     holder = host.holder()
     code = (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         f"rc = libc.ptrace(16, {holder.pid}, None, None)\n"
-        "print('attached' if rc == 0 else 'refused: ' + os.strerror(ctypes.get_errno()))\n"
+        "print('attached' if rc == 0 else 'ptrace refused: ' + os.strerror(ctypes.get_errno()))\n"
         f"rc == 0 and libc.ptrace(17, {holder.pid}, None, None)\n"
+        "try:\n"
+        f"    start = int(open('/proc/{holder.pid}/maps').readline().split('-')[0], 16)\n"
+        f"    with open('/proc/{holder.pid}/mem', 'rb') as mem:\n"
+        "        mem.seek(start)\n        print('read memory', len(mem.read(64)))\n"
+        "except (OSError, ValueError) as e:\n    print('mem refused:', e)\n"
     )
     box = host.box()
     out = box.run([box.python, "-c", code]).output
-    return verdict("attached" not in out and _alive(holder), out)
+    return verdict("attached" not in out and "read memory" not in out and _alive(holder), out)
 
 
 @attempt("SIGKILL to a host process of the caller's uid")

@@ -8,8 +8,10 @@
   under rlimits; the pid namespace dies with the launcher, so nothing survives the command.
 - "rlimits" (anywhere): rlimits, a session and process group of its own and a supervising
   launcher. As root the command still runs as a dedicated uid (so it cannot write root's files or
-  signal our processes, and RLIMIT_NPROC binds). Without root it runs as the caller: the network
-  is open and writes outside the workspace are stopped only by file permissions.
+  signal our processes, and RLIMIT_NPROC binds). Without root it runs as the caller: writes
+  outside the workspace are stopped only by file permissions.
+Under both, where the kernel takes it (`seccomp_available`), a seccomp filter refuses every socket
+but a unix one, ptrace and io_uring (launcher.py): then rlimits has no network either.
 `GUARANTEES[level]` is what an episode's info reports, `open_items(level)` what it does not contain
 (`info()["open"]`, and a warning logged once per process); nothing is assumed. The red team
 (tests/agentic/test_sandbox_red_team.py) checks each item both ways.
@@ -40,6 +42,7 @@ caller's own file permissions); `pid` how our processes are hidden from it; `lef
 processes are found and killed (the pid namespace, its uid, or the launcher's descendants)."""
 
 
+LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 """Host folders that others write in, hidden under namespaces (the workspace is kept)."""
 
@@ -86,7 +89,7 @@ def choose_mode(requested: str) -> str:
     return "namespaces" if why_not is None else "rlimits"
 
 
-_NETWORK = "TCP and UDP on loopback and beyond: the agent proxy's and Ray's ports"
+_NETWORK = "TCP and UDP on loopback and beyond (the agent proxy's and Ray's ports), where seccomp is unavailable"
 _PROCESS_LIST = "every host process's command line (/proc/PID/cmdline), a token passed as an argument included"
 OPEN = {
     "namespaces": {
@@ -110,11 +113,13 @@ OPEN = {
         "same_uid_processes": "the environment (/proc/PID/environ) and signals of every process of the caller's "
         "uid: the env worker, the agent proxy, Ray (kill -9 -1 ends them all)",
         "other_workspaces": "other episodes' workspaces (the same uid)",
-        "ptrace": "ptrace and /proc/PID/mem of the caller's processes (Yama's ptrace_scope is 0 or absent)",
+        "ptrace": "/proc/PID/mem of the caller's processes, and ptrace itself where seccomp is unavailable "
+        "(Yama's ptrace_scope is 0 or absent)",
     },
 }
 """What each isolation level leaves open: item -> what the command can reach. `open_items` drops
-what this machine closes anyway (ptrace under a Yama ptrace_scope >= 1)."""
+what this machine closes anyway: the network where the seccomp filter installs, /proc/PID/mem
+under a Yama ptrace_scope >= 1."""
 
 
 def level(mode: str) -> str:
@@ -134,12 +139,36 @@ def open_items(key: str) -> dict[str, str]:
     items = dict(OPEN[key])
     if "ptrace" in items and ptrace_scope() >= 1:
         del items["ptrace"]  # only descendants may be traced: the host's processes are not its own
+    if "network" in items and seccomp_available() is None:
+        del items["network"]  # the filter refuses every socket but a unix one
     return items
 
 
+@functools.cache
+def seccomp_available() -> str | None:
+    """None when the launcher's seccomp filter installs here and refuses a TCP socket, else why
+    not (probed once per process, in a process of its own)."""
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-I", "-S", LAUNCHER, "--probe-seccomp"], capture_output=True, timeout=30, env={}
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the probe failed: {e}"
+    if probe.returncode != 0 or b"seccomp ok" not in probe.stdout:
+        return f"seccomp refused: {probe.stderr.decode(errors='replace').strip()[-200:]}"
+    return None
+
+
 def guarantees(mode: str) -> dict:
-    key = level(mode)
-    return {"isolation": mode, "as_root": is_root(), **GUARANTEES[key], "open": sorted(open_items(key))}
+    key, seccomp = level(mode), seccomp_available() is None
+    return {
+        "isolation": mode,
+        "as_root": is_root(),
+        **GUARANTEES[key],
+        "network_isolated": GUARANTEES[key]["network_isolated"] or seccomp,
+        "seccomp": seccomp,
+        "open": sorted(open_items(key)),
+    }
 
 
 @functools.cache

@@ -10,7 +10,9 @@ own. It:
    workspace onto itself and makes every other mount read-only;
 2. becomes a child subreaper, forks the command, and in the child sets the rlimits (CPU seconds,
    address space, processes, file size, no core files), drops to the sandbox uid when given one,
-   and execs it in the workspace with a scrubbed environment;
+   installs the seccomp filter when asked (`seccomp_filter`: no socket but AF_UNIX, no ptrace,
+   no io_uring; with no_new_privs, so no setuid binary gains anything), and execs it in the
+   workspace with a scrubbed environment;
 3. waits for the command (killing it a moment after `wall_s` should the caller be gone), then
    kills every process left under it (orphans come back to it),
    and writes one JSON status line to the status fd: exit code or signal, CPU seconds, processes left over.
@@ -20,10 +22,13 @@ A launcher killed before it writes its status is itself a finding (the command k
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
+import platform
 import resource
 import signal
+import socket
 import sys
 import time
 
@@ -129,6 +134,88 @@ def _limit(spec: dict) -> None:
     else:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     os.chdir(spec["workspace"])
+    if spec.get("seccomp"):
+        install_seccomp()  # last: it refuses nothing the steps above need
+
+
+# seccomp: the syscall numbers it filters, per architecture (AUDIT_ARCH_*, then the numbers)
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {"socket": 41, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311}),
+    "aarch64": (0xC00000B7, {"socket": 198, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271}),
+}
+_IO_URING = (425, 426, 427)  # io_uring_setup/enter/register, the same on both: its ops bypass seccomp
+_LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+class _Instruction(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Instruction))]
+
+
+def seccomp_program() -> list[tuple[int, int, int, int]] | None:
+    """The filter as (code, jt, jf, k) rows, or None on an architecture we have no numbers for.
+    socket() of any family but AF_UNIX fails with EAFNOSUPPORT (no TCP, UDP, netlink, vsock,
+    raw); ptrace and process_vm_readv/writev with EPERM; io_uring with ENOSYS; a foreign ABI
+    (x86's int 0x80, x32) with ENOSYS. Everything else is allowed."""
+    if platform.machine() not in _SYSCALLS:
+        return None
+    arch, nr = _SYSCALLS[platform.machine()]
+    denied = [nr["ptrace"], nr["process_vm_readv"], nr["process_vm_writev"]]
+    rows = [
+        (_LD, 0, 0, 4),  # the architecture
+        (_JEQ, 1, 0, arch),
+        (_RET, 0, 0, _ERRNO | errno.ENOSYS),
+        (_LD, 0, 0, 0),  # the syscall number
+        (_JGE, 0, 1, 0x40000000),  # x32 numbers on x86_64
+        (_RET, 0, 0, _ERRNO | errno.ENOSYS),
+        (_JEQ, 0, 4, nr["socket"]),
+        (_LD, 0, 0, 16),  # socket's first argument (the low word: little-endian), the family
+        (_JEQ, 0, 1, int(socket.AF_UNIX)),
+        (_RET, 0, 0, _ALLOW),
+        (_RET, 0, 0, _ERRNO | errno.EAFNOSUPPORT),
+    ]
+    for n, number in enumerate(denied):  # each jumps to the EPERM row after the io_uring rows
+        rows.append((_JEQ, len(denied) - n - 1 + len(_IO_URING) + 1, 0, number))
+    for n, number in enumerate(_IO_URING):
+        rows.append((_JEQ, len(_IO_URING) - n - 1 + 2, 0, number))
+    rows += [(_RET, 0, 0, _ALLOW), (_RET, 0, 0, _ERRNO | errno.EPERM), (_RET, 0, 0, _ERRNO | errno.ENOSYS)]
+    return rows
+
+
+def install_seccomp() -> None:
+    """no_new_privs, then the filter (raises OSError where the kernel refuses it)."""
+    rows = seccomp_program()
+    if rows is None:
+        raise OSError(errno.ENOSYS, f"no seccomp syscall table for {platform.machine()}")
+    program = (_Instruction * len(rows))(*[_Instruction(*row) for row in rows])
+    fprog = _Program(len(rows), program)
+    for args in (
+        (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+        (PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
+    ):
+        if _libc.prctl(*[ctypes.c_ulong(a) for a in args]) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl({args[0]}): {os.strerror(err)}")
+
+
+def probe_seccomp() -> None:
+    """`launcher.py --probe-seccomp`: install the filter, show it refuses TCP and keeps unix sockets."""
+    install_seccomp()
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as e:
+        if e.errno != errno.EAFNOSUPPORT:
+            raise
+    else:
+        raise SystemExit("the filter let a TCP socket through")
+    for end in socket.socketpair(socket.AF_UNIX):  # unix sockets still work
+        end.close()
+    print("seccomp ok")
 
 
 def _descendants(root: int) -> list[int]:
@@ -173,6 +260,8 @@ def _kill_leftovers() -> int:
 
 
 def main() -> None:
+    if sys.argv[1] == "--probe-seccomp":
+        return probe_seccomp()
     spec = json.loads(sys.argv[1])
     status_fd = int(spec["status_fd"])
     if spec["mode"] == "namespaces":

@@ -32,7 +32,7 @@ import roll.agentic.sandbox.isolation as isolation
 import roll.agentic.sandbox.janitor as janitor
 from roll.agentic.sandbox.limits import CommandResult, SandboxLimits
 
-LAUNCHER = str(Path(__file__).with_name("launcher.py"))
+LAUNCHER = isolation.LAUNCHER
 DISK_POLL_S = 0.05  # how often the workspace is measured while a command runs (at least)
 BLOCK = 4096  # what the smallest entry counts against disk_mb
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -45,7 +45,10 @@ _FINDINGS = (  # (reason, error text a refused attempt prints), checked in this 
     ("memory", ("MemoryError", "Cannot allocate memory", "bad_alloc")),
     ("processes", ("Cannot fork", "fork: retry", "Resource temporarily unavailable", "BlockingIOError")),
     ("file_size", ("File too large",)),
-    ("network", ("Network is unreachable", "[Errno 101]", "Cannot assign requested address")),
+    (
+        "network",
+        ("Network is unreachable", "[Errno 101]", "Cannot assign requested address", "Address family not supported"),
+    ),
     ("write_outside", ("Read-only file system", "Permission denied")),
     ("signal_denied", ("Operation not permitted", "No such process")),
 )
@@ -262,6 +265,7 @@ class Sandbox:
         nproc = self.limits.max_procs + (0 if self.uid is not None else _processes_of(os.getuid()))
         spec = {"mode": self.mode, "workspace": self.workspace, "argv": argv, "env": env, "uid": self.uid}
         spec |= {"nproc": nproc, "limits": vars(self.limits), "status_fd": status_fd}
+        spec |= {"seccomp": isolation.seccomp_available() is None}
         if self.mode == "namespaces":
             spec |= {"stage": os.path.join(self._root, "stage"), "expose": self._exposed()}
             keep = sorted({os.path.realpath(p) for p in [*isolation.interpreter_paths(), os.path.dirname(self.python)]})
