@@ -634,10 +634,10 @@ def disk_fill(host: Host) -> dict:
     )
 
 
-@attempt("fill the disk's inodes: 5,000 empty files past a 4 MiB cap (4 KiB each)")
+@attempt("fill the disk's inodes: 20,000 empty files past a 4 MiB cap (4 KiB each)")
 def inode_fill(host: Host) -> dict:
     box = host.box(disk_mb=4, wall_s=30.0, cpu_s=20)  # a file costs 0.5 ms of CPU on some disks
-    code = "for i in range(5000):\n    open(f'e{i}', 'w').close()\nprint('filled')\n"
+    code = "for i in range(20000):\n    open(f'e{i}', 'w').close()\nprint('filled')\n"
     result = box.run([box.python, "-c", code])
     made = len(os.listdir(box.workspace))
     return verdict(result.reason == "disk" and "filled" not in result.output, f"reason {result.reason}; {made} entries")
