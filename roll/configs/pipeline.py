@@ -171,10 +171,11 @@ class PipelineConfig(RollDialect):
     async_max_staleness: int | None = Field(None, ge=0)
     """The oldest token a trained trajectory may hold, in versions behind the weights being
     trained: a group with an older one is dropped at collect and played again. null: k
-    (`async_generation_ratio`; a group run k steps ahead is at most k versions old). 0 keeps only
-    groups generated wholly on the weights being trained: such a run trains exactly what a
-    synchronous run trains, and throws away what it generated ahead (a check of the async path:
-    the same seed gives a synchronous run's losses). Needs k > 0."""
+    (`async_generation_ratio`; a group run k steps ahead is at most k versions old, unless
+    partial rollout carries it over). Rollout runs ahead at most this many steps, since a group
+    started a steps early is at least a versions old when trained: 0 runs nothing ahead, and the
+    run trains exactly what a synchronous run trains (a check of the async path: the same seed
+    gives a synchronous run's losses). Needs k > 0."""
     partial_rollout: Literal["finish", "continue", "abort"] = "finish"
     """What a weight sync does to the generations running in the engine (async training; in a
     synchronous run nothing runs at a sync). false ("finish"): they end on the old weights first,
@@ -259,6 +260,12 @@ class PipelineConfig(RollDialect):
     def staleness_limit(self) -> int:
         """The versions a trained token may lag (`async_max_staleness`, else k)."""
         return self.async_generation_ratio if self.async_max_staleness is None else self.async_max_staleness
+
+    @property
+    def steps_ahead(self) -> int:
+        """The steps whose groups start before their step's rollout: k, but no more than the
+        staleness limit (a group started a steps early is at least a versions old when trained)."""
+        return min(self.async_generation_ratio, self.staleness_limit)
 
     def _check_partial_rollout(self) -> None:
         """Only the continuous `hf` engine stops a generation at a token boundary."""

@@ -245,18 +245,28 @@ class AgenticPipeline:
 
     def rollout(self, step: int) -> tuple[list, list[str]]:
         """The step's complete groups and the causes of dropped trajectories; then the groups of
-        the next steps start (`run_ahead`)."""
+        the next steps start (`run_ahead`). With partial rollout they have started already, and
+        the step takes the first groups to finish among its own and theirs."""
         self.residency.enter("rollout")
+        cfg = self.cfg
+        first_done = cfg.partial_rollout != "finish"  # take the groups that finish first
+        if first_done:  # among this step's and the next steps': no wait on the slowest group
+            self.run_ahead(step)
         trajs, dropped = self.train_rollout.collect(
-            step, self.cfg.train_groups_per_step, policy_version=step - 1, max_staleness=self.cfg.staleness_limit
+            step,
+            cfg.train_groups_per_step,
+            policy_version=step - 1,
+            max_staleness=cfg.staleness_limit,
+            first_done=first_done,
         )
         self.run_ahead(step)
         return trajs, dropped
 
     def run_ahead(self, step: int) -> None:
         """Async training: start the groups of steps step+1..step+k (k = async_generation_ratio,
-        never past max_steps) now, so they generate on these weights while this step trains."""
-        last = min(step + self.cfg.async_generation_ratio, self.cfg.max_steps)
+        at most the staleness limit, never past max_steps) now, so they generate on these weights
+        while this step trains."""
+        last = min(step + self.cfg.steps_ahead, self.cfg.max_steps)
         for ahead in range(step + 1, last + 1):
             self.train_rollout.dispatch(ahead, self.cfg.train_groups_per_step)
 

@@ -50,7 +50,7 @@ def role_share(cfg, role: str, cores: tuple[int, ...] | None = None) -> CpuShare
             )
     if cluster.joined() or any(cfg.device_layout["mappings"].values()):
         return CpuShare()
-    shares = default_cpu_shares(usable_cores() if cores is None else cores, cfg.async_generation_ratio > 0)
+    shares = default_cpu_shares(usable_cores() if cores is None else cores, cfg.steps_ahead > 0)
     return shares[_GROUP.get(role, role)]
 
 

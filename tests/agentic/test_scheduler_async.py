@@ -50,11 +50,13 @@ class ScriptedEnvWorker:
         no_turn_group_ids: tuple[str, ...] = (),
         die_group_ids: tuple[str, ...] = (),
         engine_fails: bool = False,
+        slow_group_ids: tuple[str, ...] = (),
     ) -> None:
         """A fresh script (one actor serves every test: starting actors is the slow part). A
         restarted actor runs __init__ again, so it forgets `die_group_ids`."""
         self.fail_group_ids, self.no_turn_group_ids = set(fail_group_ids), set(no_turn_group_ids)
         self.die_group_ids = set(die_group_ids)
+        self.slow_group_ids = set(slow_group_ids)  # these wait for `release` whatever `hold` says
         self.engine_fails = engine_fails  # as the real EnvWorker does when the engine failed
         self.version, self.hold, self.log = 0, False, []
         self.gate = asyncio.Event()
@@ -81,7 +83,7 @@ class ScriptedEnvWorker:
         if spec.traj_group_id in self.fail_group_ids:
             return GroupResult(spec.group_index, [], ["scripted failure"] * 2)
         first = self.version
-        if self.hold:
+        if self.hold or spec.traj_group_id in self.slow_group_ids:
             await self.gate.wait()
         else:
             await asyncio.sleep(0.01)
@@ -115,8 +117,13 @@ def scripted_worker():
 
 @pytest.fixture
 def make_scheduler(scripted_worker):
-    def make(num_slots: int, fail_group_ids: tuple[str, ...] = (), no_turn_group_ids: tuple[str, ...] = ()):
-        ray.get(scripted_worker.reset.remote(fail_group_ids, no_turn_group_ids))
+    def make(
+        num_slots: int,
+        fail_group_ids: tuple[str, ...] = (),
+        no_turn_group_ids: tuple[str, ...] = (),
+        slow_group_ids: tuple[str, ...] = (),
+    ):
+        ray.get(scripted_worker.reset.remote(fail_group_ids, no_turn_group_ids, slow_group_ids=slow_group_ids))
         slots = [Slot(worker=0, local=k, tag="lake") for k in range(num_slots)]
         return RolloutScheduler([scripted_worker], slots, seed=7, mode="train"), scripted_worker
 
@@ -202,6 +209,39 @@ def test_a_group_without_generated_turns_is_never_stale(make_scheduler):
     trajs, _ = scheduler.collect(2, 2, policy_version=5, max_staleness=1)
     assert scheduler.stale_dropped_groups == 1  # train-2-1 (version 0) only
     assert [t.policy_versions for t in trajs] == [[], [], [5, 5], [5, 5]]
+
+
+def test_first_done_never_waits_on_the_slowest_group(make_scheduler):
+    """Partial rollout: step 1 takes the first two groups to finish, one of them dispatched for step
+    2, while its slow group runs on; step 2 then takes it with the other group of step 2."""
+    scheduler, worker = make_scheduler(4, slow_group_ids=("train-1-0",))
+    scheduler.dispatch(1, 2)
+    scheduler.dispatch(2, 2)  # run ahead
+    trajs, _ = scheduler.collect(1, 2, policy_version=0, max_staleness=1, first_done=True)
+    assert group_ids(trajs) == ["train-1-1", "train-2-0"]  # the oldest of the finished ones
+    ray.get(worker.release.remote())
+    trajs, _ = scheduler.collect(2, 2, policy_version=0, max_staleness=1, first_done=True)
+    assert group_ids(trajs) == ["train-1-0", "train-2-1"]
+    assert scheduler._steps == {} and sorted(wait_started(worker, 4)) == [
+        "train-1-0",
+        "train-1-1",
+        "train-2-0",
+        "train-2-1",
+    ]  # each played once
+
+
+def test_first_done_drops_a_carried_over_group_by_its_oldest_token(make_scheduler):
+    scheduler, worker = make_scheduler(4, slow_group_ids=("train-1-0",))
+    scheduler.dispatch(1, 2)
+    scheduler.dispatch(2, 2)
+    wait_started(worker, 4)  # every group started on version 0
+    trajs, _ = scheduler.collect(1, 2, policy_version=0, max_staleness=1, first_done=True)
+    ray.get(worker.set_version.remote(3))
+    ray.get(worker.release.remote())
+    # at version 3 with limit 1, train-1-0 (begun on 0) and train-2-1 (all 0) are too old: played again
+    trajs, _ = scheduler.collect(3, 2, policy_version=3, max_staleness=1, first_done=True)
+    assert scheduler.stale_dropped_groups >= 1
+    assert all(min(t.policy_versions) >= 2 for t in trajs)
 
 
 def test_staleness_metrics_by_hand():

@@ -48,7 +48,12 @@ def tiny_model(tmp_path_factory):
 
 
 def start(model, out: Path, log: Path, max_steps: int) -> subprocess.Popen:
-    run = [*ARGS, f"max_steps={max_steps}", f"pretrain={model}", f"output_dir={out}"]
+    return start_run(model, out, log, [*ARGS, f"max_steps={max_steps}"])
+
+
+def start_run(model, out: Path, log: Path, args: list[str]) -> subprocess.Popen:
+    """The CLI with `args` in a session of its own (its processes are found by session id)."""
+    run = [*args, f"pretrain={model}", f"output_dir={out}"]
     return subprocess.Popen(
         [sys.executable, "examples/start_agentic_pipeline.py", *run],
         cwd=REPO,

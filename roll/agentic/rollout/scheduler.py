@@ -17,8 +17,11 @@ Async training: `dispatch(step)` queues a later step's groups ahead of time; the
 slots at once and keep generating while the driver trains, and `collect(step)` later returns them
 (waiting only for those not finished yet). Slots freed while the driver is busy elsewhere stay
 idle until the next `collect`, which is the only place results are received. Queued groups start
-in step order, so the step being collected always goes first. At collect time a group that a too
-old policy started (`max_staleness`) is dropped, counted, and played again under the same identity.
+in step order, so the step being collected always goes first. At collect time a group whose
+oldest token is too old (`max_staleness`) is dropped, counted, and played again under the same
+identity. With `first_done` (partial rollout) a step never waits on its slowest group: `collect`
+takes the first `num_groups` groups to finish among every step dispatched so far, the oldest
+steps' first, and the groups still running carry over to a later step.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class _StepState:
     done: dict[int, tuple[str, GroupSpec, GroupResult]]  # group index -> (tag played, spec, result)
     causes: list[str]  # one per dropped trajectory
     redundant: int = 0  # episodes beyond group_size that were stopped or left out
+    taken: int = 0  # groups a `first_done` collect has taken (of any step)
 
 
 class RolloutScheduler:
@@ -122,18 +126,23 @@ class RolloutScheduler:
         *,
         policy_version: int | None = None,
         max_staleness: int = 0,
+        first_done: bool = False,
     ) -> tuple[list[Trajectory], list[str]]:
         """Play (or finish) the `num_groups` groups of `step`; return their trajectories ordered by
         group index, and the causes of dropped trajectories.
 
-        With `policy_version` (the version the engine serves now) a group whose oldest turn is more
-        than `max_staleness` versions older is dropped and played again (`stale_dropped_groups`).
+        With `policy_version` (the version the engine serves now) a group whose oldest token is
+        more than `max_staleness` versions older is dropped and played again (`stale_dropped_groups`).
+        With `first_done`, the first `num_groups` groups to finish of any dispatched step instead
+        (`_collect_first_done`).
         """
         self.stale_dropped_groups = 0
         self.engine_calls = self.engine_requests = 0
         if not self._running and not self._recovering:  # nothing in flight: the same slot order every time
             self._free = self._all_slots_free()
         self.dispatch(step, num_groups, keep_frames)
+        if first_done:
+            return self._collect_first_done(step, num_groups, policy_version, max_staleness)
         state = self._steps[step]
         checked: set[int] = set()  # groups found fresh enough: the limit holds for the whole call
         while True:
@@ -145,6 +154,34 @@ class RolloutScheduler:
         del self._steps[step]
         self.redundant_trajectories = state.redundant
         return [t for j in sorted(state.done) for t in state.done[j][2].trajectories], state.causes
+
+    def _collect_first_done(
+        self, step: int, num_groups: int, policy_version: int | None, max_staleness: int
+    ) -> tuple[list[Trajectory], list[str]]:
+        """The first `num_groups` finished groups of the dispatched steps, oldest (step, index)
+        first among those ready; the others keep running. Causes and redundant episodes are
+        those received since the last collect; a step whose groups are all taken is forgotten."""
+        checked: dict[int, set[int]] = collections.defaultdict(set)
+        while True:
+            if policy_version is not None:
+                for s in list(self._steps):
+                    self._drop_stale(s, policy_version - max_staleness, checked[s])
+            ready = sorted((s, j) for s, state in self._steps.items() for j in state.done)
+            if len(ready) >= num_groups:
+                break
+            self._receive_one(step)
+        trajs, causes, self.redundant_trajectories = [], [], 0
+        for s, j in ready[:num_groups]:
+            state = self._steps[s]
+            trajs += state.done.pop(j)[2].trajectories
+            state.taken += 1
+        for s, state in list(self._steps.items()):
+            causes += state.causes
+            self.redundant_trajectories += state.redundant
+            state.causes, state.redundant = [], 0
+            if state.taken >= state.num_groups:
+                del self._steps[s]
+        return trajs, causes
 
     def _drop_stale(self, step: int, oldest_allowed: int, checked: set[int]) -> None:
         """Drop and queue again each finished group of `step` not in `checked` that has a turn older
