@@ -220,6 +220,21 @@ class EnvManagerConfig(ConfigModel):
         return dict(zip(self.tags, partition, strict=True))
 
     @property
+    def slot_tags(self) -> list[str]:
+        """The tag of each env-group slot, each tag's slots spread evenly over the list (group j
+        of a step plays slot j's tag): the first groups of a step already play every tag in
+        proportion, whether a step takes all `num_env_groups` or fewer. Ties go to the earlier tag."""
+        counts = self.groups_per_tag
+        total = sum(counts.values())
+        placed = dict.fromkeys(counts, 0)
+        tags = []
+        for i in range(1, total + 1):
+            tag = max(counts, key=lambda t: (counts[t] * i / total - placed[t], -self.tags.index(t)))
+            placed[tag] += 1
+            tags.append(tag)
+        return tags
+
+    @property
     def num_envs(self) -> int:
         """Envs this manager runs concurrently."""
         return self.num_env_groups * (self.group_size + self.group_size_redundancy)

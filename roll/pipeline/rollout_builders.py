@@ -45,7 +45,7 @@ def sampling_params(generating_args, tokenizer) -> SamplingParams:
 def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutScheduler:
     """Env workers for one env manager config (train or val) and the scheduler that drives them.
     `inference`: the inference workers' names (`inference_names(cfg)`) or handles, or one of them."""
-    slot_tags = [tag for tag, n in manager_cfg.groups_per_tag.items() for _ in range(n)]
+    slot_tags = manager_cfg.slot_tags
     # max_env_num_per_worker counts envs; a worker holds whole groups (0 = everything in one worker)
     envs_per_group = manager_cfg.group_size + manager_cfg.group_size_redundancy
     per_worker = (

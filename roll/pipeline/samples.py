@@ -179,7 +179,8 @@ def staleness_metrics(trajs: list[Trajectory], policy_version: int) -> dict[str,
 
 
 def summarize_trajectories(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
-    """Episode statistics under `prefix/` (e.g. train/success); per tag too when there are several."""
+    """Episode statistics under `prefix/` (e.g. train/success); per tag too when there are several,
+    with each tag's share of the trajectories (`prefix/<tag>/share`)."""
     if not trajs:
         return {}
     out = _summary(trajs, prefix)
@@ -189,6 +190,7 @@ def summarize_trajectories(trajs: list[Trajectory], prefix: str) -> dict[str, fl
     if len(by_tag) > 1:
         for tag, group in by_tag.items():
             out.update(_summary(group, f"{prefix}/{tag}"))
+            out[f"{prefix}/{tag}/share"] = len(group) / len(trajs)  # of the step's trajectories
     return out
 
 

@@ -378,3 +378,20 @@ def test_file_level_errors(model_dir, tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(str(tmp_path), "with_group", [])
     assert str(info.value) == "preset: cannot find config 'preset/fast'; options: ['slow']"
+
+
+def test_slot_tags_spread_each_tag_over_the_slots():
+    """Group j of a step plays slot j's tag: spread out, a step of fewer groups than slots still
+    plays every tag in proportion (one LongLake in each ten of 2 + 18 slots)."""
+    from roll.configs.env import EnvManagerConfig
+
+    def slots(tags, partition):
+        return EnvManagerConfig.model_construct(
+            tags=tags, num_groups_partition=partition, num_env_groups=sum(partition)
+        ).slot_tags
+
+    long_tail = slots(["L", "S"], [2, 18])
+    assert [i for i, t in enumerate(long_tail) if t == "L"] == [4, 14]
+    assert slots(["A", "B"], [2, 2]) == ["A", "B", "A", "B"]
+    assert slots(["A", "B", "C"], [3, 2, 2]) == ["A", "B", "C", "A", "B", "C", "A"]
+    assert slots(["A", "B"], [3, 0]) == ["A", "A", "A"]

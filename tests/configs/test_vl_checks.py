@@ -166,3 +166,13 @@ def test_a_sequence_length_below_the_first_vl_prompt_is_refused(capsys, tmp_path
     assert status == 2 and len(lines) == 1
     assert lines[0].startswith("config error: sequence_length: 70 cannot hold SimpleSokoban's first prompt (")
     assert "its image included" in lines[0]
+
+
+def test_partial_rollout_is_refused_with_the_vl_managers(capsys, tmp_path, vl_dir):
+    """Image requests are generated a call at a time: no token boundary to stop them at."""
+    status, notes = run(capsys, tmp_path, vl_dir, "+partial_rollout=true")
+    assert status == 2
+    assert notes == [
+        "config error: partial_rollout: the hf engine generates image requests a call at a time, which a weight "
+        "sync cannot stop at a token boundary; use false with the VL env managers"
+    ]

@@ -81,6 +81,7 @@ def test_async_at_staleness_0_trains_what_sync_trains(tiny_model, tmp_path):
 
 LONG_TAIL = [
     "max_steps=4",
+    "async_generation_ratio=1",
     "rollout_batch_size=8",
     "train_env_manager.group_size=4",
     "train_env_manager.num_env_groups=4",
