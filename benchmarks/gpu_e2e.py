@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import spy  # noqa: E402
-from gpu_e2e_summary import resume_check, summarize_run  # noqa: E402
+from gpu_e2e_summary import read_metrics, resume_check, summarize_run  # noqa: E402
 
 PARTS = ("a", "b", "c", "a_cpu")
 DEFAULT_BUDGETS_S = {"a": 180.0, "b": 120.0, "c": 80.0, "a_cpu": 180.0}
@@ -268,7 +268,22 @@ def part_b(lane: Lane) -> dict:
     result = {"overrides": overrides, **summarize_run(lane.work / "b", run)}
     if not lane.smoke and torch.cuda.is_available():
         result["engine_alone"] = engine_alone()
+    result.update(floors_of(lane, model_dir=overrides[0].split("=", 1)[1], output_dir=lane.work / "b"))
     return result
+
+
+def floors_of(lane: Lane, model_dir: str, output_dir: Path) -> dict:
+    """Part b's phases against their floors on this device (benchmarks/phase_floors.py), measured
+    after the run; on CPU (smoke) the same arithmetic with the CPU's figures."""
+    import phase_floors
+
+    device, dtype = ("cpu", "float32") if lane.smoke or not torch.cuda.is_available() else ("cuda", "bf16")
+    try:
+        facts = phase_floors.device_facts(model_dir, batch=32, dtype=dtype, device=device)
+    except Exception as err:  # a figure beside the run's, never a reason to lose the record
+        return {"floors": {"error": f"{type(err).__name__}: {err}"}}
+    steps = read_metrics(output_dir)[1:]  # the first step is a warm-up
+    return {"device_facts": facts, **phase_floors.phase_floors(steps, facts, ppo_epochs=1)}
 
 
 def engine_alone() -> dict:
@@ -333,6 +348,10 @@ def headline(record: dict) -> None:
     record["step_s_a"] = parts.get("a", {}).get("step_s", {}).get("median")
     record["weight_sync_s"] = parts.get("b", {}).get("split_s", {}).get("sync")
     record["weight_sync_path"] = parts.get("b", {}).get("weight_sync_path")
+    record["time_idle_fraction"] = {
+        p: r.get("time_idle_fraction") for p, r in parts.items() if "time_idle_fraction" in r
+    }
+    record["phase_floor_ratio"] = parts.get("b", {}).get("phase_floor_ratio")
 
 
 def _commit() -> str | None:

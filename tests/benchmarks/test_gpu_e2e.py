@@ -32,11 +32,13 @@ ROWS = [
         **{"rollout/generated_tokens": 200.0, "val/success": 0.95, "time/validate_s": 0.25},
         **{"rollout/engine_calls": 6.0, "rollout/engine_requests": 900.0},
         **{"memory/actor_train_peak_gib": 1.5, "sync/cuda_ipc": 1.0},
+        **{"time/idle/actor_train": 0.4, "time/idle/actor_infer": 0.2, "time/idle_fraction": 0.3},
     },
     {
         **{"step": 3, "time/step_s": 3.0, "time/rollout_s": 1.5, "time/sync_s": 0.3, "time/offload_s": 0.15},
         **{"rollout/generated_tokens": 100.0, "memory/actor_train_peak_gib": 1.0, "sync/cuda_ipc": 1.0},
         **{"rollout/engine_calls": 8.0, "rollout/engine_requests": 1100.0},
+        **{"time/idle/actor_train": 0.6, "time/idle/actor_infer": 0.4, "time/idle_fraction": 0.5},
     },
 ]
 
@@ -59,6 +61,7 @@ def test_summary_of_a_run_by_hand(tmp_path):
     assert got["peak_memory_gib"] == {"actor_train": 1.5}
     assert got["weight_sync_path"] == "cuda_ipc"
     assert got["val_success"] == {"0": 0.1, "2": 0.95}
+    assert got["idle_s"] == {"actor_infer": 0.3, "actor_train": 0.5} and got["time_idle_fraction"] == 0.4
 
 
 def test_summary_when_val_is_never_reached_and_metrics_are_missing(tmp_path):
