@@ -271,6 +271,12 @@ class PipelineConfig(RollDialect):
         """Only the continuous `hf` engine stops a generation at a token boundary."""
         if self.partial_rollout == "finish":
             return
+        if self.async_generation_ratio == 0:
+            raise InvalidField(
+                "partial_rollout",
+                f"{self.partial_rollout!r} acts on generations running at a weight sync, and with "
+                "async_generation_ratio 0 none is; set async_generation_ratio > 0 or leave it false",
+            )
         engine = self.actor_infer.strategy_args
         if engine.strategy_name != "hf":
             raise InvalidField(

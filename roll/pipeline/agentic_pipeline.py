@@ -251,6 +251,7 @@ class AgenticPipeline:
         cfg = self.cfg
         first_done = cfg.partial_rollout != "finish"  # take the groups that finish first
         if first_done:  # among this step's and the next steps': no wait on the slowest group
+            self.train_rollout.dispatch(step, cfg.train_groups_per_step)  # its own groups first
             self.run_ahead(step)
         trajs, dropped = self.train_rollout.collect(
             step,

@@ -31,7 +31,7 @@ def error_of(model_dir, *overrides) -> str:
 
 @pytest.mark.parametrize(("value", "mode"), [("true", "continue"), ("false", "finish"), ("abort", "abort")])
 def test_partial_rollout_takes_a_bool_or_a_mode(model_dir, value, mode):
-    assert load(model_dir, f"+partial_rollout={value}").partial_rollout == mode
+    assert load(model_dir, f"+partial_rollout={value}", "async_generation_ratio=1").partial_rollout == mode
     assert load(model_dir).partial_rollout == "finish"
 
 
@@ -193,12 +193,21 @@ MALFORMED = [
         "partial_rollout: input should be 'finish', 'continue' or 'abort' (got 'pause')",
     ),
     (
-        ["+partial_rollout=true", "actor_infer.strategy_args.strategy_name=vllm"],
+        ["+partial_rollout=true"],
+        "partial_rollout: 'continue' acts on generations running at a weight sync, and with "
+        "async_generation_ratio 0 none is; set async_generation_ratio > 0 or leave it false",
+    ),
+    (
+        ["+partial_rollout=true", "async_generation_ratio=1", "actor_infer.strategy_args.strategy_name=vllm"],
         "partial_rollout: 'continue' needs actor_infer on the hf engine; 'vllm' finishes each engine call "
         "before a weight sync (use false)",
     ),
     (
-        ["+partial_rollout=abort", "+actor_infer.strategy_args.strategy_config={continuous_batching: false}"],
+        [
+            "+partial_rollout=abort",
+            "async_generation_ratio=1",
+            "+actor_infer.strategy_args.strategy_config={continuous_batching: false}",
+        ],
         "partial_rollout: 'abort' needs actor_infer.strategy_args.strategy_config.continuous_batching: true",
     ),
     (

@@ -170,7 +170,7 @@ def test_a_sequence_length_below_the_first_vl_prompt_is_refused(capsys, tmp_path
 
 def test_partial_rollout_is_refused_with_the_vl_managers(capsys, tmp_path, vl_dir):
     """Image requests are generated a call at a time: no token boundary to stop them at."""
-    status, notes = run(capsys, tmp_path, vl_dir, "+partial_rollout=true")
+    status, notes = run(capsys, tmp_path, vl_dir, "+partial_rollout=true", "async_generation_ratio=1")
     assert status == 2
     assert notes == [
         "config error: partial_rollout: the hf engine generates image requests a call at a time, which a weight "

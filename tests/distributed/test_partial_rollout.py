@@ -234,3 +234,26 @@ def test_continuation_and_segments_by_hand():
 def test_only_the_continuous_hf_engine_interrupts(model_path):
     with pytest.raises(ValueError, match="continuous hf engine"):
         InferenceWorker(model_path, num_threads=1, interrupt="continue", continuous_batching=False)
+
+
+def test_an_offload_lets_the_running_requests_finish_even_with_partial_rollout(model_path):
+    """Only a weight update interrupts: an offload (a colocated role taking the GPU) keeps the
+    weights, so the running request finishes on them first, uninterrupted and uncounted."""
+    worker = InferenceWorker(model_path, num_threads=1, interrupt="continue")
+    (ref,) = full_length(model_path, None, SEEDS[:1])
+
+    async def play():
+        task = asyncio.create_task(worker.generate(req("a", SEEDS[0])))
+        hold = HoldAt(worker, CALLS_BEFORE_UPDATE)
+        await asyncio.to_thread(hold.reached.wait, 30)
+        offload = asyncio.create_task(worker.offload())
+        await asyncio.sleep(0.01)
+        hold.release()
+        await offload
+        out = await task
+        await worker.reload()
+        return out
+
+    out = asyncio.run(play())
+    assert out.token_ids == ref.token_ids and out.token_versions == [0] * MAX_NEW
+    assert worker.take_interruptions()["interrupted_requests"] == 0

@@ -190,7 +190,7 @@ class AgentLoop:
             step_rewards=list(ledger.step_rewards),
             success=success,
             stop_reason=stop_reason,
-            policy_version=max(ledger.token_versions, default=0),
+            policy_version=max(ledger.token_versions + [0]),  # -1 marks ids it did not generate
             num_actions=ledger.num_turns,
             num_valid_actions=num_valid_actions,
             metrics={k: float(v) for k, v in (metrics or {}).items()},

@@ -132,6 +132,7 @@ class SGLangInferStrategy:
             "top_p": p.top_p,
             "top_k": p.top_k if p.top_k > 0 else -1,  # SGLang: -1 = whole vocabulary
             "stop_token_ids": sorted(p.stop_ids(self.eos_token_ids)),
+            "ignore_eos": p.ignore_eos,
             "sampling_seed": request.seed,
         }
 

@@ -152,6 +152,8 @@ class ActorWorker(Clocked):
             + ((Batch.OLD_LOGPROBS,) if not take_old else ())
             + (("episode_scores",) if pg_variant == "topr" else ())
             + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ())
+            # the version of each token: train_infer_correction's segments end where it changes
+            + ((Batch.POLICY_VERSION,) if correction and Batch.POLICY_VERSION in batch.keys() else ())
         )
         batch = model_inputs(batch, *TRAIN_KEYS, *extra)
         options = replace(

@@ -107,6 +107,7 @@ class InferenceWorker(Clocked):
         # taken by the engine, not answered: id(request) -> its futures (one request object may be sent twice)
         self._serving: dict[int, list[tuple[GenerateRequest, asyncio.Future]]] = {}
         self._drain_waiters = 0  # weight updates / offloads waiting for the engine call to end
+        self._updates_waiting = 0  # of them, weight updates: only they interrupt (`interrupt`)
         self._engine_lock: asyncio.Lock | None = None
         self._awake: asyncio.Event | None = None  # cleared while the engine is offloaded
         self._arrived: asyncio.Event | None = None  # set by each new request (`batch_wait_ms`)
@@ -151,17 +152,28 @@ class InferenceWorker(Clocked):
         still queued, and the continued ones, are served on the new weights and their tokens
         stamped with `version`."""
         self._ensure_loop()
-        async with self._between_engine_calls():
-            if not self._awake.is_set():
-                raise RuntimeError("update_weights: the engine is offloaded; reload it first")
-            with self.clock.measure("sync"):
-                if isinstance(state_dict, IpcWeights):  # the actor's GPU tensors, shared: copied in, then let go
-                    tensors = state_dict.open()
-                    self.engine.load_weights(tensors, version)
-                    IpcWeights.close(tensors)
-                else:
-                    self.engine.load_weights(state_dict, version)
+        self._updates_waiting += 1
+        counted = True
+        try:
+            async with self._between_engine_calls():
+                self._updates_waiting, counted = self._updates_waiting - 1, False
+                self._load(state_dict, version)
+        finally:
+            if counted:  # cancelled (or failed) before it had the engine
+                self._updates_waiting -= 1
         return version
+
+    def _load(self, state_dict: dict[str, torch.Tensor] | IpcWeights, version: int) -> None:
+        """Under the engine lock: the weights into the engine (`update_weights`)."""
+        if not self._awake.is_set():
+            raise RuntimeError("update_weights: the engine is offloaded; reload it first")
+        with self.clock.measure("sync"):
+            if isinstance(state_dict, IpcWeights):  # the actor's GPU tensors, shared: copied in, then let go
+                tensors = state_dict.open()
+                self.engine.load_weights(tensors, version)
+                IpcWeights.close(tensors)
+            else:
+                self.engine.load_weights(state_dict, version)
 
     async def offload(self) -> None:
         """Free the device for a colocated role, after the engine call in progress."""
@@ -251,7 +263,8 @@ class InferenceWorker(Clocked):
         than "finish" it returns at the next token boundary, and its running rows go back to the
         front of the queue (`_requeue`) before the update runs."""
         loop = asyncio.get_running_loop()
-        stopping = (lambda: self._drain_waiters > 0) if self.interrupt != "finish" else (lambda: False)
+        # an offload lets the running rows finish (the weights stay): only a weight update interrupts
+        stopping = (lambda: self._updates_waiting > 0) if self.interrupt != "finish" else (lambda: False)
         while self._pending:
             await self._awake.wait()
             await self._wait_for_a_fuller_batch()
