@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 
 from roll.core.errors import BadConfig
+from roll.utils.atomic import fsync_dir, write_atomic
 
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest"
@@ -53,17 +54,16 @@ def commit(output_dir: str, tmp: Path, step: int, state: dict) -> Path:
     """Write the trainer state last, rename into place, then point `latest` at it. An existing
     `step_N` (a resumed run saving a step again) is renamed aside before, and deleted after, so a
     kill never leaves a half-deleted `step_N` that still looks complete."""
-    _write_atomic(tmp / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
-    _write_atomic(tmp / MANIFEST_FILE, json.dumps(_manifest(tmp, fsync=True), indent=1))
-    _fsync_dir(tmp)
+    write_atomic(tmp / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
+    write_atomic(tmp / MANIFEST_FILE, json.dumps(_manifest(tmp, fsync=True), indent=1))  # fsyncs tmp too
     final = checkpoint_root(output_dir) / f"step_{step}"
     old = final.with_name(f".old-{final.name}")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    _write_atomic(checkpoint_root(output_dir) / LATEST_FILE, final.name)
+    fsync_dir(final.parent)
+    write_atomic(checkpoint_root(output_dir) / LATEST_FILE, final.name)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -193,7 +193,7 @@ def prune(output_dir: str, keep: int) -> list[Path]:
     for path in found[keep:]:
         doomed = path.with_name(f".deleting-{path.name}")
         os.rename(path, doomed)
-        _fsync_dir(root)
+        fsync_dir(root)
         shutil.rmtree(doomed)
         deleted.append(path)
     return deleted
@@ -218,7 +218,7 @@ def _manifest(directory: Path, fsync: bool) -> dict:
         files[file.relative_to(directory).as_posix()] = {"size": file.stat().st_size, "sha256": _sha256(file)}
     for sub in (p for p in directory.rglob("*") if p.is_dir()):
         if fsync:
-            _fsync_dir(sub)
+            fsync_dir(sub)
     return {"files": files}
 
 
@@ -228,21 +228,3 @@ def _sha256(file: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make renames and new entries in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -35,6 +35,7 @@ import ray
 from roll.core.errors import RollError
 from roll.distributed.rank_group import process_handles
 from roll.pipeline import reaper
+from roll.utils.atomic import write_atomic
 
 LOOPBACK = "127.0.0.1"
 TASK_EVENTS_IN_GCS = 10_000
@@ -346,9 +347,7 @@ def write_placement(output_dir: str, rows: list[dict]) -> Path:
     """`output_dir/placement.json` (written whole, then renamed) and a short table on stderr."""
     path = Path(output_dir) / "placement.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"nodes": sorted({r["node_ip"] for r in rows}), "processes": rows}, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"nodes": sorted({r["node_ip"] for r in rows}), "processes": rows}, indent=1))
     lines = [f"{'role':<18} {'rank':>4}  {'node ip':<15} {'node id':<12} devices"]
     lines += [
         f"{r['role']:<18} {r['rank']:>4}  {r['node_ip']:<15} {r['node_id'][:12]:<12} {r['devices']}" for r in rows

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from pathlib import Path
 
 from roll.agentic.env.registry import resolve_env_class
@@ -19,6 +18,7 @@ from roll.core.errors import RunStopped
 from roll.core.records import StepRecord, Trajectory
 from roll.tracking.frames import save_episode_frames
 from roll.tracking.traces import trace_record
+from roll.utils.atomic import write_atomic
 
 logger = logging.getLogger("roll")
 
@@ -28,11 +28,9 @@ def dump_trajectories(directory: str, step: int, trajs: list, tokenizer, prefix:
     per trajectory (`roll.tracking.traces.trace_record`), written whole then renamed."""
     path = Path(directory) / f"rollout_dump_data.{prefix}step_{step}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for tr in trajs:
-            f.write(json.dumps(trace_record(tr, tokenizer, step), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_atomic(
+        path, "".join(json.dumps(trace_record(tr, tokenizer, step), ensure_ascii=False) + "\n" for tr in trajs)
+    )
     return path
 
 
@@ -115,9 +113,7 @@ class RecordedRollout:
             return trajs, dropped
         trajs, dropped = self.scheduler.collect(step, num_groups, keep_frames, **kwargs)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(encode_recording(trajs, dropped), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, encode_recording(trajs, dropped))
         return trajs, dropped
 
     def dispatch(self, step: int, num_groups: int, keep_frames: bool = False) -> None:

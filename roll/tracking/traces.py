@@ -21,6 +21,7 @@ from typing import Any
 
 from roll.agentic.agent_loop.tools import parse_tool_calls
 from roll.core.records import Trajectory
+from roll.utils.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,7 @@ class RolloutTracer:
         """Trace file of one step's trajectories (in the order given); returns its path."""
         records = [trace_record(tr, self.tokenizer, step) for tr in trajs]
         path = self.directory / (f"step_{step}.jsonl" if prefix == "train" else f"{prefix}_step_{step}.jsonl")
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
-        os.replace(tmp, path)  # a killed run never leaves half a trace
+        write_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in records))  # never half a trace
         if self.tracker is not None:
             for i, record in enumerate(records[: self.samples_to_tensorboard]):
                 self.tracker.log_text(step, f"traces/{prefix}/{i}", as_markdown(record))

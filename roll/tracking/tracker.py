@@ -22,6 +22,8 @@ from typing import Any, Self
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
+from roll.utils.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -57,9 +59,7 @@ def truncate_metrics(path: Path, last_step: int) -> int:
             f.flush()
             os.fsync(f.fileno())
         log.warning("%s: %d damaged line(s) moved to %s", path, len(damaged), corrupt)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(kept))
     return dropped
 
 
