@@ -36,6 +36,7 @@ from roll.core.errors import RollError
 from roll.distributed.rank_group import process_handles
 from roll.pipeline import reaper
 from roll.utils.atomic import write_atomic
+from roll.utils.polling import wait_until
 
 LOOPBACK = "127.0.0.1"
 TASK_EVENTS_IN_GCS = 10_000
@@ -201,15 +202,15 @@ def lost_nodes(wait_s: float = 0.0) -> list[str]:
     """The nodes of the run's start that Ray now reports dead and that stop the run (not those
     that held env workers only, `stop_on_loss_of`), as "IP (node id)"; waits up to `wait_s` for one
     to show (a worker's death may be reported before its node's)."""
-    deadline = time.monotonic() + wait_s
-    while True:
+
+    def probe() -> list[str] | None:
         lost = _lost_ids()
-        if lost is None:
+        if lost is None:  # the GCS itself is gone: nothing to say
             return []
-        lost, _ = split_lost(lost, _run_nodes)
-        if lost or time.monotonic() >= deadline:
-            return [_describe(nid) for nid in _nodes_at_start if nid in lost]
-        time.sleep(1.0)
+        fatal, _ = split_lost(lost, _run_nodes)
+        return [_describe(nid) for nid in _nodes_at_start if nid in fatal] or None
+
+    return wait_until(probe, wait_s, interval_s=1.0) or []
 
 
 def stop_on_loss_of(rows: list[dict]) -> None:
@@ -298,17 +299,17 @@ def actor_node(handle, timeout_s: float = 120.0) -> dict[str, str]:
     from ray._private import state
 
     actor_id = handle._actor_id.hex()
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def placed() -> dict[str, str] | None:
         info = state.actors(actor_id=actor_id) or {}
         address = info.get("Address") or {}
         node_id = address.get("NodeID") or ""
         if info.get("State") in ("ALIVE", "PENDING_CREATION") and node_id.strip("f0"):
             ip = address.get("IPAddress") or _nodes_at_start.get(node_id) or _node_ip(node_id)
             return {"node_ip": ip, "node_id": node_id}
-        if time.monotonic() > deadline:
-            return {"node_ip": "pending", "node_id": "pending"}
-        time.sleep(0.2)
+        return None
+
+    return wait_until(placed, timeout_s, interval_s=0.2) or {"node_ip": "pending", "node_id": "pending"}
 
 
 def _node_ip(node_id: str) -> str:
