@@ -37,8 +37,8 @@ import torch
 
 import envs  # noqa: F401  (registers the built-in envs)
 from roll.agentic.env.registry import make_env
+from roll.agentic.gateway import InferenceGateway
 from roll.agentic.proxy.server import ProxyServer
-from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer

@@ -141,7 +141,7 @@ def main() -> None:
         else:
             import ray
 
-            from roll.agentic.rollout.gateway import InferenceGateway
+            from roll.agentic.gateway import InferenceGateway
             from roll.distributed.workers.inference import InferenceWorker
             from roll.pipeline.builders import init_ray
 

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import ray
 
+from roll.agentic.gateway import InferenceGateway
 from roll.agentic.rollout.env_worker import EnvWorker
-from roll.agentic.rollout.gateway import InferenceGateway
 from roll.agentic.rollout.scheduler import RolloutScheduler
 from roll.configs.loader import load_config
 from roll.core.records import GenerateOutput

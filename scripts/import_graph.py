@@ -3,6 +3,7 @@
     python scripts/import_graph.py            # print the floor-level Mermaid diagram
     python scripts/import_graph.py --write    # write it into docs/architecture.md
     python scripts/import_graph.py --cycles   # list file-level import cycles
+    python scripts/import_graph.py --rooms    # list imports of a room at or above the importer's (ROOMS)
 
 Every import counts: module level, inside functions, and type-only ones under `TYPE_CHECKING`.
 An edge goes from a file to the file of the module it names (`from a.b import c` goes to `a/b/c.py`
@@ -146,6 +147,49 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
+ROOMS = {
+    "agentic": (
+        ("roll.agentic.env", "roll.agentic.sandbox"),
+        ("roll.agentic.episode", "roll.agentic.generation", "roll.agentic.gateway", "roll.agentic.templates"),
+        ("roll.agentic.agent_loop",),
+        ("roll.agentic.proxy",),
+        ("roll.agentic.env_manager",),
+        ("roll.agentic.rollout",),
+        ("roll.agentic.play",),
+    ),
+    "pipeline": (("roll.pipeline",), ("roll.cli",), ("roll.console",)),
+}
+"""The rooms of a floor, bottom up (docs/architecture.md): a room imports only rooms below it; the
+rooms of one tuple stand side by side and do not import each other. A room is a module prefix."""
+
+
+def room_of(module: str) -> tuple[int, str] | None:
+    """(height, room) of a module on a floor with rooms; None on other floors, or when no room
+    of its floor holds it (`unplaced_modules`)."""
+    for height, rooms in enumerate(ROOMS.get(floor_of(module), ())):
+        for room in rooms:
+            if module == room or module.startswith(room + "."):
+                return height, room
+    return None
+
+
+def unplaced_modules(graph: dict[str, set[str]]) -> list[str]:
+    """Modules of a floor with rooms that no room holds (a floor's own empty package excepted)."""
+    floor_packages = {"roll." + floor for floor in ROOMS}
+    return sorted(m for m in graph if floor_of(m) in ROOMS and room_of(m) is None and m not in floor_packages)
+
+
+def upward_room_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every import, inside one floor, of another room at the same height or above."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = room_of(module), room_of(target)
+            if a and b and a[1] != b[1] and floor_of(module) == floor_of(target) and b[0] >= a[0]:
+                found.append(f"{module} ({a[1]}) -> {target} ({b[1]})")
+    return found
+
+
 def floor_of(module: str) -> str:
     prefix = max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)
     return FLOORS[prefix]
@@ -182,11 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write the diagram into {DOC.name}")
     parser.add_argument("--cycles", action="store_true", help="list file-level import cycles")
+    parser.add_argument("--rooms", action="store_true", help="list imports of a room at or above the importer's")
     args = parser.parse_args(argv)
     graph = import_graph()
     if args.cycles:
         for component in cycles(graph):
             print(" <-> ".join(component))
+        return 0
+    if args.rooms:
+        for line in upward_room_imports(graph) + [f"{m} (no room)" for m in unplaced_modules(graph)]:
+            print(line)
         return 0
     diagram = mermaid(graph)
     if args.write:

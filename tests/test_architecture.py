@@ -65,6 +65,28 @@ def test_every_floor_imports_only_floors_below_it(graph):
     assert import_graph.upward_imports(graph) == []
 
 
+def test_every_room_imports_only_rooms_below_it(graph):
+    # agentic: env, sandbox < episode, generation, gateway, templates < agent_loop < proxy
+    #   < env_manager < rollout < play;  pipeline: roll/pipeline < roll/cli.py < roll/console.py
+    assert import_graph.upward_room_imports(graph) == []
+    assert import_graph.unplaced_modules(graph) == []
+
+
+def test_the_room_rule_sees_an_import_up_and_one_between_neighbours():
+    graph = {
+        "roll.agentic.agent_loop.base": {"roll.agentic.rollout.gateway", "roll.agentic.episode"},
+        "roll.agentic.episode": {"roll.agentic.generation"},  # side by side: neither is below
+        "roll.pipeline.warm_start": {"roll.cli", "roll.configs.command_line"},
+        "roll.agentic.newroom.x": set(),
+    }
+    assert import_graph.upward_room_imports(graph) == [
+        "roll.agentic.agent_loop.base (roll.agentic.agent_loop) -> roll.agentic.rollout.gateway (roll.agentic.rollout)",
+        "roll.agentic.episode (roll.agentic.episode) -> roll.agentic.generation (roll.agentic.generation)",
+        "roll.pipeline.warm_start (roll.pipeline) -> roll.cli (roll.cli)",
+    ]
+    assert import_graph.unplaced_modules(graph) == ["roll.agentic.newroom.x"]
+
+
 def test_the_ground_floor_imports_nothing_above_it(graph):
     assert violations(graph, GROUND, allowed=GROUND) == []
 

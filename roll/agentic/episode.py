@@ -1,5 +1,6 @@
-"""One episode, as env managers and agent loops both play it: which episode (`EpisodeSpec`) and
-its conversation as one token sequence (`TokenLedger`).
+"""One episode, as env managers and agent loops both play it: the settings of its env tag
+(`EnvSpec`), which episode (`EpisodeSpec`) and its conversation as one token sequence
+(`TokenLedger`).
 
 Trajectory-wise env managers (`env_manager.traj_env_manager`) and agent loops (`agent_loop`) keep
 the ids the engine produced and append the next observation or tool result after them, never
@@ -11,6 +12,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roll.core.records import GenerateOutput
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One env tag's settings as plain values (built from `custom_envs.<tag>` at the edge)."""
+
+    tag: str
+    env_type: str
+    env_config: dict
+    max_steps: int  # actions per trajectory
+    max_tokens_per_step: int
+    response_prefix: str = ""
+    instruction: str | None = None  # None: the env's own; "": no system message
+    # ROLL's per-tag keys (roll.configs.env.CustomEnvConfig documents each)
+    agent_system_template: str | None = None
+    agent_template: str | None = None
+    history_length: int | None = None  # step-wise; None: the manager's
+    use_thread_lock: bool = False
+    max_env_step_concurrent: int = 0  # 0: no limit
+    native_chat: bool = False  # step-wise: the env's info["messages"] is the prompt (native_env_manager)
+    agent_runner_cls: str | None = None  # an agent runner plays the env through the chat proxy (proxy_env_manager)
+    concat_history: bool = False  # step-wise: ROLL's StepConcatEnvManager {history} (templates.step_prompt_text)
+    pre_step_template: str | None = None  # VL: the text before a turn's image; None: ROLL's default
+    next_step_template: str | None = None  # VL: the text after a turn's image; None: ROLL's default
+    vision: bool = False  # played by a VL env manager (image observations; vl_traj_/vl_step_env_manager)
+    max_images_per_prompt: int | None = None  # VL: the engine's limit_mm_per_prompt.image; None: no limit
+    send_frames: bool = False  # VL: requests carry the raw frames too (ImageInputs.frames), for vllm
 
 
 @dataclass(frozen=True)

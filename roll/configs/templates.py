@@ -1,6 +1,6 @@
 """Template vocabularies the config checks: ROLL's chat-template names (the Jinja texts are in
 `roll.models.templates`) and the placeholders of ROLL's `agent_template` (filled by
-`roll.agentic.env_manager.templates`). Data and string checks only, so the config can read them."""
+`roll.agentic.templates`). Data and string checks only, so the config can read them."""
 
 from __future__ import annotations
 

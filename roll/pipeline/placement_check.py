@@ -63,7 +63,7 @@ def probe_rows(plan) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from roll.cli import parse_config_args, resolve_config_dir
+    from roll.configs.command_line import parse_config_args, resolve_config_dir
 
     args = parse_config_args(argv, "placement_check", __doc__.split("\n\n")[0])
     from roll.configs import ConfigError, load_config

@@ -11,7 +11,7 @@ import os
 
 import ray
 
-from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.episode import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.configs.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS

@@ -160,7 +160,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _teacher_setup(args: argparse.Namespace):
     """(config, tag, env spec) of the experiment; a ConfigError names what is wrong."""
-    from roll.cli import resolve_config_dir  # the CLIs' lookup: as given, or under examples/
+    from roll.configs.command_line import resolve_config_dir  # the CLIs' lookup: as given, or under examples/
     from roll.pipeline.config_checks import check_before_start
     from roll.pipeline.rollout_builders import env_spec
 

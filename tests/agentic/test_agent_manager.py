@@ -10,8 +10,8 @@ import pytest
 
 from roll.agentic.agent_loop.dataset import AgentDatasetError, check_agent_env_config, load_agent_dataset
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
-from roll.agentic.env_manager.base import EnvSpec, GenerateTimeout
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
+from roll.agentic.generation import GenerateTimeout
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
 from roll.configs.base import ConfigError
 from roll.configs.loader import load_config

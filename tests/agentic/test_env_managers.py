@@ -8,9 +8,8 @@ import pytest
 import envs  # noqa: F401  (registers the built-in envs)
 from envs.frozen_lake.env import FrozenLakeEnv
 from envs.frozen_lake.maps import MOVES, find_cell
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.chat_template import chat_template_ids
 from roll.models.tiny import build_tiny_tokenizer

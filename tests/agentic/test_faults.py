@@ -14,13 +14,9 @@ from roll.agentic.env.faults import (
     InjectedEnvError,
 )
 from roll.agentic.env.registry import check_env_config, make_env
-from roll.agentic.env_manager.base import (
-    EnvSpec,
-    EnvStepTimeout,
-    MalformedEnvOutput,
-)
+from roll.agentic.env_manager.base import EnvStepTimeout, MalformedEnvOutput
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.tiny import build_tiny_tokenizer
 

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from roll.agentic.agent_loop import SingleTurnAgent, ToolAgent
-from roll.agentic.rollout.gateway import InferenceGateway, session_key
+from roll.agentic.gateway import InferenceGateway, session_key
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.models.tiny import build_tiny_tokenizer
 

@@ -10,10 +10,9 @@ import pytest
 import envs  # noqa: F401  registers the built-ins
 from roll.agentic.env import TextEnv, make_env
 from roll.agentic.env_manager import env_calls
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.env_calls import INLINE_STRIKES, EnvCaller, EnvStepTimeout
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.tiny import build_tiny_tokenizer
 

@@ -7,9 +7,9 @@ import pytest
 
 import envs  # noqa: F401  (registers the built-in envs)
 from envs.sokoban.native import INVALID_TIP, SokobanNativeEnv
-from roll.agentic.env_manager.base import EnvSpec, MalformedEnvOutput
+from roll.agentic.env_manager.base import MalformedEnvOutput
 from roll.agentic.env_manager.native_env_manager import NativeStepEnvManager, chat_hash, chat_of
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.chat_template import chat_template_ids
 from roll.models.tiny import build_tiny_tokenizer

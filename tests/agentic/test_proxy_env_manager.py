@@ -13,8 +13,8 @@ import pytest
 import envs  # noqa: F401  (registers the built-in envs)
 from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.env.registry import make_env
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.proxy_env_manager import runner_class
+from roll.agentic.episode import EnvSpec
 from roll.agentic.proxy.runner import AgentRunner, EpisodeResult
 from roll.agentic.proxy.runners import GEMRunner, ToolCallRunner
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+from roll.agentic.gateway import InferenceGateway
 from roll.agentic.proxy.server import ProxyServer
-from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.chat_template import chat_template_ids

@@ -22,7 +22,7 @@ from transformers import LlamaConfig, PreTrainedTokenizerFast
 import envs  # noqa: F401  (registers the built-in envs)
 from envs.code_sandbox.env import TOOL_SCHEMAS, CodeSandboxEnv
 from envs.code_sandbox.tasks import TASKS_BY_NAME
-from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.episode import EnvSpec
 from roll.agentic.proxy.runners import ToolCallRunner
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
 from roll.agentic.sandbox.isolation import choose_mode, seccomp_available

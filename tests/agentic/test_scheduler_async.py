@@ -21,7 +21,7 @@ import ray
 from ray import cloudpickle
 
 from envs.frozen_lake.env import FrozenLakeEnv
-from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.episode import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.core.errors import EngineFailed

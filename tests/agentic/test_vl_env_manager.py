@@ -13,13 +13,12 @@ import pytest
 import torch
 
 import envs  # noqa: F401  registers the built-ins
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.vl_traj_env_manager import (
     ImageObservationError,
     TooManyImages,
     VLTrajEnvManager,
 )
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.core.records import SamplingParams
 from roll.distributed.strategies.hf.device_sampling import suppress
 from roll.distributed.strategies.hf.infer import HFInferStrategy

@@ -18,13 +18,12 @@ import torch
 
 import envs  # noqa: F401  registers the built-ins
 from roll.agentic.env.registry import make_env
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.env_manager.step_env_manager import state_hash as text_state_hash
 from roll.agentic.env_manager.vl_prompts import TooManyImages, frame_hash, user_content
 from roll.agentic.env_manager.vl_step_env_manager import VLStepEnvManager
 from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.algorithms.gigpo import anchor_group_stats, compute_gigpo_advantages
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch

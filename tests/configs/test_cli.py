@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from roll.cli import main, resolve_config_dir
+from roll.cli import main
+from roll.configs.command_line import resolve_config_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO_ROOT, "examples", "start_agentic_pipeline.py")

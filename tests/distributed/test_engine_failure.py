@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.episode import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
 from roll.core.errors import EngineFailed
 from roll.core.records import GenerateRequest, SamplingParams

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the built-in envs)
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.core.records import GenerateRequest, SamplingParams
 from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import (

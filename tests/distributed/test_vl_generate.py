@@ -13,9 +13,8 @@ import pytest
 import torch
 
 import envs  # noqa: F401  registers the built-ins
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
 from roll.core.records import GenerateRequest, ImageInputs, SamplingParams
 from roll.distributed.micro_batches import token_logprobs
 from roll.distributed.row_images import RowImages, image_hashes

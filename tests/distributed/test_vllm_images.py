@@ -105,9 +105,8 @@ def vl_requests(vl_dir, sampling: SamplingParams, env_seed: int = 0) -> list[Gen
     import dataclasses
 
     import envs  # noqa: F401  registers the built-ins
-    from roll.agentic.env_manager.base import EnvSpec
     from roll.agentic.env_manager.vl_step_env_manager import VLStepEnvManager
-    from roll.agentic.episode import EpisodeSpec
+    from roll.agentic.episode import EnvSpec, EpisodeSpec
     from roll.core.records import GenerateOutput
     from roll.models.loading import load_processor
 

@@ -15,7 +15,7 @@ pytest.importorskip("gem", reason="gem-llm is not installed (bash scripts/instal
 
 import envs  # noqa: E402, F401  registers the built-ins and the GEM id namespaces
 from roll.agentic.env import make_env  # noqa: E402
-from roll.agentic.env_manager.templates import step_prompt_text  # noqa: E402
+from roll.agentic.templates import step_prompt_text  # noqa: E402
 
 GUESS = ("game:GuessTheNumber-v0", {"min_number": 1, "max_number": 20, "max_turns": 20})
 TOOL = {

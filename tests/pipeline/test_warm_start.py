@@ -10,8 +10,8 @@ import torch
 
 import envs  # noqa: F401  registers the built-ins
 from roll.agentic.env import TextEnv
-from roll.agentic.env_manager.base import EnvSpec
 from roll.agentic.env_manager.factory import make_env_manager
+from roll.agentic.episode import EnvSpec
 from roll.core.enums import SampleMode
 from roll.core.records import SamplingParams
 from roll.models.loading import load_causal_lm, load_tokenizer

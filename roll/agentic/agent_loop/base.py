@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 from roll.agentic.agent_loop.registry import register, to_cfg
 from roll.agentic.episode import EpisodeSpec, TokenLedger
-from roll.agentic.rollout.gateway import InferenceGateway, is_ray_actor
+from roll.agentic.gateway import InferenceGateway, is_ray_actor
 from roll.core.enums import StopReason
 from roll.core.imports import ObjectNotFound, import_object
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory

@@ -26,8 +26,8 @@ from typing import Any
 
 from roll.agentic.agent_loop.dataset import load_agent_dataset
 from roll.agentic.agent_loop.registry import get_agent_class, load_agent_cfg
-from roll.agentic.env_manager.base import EnvSpec, GenerateFn, generate_within
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
+from roll.agentic.generation import GenerateFn, generate_within
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, Trajectory
 
 

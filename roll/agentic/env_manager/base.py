@@ -7,11 +7,8 @@ make progress. Subclasses decide only how an episode becomes training samples.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,7 +16,8 @@ from roll.agentic.env.faults import EPISODE_KEY_OPTION, FaultInjectingEnv
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.env_manager.env_calls import EnvCaller, EnvStepTimeout  # noqa: F401 (EnvStepTimeout: re-exported)
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
+from roll.agentic.generation import GenerateFn, generate_within
 from roll.core.enums import StopReason
 from roll.core.records import (
     GenerateOutput,
@@ -28,51 +26,6 @@ from roll.core.records import (
     Trajectory,
 )
 from roll.core.seeding import derive_seed
-
-GenerateFn = Callable[[GenerateRequest], Awaitable[GenerateOutput]]
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """One env tag's settings as plain values (built from `custom_envs.<tag>` at the edge)."""
-
-    tag: str
-    env_type: str
-    env_config: dict
-    max_steps: int  # actions per trajectory
-    max_tokens_per_step: int
-    response_prefix: str = ""
-    instruction: str | None = None  # None: the env's own; "": no system message
-    # ROLL's per-tag keys (roll.configs.env.CustomEnvConfig documents each)
-    agent_system_template: str | None = None
-    agent_template: str | None = None
-    history_length: int | None = None  # step-wise; None: the manager's
-    use_thread_lock: bool = False
-    max_env_step_concurrent: int = 0  # 0: no limit
-    native_chat: bool = False  # step-wise: the env's info["messages"] is the prompt (native_env_manager)
-    agent_runner_cls: str | None = None  # an agent runner plays the env through the chat proxy (proxy_env_manager)
-    concat_history: bool = False  # step-wise: ROLL's StepConcatEnvManager {history} (templates.step_prompt_text)
-    pre_step_template: str | None = None  # VL: the text before a turn's image; None: ROLL's default
-    next_step_template: str | None = None  # VL: the text after a turn's image; None: ROLL's default
-    vision: bool = False  # played by a VL env manager (image observations; vl_traj_/vl_step_env_manager)
-    max_images_per_prompt: int | None = None  # VL: the engine's limit_mm_per_prompt.image; None: no limit
-    send_frames: bool = False  # VL: requests carry the raw frames too (ImageInputs.frames), for vllm
-
-
-class GenerateTimeout(RuntimeError):
-    """The inference worker did not answer one generate request within the manager's timeout."""
-
-
-async def generate_within(generate: GenerateFn, request: GenerateRequest, timeout_s: float | None) -> GenerateOutput:
-    """`generate(request)`, or `GenerateTimeout` after `timeout_s` seconds (None: unbounded); what
-    env managers and agent loops both send the engine. Awaited in the caller's task (not
-    `wait_for`, which on 3.11 wraps it in a task of its own: one more trip through a busy event
-    loop on the way in and one on the way out)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await generate(request)
-    except TimeoutError:
-        raise GenerateTimeout(f"generate timeout: no answer within {timeout_s}s") from None
 
 
 class MalformedEnvOutput(RuntimeError):

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from roll.agentic.env_manager.base import EnvSpec, GenerateFn
 from roll.agentic.env_manager.native_env_manager import NativeStepEnvManager
 from roll.agentic.env_manager.step_env_manager import StepEnvManager
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.env_manager.vl_step_env_manager import VLStepEnvManager
 from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
+from roll.agentic.episode import EnvSpec
+from roll.agentic.generation import GenerateFn
 from roll.core.enums import SampleMode
 from roll.core.records import SamplingParams
 

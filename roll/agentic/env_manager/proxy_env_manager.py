@@ -23,8 +23,8 @@ import dataclasses
 import inspect
 import threading
 
-from roll.agentic.env_manager.base import EnvSpec, GenerateFn
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
+from roll.agentic.generation import GenerateFn
 from roll.agentic.proxy.recorder import spread_rewards
 from roll.agentic.proxy.runner import FINISHED, AgentRunner, EpisodeResult
 from roll.agentic.proxy.server import ProxyServer

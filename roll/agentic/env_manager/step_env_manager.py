@@ -13,7 +13,7 @@ import hashlib
 
 from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.env_manager.templates import step_prompt_text
+from roll.agentic.templates import step_prompt_text
 from roll.core.records import GenerateOutput, StepRecord
 
 
@@ -93,7 +93,7 @@ class _StepBuilder(EpisodeBuilder):
 class _TemplateStepBuilder(_StepBuilder):
     """ROLL's step prompt: an optional system message (`agent_system_template`) and one user
     message, `agent_template` filled with the instruction, the last `history_length` steps as
-    text, and the current observation (`roll.agentic.env_manager.templates.step_prompt_text`)."""
+    text, and the current observation (`roll.agentic.templates.step_prompt_text`)."""
 
     def __init__(
         self,

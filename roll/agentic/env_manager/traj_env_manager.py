@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
-from roll.agentic.env_manager.templates import traj_turn_text
 from roll.agentic.episode import TokenLedger
+from roll.agentic.templates import traj_turn_text
 from roll.core.records import GenerateOutput
 
 

@@ -20,7 +20,7 @@ import hashlib
 
 import numpy as np
 
-from roll.agentic.env_manager.base import EnvSpec
+from roll.agentic.episode import EnvSpec
 from roll.core.records import ImageInputs
 
 # ROLL's defaults (its vl_traj_envs.yaml)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from roll.agentic.env_manager.base import BaseEnvManager, EnvSpec, EpisodeBuilder, GenerateFn, generate_within
+from roll.agentic.env_manager.base import BaseEnvManager, EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.env_manager.vl_prompts import (
     check_image_count,
@@ -35,6 +35,8 @@ from roll.agentic.env_manager.vl_prompts import (
     turn_texts,
     user_content,
 )
+from roll.agentic.episode import EnvSpec
+from roll.agentic.generation import GenerateFn, generate_within
 from roll.core.records import GenerateOutput, GenerateRequest, ImageInputs, SamplingParams, StepRecord
 from roll.models.chat_template import render_text
 

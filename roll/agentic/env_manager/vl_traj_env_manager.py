@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from roll.agentic.env_manager.base import EnvSpec, EpisodeBuilder, GenerateFn, generate_within
+from roll.agentic.env_manager.base import EpisodeBuilder
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.env_manager.traj_env_manager import TrajEnvManager
 from roll.agentic.env_manager.vl_prompts import (  # noqa: F401 (the templates and errors: re-exported)
@@ -35,7 +35,8 @@ from roll.agentic.env_manager.vl_prompts import (  # noqa: F401 (the templates a
     turn_texts,
     user_content,
 )
-from roll.agentic.episode import TokenLedger
+from roll.agentic.episode import EnvSpec, TokenLedger
+from roll.agentic.generation import GenerateFn, generate_within
 from roll.core.records import GenerateOutput, GenerateRequest, ImageInputs, SamplingParams
 from roll.models.chat_template import render_text
 

@@ -32,8 +32,8 @@ import json
 import openai
 
 from roll.agentic.env.registry import make_env
-from roll.agentic.env_manager.templates import traj_turn_text
 from roll.agentic.proxy.runner import AgentRunner, EpisodeResult
+from roll.agentic.templates import traj_turn_text
 
 ACT_TOOL = {
     "type": "function",

@@ -21,7 +21,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from roll.agentic.env_manager.base import GenerateFn, generate_within
+from roll.agentic.generation import GenerateFn, generate_within
 from roll.agentic.proxy.chat import Reply, reply
 from roll.agentic.proxy.protocol import ChatCompletionRequest, RequestError
 from roll.agentic.proxy.recorder import EpisodeRecorder

@@ -12,13 +12,13 @@ import torch
 
 from roll.agentic.agent_loop.dataset import AGENT_ENV_TYPE
 from roll.agentic.agent_loop.manager import AgentManager, AgentPool
-from roll.agentic.env_manager.base import BaseEnvManager, EnvSpec
+from roll.agentic.env_manager.base import BaseEnvManager
 from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.env_manager.proxy_env_manager import ProxyEnvManager
-from roll.agentic.episode import EpisodeSpec
+from roll.agentic.episode import EnvSpec, EpisodeSpec
+from roll.agentic.gateway import InferenceGateway
 from roll.agentic.proxy.server import ProxyServer
 from roll.agentic.rollout.batching_client import BatchingClient
-from roll.agentic.rollout.gateway import InferenceGateway
 from roll.core.enums import SampleMode
 from roll.core.errors import engine_failure
 from roll.core.records import GroupResult, SamplingParams
