@@ -1,28 +1,22 @@
 """Continuous batching for the `hf` engine: requests join a running decode batch between two
 decode steps, and a row that finishes leaves at once.
 
-Batch-at-a-time (`HFInferStrategy.generate_batch`) takes what is queued, decodes until its longest
-row is done and only then looks at the queue again: a request that arrives one step after a batch
-started waits for the whole batch, and rows that stopped early are still computed. Here the engine
-loop (`serve`) asks for new requests before every decode step. New requests are prefilled together
-in a chunk of their own (with the batch path's session prefix reuse and its one-prefill-per-distinct-
+The engine loop (`serve`) asks for new requests before every decode step. New requests are
+prefilled together in a chunk of their own (with session prefix reuse and one prefill per distinct
 prompt), sample their first token and join the running batch; then every running row feeds its
 last token for one step. A row that stops is answered and leaves before the next step; its session
-KV is stored as in the batch path.
+KV is stored as in the batch path. When a weight update waits and the worker interrupts (partial
+rollout), `serve` returns before the next step with the running rows unanswered (`Suspended`).
 
 Layout: the running rows share one `DynamicCache` (per layer (B, H_kv, W, D)) and an attention mask
-(B, W) that is 1 on each row's real ids; a row joins left-padded with zero keys and values (masked
-out), and position ids count each row's real ids, so a row's logits are those of a forward over the
-row alone, up to float round-off: the tokens are batch-at-a-time's. Columns no live row uses any
-more are cut off when rows leave, so the width follows the longest live row. Each row samples with
-its own generator, one uniform per token, as in the batch path, so seeded sampling does not depend
-on which rows shared a step.
+(B, W) that is 1 on each row's real ids; a row joins left-padded with masked zero keys and values,
+and position ids count each row's real ids, so a row's logits are those of a forward over the row
+alone, up to float round-off. Columns no live row uses any more are cut off when rows leave. Each
+row samples with its own seed and counter, so its tokens do not depend on its batch-mates.
 
-Why not transformers' own continuous batching (`ContinuousBatchingManager`, `model.generate_batch`
-in transformers 5): it samples with `torch.multinomial` on the global RNG, so a request's tokens
-would depend on its batch-mates and arrival time, while our contract is one random stream per
-request; it also keeps its own paged KV with block-hash prefix sharing, not our per-session cache
-that the env managers release by id.
+Why not transformers' `ContinuousBatchingManager`: it samples with `torch.multinomial` on the global
+RNG (a request's tokens would depend on its batch-mates and arrival time), and keeps its own paged
+KV instead of our per-session cache that the env managers release by id.
 """
 
 from __future__ import annotations

@@ -1,34 +1,23 @@
 """`hf` inference strategy: a transformers causal LM driven by our own batched decode loop.
 
-Why not `model.generate`: it draws every row's sample from one global RNG, so a response would
-depend on which other requests happened to share its batch. Here each request carries its own
-seed and draws its own uniforms, so the same seed gives the same tokens however requests are
-batched (up to float round-off between batch shapes). The loop is the plain one: left-pad, prefill
-with a KV cache, then one token per step for every unfinished row.
+Contract: each request samples from its own seed (`device_sampling`: the k-th token draws the
+uniform of (seed, k)), so the same seed gives the same tokens however requests are batched, up to
+float round-off between batch shapes; why not `model.generate`: it draws every row from one global
+RNG. Log-probs are those of `log_softmax(logits / T)`, what the trainer recomputes (top-k / top-p
+truncation is not reflected, as in vLLM's default); greedy rows report `log_softmax(logits)`.
 
-Multi-turn prefix caching: a request with a `session_id` reuses the keys and values the engine
-kept from that session's earlier turns for the longest common prefix of ids (see `kv_cache.py`),
-so a turn prefills only its new ids. Rows of one batch reuse different lengths and feed different
-numbers of new ids; each row is laid out as [pad | reused KV | pad | new ids], the pads masked
-out and every real id at its position among the row's real ids, so the logits are those of a
-plain forward over the row alone (up to round-off).
+- Multi-turn prefix caching: a request with a `session_id` reuses the KV the engine kept of that
+  session's earlier ids (`kv_cache.py`); each row is laid out [pad | reused KV | pad | new ids]
+  with positions among its real ids, so its logits are those of a forward over the row alone.
+- Decode runs on static slots (`static_decode.py`, `slot_serving.py`: a static KV cache per
+  batch-size bucket, CUDA graphs on a GPU) where the architecture is supported, else on the
+  dynamic-cache loop below; both give the same tokens up to round-off.
+- Vision-language models (a `vision_config`) batch image requests a call at a time
+  (`vl_generate.py`); their vision marker ids (`suppressed_token_ids`) are never sampled.
+- A request may continue one that a weight update interrupted (partial rollout:
+  `GenerateRequest.sample_offset`); `ignore_eos` requests stop only at their stop ids or length.
 
-Decode runs on static decode slots (`static_decode.py`, driven by `slot_serving.py`) for the
-architectures they support: a static KV cache per batch-size bucket, the step replayed as a CUDA
-graph on a GPU and sampling on the device. Other architectures (and `static_decode=False`) take
-the dynamic-cache loop below. Both draw a request's k-th token with the uniform of (seed, k)
-(`device_sampling.py`), so they give the same tokens up to round-off.
-
-Vision-language models (a config with `vision_config`) take requests with images
-(`GenerateRequest.images`) on their own path (`vl_generate.py`): the requests of a call are
-batched (one prefill with every row's images, M-RoPE positions per row, one decode loop), and a
-session reuses its KV only up to the first image that is not the very image it saw there. The
-vision marker ids (`suppressed_token_ids`) are never sampled, and their log-probs are of the
-distribution without those ids, as the trainer computes them.
-
-Log-probs are those of the temperature-scaled full distribution, `log_softmax(logits / T)` — what
-the trainer recomputes — so top-k / top-p truncation is not reflected in them (as in vLLM's
-default). Greedy rows report `log_softmax(logits)`.
+The layouts and the measurements: docs/engines/hf.md.
 """
 
 from __future__ import annotations
