@@ -126,6 +126,7 @@ def test_a_roles_own_options_win_over_the_default(monkeypatch):
         actor_train=worker(num_threads=3),
         critic=worker(),
         async_generation_ratio=1,
+        steps_ahead=1,
         device_layout={"mappings": {"actor_train": None, "actor_infer": None}},
     )
     cores = (0, 1, 2, 3)
@@ -148,6 +149,7 @@ def test_score_passes_take_turns_only_where_roles_share_cpu_cores(monkeypatch):
         actor_train=worker(),
         reference=worker("hf_infer"),
         async_generation_ratio=0,
+        steps_ahead=0,
         device_layout={"mappings": {"actor_train": None, "actor_infer": None}},
     )
     roles, cores = ["actor_train", "reference"], (0, 1, 2, 3)
