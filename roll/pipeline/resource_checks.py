@@ -11,6 +11,10 @@ naming the key (the CLI prints one line and exits 2), seconds before anything he
   outputs unless `overwrite_output_dir`, with room for one checkpoint.
 - `pretrain`, `reward_pretrain`, each role's `model_name_or_path`: the `config.json` parses
   (`AutoConfig`); each role's `attn_implementation` is one transformers builds that model with.
+- tokenizers: the engine's (`actor_infer`'s model dir: the env managers' and the proxy's) fits
+  every built role's embedding (`vocab_size`), and a role whose model dir has a tokenizer of its
+  own (a checkpoint, another copy) has the same vocabulary; otherwise ids would mean other tokens
+  to the trainer than to the engine (or index past its embedding) without an error.
 - `custom_envs.<tag>.env_config`: one env per tag in use is built and reset here, bounded by
   `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a
   bad value is named now instead of as a dead env worker later.
@@ -41,6 +45,7 @@ def check_resources(cfg) -> None:
     check_resume(cfg)
     check_run_dirs(cfg)
     check_model_configs(cfg)
+    check_tokenizers(cfg)
     check_attention(cfg)
     check_envs(cfg)
     check_vision(cfg)
@@ -123,6 +128,48 @@ def check_model_configs(cfg) -> None:
             raise ConfigError(
                 key, f"{path}/config.json cannot be loaded: {lines[0] if lines else type(err).__name__}"
             ) from None
+
+
+def check_tokenizers(cfg) -> None:
+    """See the module docstring: the engine's tokenizer against each built role's embedding size
+    and, where the role's dir has one, its tokenizer. Both paths are named."""
+    from transformers import AutoConfig
+
+    from roll.models.loading import load_tokenizer
+
+    engine_path = cfg.actor_infer.model_args.model_name_or_path
+    engine_vocab = load_tokenizer(engine_path).get_vocab()
+    for role, worker in cfg.built_roles.items():
+        path, key = worker.model_args.model_name_or_path, f"{role}.model_args.model_name_or_path"
+        config = AutoConfig.from_pretrained(path)
+        embedded = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", 0)
+        if embedded and len(engine_vocab) > embedded:
+            raise ConfigError(
+                key,
+                f"{path} embeds {embedded} tokens (its config.json vocab_size) but the engine's tokenizer "
+                f"(actor_infer.model_args.model_name_or_path: {engine_path}) has {len(engine_vocab)}; "
+                "give every role the tokenizer its model was trained with",
+            )
+        if path == engine_path or not _has_tokenizer(path):
+            continue
+        vocab = load_tokenizer(path).get_vocab()
+        if vocab != engine_vocab:
+            raise ConfigError(
+                key, f"{path}'s tokenizer differs from the engine's ({engine_path}): {_vocab_gap(vocab, engine_vocab)}"
+            )
+
+
+def _has_tokenizer(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def _vocab_gap(vocab: dict[str, int], engine_vocab: dict[str, int]) -> str:
+    """How two vocabularies differ, in a few words: their sizes, or the first id they disagree on."""
+    if len(vocab) != len(engine_vocab):
+        return f"{len(vocab)} tokens against the engine's {len(engine_vocab)}"
+    by_id, engine_by_id = {i: t for t, i in vocab.items()}, {i: t for t, i in engine_vocab.items()}
+    first = min(i for i in set(by_id) | set(engine_by_id) if by_id.get(i) != engine_by_id.get(i))
+    return f"id {first} is {by_id.get(first)!r} here and {engine_by_id.get(first)!r} to the engine"
 
 
 def check_recordings(cfg) -> None:
