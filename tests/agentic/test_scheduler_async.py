@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import sys
 import threading
@@ -243,6 +244,63 @@ def test_first_done_drops_a_carried_over_group_by_its_oldest_token(make_schedule
     trajs, _ = scheduler.collect(3, 2, policy_version=3, max_staleness=1, first_done=True)
     assert scheduler.stale_dropped_groups >= 1
     assert all(min(t.policy_versions) >= 2 for t in trajs)
+
+
+def test_a_restored_ledger_plays_the_owed_groups_once_and_none_collected_before(make_scheduler):
+    """Resume of a first-done run: a checkpoint after step 1 keeps the ledger; a fresh scheduler
+    (the resumed run) restores it and plays exactly the groups step 1 had not collected: the slow
+    group of step 1 (not lost) and the other group of step 2 (train-2-0, collected by step 1, is not
+    played twice), under the same identities."""
+    scheduler, worker = make_scheduler(4, slow_group_ids=("train-1-0", "train-2-1"))
+    scheduler.dispatch(1, 2)
+    scheduler.dispatch(2, 2)
+    trajs, _ = scheduler.collect(1, 2, policy_version=0, max_staleness=1, first_done=True)
+    assert group_ids(trajs) == ["train-1-1", "train-2-0"]
+    ledger = json.loads(json.dumps(scheduler.ledger()))  # through the checkpoint's JSON
+    assert ledger == [
+        {"step": 1, "num_groups": 2, "next_index": 2, "taken": 1, "groups": [[0, "lake"]]},
+        {"step": 2, "num_groups": 2, "next_index": 2, "taken": 1, "groups": [[1, "lake"]]},
+    ]
+    assert scheduler.take_counts() == {
+        "dispatched_groups": 4,
+        "collected_groups": 2,
+        "failed_groups": 0,
+        "replayed_groups": 0,
+        "outstanding_groups": 2,
+    }
+    ray.get(worker.release.remote())  # the killed run's groups end; the resumed run starts afresh
+    resumed, worker = make_scheduler(4)
+    resumed.restore(ledger)
+    resumed.dispatch(2, 2)  # the resumed loop's own dispatch of a restored step plays nothing more
+    trajs, _ = resumed.collect(2, 2, policy_version=1, max_staleness=1, first_done=True)
+    assert group_ids(trajs) == ["train-1-0", "train-2-1"]
+    assert [t.env_seed for t in trajs[::2]] == [
+        resumed.group_spec(1, 0, False).env_seed,
+        resumed.group_spec(2, 1, False).env_seed,
+    ]
+    assert sorted(ray.get(worker.started.remote())) == ["train-1-0", "train-2-1"] and resumed._steps == {}
+    assert resumed.take_counts() == {
+        "dispatched_groups": 0,
+        "collected_groups": 2,
+        "failed_groups": 0,
+        "replayed_groups": 2,
+        "outstanding_groups": 0,
+    }
+
+
+def test_the_group_ledger_counts_a_failed_group_and_its_replacement(make_scheduler):
+    scheduler, _ = make_scheduler(2, fail_group_ids=("train-1-1",))
+    scheduler.dispatch(2, 2)  # ahead: outstanding after step 1
+    scheduler.collect(1, 2, policy_version=0)
+    counts = scheduler.take_counts()
+    assert counts == {
+        "dispatched_groups": 5,  # 2 + 2 + the replacement train-1-2
+        "collected_groups": 2,
+        "failed_groups": 1,
+        "replayed_groups": 0,
+        "outstanding_groups": 2,
+    }
+    assert [e["groups"] for e in scheduler.ledger()] == [[[0, "lake"], [1, "lake"]]]
 
 
 def test_staleness_metrics_by_hand():
