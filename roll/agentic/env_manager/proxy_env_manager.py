@@ -12,8 +12,9 @@ turns (`recorder.spread_rewards`).
 An episode is dropped (the env worker counts it and renews the manager) when the runner does not
 return within `episode_timeout_s` (its thread cannot be killed: the token is revoked, so its
 next call is refused, and the runner is replaced, never reused), when its result's status is not
-"Finished", or when it never called the model. An engine failure seen by the proxy is re-raised:
-it stops the run like any engine failure.
+"Finished", when it never called the model, or when an answer never reached it (its client closed
+the connection first: the proxy's `cut_off`, named with what the runner did next). An engine
+failure seen by the proxy is re-raised: it stops the run like any engine failure.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ ROLL_RUNNERS = {
     "roll.pipeline.agentic.agent_runner.gem_runner.ToolCallRunner": "roll.agentic.proxy.runners:ToolCallRunner",
 }
 """ROLL's runner class paths -> ours."""
+CUT_OFF_SETTLE_S = 5.0
+"""How long a runner that raised waits for the server to finish its calls (and see a closed
+connection) before the episode's cause is chosen."""
 
 
 class EpisodeFailed(RuntimeError):
@@ -126,11 +130,18 @@ class ProxyEnvManager:
                 f"episode timeout: the runner did not return within {self.episode_timeout_s}s "
                 f"({live.requests} requests served)"
             ) from None
+        except Exception as err:
+            await live.wait_idle(CUT_OFF_SETTLE_S)
+            if live.cut_off is None:
+                raise
+            raise EpisodeFailed(f"{live.cut_off}; then the runner raised {type(err).__name__}: {err}") from None
         finally:
             self.server.close_episode(live)
         failure = engine_failure(live.failure) if live.failure is not None else None
         if failure is not None:
             raise failure
+        if live.cut_off is not None:
+            raise EpisodeFailed(f"{live.cut_off}; the runner went on and finished")
         return self.trajectory(episode, live, result)
 
     async def _run_job(self, seed: int) -> EpisodeResult:

@@ -14,6 +14,12 @@ answered 410. Limits: a body over `max_body_bytes` is 413, malformed JSON 400. E
 Responses carry the policy version that generated them (`system_fingerprint`
 "roll-policy-v<version>" and the `x-roll-policy-version` header). `stream: true` is answered as
 server-sent events: the whole generated answer in one chunk per choice, then the finish reasons.
+
+A client that closes its connection before its answer was delivered (while the engine generates,
+or mid-stream) is noticed at once: the request's generation is cancelled (the episode's lock is
+released; tokens the engine was computing are discarded), nothing of it is recorded, and the
+episode is marked `cut_off` with the cause, which the env manager turns into a dropped episode:
+the agent's history no longer matches what the proxy would train on.
 """
 
 from __future__ import annotations
@@ -117,11 +123,14 @@ class ProxyServer:
 
     async def _chat(self, request: Request) -> Response:
         started = time.perf_counter()
+        episode = self.episodes.get(_token(request))
+        if episode is not None:
+            episode.in_flight += 1
         try:
             return await self._serve(request)
         finally:
-            episode = self.episodes.get(_token(request))
             if episode is not None:
+                episode.in_flight -= 1
                 episode.handler_s += time.perf_counter() - started
 
     async def _serve(self, request: Request) -> Response:
@@ -129,7 +138,9 @@ class ProxyServer:
             episode = self._episode(request)
             body = await self._json(request)
             chat = parse_request(body)
-            completion = await episode.complete(chat)
+            completion = await _unless_client_leaves(request, episode, episode.complete(chat))
+        except _ClientLeft:
+            return Response(status_code=499)  # nobody reads it: the connection is closed
         except RequestError as e:
             return JSONResponse(e.body(), status_code=e.status)
         except Exception as e:  # the engine's failure (or a timeout): the agent sees it, the manager re-raises it
@@ -138,7 +149,9 @@ class ProxyServer:
         response = self._response(episode, chat.logprobs, completion)
         headers = {"x-roll-policy-version": str(completion.policy_version)}
         if chat.stream:
-            return StreamingResponse(_sse(response), media_type="text/event-stream", headers=headers)
+            return StreamingResponse(
+                _delivered(_sse(response), episode), media_type="text/event-stream", headers=headers
+            )
         return JSONResponse(response, headers=headers)
 
     def _episode(self, request: Request) -> ProxyEpisode:
@@ -193,6 +206,50 @@ class ProxyServer:
                 "total_tokens": completion.prompt_tokens + generated,
             },
         }
+
+
+class _ClientLeft(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def _unless_client_leaves(request: Request, episode: ProxyEpisode, work):
+    """`await work`, unless the client disconnects first: then the work is cancelled, the episode
+    marked `cut_off` and `_ClientLeft` raised. The body has been read, so the next ASGI message is
+    the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        episode.cut_off = episode.cut_off or "the client closed its connection while its answer was generated"
+        raise _ClientLeft
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _delivered(events, episode: ProxyEpisode):
+    """`events`, marking the episode `cut_off` when the stream is closed before its last event."""
+    sent, finished = 0, False
+    try:
+        async for event in events:
+            yield event
+            sent += 1
+        finished = True
+    finally:
+        if not finished:
+            episode.cut_off = episode.cut_off or f"the client closed its connection mid-stream ({sent} events sent)"
 
 
 def _token(request: Request) -> str:

@@ -55,7 +55,9 @@ class ProxyEpisode:
     recorder: EpisodeRecorder = None  # type: ignore[assignment]  (made in __post_init__)
     out_of_tokens: bool = False  # a request found no room left in sequence_length
     failure: BaseException | None = None  # what the engine raised, if it did
+    cut_off: str | None = None  # why an answer never reached the agent (the server's module docstring)
     requests: int = 0
+    in_flight: int = 0  # requests the server is serving now
     handler_s: float = 0.0  # seconds the server spent on this episode's requests (engine included)
     generate_s: float = 0.0  # ... of which waiting for the engine
     _generations: int = 0
@@ -68,6 +70,13 @@ class ProxyEpisode:
     def overhead_s(self) -> float:
         """Seconds the server spent on this episode's requests besides waiting for the engine."""
         return self.handler_s - self.generate_s
+
+    async def wait_idle(self, timeout_s: float) -> None:
+        """Until no request of the episode is being served, or `timeout_s` has passed: a runner
+        that gave up on a call returns before the server has seen its connection close."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     def stop_ids(self, stops: list[str]) -> list[int]:
         ids = []
