@@ -203,6 +203,7 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     p.train_rollout = p.val_rollout = FakeHandle("rollout", log)
     p.train_rollout.collect = lambda *args, **kwargs: log.append("rollout.collect") or ([], [])
     p.train_rollout.engine_calls = p.train_rollout.engine_requests = 0  # the scheduler's per-collect counts
+    p.train_rollout.ledger = lambda: []  # what a checkpoint keeps of the rollout (nothing in flight)
     p.tracer, p.tokenizer, p.step_wise, p.temperature = None, None, False, 1.0
     p.kl_ctl = make_kl_controller(0.0, None, 100)
     p.pg_options = build_pg_options(p.cfg)
