@@ -121,6 +121,11 @@ class RecordedRollout:
         if not self.replay:
             self.scheduler.dispatch(step, num_groups, keep_frames)
 
+    def restore(self, ledger: list[dict]) -> None:
+        """A resumed run's owed groups (`RolloutScheduler.restore`); a replay plays nothing."""
+        if not self.replay:
+            self.scheduler.restore(ledger)
+
     def __getattr__(self, name: str):
         return getattr(self.scheduler, name)
 
