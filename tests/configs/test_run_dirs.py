@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from roll.cli import main
 from roll.configs import ConfigError, load_config
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.run_dirs import check_room, checkpoint_bytes, parameter_count, run_dirs
+from tests.faults.timing import detected
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -186,7 +188,9 @@ def test_a_disk_without_room_for_one_checkpoint_is_refused(tmp_path, model_dir, 
 def test_a_damaged_resume_path_is_refused_before_start(tmp_path, model_dir, capsys):
     path = a_checkpoint(tmp_path / "old", 1, model_dir)
     (path / "weights.bin").write_bytes(b"w" * 10)  # cut short
+    started = time.perf_counter()
     status, lines = run(capsys, model_dir, f"output_dir={tmp_path / 'run'}", f"resume_from_checkpoint={path}")
+    detected("corrupt_checkpoint_on_resume", time.perf_counter() - started)  # recorded, not asserted
     assert (status, lines) == (
         2,
         [f"config error: resume_from_checkpoint: {path} is damaged (weights.bin: 10 bytes, the manifest says 64)"],
