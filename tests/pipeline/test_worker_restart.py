@@ -22,6 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.faults.timing import detected
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 STEPS_PER_ROUND = 8  # kills land in the first half: a fast machine must not finish the run before the last one
@@ -142,7 +144,9 @@ def test_a_killed_training_rank_stops_the_run_saying_to_resume(tiny_model, tmp_p
     try:
         assert wait_for_step(out, 1, proc), log.read_text()[-3000:]
         pid = kill_one(proc, "ray::ActorWorker")
+        killed = time.perf_counter()
         assert proc.wait(timeout=600) == 1
+        detected("training_rank_killed", time.perf_counter() - killed)  # recorded, not asserted
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
