@@ -100,6 +100,19 @@ class CheckpointConfig(ConfigModel):
     `output_dir`."""
 
 
+class EnvMonitorConfig(ConfigModel):
+    """ROLL's env monitor: how long a group of episodes may run before its env worker is checked.
+    Every env call and generate has its own bound (`env_step_timeout_s`, `generate_timeout_s`); a
+    group past `hung_timeout` gets its env worker probed: a worker that answers is logged as slow,
+    one that does not answer is stuck (a blocked event loop) and is restarted, its groups played
+    again (`roll.agentic.rollout.scheduler`). ROLL only logs such envs."""
+
+    enable: bool = True
+    """False: no group deadline (the per-call bounds and the rollout's own timeout still hold)."""
+    hung_timeout: float = Field(900.0, gt=0)
+    """Seconds a group may run before its env worker is probed. ROLL's default is 3600."""
+
+
 class RollDialect(ConfigModel):
     """ROLL's run-level keys (fields of `PipelineConfig`, through this base)."""
 
@@ -165,6 +178,8 @@ class RollDialect(ConfigModel):
     rpc_timeout: float | None = Field(None, gt=0)
     """ROLL's key: seconds the driver waits for one call on a worker (a scoring pass, a training
     step, a weight sync, a checkpoint) before the run stops with an error. None: 1800."""
+    env_monitor: EnvMonitorConfig = Field(default_factory=EnvMonitorConfig)
+    """ROLL's key: the group deadline that finds a stuck env worker (`EnvMonitorConfig`)."""
     max_ckpt_to_keep: int = Field(0, ge=0)
     """ROLL's key: keep the newest N complete checkpoints, deleting older ones after each save
     (`roll.pipeline.checkpoint.prune`); the newest, which a resume reads, is never deleted. 0 keeps all."""

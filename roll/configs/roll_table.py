@@ -22,10 +22,6 @@ _RLVR = "read only by ROLL's RLVR (prompt data set) pipeline, never by its agent
 _UNREAD = "declared by ROLL but read by none of its code"
 _OPD = "ROLL's on-policy distillation (a teacher model's KL as reward); roll has no teacher role"
 _PROFILER_DIR = "a directory of ROLL's profiler and report outputs, which roll does not write"
-_MONITOR = (
-    "ROLL's watchdog that logs envs without activity; roll bounds every env step by "
-    "env_step_timeout_s and every generate by generate_timeout_s instead"
-)
 
 SCHEDULE_CONFIG: dict[str, Answer] = {
     "generate_opt_level": noop(
@@ -232,7 +228,15 @@ REWARD_NORMALIZATION_CONFIG: dict[str, Answer] = {
 }
 
 ENV_MONITOR_CONFIG: dict[str, Answer] = {
-    name: noop(_MONITOR) for name in ("enable", "monitor_interval", "hung_timeout")
+    "enable": ok("whether a group past hung_timeout gets its env worker probed"),
+    "hung_timeout": ok(
+        "seconds a group may run before its env worker is probed; a stuck worker is restarted "
+        "(ROLL only logs it); roll's default is 900"
+    ),
+    "monitor_interval": noop(
+        "ROLL's polling period of its monitor; roll waits on each group's own deadline, so a hang "
+        "is noticed at hung_timeout, not up to one interval later"
+    ),
 }
 
 AGENTIC_CONFIG: dict[str, Answer] = {
@@ -242,7 +246,7 @@ AGENTIC_CONFIG: dict[str, Answer] = {
     "render_save_dir": ok("text frames of validation episodes"),
     "reward": refused("ROLL's reward-model worker (an LLM judge); roll's rewards come from the envs"),
     "reward_normalization": ok("normalise episode scores", section=("RewardNormalizationConfig",)),
-    "env_monitor": noop(_MONITOR, section=("EnvMonitorConfig",)),
+    "env_monitor": ok("the group deadline that finds a stuck env worker", section=("EnvMonitorConfig",)),
     "dirty_data_mask": noop(_UNREAD),
     "open_feedback_turn": noop(_UNREAD),
     "use_token_reward": noop(_UNREAD),

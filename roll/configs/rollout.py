@@ -40,6 +40,7 @@ ROLLOUT_KEYS = frozenset(
         "rollout_dump_dir",
         "rollout_mock",
         "rpc_timeout",
+        "env_monitor",
         "profiler_memory",
         "profiler_timeline",
     }

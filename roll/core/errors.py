@@ -7,7 +7,8 @@ that goes wrong is a bug and keeps its traceback. The kinds:
 - `BadConfig` (exit 2, "config error"): the run cannot start as configured. `roll.configs.ConfigError`,
   `roll.distributed.placement.PlacementError`, `roll.pipeline.checkpoint.CheckpointDamaged`.
 - `RunStopped` (exit 1, "training stopped"): a run that cannot go on for a known reason (diverged
-  training, a rollout that keeps failing, a failed engine, a full disk, a dead worker or node).
+  training, a rollout that keeps failing, a failed or hung engine, a hung worker, a full disk, a
+  dead worker or node).
 - others set their own: `roll.pipeline.cluster.ClusterError` (exit 2, "cluster error"),
   `roll.pipeline.resource_checks.NothingToTrain` (exit 0, no prefix), `roll.cli.Terminated`
   (exit 128 + the signal).
@@ -57,6 +58,12 @@ class EngineFailed(RunStopped, RuntimeError):
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
         return cls(f"inference engine {engine_name!r} failed: {detail}")
+
+
+class EngineHung(EngineFailed):
+    """An inference engine answered none of an env worker's generate calls for a whole
+    `generate_timeout_s` while some waited: alive but stuck (a deadlock, a wedged device). The run
+    stops as for a failed engine; the message names the engine and the seconds it was silent."""
 
 
 def engine_failure(exc: BaseException) -> EngineFailed | None:

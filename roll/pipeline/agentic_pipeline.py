@@ -36,6 +36,7 @@ from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placeme
 from roll.pipeline.cpu_shares import call_all, score_in_turns
 from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
 from roll.pipeline.guards import engine_gap_warning, stop_if_diverged
+from roll.pipeline.hangs import named_hangs
 from roll.pipeline.idle import StepClock
 from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
 from roll.pipeline.rollout_builders import build_rollout
@@ -111,6 +112,7 @@ class AgenticPipeline:
         self.sync_path = sync_path(cfg, self.residency.plan)  # CUDA IPC when actor and engine share a GPU
         self.clock = StepClock(self.workers, self.timeout_s)
         self.start_step = self._resume()
+        self.step = self.start_step  # the step being trained (its validation and checkpoint included)
         # a fresh run starts its metrics over; a resumed one drops what was logged past its checkpoint
         self.tracker = make_tracker(cfg, resume_step=self.start_step if self.start_step else -1)
         self.tracker.log_config(cfg)
@@ -118,6 +120,16 @@ class AgenticPipeline:
         self.freeze_heaps()  # what startup made is long-lived: full GC collections skip it from now on
 
     def run(self) -> dict[str, float]:
+        """Train up to `max_steps`; a call on a worker that outlasts `rpc_timeout` ends the run
+        with one line naming the phase, the step and the processes that do not answer."""
+        with named_hangs(self.residency, self.timeout_s, lambda: self.step, self._last_checkpoint):
+            return self._train()
+
+    def _last_checkpoint(self) -> str | None:
+        latest = ckpt.latest(self.cfg.checkpoint_dir)
+        return None if latest is None else str(latest)
+
+    def _train(self) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
         if self.start_step >= cfg.max_steps:  # e.g. a finished run resumed without raising max_steps
             logger.warning(
@@ -134,6 +146,7 @@ class AgenticPipeline:
         if self.val_rollout is not None and self.start_step == 0:
             self.tracker.log(0, self.validate(0))  # where the untrained policy starts
         for step in range(self.start_step + 1, cfg.max_steps + 1):
+            self.step = step
             timings: dict[str, float] = {}
             self.clock.start()  # each role's compute, sync and idle seconds in the step (roll/pipeline/idle.py)
             # 1. Rollout: complete groups of trajectories on the current weights (version step - 1),

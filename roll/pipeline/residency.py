@@ -70,6 +70,11 @@ class PhaseResidency:
         self.offloaded: set[Key] = set()
         self.seconds = {"offload": 0.0, "reload": 0.0}
         self.resident_devices: set[int] = set()  # devices whose processes stopped taking turns
+        self.phase = "start-up"  # the phase last entered: where a call that hangs was made
+
+    def handles(self, roles: Sequence[str] | None = None) -> dict[Key, Any]:
+        """The attached processes of `roles` (None: of every role), by (role, index)."""
+        return {key: h for key, h in self._handles.items() if roles is None or key[0] in roles}
 
     def attach(self, role: str, handles: Sequence[Any]) -> None:
         """The actor handles of a role's processes, in the plan's process order."""
@@ -86,6 +91,7 @@ class PhaseResidency:
 
     def enter(self, phase: str) -> None:
         """Make the phase's roles resident, offloading first whoever shares their devices."""
+        self.phase = phase
         needed = [p for role in PHASE_ROLES[phase] for p in self.plan.processes.get(role, ())]
         needed_keys = {(p.role, p.index) for p in needed}
         evict = [

@@ -79,7 +79,17 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
         )
         slots += [Slot(worker=w, local=k, tag=tag) for k, tag in enumerate(tags)]
     ray.get(pin_workers(workers, [role_share(cfg, ENV_WORKERS)] * len(workers)))  # on the env workers' cores
-    return RolloutScheduler(workers, slots, seed=cfg.seed, mode=mode, group_size=manager_cfg.group_size)
+    monitor = cfg.env_monitor
+    hung_s = monitor.hung_timeout if monitor.enable else None
+    return RolloutScheduler(
+        workers,
+        slots,
+        seed=cfg.seed,
+        mode=mode,
+        group_size=manager_cfg.group_size,
+        timeout_s=max(900.0, 2 * monitor.hung_timeout),  # no group at all finished: past a probe's restart
+        hung_timeout_s=hung_s,
+    )
 
 
 def proxy_options(proxy) -> dict:

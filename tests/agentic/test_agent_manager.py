@@ -182,7 +182,7 @@ def test_env_worker_hosts_agent_managers_groups_share_a_row_and_a_crash_drops_on
 
     result = asyncio.run(play())
     assert [t.traj_id for t in result.trajectories] == ["g-0", "g-1"]
-    assert len(result.dropped) == 1 and result.dropped[0].startswith("ValueError: g-2/0: ")
+    assert len(result.dropped) == 1 and result.dropped[0].startswith("Math g-2: ValueError: g-2/0: ")
     prompts = {tuple(r.prompt_ids) for r in inference.requests if r.request_id.endswith("/0")}
     assert len(prompts) == 1  # every member got the question of env seed 3
     assert all(t.success and t.rollout_s > 0 for t in result.trajectories)

@@ -242,7 +242,7 @@ def test_a_runner_that_never_calls_back_times_out_with_a_reason_and_its_token_di
     )
     assert result.trajectories == []
     assert result.dropped == [
-        "EpisodeFailed: episode timeout: the runner did not return within 0.5s (0 requests served)"
+        "Lake g0-0: EpisodeFailed: episode timeout: the runner did not return within 0.5s (0 requests served)"
     ]
     assert SilentRunner.late == [410] and inference.outputs == []  # its late call was refused, not served
 
@@ -250,8 +250,8 @@ def test_a_runner_that_never_calls_back_times_out_with_a_reason_and_its_token_di
 @pytest.mark.parametrize(
     ("runner", "reason"),
     [
-        ("FailingRunner", "EpisodeFailed: runner status 'Failed': sandbox crashed"),
-        ("NoCallRunner", "EpisodeFailed: the runner finished without calling the model"),
+        ("FailingRunner", "Lake g0-0: EpisodeFailed: runner status 'Failed': sandbox crashed"),
+        ("NoCallRunner", "Lake g0-0: EpisodeFailed: the runner finished without calling the model"),
     ],
 )
 def test_failed_and_silent_episodes_are_dropped_with_their_reason(model_dir, runner, reason):

@@ -25,7 +25,7 @@ from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.episode import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
-from roll.core.errors import EngineFailed
+from roll.core.errors import EngineFailed, EngineHung
 from roll.core.records import (
     GenerateOutput,
     GroupResult,
@@ -52,12 +52,14 @@ class ScriptedEnvWorker:
         die_group_ids: tuple[str, ...] = (),
         engine_fails: bool = False,
         slow_group_ids: tuple[str, ...] = (),
+        stuck_group_ids: tuple[str, ...] = (),
     ) -> None:
         """A fresh script (one actor serves every test: starting actors is the slow part). A
         restarted actor runs __init__ again, so it forgets `die_group_ids`."""
         self.fail_group_ids, self.no_turn_group_ids = set(fail_group_ids), set(no_turn_group_ids)
         self.die_group_ids = set(die_group_ids)
         self.slow_group_ids = set(slow_group_ids)  # these wait for `release` whatever `hold` says
+        self.stuck_group_ids = set(stuck_group_ids)  # these block the event loop: the worker answers nothing
         self.engine_fails = engine_fails  # as the real EnvWorker does when the engine failed
         self.version, self.hold, self.log = 0, False, []
         self.gate = asyncio.Event()
@@ -72,6 +74,9 @@ class ScriptedEnvWorker:
     def release(self) -> None:
         self.gate.set()
 
+    async def ping(self) -> bool:
+        return True
+
     def started(self) -> list[str]:
         return list(self.log)
 
@@ -79,6 +84,8 @@ class ScriptedEnvWorker:
         self.log.append(spec.traj_group_id)
         if spec.traj_group_id in self.die_group_ids:
             os._exit(1)  # the process dies, as with a segfaulting env
+        if spec.traj_group_id in self.stuck_group_ids:
+            time.sleep(3600)  # a blocking call on the event loop: alive, but stuck
         if self.engine_fails:
             raise EngineFailed("inference engine 'hf' failed: RuntimeError: CPU Generator does not use offset")
         if spec.traj_group_id in self.fail_group_ids:
@@ -420,6 +427,38 @@ def test_a_group_whose_worker_dies_is_replaced_on_the_restarted_worker(scripted_
     )
 
 
+def test_a_stuck_env_worker_is_restarted_and_its_groups_played_again(scripted_worker):
+    """Hang detection: a group runs past `hung_timeout_s` on a worker whose event loop is blocked;
+    the probe goes unanswered, so the worker is killed for Ray to restart, the group's episodes are
+    dropped naming why, and a replacement group is played on the restarted worker."""
+    worker = ray.remote(ScriptedEnvWorker).options(num_cpus=0, max_restarts=-1).remote()
+    warm_up = RolloutScheduler([worker], [Slot(0, 0, "lake")], seed=7, mode="val")
+    ray.get(worker.run_group.remote(0, warm_up.group_spec(1, 0, False)))  # its imports done: it blocks only when stuck
+    ray.get(worker.reset.remote(stuck_group_ids=("train-1-0",)))
+    scheduler = RolloutScheduler(
+        [worker], [Slot(0, 0, "lake")], seed=7, mode="train", group_size=2, hung_timeout_s=4.0, probe_s=15.0
+    )
+    trajs, dropped = scheduler.collect(1, 2)
+    assert group_ids(trajs) == ["train-1-1", "train-1-2"]
+    cause = (
+        "env worker 0 restarted: group train-1-0 (lake) on env worker 0 has run 4 s and answered no probe "
+        "within 2 s (half the bound): stuck, killed for Ray to restart"
+    )
+    assert dropped == [cause] * 2
+
+
+def test_a_slow_group_past_the_deadline_is_logged_and_left_running(make_scheduler, caplog):
+    scheduler, worker = make_scheduler(2, slow_group_ids=("train-1-0",))
+    scheduler.hung_timeout_s, scheduler.probe_s = 0.5, 5.0
+    threading.Timer(2.0, lambda: ray.get(worker.release.remote())).start()
+    with caplog.at_level("WARNING", logger="roll.agentic.rollout.scheduler"):
+        trajs, dropped = scheduler.collect(1, 2)
+    assert group_ids(trajs) == ["train-1-0", "train-1-1"] and dropped == []
+    messages = [r.getMessage() for r in caplog.records]  # (a loaded machine may make train-1-1 late too)
+    assert any(m.startswith("group train-1-0 (lake) on env worker 0 has run ") for m in messages)
+    assert all(m.endswith("(env_monitor.hung_timeout 0.5 s); the worker answers: slow, not stuck") for m in messages)
+
+
 class SlowToRestart(ScriptedEnvWorker):
     """Takes seconds to come back after its process died, as an env worker importing torch does."""
 
@@ -458,38 +497,75 @@ class _Method:
 
 class FirstCallHangsInference:
     """Stands in for the inference worker's handle: the first `generate_many` call never answers
-    (a stuck engine); later calls answer every request with "Left"."""
+    (a stuck engine, or one stuck request); later calls answer every request with "Left" after
+    `answer_s`."""
 
-    def __init__(self, left_id: int):
-        self.calls, self.left_id = 0, left_id
+    def __init__(self, left_id: int, answer_s: float = 0.0):
+        self.calls, self.left_id, self.answer_s = 0, left_id, answer_s
         self.generate_many, self.release_sessions = _Method(self._generate_many), _Method(lambda sessions: None)
 
     async def _generate_many(self, requests):
         self.calls += 1
         if self.calls == 1:
             await asyncio.Event().wait()
+        await asyncio.sleep(self.answer_s)
         return [GenerateOutput(r.request_id, [self.left_id], [-0.1], "length", policy_version=0) for r in requests]
 
 
-def test_a_generate_that_never_answers_drops_its_trajectories_and_renews_their_envs(tmp_path):
-    path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
-    spec = EnvSpec(
-        tag="FL", env_type="frozen_lake", env_config={}, max_steps=2, max_tokens_per_step=1, response_prefix="<answer>"
+def frozen_lake_spec(max_steps: int = 2) -> EnvSpec:
+    return EnvSpec(
+        tag="FL",
+        env_type="frozen_lake",
+        env_config={},
+        max_steps=max_steps,
+        max_tokens_per_step=1,
+        response_prefix="<answer>",
     )
+
+
+def test_an_engine_that_answers_nothing_for_the_generate_timeout_stops_the_run_naming_it(tmp_path):
+    """Hang detection: the engine's first call never returns and nothing else is answered, so
+    after `generate_timeout_s` the group ends in `EngineHung` (the run stops, as for a failed
+    engine) naming the engine and the seconds it was silent."""
+    path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
     scheduler = RolloutScheduler([], [Slot(0, 0, "FL")], seed=7, mode="train")
 
     async def play():
         inference = FirstCallHangsInference(load_tokenizer(path).convert_tokens_to_ids("Left"))
-        worker = EnvWorker([spec], 1, path, inference, SamplingParams(), 4096, generate_timeout_s=0.3)
-        managers = list(worker.groups[0])
-        hung = await worker.run_group(0, scheduler.group_spec(1, 0, False))
-        renewed = [a is not b for a, b in zip(managers, worker.groups[0])]
-        return hung, renewed, await worker.run_group(0, scheduler.group_spec(1, 1, False))
+        worker = EnvWorker([frozen_lake_spec()], 1, path, inference, SamplingParams(), 4096, generate_timeout_s=0.3)
+        await worker.run_group(0, scheduler.group_spec(1, 0, False))
 
-    hung, renewed, after = asyncio.run(play())
-    assert hung.trajectories == [] and hung.dropped == ["GenerateTimeout: generate timeout: no answer within 0.3s"]
-    assert renewed == [True]
-    assert [t.traj_id for t in after.trajectories] == ["train-1-1-0"] and after.dropped == []
+    with pytest.raises(
+        EngineHung, match=r"^inference engine 0 \(actor_infer\) answered no generate call for 0\.3\d* s "
+    ):
+        asyncio.run(play())
+    assert issubclass(EngineHung, EngineFailed)  # the scheduler and the CLI stop the run on it
+
+
+def test_a_request_over_the_timeout_while_the_engine_answers_others_drops_only_its_episode(tmp_path):
+    """One request never answered while the engine answers another group's turns: slow, not
+    hung. The late episode is dropped with its env tag, id and cause, its env made anew, and the
+    slot's next group plays normally."""
+    path = build_tiny_model(str(tmp_path / "m"), corpus=["You are P."], seed=3)
+    scheduler = RolloutScheduler([], [Slot(0, 0, "FL"), Slot(0, 1, "FL")], seed=7, mode="train")
+
+    async def play():
+        inference = FirstCallHangsInference(load_tokenizer(path).convert_tokens_to_ids("Left"), answer_s=0.05)
+        spec = frozen_lake_spec(max_steps=8)
+        worker = EnvWorker([spec, spec], 1, path, inference, SamplingParams(), 4096, generate_timeout_s=0.3)
+        managers = list(worker.groups[0])
+        late = asyncio.ensure_future(worker.run_group(0, scheduler.group_spec(1, 0, False)))
+        await asyncio.sleep(0.05)  # its first call is in flight, stuck; the other group's are answered
+        other = await worker.run_group(1, scheduler.group_spec(1, 1, False))
+        late = await late
+        renewed = [a is not b for a, b in zip(managers, worker.groups[0])]
+        return late, other, renewed, await worker.run_group(0, scheduler.group_spec(1, 2, False))
+
+    late, other, renewed, after = asyncio.run(play())
+    assert late.trajectories == []
+    assert late.dropped == ["FL train-1-0-0: GenerateTimeout: generate timeout: no answer within 0.3s"]
+    assert renewed == [True] and other.dropped == [] and len(other.trajectories) == 1
+    assert [t.traj_id for t in after.trajectories] == ["train-1-2-0"] and after.dropped == []
 
 
 class SecondEnvHangs(FrozenLakeEnv):

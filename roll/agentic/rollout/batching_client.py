@@ -14,11 +14,14 @@ Contract:
 - `release_session(id)` is best effort and not awaited: the ids released within `window_s` go in
   one `release_sessions` call (an episode ends per env, hundreds a step).
 - `calls` and `requests` count the `generate_many` calls made and the requests they carried.
+- `silent_s()`: how long the engine has answered none of this client's calls while one was in
+  flight (0 when none is): the measure of a hung engine (`roll.core.errors.EngineHung`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 
 class BatchingClient:
@@ -33,6 +36,8 @@ class BatchingClient:
         self._release_handle: asyncio.TimerHandle | None = None
         self.calls = 0
         self.requests = 0
+        self._sent: dict[int, float] = {}  # unanswered call number -> when its first request came
+        self._last_answer = 0.0  # when a call last came back (answered or failed)
 
     def release_session(self, session_id: str) -> None:
         try:
@@ -51,7 +56,7 @@ class BatchingClient:
     async def generate(self, request):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending.append((request, future))
+        self._pending.append((request, future, time.monotonic()))
         if self._flush_handle is None:
             delay = self.hold_s if self._in_flight else self.window_s
             self._flush_handle = loop.call_later(delay, self._flush)
@@ -62,10 +67,19 @@ class BatchingClient:
         self.calls += 1
         self.requests += len(batch)
         self._in_flight += 1
-        ref = self.inference.generate_many.remote([r for r, _ in batch])
-        asyncio.ensure_future(self._deliver(ref, [f for _, f in batch]))
+        self._sent[self.calls] = min(t for _, _, t in batch)  # its first request's wait began then
+        ref = self.inference.generate_many.remote([r for r, _, _ in batch])
+        asyncio.ensure_future(self._deliver(ref, [f for _, f, _ in batch], self.calls))
 
-    async def _deliver(self, ref, futures) -> None:
+    def silent_s(self) -> float:
+        """Seconds since the engine last answered while a request of this client waited: now minus
+        the later of the last answer and the arrival of the oldest unanswered call's first request
+        (a request's timeout counts from its arrival too); 0 with no call waiting."""
+        if not self._sent:
+            return 0.0
+        return time.monotonic() - max(self._last_answer, min(self._sent.values()))
+
+    async def _deliver(self, ref, futures, call: int) -> None:
         try:
             outputs = await ref
         except Exception as exc:  # every request of the call fails; their episodes are dropped
@@ -78,6 +92,8 @@ class BatchingClient:
                     f.set_result(out)
         finally:
             self._in_flight -= 1
+            del self._sent[call]
+            self._last_answer = time.monotonic()
             if self._pending and not self._in_flight and self._flush_handle is not None:
                 # the held requests go a window from now, with those that these answers wake
                 self._flush_handle.cancel()

@@ -20,7 +20,7 @@ from roll.agentic.gateway import InferenceGateway
 from roll.agentic.proxy.server import ProxyServer
 from roll.agentic.rollout.batching_client import BatchingClient
 from roll.core.enums import SampleMode
-from roll.core.errors import engine_failure
+from roll.core.errors import EngineHung, engine_failure
 from roll.core.records import GroupResult, SamplingParams
 from roll.core.seeding import derive_seed
 from roll.models.loading import load_processor, load_tokenizer
@@ -128,6 +128,11 @@ class EnvWorker:
     async def _generate(self, request):
         return await self._gateway.generate(request)
 
+    async def ping(self) -> bool:
+        """Answered on the worker's event loop: a loop blocked by a call that never returns does
+        not answer (the scheduler's probe of a group past its deadline)."""
+        return True
+
     async def run_group(self, slot: int, group: GroupSpec) -> GroupResult:
         """Play one episode per manager of the slot; return once `group_size` have finished (or
         every one has ended). Trajectories come in member order; members still running then are
@@ -150,14 +155,14 @@ class EnvWorker:
         for i in range(len(managers)):  # unpin every episode; the engine may drop their KV now
             self._gateway.release(group.episode(i).traj_id)
         failures = (engine_failure(res) for res in finished.values() if isinstance(res, BaseException))
-        engine_error = next((f for f in failures if f is not None), None)
+        engine_error = next((f for f in failures if f is not None), None) or self._hung_engine()
         if engine_error is not None:  # not an episode's fault: the run must stop (scheduler, CLI)
             raise engine_error
         trajectories, dropped = [], []
         for i in range(len(managers)):
             res = finished.get(i)
-            if isinstance(res, BaseException):
-                dropped.append(f"{type(res).__name__}: {res}")
+            if isinstance(res, BaseException):  # named: the env tag, the episode, the cause
+                dropped.append(f"{managers[i].spec.tag} {group.episode(i).traj_id}: {type(res).__name__}: {res}")
             elif res is not None:  # finished: its env is ready for the next episode
                 if len(trajectories) < self.group_size:  # several may finish at once: keep the first members
                     trajectories.append(res)
@@ -169,6 +174,23 @@ class EnvWorker:
         return GroupResult(
             group.group_index, trajectories, dropped, redundant=surplus, engine_calls=calls, engine_requests=requests
         )
+
+    def _hung_engine(self) -> EngineHung | None:
+        """The first engine that has answered none of this worker's calls for `generate_timeout_s`
+        while one waited (`BatchingClient.silent_s`), as an `EngineHung`. An engine that answered
+        other calls meanwhile is slow, not hung: a request over the bound drops its episode only."""
+        bound = self._args[3]
+        if bound is None:
+            return None
+        for index, client in enumerate(self._gateway.workers):
+            # a request's timeout starts a hair before the client sees it: 1% slack
+            if (silent := client.silent_s()) >= 0.99 * bound:
+                return EngineHung(
+                    f"inference engine {index} (actor_infer) answered no generate call for {silent:.3g} s "
+                    f"(generate_timeout_s {bound:g}): alive but stuck; resume with resume_from_checkpoint=true "
+                    "once it answers again, or raise generate_timeout_s if it is only slow"
+                )
+        return None
 
     def _take_engine_counts(self) -> tuple[int, int]:
         """Ray calls to the inference workers, and the requests they carried, since the last take."""
