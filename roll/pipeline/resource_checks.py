@@ -11,18 +11,15 @@ naming the key (the CLI prints one line and exits 2), seconds before anything he
   outputs unless `overwrite_output_dir`, with room for one checkpoint.
 - `pretrain`, `reward_pretrain`, each role's `model_name_or_path`: the `config.json` parses
   (`AutoConfig`); each role's `attn_implementation` is one transformers builds that model with.
-- tokenizers: the engine's (`actor_infer`'s model dir: the env managers' and the proxy's) fits
-  every built role's embedding (`vocab_size`), and a role whose model dir has a tokenizer of its
-  own (a checkpoint, another copy) has the same vocabulary; otherwise ids would mean other tokens
-  to the trainer than to the engine (or index past its embedding) without an error.
+- tokenizers: the engine's fits every built role's embedding (`vocab_size`), and a role whose
+  model dir has a tokenizer of its own has the same vocabulary (docs/reliability.md).
 - `custom_envs.<tag>.env_config`: one env per tag in use is built and reset here, bounded by
   `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a
   bad value is named now instead of as a dead env worker later.
 - `data_args.template` renders with the tokenizer; `stop_strings` are single tokens of it.
 - a vision-language config (`roll.pipeline.vl_checks`): a VL model, image envs, the image limit.
 - `sequence_length`: holds each tag's first prompt (the chat template of the env's instruction
-  and first observation) plus `max_tokens_per_step`. Shorter, step-wise batches could not be
-  built and trajectory-wise episodes ended before their first action (zero loss).
+  and first observation) plus `max_tokens_per_step`.
 """
 
 from __future__ import annotations

@@ -2,28 +2,24 @@
 graph (or any LangChain agent) can be the rollout logic while PPO still trains on exactly the ids
 the engine sampled (the approach of ChatLearn's and verl's LangGraph agent loops).
 
-A LangChain chat model is called with the whole message list every turn. Rendering that list with
-the chat template each time would re-tokenize past assistant turns, and templates that rewrite
-history (Qwen3 drops earlier `<think>` blocks) or a different tokenization of the decoded text
-would then hand PPO ids the policy never sampled. So the model keeps one `Conversation` per branch:
-a `TokenLedger` plus the messages it holds. When a call's messages are such a conversation plus
-new tool / user messages, the prompt is the ledger's ids (the previous prompt + generated ids)
-followed by `continuation_ids` of the new messages; history is never re-rendered. Anything else
-(the graph trimmed, edited or reordered history, or started a second branch) gets a fresh ledger
-rendered from the messages, and is counted in `metrics()["retemplated_turns"]`: its ids are not
-those of the trajectory that will be trained on.
+A LangChain chat model is called with the whole message list every turn; re-rendering it with the
+chat template would re-tokenize past assistant turns (and templates that rewrite history, as Qwen3
+drops earlier `<think>` blocks, would hand PPO ids the policy never sampled). So the model keeps
+one `Conversation` per branch: a `TokenLedger` plus the messages it holds. When a call's messages
+are such a conversation plus new tool / user messages, the prompt is the ledger's ids followed by
+`continuation_ids` of the new messages; history is never re-rendered. Anything else (history
+trimmed, edited or reordered, a second branch) gets a fresh ledger rendered from the messages,
+counted in `metrics()["retemplated_turns"]`.
 
 The returned `AIMessage` carries the generated ids, their log-probs and the prompt ids in
 `response_metadata`, and `tool_calls` parsed from the Hermes `<tool_call>` markup, so LangGraph's
 `ToolNode` runs them. A block that is not valid JSON, or names a tool that was not bound, becomes
 an entry of `invalid_tool_calls` and costs its turn `format_penalty`; nothing the policy writes
-raises. Limits are enforced here, not by the graph: past `max_turns` generations or when the
-sequence would pass `max_total_tokens`, the model answers an empty message whose
-`response_metadata["stop_reason"]` is "max_steps" / "max_tokens" (no tool calls, so a ReAct graph
-ends), and the pending tool results are not appended.
+raises. Past `max_turns` generations or `max_total_tokens`, the model answers an empty message
+whose `response_metadata["stop_reason"]` is "max_steps" / "max_tokens" (so a ReAct graph ends).
 
-Only the async path exists (`ainvoke` / `agenerate`): the client is async and agent loops run in
-an event loop. `bind_tools` ignores `tool_choice` (the engine cannot force a call).
+Only the async path exists (`ainvoke` / `agenerate`). `bind_tools` ignores `tool_choice` (the
+engine cannot force a call). The page: docs/agents.md.
 """
 
 from __future__ import annotations

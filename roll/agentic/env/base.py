@@ -13,16 +13,15 @@ Contract (DESIGN.md "Environments"):
 A subclass implements only `actions`, `instruction`, `_reset`, `_apply`, `success` and optionally
 `episode_metrics`, `tool_schemas` / `tool_call_action` (its actions as OpenAI function tools, for
 a tool-calling agent), `scripted_action` (a competent move, for local play and scripted tests) and
-`frame_to_rgb` (an image of a frame; add "rgb_array" to `metadata["render_modes"]`), and draws all randomness
-from `self.np_random` so that equal seeds give equal
-rollouts. A subclass whose observations need characters outside `CHARSET` (or longer than
-`MAX_TEXT_CHARS`) reassigns `self.observation_space` after `super().__init__`, preferably to
-`text_space(...)`, which every env asking for the same space shares.
+`frame_to_rgb` (an image of a frame; add "rgb_array" to `metadata["render_modes"]`), and draws all
+randomness from `self.np_random` so that equal seeds give equal rollouts. A subclass whose
+observations need characters outside `CHARSET` (or longer than `MAX_TEXT_CHARS`) reassigns
+`self.observation_space` after `super().__init__`, preferably to `text_space(...)`, which every
+env asking for the same space shares.
 
-`cheap_calls` names the env methods ("reset", "step") that are cheap and never block: an env
-manager calls those in its event loop instead of handing them to a thread (see
-`roll.agentic.env_manager.env_calls`). Declare a call cheap only if it takes well under a
-millisecond and waits on nothing (no I/O, no lock, no sleep); the default is none.
+`cheap_calls` names the env methods ("reset", "step") an env manager may call in its event loop
+instead of a thread (docs/custom_env.md: only calls well under a millisecond that wait on
+nothing); the default is none.
 """
 
 from __future__ import annotations

@@ -8,21 +8,18 @@ each following observation is the next user message. One chat call per env step,
 `step_scores` line up with the turns.
 
 `ToolCallRunner` (ROLL's name): the same envs through OpenAI function calling. An env with tools
-of its own (`TextEnv.tool_schemas()`: the sandboxed coding env's `bash`, `python`, `write`,
-`submit`) has them offered, and each call becomes the action text `env.tool_call_action(name,
-arguments)`; any other env is offered one tool, `act(action)`, whose call becomes the env action
-`action_template` filled with its argument (default "<answer>{action}</answer>", the answer format
-our envs parse). A call's result, the new observation, goes back as a `tool` message with the
-call's id. Several calls in one answer are several env steps (their rewards summed into that
-turn's score); an answer without a call is taken as a text action, as GEMRunner takes it. Its env
-settings also accept `action_template`.
+of its own (`TextEnv.tool_schemas()`) has them offered, and each call becomes the action text
+`env.tool_call_action(name, arguments)`; any other env is offered one tool, `act(action)`, whose
+call becomes `action_template` filled with its argument (default "<answer>{action}</answer>").
+A call's result, the new observation, goes back as a `tool` message with the call's id. Several
+calls in one answer are several env steps (their rewards summed into that turn's score); an
+answer without a call is a text action. Its env settings also accept `action_template`.
 
 Both stop when the env terminates or truncates, after `max_steps` actions, or when the proxy
 refuses a request for lack of room (`max_tokens`); another refused call ends the episode as
-"Failed" with the error as its exit reason. A finished episode's `agent_exit_reason` says why it
-ended: the env's `info["end_reason"]` when it gives one (the coding env: "submitted", "max_steps",
-"sandbox violation: <reason>"), else the stop reason; its `metrics` are the env's episode metrics
-(and, for ToolCallRunner, `tool_calls`: the actions that came as tool calls).
+"Failed". `agent_exit_reason` is the env's `info["end_reason"]` when it gives one, else the stop
+reason; `metrics` are the env's episode metrics (ToolCallRunner adds `tool_calls`). The page:
+docs/agent_proxy.md ("Built in").
 """
 
 from __future__ import annotations

@@ -1,32 +1,25 @@
 """Generation of the `hf` engine for vision-language models (a config with `vision_config`).
 
 Batching: the requests of one `generate_batch` call run together, in groups of consecutive
-requests bounded by `MAX_BATCH_PATCHES` image patches (rows of `pixel_values`) and
-`MAX_BATCH_TOKENS` padded prompt ids (rows x the longest prompt), both counted over whole prompts.
-A group is one prefill over its rows left-padded, each row with its own images (the rows'
-`pixel_values` concatenated in row order, `image_grid_thw` likewise), then one decode loop in
-which every row stops on its own stop ids or `max_new_tokens`. Each row samples with its own seed
-(`RowSampler`), so its tokens do not depend on its batch-mates (up to float round-off between
-batch shapes). Where no row reuses a session's KV, rows equal in ids and images (a group's members
-at their first turn) are prefilled once.
+requests bounded by `MAX_BATCH_PATCHES` image patches and `MAX_BATCH_TOKENS` padded prompt ids.
+A group is one prefill over its rows left-padded, each row with its own images, then one decode
+loop in which every row stops on its own. Each row samples with its own seed (`RowSampler`), so
+its tokens do not depend on its batch-mates (up to float round-off). Where no row reuses a
+session's KV, rows equal in ids and images are prefilled once.
 
-Positions are the model's multimodal rotary positions (M-RoPE, the model's `get_rope_index`: an
-image's placeholders sit on its (t, h, w) grid, text counts on from there), computed per row over
-that row's real ids alone and passed to the model explicitly, so padding and batch-mates change
-nothing; a generated id takes the position after the largest one before it. The trainer scores
-with the same positions (`micro_batches.token_logprobs` passes `mm_token_type_ids`).
+Positions are the model's multimodal rotary positions (M-RoPE, the model's `get_rope_index`),
+computed per row over that row's real ids alone and passed to the model explicitly, so padding
+and batch-mates change nothing; a generated id takes the position after the largest one before
+it. The trainer scores with the same positions (`micro_batches.token_logprobs`).
 
 KV reuse across turns: a request with a `session_id` reuses the session's cached KV
 (`kv_cache.py`) for the longest common prefix of ids, cut back to the first placeholder of the
-first image it reaches that is not the very image the session saw there (images are keyed by a
-hash of their pixel rows and grid, `image_keys`), or whose placeholders it covers only in part
-(an image's features come from the whole image). The KV before that cut depends on no later id or
-image, so the answer equals a fresh prefill's (up to round-off). The new ids are fed with only the
-images after the cut; their positions are those of the whole prompt, sliced.
+first image that is not the very image the session saw there (`image_keys`) or that the prefix
+covers only in part. The KV before that cut depends on no later id or image, so the answer equals
+a fresh prefill's (up to round-off); the new ids are fed with only the images after the cut.
 
-Vision marker ids (`suppressed_token_ids`) are never sampled: a generated image placeholder would
-have no image behind it in the trainer's forward. Log-probs are of the distribution without them,
-as the trainer computes them.
+Vision marker ids (`suppressed_token_ids`) are never sampled, and log-probs are of the
+distribution without them, as the trainer computes them. The page: docs/vision_language.md.
 """
 
 from __future__ import annotations
