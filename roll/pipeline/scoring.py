@@ -107,6 +107,55 @@ def final_values(values: torch.Tensor, critic_attention_mask: torch.Tensor) -> t
     return values[torch.arange(len(values)), appended]
 
 
+def _step_row_advantages(
+    rows: RowInfo,
+    *,
+    adv_estimator: str,
+    step_reward_gamma: float,
+    episode_weight: float,
+    step_weight: float,
+    norm_adv_by_std: bool,
+    whiten_advantages: bool,
+    return_norm,
+) -> torch.Tensor:
+    """One advantage per row of a step-wise batch, by `adv_estimator` (see `score_step_batch`)."""
+    if adv_estimator == "grpo":
+        return compute_step_grpo_advantages(
+            rows.episode_scores, rows.traj_group_id, rows.traj_id, norm_std=norm_adv_by_std
+        )
+    if adv_estimator == "gigpo":
+        return compute_gigpo_advantages(
+            rows.episode_scores,
+            rows.step_rewards,
+            rows.traj_group_id,
+            rows.traj_id,
+            rows.state_hash,
+            rows.step,
+            gamma=step_reward_gamma,
+            episode_weight=episode_weight,
+            step_weight=step_weight,
+            norm_std=norm_adv_by_std,
+        )
+    if adv_estimator == "step_reinforce":
+        per_row = compute_step_reinforce_advantages(
+            rows.step_rewards,
+            rows.traj_id,
+            rows.step,
+            gamma=step_reward_gamma,
+            normalize=not whiten_advantages and return_norm is None,
+        )
+        if return_norm is not None:
+            return normalize_rewards(
+                per_row,
+                rows.group_keys(return_norm.group_key),
+                norm_mean_type=return_norm.norm_mean_type,
+                norm_std_type=return_norm.norm_std_type,
+                clip_range=return_norm.clip_range,
+            )
+        return per_row
+    raise ValueError(f"adv_estimator {adv_estimator!r} does not apply to step-wise samples")
+
+
 def score_step_batch(
     batch,
     rows: RowInfo,
@@ -129,41 +178,16 @@ def score_step_batch(
     `whiten_advantages` whitens the tokens instead.
     """
     mask = batch[Batch.RESPONSE_MASK]
-    if adv_estimator == "grpo":
-        per_row = compute_step_grpo_advantages(
-            rows.episode_scores, rows.traj_group_id, rows.traj_id, norm_std=norm_adv_by_std
-        )
-    elif adv_estimator == "gigpo":
-        per_row = compute_gigpo_advantages(
-            rows.episode_scores,
-            rows.step_rewards,
-            rows.traj_group_id,
-            rows.traj_id,
-            rows.state_hash,
-            rows.step,
-            gamma=step_reward_gamma,
-            episode_weight=episode_weight,
-            step_weight=step_weight,
-            norm_std=norm_adv_by_std,
-        )
-    elif adv_estimator == "step_reinforce":
-        per_row = compute_step_reinforce_advantages(
-            rows.step_rewards,
-            rows.traj_id,
-            rows.step,
-            gamma=step_reward_gamma,
-            normalize=not whiten_advantages and return_norm is None,
-        )
-        if return_norm is not None:
-            per_row = normalize_rewards(
-                per_row,
-                rows.group_keys(return_norm.group_key),
-                norm_mean_type=return_norm.norm_mean_type,
-                norm_std_type=return_norm.norm_std_type,
-                clip_range=return_norm.clip_range,
-            )
-    else:
-        raise ValueError(f"adv_estimator {adv_estimator!r} does not apply to step-wise samples")
+    per_row = _step_row_advantages(
+        rows,
+        adv_estimator=adv_estimator,
+        step_reward_gamma=step_reward_gamma,
+        episode_weight=episode_weight,
+        step_weight=step_weight,
+        norm_adv_by_std=norm_adv_by_std,
+        whiten_advantages=whiten_advantages,
+        return_norm=return_norm,
+    )
     adv = broadcast_to_tokens(per_row, mask)
     if whiten_advantages:
         adv = masked_whiten(adv, mask)
