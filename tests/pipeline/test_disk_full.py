@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from roll.pipeline import checkpoint as ckpt
 from roll.pipeline.disk import is_disk_full
 from roll.tracking.tracker import Tracker
+from tests.faults.timing import detected
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = [
@@ -50,23 +53,43 @@ def test_a_disk_that_fills_stops_the_run_with_one_line_and_keeps_the_last_checkp
     from roll.pipeline.tiny_model import main as build
 
     model = build(["--preset", "frozen_lake", "--output_dir", str(tmp_path / "tiny")])
-    out = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "examples/start_agentic_pipeline.py",
-            *ARGS,
-            f"pretrain={model}",
-            f"output_dir={out}",
-            f"logging_dir={out}/tb",
-            f"+checkpoint_config.output_dir={small_disk}",
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=800,
-    )
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    seen: dict[str, float] = {}  # when the step-2 checkpoint began and when the line came (perf_counter)
+    done = threading.Event()
+
+    def watch() -> None:  # polled every 10 ms (the two lines may come within 50 ms): recorded, not asserted
+        while not done.wait(0.01):
+            metrics = out / "metrics.jsonl"
+            if "checkpoint" not in seen and metrics.exists() and metrics.read_text().count("\n") >= 2:
+                seen["checkpoint"] = time.perf_counter()  # step 2 is logged, then checkpointed at once
+            if "line" not in seen and log.exists() and "\ntraining stopped" in "\n" + log.read_text():
+                seen["line"] = time.perf_counter()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with log.open("w") as stderr_file:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "examples/start_agentic_pipeline.py",
+                *ARGS,
+                f"pretrain={model}",
+                f"output_dir={out}",
+                f"logging_dir={out}/tb",
+                f"+checkpoint_config.output_dir={small_disk}",
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=stderr_file,
+            text=True,
+            timeout=800,
+        )
+    done.set()
+    watcher.join()
+    result.stderr = log.read_text()  # as capture_output would have kept it
+    if {"checkpoint", "line"} <= seen.keys():
+        detected("disk_full_mid_checkpoint", seen["line"] - seen["checkpoint"])
     assert result.returncode == 1, result.stderr[-3000:]
     said = [line for line in result.stderr.splitlines() if line.startswith("training stopped")]
     assert len(said) == 1, result.stderr[-3000:]

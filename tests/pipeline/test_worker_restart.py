@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +94,40 @@ def wait_for_step(out: Path, at_least: int, proc: subprocess.Popen, timeout_s: f
     raise TimeoutError(f"step {at_least} not logged in {timeout_s}s")
 
 
+class LineTimes(threading.Thread):
+    """When each line of the log at `path` first appeared (`time.perf_counter`, polled every 50 ms
+    while the run writes it): what the fault suite records (tests/faults/timing.py), never asserted."""
+
+    def __init__(self, path: Path):
+        super().__init__(daemon=True)
+        self.path, self.done = path, threading.Event()
+        self.lines: list[tuple[float, str]] = []
+
+    def run(self) -> None:
+        offset, rest = 0, b""
+        while True:
+            stop = self.done.wait(0.05)
+            try:
+                with self.path.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                data = b""
+            offset, now = offset + len(data), time.perf_counter()
+            *whole, rest = (rest + data).split(b"\n")
+            self.lines += [(now, line.decode(errors="replace")) for line in whole]
+            if stop:
+                return
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+    def since(self, moment: float, pattern: str) -> float | None:
+        """Seconds from `moment` to the first line after it that matches `pattern`, if any."""
+        return next((t - moment for t, line in self.lines if t >= moment and re.search(pattern, line)), None)
+
+
 def kill_one(proc: subprocess.Popen, title: str) -> int:
     victims = []
     deadline = time.monotonic() + 180  # a restarted worker may be coming up: over a minute on a loaded machine
@@ -113,6 +148,9 @@ def test_killed_env_workers_and_engines_come_back_and_every_step_is_logged(tiny_
     max_steps = STEPS_PER_ROUND * rounds
     proc = start(tiny_model, out, log, max_steps)
     kills = []  # (worker, step logged before the kill)
+    killed_at = []  # (worker, time.perf_counter() of the kill): recorded, not asserted
+    lines = LineTimes(log)
+    lines.start()
     try:
         moments = sorted(rng.sample(range(1, max_steps // 2), rounds))
         for after_step in moments:
@@ -120,11 +158,25 @@ def test_killed_env_workers_and_engines_come_back_and_every_step_is_logged(tiny_
             for title in ("ray::EnvWorker", "ray::InferenceWorker"):  # one of each, at a random moment
                 time.sleep(rng.uniform(0.0, 1.0))  # inside a rollout or between: wherever it lands
                 kills.append((title, len(steps(out)), kill_one(proc, title)))
+                killed_at.append((title, time.perf_counter()))
         assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        lines.stop()
+    # seconds from each kill to the first line that names it: an env worker's dropped episode (logged
+    # with the step's metrics), an engine's restart; the slowest of each kind is recorded
+    for title, fault, named in (
+        ("ray::EnvWorker", "env_worker_killed", r"dropped a trajectory: env worker \S+ died"),
+        ("ray::InferenceWorker", "inference_engine_killed", r"inference worker restarted"),
+    ):
+        seconds = [lines.since(moment, named) for worker, moment in killed_at if worker == title]
+        found = [s for s in seconds if s is not None]
+        if found and len(found) == len(seconds):
+            detected(fault, max(found))
+        else:
+            print(f"FAULT fault={fault}: no line named the kill ({seconds})")
     rows, text = steps(out), log.read_text()
     assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
     assert all(r["train/episode_reward"] == r["train/episode_reward"] for r in rows)  # no NaN: whole batches
