@@ -42,7 +42,7 @@ from envs.frozen_lake.env import FrozenLakeEnv  # noqa: E402
 from roll.agentic.env_manager.env_calls import EnvCaller, EnvStepTimeout  # noqa: E402
 from roll.agentic.episode import EnvSpec  # noqa: E402
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec  # noqa: E402
-from roll.agentic.rollout.scheduler import RolloutScheduler, Slot  # noqa: E402
+from roll.agentic.rollout.scheduler import RolloutFailed, RolloutScheduler, Slot  # noqa: E402
 from roll.core.errors import EngineHung  # noqa: E402
 from roll.core.records import GroupResult, SamplingParams  # noqa: E402
 from roll.models.tiny import build_tiny_model  # noqa: E402
@@ -143,13 +143,22 @@ def env_worker(bound: float, _model: str) -> float:
     scheduler = RolloutScheduler(
         [worker], [Slot(0, 0, "FL")], seed=1, mode="train", hung_timeout_s=bound, probe_s=SCHEDULER_PROBE_S
     )
-    scheduler.dispatch(1, 1)
     start = time.monotonic()
-    while not scheduler._restarted:  # the named kill: what the user sees logged
-        scheduler._receive_one(1)
+    collecting = threading.Thread(target=_collect_until_it_fails, args=(scheduler,), daemon=True)
+    collecting.start()
+    while not scheduler.watch.restarted:  # the named kill: what the user sees logged
+        time.sleep(0.01)
     detected = time.monotonic() - start
-    ray.kill(worker, no_restart=True)
+    ray.kill(worker, no_restart=True)  # its replayed groups fail now, and the collect with them
+    collecting.join()
     return detected
+
+
+def _collect_until_it_fails(scheduler: RolloutScheduler) -> None:
+    try:
+        scheduler.collect(1, 1)
+    except RolloutFailed:
+        pass
 
 
 def training_call(bound: float, _model: str) -> float:

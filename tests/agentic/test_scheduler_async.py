@@ -24,6 +24,7 @@ from ray import cloudpickle
 from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.episode import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
+from roll.agentic.rollout.hang_watch import HangWatch
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
 from roll.core.errors import EngineFailed, EngineHung
 from roll.core.records import (
@@ -452,9 +453,9 @@ def test_a_stuck_env_worker_is_restarted_and_its_groups_played_again(scripted_wo
 
 def test_a_slow_group_past_the_deadline_is_logged_and_left_running(make_scheduler, caplog):
     scheduler, worker = make_scheduler(2, slow_group_ids=("train-1-0",))
-    scheduler.hung_timeout_s, scheduler.probe_s = 0.5, 5.0
+    scheduler.watch = HangWatch(scheduler.workers, hung_timeout_s=0.5, probe_s=5.0)
     threading.Timer(2.0, lambda: ray.get(worker.release.remote())).start()
-    with caplog.at_level("WARNING", logger="roll.agentic.rollout.scheduler"):
+    with caplog.at_level("WARNING", logger="roll.agentic.rollout.hang_watch"):
         trajs, dropped = scheduler.collect(1, 2)
     assert group_ids(trajs) == ["train-1-0", "train-1-1"] and dropped == []
     messages = [r.getMessage() for r in caplog.records]  # (a loaded machine may make train-1-1 late too)

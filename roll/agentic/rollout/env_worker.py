@@ -82,7 +82,8 @@ class EnvWorker:
         # One batching client per inference replica, behind a gateway: a new episode goes to the
         # least-loaded replica and all its turns to that one (its KV is there).
         self._gateway = InferenceGateway([BatchingClient(r) for r in self.inference])
-        self._args = (sampling, sequence_length, step_timeout_s, generate_timeout_s)
+        self._sampling, self._sequence_length = sampling, sequence_length
+        self._step_timeout_s, self._generate_timeout_s = step_timeout_s, generate_timeout_s
         self._manager_type, self._history_length = SampleMode(manager_type), history_length
         self._agent_pool = AgentPool(self.tokenizer, self._generate, sampling, sequence_length, generate_timeout_s)
         # slots played by agent runners share one loopback chat server (`proxy`: its options,
@@ -97,7 +98,7 @@ class EnvWorker:
     def _make_manager(self, spec: EnvSpec) -> BaseEnvManager | AgentManager | ProxyEnvManager:
         if spec.env_type == AGENT_ENV_TYPE:  # dataset rows played by agent loops (traj-wise samples)
             return AgentManager(spec, self._agent_pool)
-        sampling, sequence_length, step_timeout_s, generate_timeout_s = self._args
+        sampling, sequence_length, generate_timeout_s = self._sampling, self._sequence_length, self._generate_timeout_s
         if spec.agent_runner_cls:  # an agent runner plays the env through the chat proxy
             self._made += 1
             return ProxyEnvManager(
@@ -120,7 +121,7 @@ class EnvWorker:
             sequence_length,
             mode=self._manager_type,
             history_length=self._history_length,
-            step_timeout_s=step_timeout_s,
+            step_timeout_s=self._step_timeout_s,
             generate_timeout_s=generate_timeout_s,
             processor=self.processor,  # for the tags with image observations
         )
@@ -179,7 +180,7 @@ class EnvWorker:
         """The first engine that has answered none of this worker's calls for `generate_timeout_s`
         while one waited (`BatchingClient.silent_s`), as an `EngineHung`. An engine that answered
         other calls meanwhile is slow, not hung: a request over the bound drops its episode only."""
-        bound = self._args[3]
+        bound = self._generate_timeout_s
         if bound is None:
             return None
         for index, client in enumerate(self._gateway.workers):

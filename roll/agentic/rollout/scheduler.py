@@ -18,10 +18,10 @@ step's counters; a checkpoint keeps it and `restore(ledger)` queues exactly thos
 (`replayed_groups`). `take_counts()` is the steps' group ledger: every identity dispatched is
 collected, failed or still outstanding.
 
-Hangs: a group past `hung_timeout_s` (ROLL's `env_monitor.hung_timeout`) has its worker probed
-(`ping`, on its event loop): one that answers is logged as slow; one silent within `probe_s` is
-killed for Ray to restart, its groups played again. No group finished within `timeout_s`:
-`RolloutFailed`, naming what runs. The page: docs/async.md ("The rollout scheduler").
+Hangs: a group past `hung_timeout_s` (ROLL's `env_monitor.hung_timeout`) has its worker probed,
+and a silent one is killed for Ray to restart, its groups played again (`HangWatch`). No group
+finished within `timeout_s`: `RolloutFailed`, naming what runs. The page: docs/async.md ("The
+rollout scheduler").
 """
 
 from __future__ import annotations
@@ -29,20 +29,19 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-import logging
 import time
 from dataclasses import dataclass
 
 import ray
 
 from roll.agentic.rollout.env_worker import GroupSpec
+from roll.agentic.rollout.hang_watch import HangWatch
 from roll.core.errors import RunStopped, engine_failure
 from roll.core.records import GroupResult, Trajectory
 from roll.core.seeding import derive_seed
 
 _REPROBE_S = 0.5
 """Seconds between readiness probes of an env worker that Ray is restarting."""
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,6 +49,28 @@ class Slot:
     worker: int  # index into the env-worker handles
     local: int  # slot index inside that worker
     tag: str
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A group running on a slot: what it is, for which step, since when."""
+
+    slot: Slot
+    step: int
+    spec: GroupSpec
+    started: float
+
+    @property
+    def worker(self) -> int:
+        return self.slot.worker
+
+    @property
+    def tag(self) -> str:
+        return self.slot.tag
+
+    @property
+    def group_id(self) -> str:
+        return self.spec.traj_group_id
 
 
 class RolloutFailed(RunStopped, RuntimeError):
@@ -83,13 +104,7 @@ class RolloutScheduler:
         probe_s: float = 10.0,
     ):
         self.workers = workers
-        self.hung_timeout_s = hung_timeout_s  # a group running longer gets its worker probed (None: never)
-        # how long a probed worker has to answer before it counts as stuck: at most half the bound,
-        # so a stuck worker is named within 1.5x hung_timeout_s
-        self.probe_s = probe_s if hung_timeout_s is None else min(probe_s, hung_timeout_s / 2)
-        self._started: dict = {}  # running ref -> when it was launched
-        self._probed: set = set()  # running refs whose worker was probed (answered: slow, not stuck)
-        self._restarted: dict[int, str] = {}  # env worker killed as stuck -> why, for its groups' causes
+        self.watch = HangWatch(workers, hung_timeout_s, probe_s)  # a group past the bound: its worker probed
         self.group_size = group_size  # trajectories a group owes: what a dead worker's group loses
         self.slots = slots
         self.seed = seed
@@ -104,7 +119,7 @@ class RolloutScheduler:
         self.engine_requests = 0
         self._steps: dict[int, _StepState] = {}
         self._pending: dict[str, list] = collections.defaultdict(list)  # tag -> heap of (step, seq, spec)
-        self._running: dict = {}  # ref -> (slot, step, spec)
+        self._running: dict[object, _Run] = {}  # ref -> the group it plays
         # an env worker that died is given no group until Ray has restarted it (a call to a restarting
         # actor fails at once, and would burn the step's replacement groups): its readiness probe's
         # ref -> the worker index, and the slots held back meanwhile
@@ -147,8 +162,8 @@ class RolloutScheduler:
         for tag, queue in self._pending.items():
             for step, _, spec in queue:
                 owed[step].append([spec.group_index, tag])
-        for slot, step, spec in self._running.values():
-            owed[step].append([spec.group_index, slot.tag])
+        for run in self._running.values():
+            owed[run.step].append([run.spec.group_index, run.tag])
         for step, state in self._steps.items():
             owed[step] += [[j, tag] for j, (tag, _, _) in state.done.items()]
         return [
@@ -268,22 +283,20 @@ class RolloutScheduler:
         """Wait for any running group (of any step), record it, and refill the freed slot."""
         deadline = time.monotonic() + self.timeout_s
         while not (ready := ray.wait([*self._running, *self._recovering], num_returns=1, timeout=self._wait_s())[0]):
-            if not self._check_hung() and time.monotonic() >= deadline:
+            if not self.watch.check(self._running) and time.monotonic() >= deadline:
                 raise RolloutFailed(self._nothing_finished(step))
         if ready[0] in self._recovering:  # a restarted env worker answers again: its slots are free
             self._back(ready[0])
             return
-        slot, group_step, spec = self._running.pop(ready[0])
-        self._started.pop(ready[0], None)
-        self._probed.discard(ready[0])
+        run = self._running.pop(ready[0])
+        slot, group_step, spec = run.slot, run.step, run.spec
+        self.watch.ended(ready[0])
         try:
             result = ray.get(ready[0])
             self._free[slot.tag].append(slot)
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
             # the env-worker process died (Ray restarts it), or the node that held the group's result
-            cause = f"env worker {slot.worker} died: {type(err).__name__}"
-            if slot.worker in self._restarted:  # killed here as stuck
-                cause = f"env worker {slot.worker} restarted: {self._restarted[slot.worker]}"
+            cause = self.watch.cause_of_death(slot.worker, err)
             result = GroupResult(spec.group_index, [], [cause] * self.group_size)
             self._hold(slot)
         except ray.exceptions.RayTaskError as err:  # an inference engine failed: stop, say why
@@ -310,57 +323,18 @@ class RolloutScheduler:
         self._launch()
 
     def _wait_s(self) -> float:
-        """How long the next wait may block: until the first unprobed group passes
-        `hung_timeout_s`, at most `timeout_s`."""
-        if self.hung_timeout_s is None:
-            return self.timeout_s
-        starts = [t for ref, t in self._started.items() if ref not in self._probed]
-        due = min(starts, default=float("inf")) + self.hung_timeout_s - time.monotonic()
-        return max(0.0, min(self.timeout_s, due))
-
-    def _check_hung(self) -> bool:
-        """Probe the workers of the groups running past `hung_timeout_s`; a worker that does not
-        answer within `probe_s` is stuck: killed (Ray restarts it; its groups come back as
-        `RayActorError` and are dropped with the reason). True when a group was over the bound."""
-        if self.hung_timeout_s is None:
-            return False
-        now = time.monotonic()
-        late = [ref for ref, t in self._started.items() if ref not in self._probed and now - t >= self.hung_timeout_s]
-        by_worker = collections.defaultdict(list)
-        for ref in late:
-            self._probed.add(ref)
-            by_worker[self._running[ref][0].worker].append(ref)
-        for w, refs in by_worker.items():
-            slot, _, spec = self._running[refs[0]]
-            ran = now - self._started[refs[0]]
-            where = f"group {spec.traj_group_id} ({slot.tag}) on env worker {w} has run {ran:.0f} s"
-            answered, _ = ray.wait([self.workers[w].ping.remote()], timeout=self.probe_s)
-            if answered:
-                logger.warning(
-                    "%s (env_monitor.hung_timeout %g s); the worker answers: slow, not stuck",
-                    where,
-                    self.hung_timeout_s,
-                )
-                continue
-            half = " (half the bound)" if self.probe_s * 2 == self.hung_timeout_s else ""
-            self._restarted[w] = (
-                f"{where} and answered no probe within {self.probe_s:g} s{half}: stuck, killed for Ray to restart"
-            )
-            logger.warning("hang: %s", self._restarted[w])
-            ray.kill(self.workers[w], no_restart=False)
-        return bool(late)
+        return self.watch.wait_s(self._running, self.timeout_s)
 
     def _nothing_finished(self, step: int) -> str:
         """The one line of a rollout in which no group finished within `timeout_s`."""
         now = time.monotonic()
-        running = [(now - self._started[ref], slot, spec) for ref, (slot, _, spec) in self._running.items()]
-        if not running:
+        if not self._running:
             return f"rollout: no group finished within {self.timeout_s:g} s ({self.mode} step {step}); none is running"
-        ran, slot, spec = max(running, key=lambda r: r[0])
+        oldest = min(self._running.values(), key=lambda run: run.started)
         return (
-            f"rollout: no group finished within {self.timeout_s:g} s ({self.mode} step {step}): {len(running)} "
-            f"running on env workers {sorted({r[1].worker for r in running})}; the oldest, {spec.traj_group_id} "
-            f"({slot.tag}) on env worker {slot.worker}, for {ran:.0f} s"
+            f"rollout: no group finished within {self.timeout_s:g} s ({self.mode} step {step}): {len(self._running)} "
+            f"running on env workers {sorted({run.worker for run in self._running.values()})}; the oldest, "
+            f"{oldest.group_id} ({oldest.tag}) on env worker {oldest.worker}, for {now - oldest.started:.0f} s"
         )
 
     def _hold(self, slot: Slot) -> None:
@@ -381,7 +355,7 @@ class RolloutScheduler:
             return
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             pass
-        self._restarted.pop(worker, None)  # its later deaths are its own
+        self.watch.recovered(worker)
         for slot in self._held.pop(worker, []):
             self._free[slot.tag].append(slot)
         self._launch()
@@ -389,7 +363,7 @@ class RolloutScheduler:
     def _settle_running(self, timeout_s: float = 10.0) -> None:
         """Collect the groups still running (they end within moments once the engine has failed),
         so Ray does not print each one's error as an unhandled traceback when the run stops."""
-        refs, self._running, self._started = list(self._running), {}, {}
+        refs, self._running = list(self._running), {}
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
         for ref in ready:
             try:
@@ -406,8 +380,7 @@ class RolloutScheduler:
                 slot = self._free[tag].popleft()
                 step, _, spec = heapq.heappop(queue)
                 ref = self.workers[slot.worker].run_group.remote(slot.local, spec)
-                self._running[ref] = (slot, step, spec)
-                self._started[ref] = time.monotonic()
+                self._running[ref] = _Run(slot, step, spec, time.monotonic())
 
     def _all_slots_free(self) -> dict[str, collections.deque]:
         free = collections.defaultdict(collections.deque)
