@@ -132,17 +132,24 @@ class CodeSandboxEnv(TextEnv):
             content = fenced.group(1) if fenced else content
         return f"{tool}\n{content}" if content else None
 
+    @property
+    def _open_sandbox(self) -> Sandbox:
+        """The episode's sandbox: opened by every reset, closed only when the episode is over."""
+        assert self._sandbox is not None, "reset() first"
+        return self._sandbox
+
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         if self._over:  # stepped after the end: nothing happens
             return self._frame or "", 0.0, True, False
+        sandbox = self._open_sandbox
         tool, content = action.split("\n", 1)
         if tool == "answer":
             return self._finish("submitted")
         if tool == "write":
-            self._sandbox.write_file("solution.py", content + ("\n" if not content.endswith("\n") else ""))
+            sandbox.write_file("solution.py", content + ("\n" if not content.endswith("\n") else ""))
             obs = "solution.py written."
         else:
-            run = self._sandbox.run_shell if tool == "bash" else self._sandbox.run_python
+            run = sandbox.run_shell if tool == "bash" else sandbox.run_python
             result = run(content)
             obs = self._show(result.output, result.reason, result.exit_code)
             if result.violation and self.end_on_violation:
@@ -166,14 +173,16 @@ class CodeSandboxEnv(TextEnv):
         return obs, self._passed if reward is None else reward, not truncated, truncated
 
     def _grade(self) -> list[bool]:
-        code = self._sandbox.read_file("solution.py") or ""
-        key = (self.task.name, hashlib.sha256(code.encode()).hexdigest())
+        sandbox, task = self._open_sandbox, self.task
+        assert task is not None, "reset() first"  # set with the sandbox
+        code = sandbox.read_file("solution.py") or ""
+        key = (task.name, hashlib.sha256(code.encode()).hexdigest())
         if key not in self._grades:  # grading is deterministic for a given solution text
-            self._grades[key] = grade(self._sandbox, self.task.tests)
+            self._grades[key] = grade(sandbox, task.tests)
         return self._grades[key]
 
     def _show(self, output: str, reason: str, exit_code: int | None) -> str:
-        output = output.replace(self._sandbox.workspace, "/workspace")
+        output = output.replace(self._open_sandbox.workspace, "/workspace")
         status = f"[exit {exit_code}]" if reason in ("ok", "exit_code") else f"[stopped: {reason}]"
         if len(output) > MAX_OBS_CHARS:
             output = output[: MAX_OBS_CHARS // 2] + "\n...\n" + output[-MAX_OBS_CHARS // 2 :]

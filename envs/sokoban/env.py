@@ -136,10 +136,17 @@ class SokobanEnv(TextEnv):
     def success(self) -> bool:
         return self._room is not None and self._room.is_solved
 
+    @property
+    def _current(self) -> Room:
+        """The room being played: set by every reset, and TextEnv.step refuses a step before one."""
+        assert self._room is not None, "reset() first"
+        return self._room
+
     def episode_metrics(self) -> dict[str, float]:
+        room = self._current
         return {
-            "boxes_on_target": float(self._room.boxes_on_target),
-            "num_boxes": float(len(self._room.boxes)),
+            "boxes_on_target": float(room.boxes_on_target),
+            "num_boxes": float(len(room.boxes)),
             "min_moves": float(self._min_moves),
         }
 
@@ -157,7 +164,7 @@ class SokobanEnv(TextEnv):
         return self._observe(room)
 
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
-        before = self._room
+        before = self._current
         if before.is_solved:  # the episode is over: absorbing, as in FrozenLake
             return self._observe(before), 0.0, True, False
         self._moves += 1

@@ -77,7 +77,7 @@ def _solved_room(rng: np.random.Generator, dim_room: tuple[int, int], floor: lis
     targets = frozenset(floor[i] for i in chosen[:num_boxes])
     open_cells = set(floor)
     walls = frozenset((r, c) for r in range(dim_room[0]) for c in range(dim_room[1]) if (r, c) not in open_cells)
-    return Room(tuple(dim_room), walls, targets, targets, floor[chosen[-1]])
+    return Room((dim_room[0], dim_room[1]), walls, targets, targets, floor[chosen[-1]])
 
 
 def reverse_play(rng: np.random.Generator, solved: Room, search_depth: int) -> Room | None:
@@ -120,7 +120,9 @@ def generate_room(
         if len(floor) < min_floor:
             continue
         room = reverse_play(rng, _solved_room(rng, dim_room, floor, num_boxes), search_depth)
-        plan = None if room is None else solve_room(room, MAX_STATES)
+        if room is None:
+            continue
+        plan = solve_room(room, MAX_STATES)
         if plan:
             return room, plan
     raise RuntimeError(f"no room for dim_room={dim_room}, num_boxes={num_boxes} in {MAX_ATTEMPTS} attempts")

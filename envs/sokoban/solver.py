@@ -36,9 +36,11 @@ def live_cells(room: Room) -> frozenset[Cell]:
 
 def _plan(parents: dict[Key, tuple[Key, str] | None], key: Key) -> list[str]:
     moves = []
-    while parents[key] is not None:
-        key, action = parents[key]
+    link = parents[key]
+    while link is not None:
+        key, action = link
         moves.append(action)
+        link = parents[key]
     return moves[::-1]
 
 

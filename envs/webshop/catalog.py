@@ -243,6 +243,7 @@ def load_catalog(
     Raises `CatalogError` naming the file and the problem."""
     if products_file is None and attributes_file is not None:
         raise CatalogError(f"{attributes_file}: an attributes_file needs a products_file")
+    attributes_path: Path | None
     if products_file is None:
         products_path, attributes_path = DEFAULT_PRODUCTS_FILE, DEFAULT_ATTRIBUTES_FILE
     else:

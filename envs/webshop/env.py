@@ -115,6 +115,7 @@ class WebShopEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """`TextEnv.reset`, plus `info["goal"]` (the goal as plain data)."""
         obs, info = super().reset(seed=seed, options=options)
+        assert self._goal is not None  # every _reset samples or makes one
         info["goal"] = self._goal.as_info()
         return obs, info
 
@@ -125,6 +126,7 @@ class WebShopEnv(TextEnv):
             with contextlib.suppress(ShopConnectionError):
                 self._client.post(f"/s/{self._sid}/end", {})
             self._client = None
+            assert self._release is not None  # set with the client
             self._release()
         super().close()
 
@@ -182,7 +184,9 @@ class WebShopEnv(TextEnv):
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         if self._purchase is not None:
             return self._page.text[:MAX_TEXT_CHARS], 0.0, True, False
-        kind, argument = _ACTION.fullmatch(action).groups()
+        match = _ACTION.fullmatch(action)
+        assert match is not None  # parse_action returns only text of this form
+        kind, argument = match.groups()
         self._num_valid += 1
         if kind == "search":
             self._num_searches += 1

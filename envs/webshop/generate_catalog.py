@@ -258,7 +258,8 @@ def generate(num_products: int = NUM_PRODUCTS, seed: int = SEED) -> tuple[list, 
     """(products, attributes by asin), the same for the same arguments."""
     rng = np.random.default_rng(seed)
     asins: set[str] = set()
-    products, attributes = [], {}
+    products: list[dict[str, Any]] = []
+    attributes: dict[str, dict[str, Any]] = {}
     while len(products) < num_products:
         asin = "B0" + "".join(rng.choice(_ASIN_CHARS, size=8))
         if asin in asins:

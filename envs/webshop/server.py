@@ -123,7 +123,7 @@ class ShopServer:
         except OSError as e:
             raise ServerStartError(f"WebShop server could not start on {HOST}:{port}: {e.strerror or e}") from None
         self.shop = shop
-        self.address = self._httpd.server_address[:2]
+        self.address = (HOST, self._httpd.server_address[1])  # bound to HOST, the port the OS chose
         self.url = f"http://{self.address[0]}:{self.address[1]}"
         # serve_forever checks for shutdown every 0.1 s, so stop() takes at most that long.
         self._thread = threading.Thread(
