@@ -89,12 +89,13 @@ def worker_batch(rows: int, vocab: int) -> TensorDict:
 def worker_main(args: argparse.Namespace) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from roll.algorithms.actor_loss import PolicyLossOptions
     from roll.configs.worker import TrainingArgs
     from roll.distributed.workers.actor import ActorWorker
 
     load_before = os.getloadavg()[0]
     config = Qwen2Config(**dict(QWEN2_HALF_B, num_hidden_layers=args.layers))
-    train_kw = dict(temperature=1.0, ppo_epochs=1, pg_clip=0.2, entropy_loss_coef=0.01, loss_agg_mode="token-mean")
+    loss = PolicyLossOptions(entropy_coef=0.01)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
@@ -113,7 +114,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     given = batch.clone()
                     if mode == "pass":
                         given["old_logprobs"] = actor.compute_logprobs(given, 1.0)
-                    actor.train(given, step=repeat, **train_kw)
+                    actor.train(given, loss, ppo_epochs=1, step=repeat)
                     if repeat:
                         times[mode].append(time.perf_counter() - start)
             results[shape] = {mode: statistics.median(values) for mode, values in times.items()}

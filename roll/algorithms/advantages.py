@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -227,3 +228,35 @@ def compute_advantages(
         bootstrap_values=bootstrap_values,
     )
     return ADV_ESTIMATORS[name](inputs)
+
+
+@dataclass(frozen=True)
+class AdvantageOptions:
+    """How rewards become advantages, for a whole run (the config keys in brackets); built once at
+    the edge (`roll.pipeline.builders.build_advantage_options`) and read by the score phase."""
+
+    estimator: str
+    """The estimator (adv_estimator): `ADV_ESTIMATORS`, or step-wise grpo, gigpo, step_reinforce."""
+    gamma: float = 1.0
+    """Discount per generated token (gamma)."""
+    lambd: float = 1.0
+    """GAE's lambda (lambd)."""
+    norm_by_std: bool = True
+    """GRPO / GiGPO divide by the group's std (norm_adv_by_std_in_grpo); False: Dr. GRPO."""
+    whiten_advantages: bool = False
+    """Whiten the advantages over the batch's generated tokens (whiten_advantages)."""
+    advantage_clip: float | None = None
+    """Clamp the advantages to +-advantage_clip after whitening (advantage_clip); None: not."""
+    whiten_rewards: bool = False
+    """Trajectory-wise: whiten the token rewards before the estimator (whiten_rewards)."""
+    kl_kind: str = "kl"
+    """Estimator of the KL penalty folded into the rewards (kl_penalty)."""
+    step_reward_gamma: float = 1.0
+    """Step-wise: discount per env step (step_reward_gamma)."""
+    episode_weight: float = 1.0
+    """GiGPO: weight of the episode advantage (episode_reward_weight)."""
+    step_weight: float = 1.0
+    """GiGPO: weight of the anchor-state step advantage (step_reward_weight)."""
+    return_norm: Any = None
+    """step_reinforce: the `reward_normalization` of its step returns (group_key, norm_mean_type,
+    norm_std_type, clip_range); None: whitened over the batch."""

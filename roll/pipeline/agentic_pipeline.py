@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import ray
 
 from roll.algorithms.kl import make_kl_controller
-from roll.configs.dialect import old_logprobs_in_train, old_logprobs_pass_needed
+from roll.configs.roll_compat.dialect import old_logprobs_in_train, old_logprobs_pass_needed
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch, RowInfo
 from roll.core.seeding import seed_everything
@@ -31,7 +31,7 @@ from roll.distributed.weight_transfer import CUDA_IPC
 from roll.distributed.workers.old_logprobs import logprob_abs_diff
 from roll.distributed.workers.partial import COUNTS as INTERRUPT_COUNTS
 from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.builders import build_pg_options, build_workers, inference_names
+from roll.pipeline.builders import build_advantage_options, build_loss_options, build_workers, inference_names
 from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
 from roll.pipeline.cpu_shares import call_all, score_in_turns
 from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
@@ -94,8 +94,9 @@ class AgenticPipeline:
         )
         write_placement(cfg.output_dir, placed)  # where everything landed
         stop_on_loss_of(placed)  # on a cluster: losing a node of env workers only does not stop the run
-        gen = cfg.actor_infer.generating_args
-        self.temperature = gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
+        self.loss_options = build_loss_options(cfg)  # the actor's loss, passed whole to each train call
+        self.temperature = self.loss_options.temperature
+        self.advantage_options = build_advantage_options(cfg)  # the score phase's, likewise
         self.step_wise = cfg.sample_mode == SampleMode.STEP
         self.build_batch = build_step_batch if self.step_wise else build_traj_batch
         training_roles = ["actor_train"] + [r for r in ("critic", "reference") if r in self.workers]
@@ -108,7 +109,6 @@ class AgenticPipeline:
         if self.score_in_turns:
             logger.info("score phase: %s pass in turns (their threads outnumber the cores)", ", ".join(training_roles))
         self.kl_ctl = make_kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
-        self.pg_options = build_pg_options(cfg)
         self.sync_path = sync_path(cfg, self.residency.plan)  # CUDA IPC when actor and engine share a GPU
         self.clock = StepClock(self.workers, self.timeout_s)
         self.start_step = self._resume()
@@ -309,32 +309,10 @@ class AgenticPipeline:
         cfg = self.cfg
         reward_metrics = self.shape_rewards(batch, rows)
         if self.step_wise:
-            metrics = score_step_batch(
-                batch,
-                rows,
-                adv_estimator=cfg.adv_estimator,
-                step_reward_gamma=cfg.step_reward_gamma,
-                episode_weight=cfg.episode_reward_weight,
-                step_weight=cfg.step_reward_weight,
-                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
-                whiten_advantages=cfg.whiten_advantages,
-                advantage_clip=cfg.advantage_clip,
-                return_norm=cfg.reward_normalization if cfg.adv_estimator == "step_reinforce" else None,
-            )
+            metrics = score_step_batch(batch, rows, self.advantage_options)
         else:
-            metrics = score_batch(
-                batch,
-                rows,
-                adv_estimator=cfg.adv_estimator,
-                gamma=cfg.gamma,
-                lambd=cfg.lambd,
-                kl_coef=reward_kl_coef(self.kl_ctl.value, cfg.uses_kl_penalty, cfg.add_token_level_kl),
-                kl_kind=cfg.kl_penalty,
-                whiten_advantages=cfg.whiten_advantages,
-                norm_adv_by_std=cfg.norm_adv_by_std_in_grpo,
-                advantage_clip=cfg.advantage_clip,
-                whiten_rewards=cfg.whiten_rewards,
-            )
+            kl_coef = reward_kl_coef(self.kl_ctl.value, cfg.uses_kl_penalty, cfg.add_token_level_kl)
+            metrics = score_batch(batch, rows, self.advantage_options, kl_coef=kl_coef)
         metrics.update(reward_metrics)
         if "critic/kl" in metrics:
             self.kl_ctl.update(metrics["critic/kl"], n_steps=batch.batch_size[0])
@@ -358,7 +336,7 @@ class AgenticPipeline:
         return clip_rewards(batch, rows, cfg.reward_clip, self.step_wise)
 
     def update(self, batch, step: int) -> dict[str, float]:
-        cfg, metrics, tis = self.cfg, {}, self.cfg.off_policy_correction
+        cfg, metrics = self.cfg, {}
         self.residency.enter("train")
         if "critic" in self.workers:
             metrics.update(
@@ -377,23 +355,7 @@ class AgenticPipeline:
             return metrics
         metrics.update(
             ray.get(
-                self.workers["actor"].train.remote(
-                    batch,
-                    temperature=self.temperature,
-                    ppo_epochs=cfg.ppo_epochs,
-                    pg_clip=cfg.pg_clip_low or cfg.pg_clip,
-                    pg_clip_high=cfg.pg_clip_high or cfg.pg_clip,
-                    entropy_loss_coef=cfg.entropy_loss_coef,
-                    loss_agg_mode=cfg.loss_agg_mode,
-                    step=step,
-                    tis_level=tis.level if tis else None,
-                    tis_cap=tis.cap if tis else None,
-                    pg_variant=cfg.actor_train.pg_variant,
-                    pg_options=self.pg_options,
-                    kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None,
-                    kl_loss_type=cfg.kl_loss_type,
-                    correction=cfg.train_infer_correction.loss_options() if cfg.train_infer_correction else None,
-                ),
+                self.workers["actor"].train.remote(batch, self.loss_options, ppo_epochs=cfg.ppo_epochs, step=step),
                 timeout=self.timeout_s,
             )
         )

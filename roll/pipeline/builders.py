@@ -13,6 +13,8 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from roll.algorithms.actor_loss import PolicyLossOptions
+from roll.algorithms.advantages import AdvantageOptions
 from roll.algorithms.pg_variants import PGOptions
 from roll.configs.worker import engine_options
 from roll.distributed.cluster_plan import plan_cluster_devices
@@ -357,7 +359,50 @@ def _strategy(worker_cfg, offloadable: bool = False) -> dict:
     return {"strategy_name": name, "strategy_config": config}
 
 
-def build_pg_options(cfg) -> PGOptions:
+def build_loss_options(cfg) -> PolicyLossOptions:
+    """The actor's loss, once per run: temperature (`scoring_temperature`), pg_variant and its
+    parameters, entropy bonus, aggregation, off-policy weights, KL loss and train/infer correction."""
+    tis, correction = cfg.off_policy_correction, cfg.train_infer_correction
+    return PolicyLossOptions(
+        temperature=scoring_temperature(cfg),
+        variant=cfg.actor_train.pg_variant,
+        pg=_pg_options(cfg),
+        entropy_coef=cfg.entropy_loss_coef,
+        agg_mode=cfg.loss_agg_mode,
+        tis_level=tis.level if tis else None,
+        tis_cap=tis.cap if tis else PolicyLossOptions.tis_cap,
+        kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else None,
+        kl_kind=cfg.kl_loss_type,
+        correction=correction.loss_options() if correction else None,
+    )
+
+
+def build_advantage_options(cfg) -> AdvantageOptions:
+    """How the score phase turns rewards into advantages, once per run; step_reinforce normalises
+    its step returns by `reward_normalization` (the other estimators normalise the scores before)."""
+    return AdvantageOptions(
+        estimator=cfg.adv_estimator,
+        gamma=cfg.gamma,
+        lambd=cfg.lambd,
+        norm_by_std=cfg.norm_adv_by_std_in_grpo,
+        whiten_advantages=cfg.whiten_advantages,
+        advantage_clip=cfg.advantage_clip,
+        whiten_rewards=cfg.whiten_rewards,
+        kl_kind=cfg.kl_penalty,
+        step_reward_gamma=cfg.step_reward_gamma,
+        episode_weight=cfg.episode_reward_weight,
+        step_weight=cfg.step_reward_weight,
+        return_norm=cfg.reward_normalization if cfg.adv_estimator == "step_reinforce" else None,
+    )
+
+
+def scoring_temperature(cfg) -> float:
+    """The temperature log-probs are taken at: the engine's when it samples, else 1."""
+    gen = cfg.actor_infer.generating_args
+    return gen.temperature if gen.do_sample and gen.temperature > 0 else 1.0
+
+
+def _pg_options(cfg) -> PGOptions:
     """The actor's policy-gradient loss parameters: `actor_train`'s pg_variant keys and the PPO
     clip range (`pg_clip_low` / `pg_clip_high`, each `pg_clip` when unset); `dual_clip_loss`'s bound
     is ROLL's 1 + 2 * pg_clip."""

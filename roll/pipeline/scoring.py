@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from roll.algorithms.advantages import compute_advantages
+from roll.algorithms.advantages import AdvantageOptions, compute_advantages
 from roll.algorithms.gigpo import (
     anchor_group_stats,
     broadcast_to_tokens,
@@ -19,24 +19,11 @@ from roll.algorithms.utils import dense_codes, masked_mean, masked_whiten
 from roll.core.fields import Batch, RowInfo
 
 
-def score_batch(
-    batch,
-    rows: RowInfo,
-    *,
-    adv_estimator: str,
-    gamma: float,
-    lambd: float,
-    kl_coef: float | None,
-    whiten_advantages: bool,
-    norm_adv_by_std: bool,
-    kl_kind: str = "kl",
-    advantage_clip: float | None = None,
-    whiten_rewards: bool = False,
-) -> dict[str, float]:
+def score_batch(batch, rows: RowInfo, options: AdvantageOptions, *, kl_coef: float | None) -> dict[str, float]:
     """Fill batch["advantages"] and batch["returns"] (B, T); return scoring metrics.
 
     With a reference model in the batch (`ref_logprobs`), the per-token KL penalty (estimator
-    `kl_kind`, weight `kl_coef`; None: no penalty) is subtracted from the token rewards first
+    `options.kl_kind`, weight `kl_coef`; None: no penalty) is subtracted from the token rewards first
     (PPO-RLHF style), so every estimator sees the same rewards; `whiten_rewards` (ROLL's key) then
     whitens them over the batch's generated tokens, unless there are fewer than two (as ROLL).
     For GRPO the trajectory score is the sum of its (penalised) token rewards. GAE bootstraps a
@@ -48,30 +35,30 @@ def score_batch(
     metrics: dict[str, float] = {}
     if kl_coef is not None and Batch.REF_LOGPROBS in batch.keys():
         token_rewards, kl_metrics = apply_kl_penalty(
-            token_rewards, batch[Batch.OLD_LOGPROBS], batch[Batch.REF_LOGPROBS], mask, kl_coef, kl_kind
+            token_rewards, batch[Batch.OLD_LOGPROBS], batch[Batch.REF_LOGPROBS], mask, kl_coef, options.kl_kind
         )
         metrics.update(kl_metrics)
-    if whiten_rewards and mask.sum() > 1:  # an unbiased variance needs two tokens
+    if options.whiten_rewards and mask.sum() > 1:  # an unbiased variance needs two tokens
         token_rewards = masked_whiten(token_rewards, mask)
     scores = token_rewards.sum(dim=-1)
     bootstrap = None
     if rows.final_values is not None and rows.truncated is not None:
         bootstrap = rows.final_values * rows.truncated.to(rows.final_values.dtype)
     adv, returns = compute_advantages(
-        adv_estimator,
+        options.estimator,
         token_rewards=token_rewards,
         scores=scores,
         group_ids=rows.traj_group_id,
         values=batch[Batch.VALUES] if Batch.VALUES in batch.keys() else None,
         response_mask=mask,
-        gamma=gamma,
-        lambd=lambd,
-        norm_by_std=norm_adv_by_std,
+        gamma=options.gamma,
+        lambd=options.lambd,
+        norm_by_std=options.norm_by_std,
         bootstrap_values=bootstrap,
     )
-    if whiten_advantages:
+    if options.whiten_advantages:
         adv = masked_whiten(adv, mask)
-    adv, metrics = _clip_advantages(adv, mask, advantage_clip, metrics)
+    adv, metrics = _clip_advantages(adv, mask, options.advantage_clip, metrics)
     batch[Batch.ADVANTAGES], batch[Batch.RETURNS] = adv, returns
     return metrics | _advantage_metrics(adv, returns, mask, scores)
 
@@ -107,23 +94,13 @@ def final_values(values: torch.Tensor, critic_attention_mask: torch.Tensor) -> t
     return values[torch.arange(len(values)), appended]
 
 
-def _step_row_advantages(
-    rows: RowInfo,
-    *,
-    adv_estimator: str,
-    step_reward_gamma: float,
-    episode_weight: float,
-    step_weight: float,
-    norm_adv_by_std: bool,
-    whiten_advantages: bool,
-    return_norm,
-) -> torch.Tensor:
-    """One advantage per row of a step-wise batch, by `adv_estimator` (see `score_step_batch`)."""
-    if adv_estimator == "grpo":
+def _step_row_advantages(rows: RowInfo, options: AdvantageOptions) -> torch.Tensor:
+    """One advantage per row of a step-wise batch, by `options.estimator` (see `score_step_batch`)."""
+    if options.estimator == "grpo":
         return compute_step_grpo_advantages(
-            rows.episode_scores, rows.traj_group_id, rows.traj_id, norm_std=norm_adv_by_std
+            rows.episode_scores, rows.traj_group_id, rows.traj_id, norm_std=options.norm_by_std
         )
-    if adv_estimator == "gigpo":
+    if options.estimator == "gigpo":
         return compute_gigpo_advantages(
             rows.episode_scores,
             rows.step_rewards,
@@ -131,67 +108,52 @@ def _step_row_advantages(
             rows.traj_id,
             rows.state_hash,
             rows.step,
-            gamma=step_reward_gamma,
-            episode_weight=episode_weight,
-            step_weight=step_weight,
-            norm_std=norm_adv_by_std,
+            gamma=options.step_reward_gamma,
+            episode_weight=options.episode_weight,
+            step_weight=options.step_weight,
+            norm_std=options.norm_by_std,
         )
-    if adv_estimator == "step_reinforce":
-        per_row = compute_step_reinforce_advantages(
-            rows.step_rewards,
-            rows.traj_id,
-            rows.step,
-            gamma=step_reward_gamma,
-            normalize=not whiten_advantages and return_norm is None,
-        )
-        if return_norm is not None:
-            return normalize_rewards(
-                per_row,
-                rows.group_keys(return_norm.group_key),
-                norm_mean_type=return_norm.norm_mean_type,
-                norm_std_type=return_norm.norm_std_type,
-                clip_range=return_norm.clip_range,
-            )
+    if options.estimator == "step_reinforce":
+        return _step_reinforce_advantages(rows, options)
+    raise ValueError(f"adv_estimator {options.estimator!r} does not apply to step-wise samples")
+
+
+def _step_reinforce_advantages(rows: RowInfo, options: AdvantageOptions) -> torch.Tensor:
+    """Discounted step returns, normalised by `options.return_norm` over each group's rows."""
+    norm = options.return_norm
+    per_row = compute_step_reinforce_advantages(
+        rows.step_rewards,
+        rows.traj_id,
+        rows.step,
+        gamma=options.step_reward_gamma,
+        normalize=not options.whiten_advantages and norm is None,
+    )
+    if norm is None:
         return per_row
-    raise ValueError(f"adv_estimator {adv_estimator!r} does not apply to step-wise samples")
+    return normalize_rewards(
+        per_row,
+        rows.group_keys(norm.group_key),
+        norm_mean_type=norm.norm_mean_type,
+        norm_std_type=norm.norm_std_type,
+        clip_range=norm.clip_range,
+    )
 
 
-def score_step_batch(
-    batch,
-    rows: RowInfo,
-    *,
-    adv_estimator: str,
-    step_reward_gamma: float,
-    episode_weight: float,
-    step_weight: float,
-    norm_adv_by_std: bool,
-    whiten_advantages: bool,
-    advantage_clip: float | None = None,
-    return_norm=None,
-) -> dict[str, float]:
+def score_step_batch(batch, rows: RowInfo, options: AdvantageOptions) -> dict[str, float]:
     """Step-wise samples: one advantage per row (env step), broadcast to its generated tokens.
 
     "grpo" normalises each trajectory's score within its group (over trajectories, not rows);
     "gigpo" adds the anchor-state step advantage; "step_reinforce" uses discounted step returns,
-    normalised as `return_norm` (a `reward_normalization`) says over the rows of each group, as ROLL
+    normalised as `options.return_norm` (a `reward_normalization`) says over the rows of each group, as ROLL
     does (its `agentic_reward_norm` of the step returns); without it, whitened over the batch unless
     `whiten_advantages` whitens the tokens instead.
     """
     mask = batch[Batch.RESPONSE_MASK]
-    per_row = _step_row_advantages(
-        rows,
-        adv_estimator=adv_estimator,
-        step_reward_gamma=step_reward_gamma,
-        episode_weight=episode_weight,
-        step_weight=step_weight,
-        norm_adv_by_std=norm_adv_by_std,
-        whiten_advantages=whiten_advantages,
-        return_norm=return_norm,
-    )
+    per_row = _step_row_advantages(rows, options)
     adv = broadcast_to_tokens(per_row, mask)
-    if whiten_advantages:
+    if options.whiten_advantages:
         adv = masked_whiten(adv, mask)
-    adv, metrics = _clip_advantages(adv, mask, advantage_clip, {})
+    adv, metrics = _clip_advantages(adv, mask, options.advantage_clip, {})
     batch[Batch.ADVANTAGES], batch[Batch.RETURNS] = adv, adv
     anchors = anchor_group_stats(rows.traj_group_id, rows.state_hash)
     return (

@@ -24,6 +24,7 @@ from roll.agentic.env_manager.vl_prompts import TooManyImages, frame_hash, user_
 from roll.agentic.env_manager.vl_step_env_manager import VLStepEnvManager
 from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
 from roll.agentic.episode import EnvSpec, EpisodeSpec
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.algorithms.gigpo import anchor_group_stats, compute_gigpo_advantages
 from roll.core.enums import SampleMode
 from roll.core.fields import Batch
@@ -399,8 +400,7 @@ def test_the_actor_worker_scores_and_trains_each_row_with_its_images(vl_dir, ste
     batch[Batch.OLD_LOGPROBS] = actor.compute_logprobs(batch, 1.0)
     assert torch.allclose(batch[Batch.OLD_LOGPROBS][mask], batch[Batch.INFER_LOGPROBS][mask], atol=1e-4)
     batch[Batch.ADVANTAGES] = torch.where(mask, torch.linspace(-1, 1, rows)[:, None], 0.0)
-    kw = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.0, "loss_agg_mode": "token-mean"}
-    metrics = actor.train(batch, ppo_epochs=1, step=0, **kw)
+    metrics = actor.train(batch, PolicyLossOptions(), ppo_epochs=1, step=0)
     assert metrics["losses/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["losses/clipfrac"] == 0.0 and metrics["actor/unique_row_ratio"] == shared.ratio
     assert metrics["actor/grad_norm"] > 0

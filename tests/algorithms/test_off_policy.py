@@ -9,9 +9,9 @@ import torch
 from tensordict import TensorDict
 from torch.testing import assert_close
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.algorithms.losses import ppo_policy_loss
 from roll.algorithms.off_policy import tis_metrics, truncated_importance_weights
-from roll.algorithms.pg_variants import PGOptions
 from roll.distributed.workers.actor import _policy_loss
 from tests.conftest import tiny_llama
 
@@ -105,16 +105,9 @@ def test_actor_loss_applies_the_weights():
         },
         batch_size=[2],
     )
-    kwargs = {
-        "temperature": 1.0,
-        "pg_variant": "ppo",
-        "pg_options": PGOptions(),
-        "entropy_loss_coef": 0.0,
-        "loss_agg_mode": "token-mean",
-        "dedupe": False,
-    }
-    plain, plain_metrics = _policy_loss(model, micro, tis_level=None, tis_cap=None, **kwargs)
-    weighted, metrics = _policy_loss(model, micro, tis_level="token", tis_cap=4.0, **kwargs)
+    plain, plain_metrics = _policy_loss(model, micro, options=PolicyLossOptions(), dedupe=False)
+    tis = PolicyLossOptions(tis_level="token", tis_cap=4.0)
+    weighted, metrics = _policy_loss(model, micro, options=tis, dedupe=False)
     assert weighted.item() == pytest.approx(2 * plain.item(), rel=1e-6)
     assert metrics["actor/tis_weight_mean"] == pytest.approx(2.0) and metrics["actor/tis_clipped_frac"] == 0.0
     assert "actor/tis_weight_mean" not in plain_metrics

@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.configs.worker import TrainingArgs
 from roll.distributed.workers.actor import ActorWorker
 
@@ -73,11 +74,8 @@ def train_two_steps(
     metrics = [
         actor.train(
             ppo_batch(actor),
-            temperature=1.0,
+            PolicyLossOptions(entropy_coef=0.01),
             ppo_epochs=2,
-            pg_clip=0.2,
-            entropy_loss_coef=0.01,
-            loss_agg_mode="token-mean",
             step=step,
         )
         for step in range(2)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.algorithms.losses import ppo_policy_loss, value_loss
 from roll.configs.worker import TrainingArgs
 from roll.core.seeding import derive_seed
@@ -271,7 +272,7 @@ def repeated_batch(labels: list[int], width: int = 8) -> TensorDict:
     )
 
 
-TRAIN_KW = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.01, "loss_agg_mode": "token-mean"}
+LOSS = PolicyLossOptions(entropy_coef=0.01)
 ARGS = TrainingArgs(learning_rate=1e-2, per_device_train_batch_size=2, gradient_accumulation_steps=3)
 
 
@@ -297,7 +298,7 @@ def test_actor_train_with_dedupe_updates_weights_as_without(model_dir):
         batch["old_logprobs"] = worker.compute_logprobs(batch, 1.0)
         batch["advantages"] = torch.linspace(-1, 1, 12)[:, None] * batch["response_mask"]
         seen, grads = rows_seen_by(worker.strategy.model), capture_grads(worker.strategy)
-        metrics = worker.train(batch, ppo_epochs=2, step=0, **TRAIN_KW)
+        metrics = worker.train(batch, LOSS, ppo_epochs=2, step=0)
         results[dedupe] = (metrics, grads, worker.get_weights(), sum(seen))
 
     (metrics, grads, weights, rows), (full_metrics, full_grads, full_weights, full_rows) = results.values()
@@ -323,7 +324,7 @@ def test_unique_row_ratio_metrics_are_exact(model_dir):
     batch["advantages"] = torch.ones(12, 8) * batch["response_mask"]
     actor = ActorWorker(model_dir, ARGS, total_train_steps=2, seed=7, num_threads=1)
     batch["old_logprobs"] = actor.compute_logprobs(batch, 1.0)
-    metrics = actor.train(batch, ppo_epochs=2, step=0, **TRAIN_KW)
+    metrics = actor.train(batch, LOSS, ppo_epochs=2, step=0)
     counts = minibatch_distinct_counts(labels, 6, 2, 7, "minibatch", 0)
     expected = sum(distinct / rows for distinct, rows in counts) / len(counts)
     assert metrics["actor/unique_row_ratio"] == pytest.approx(expected, rel=1e-12)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.distributed.workers.actor import ActorWorker
 from roll.models.lora import merge_lora_state, unmatched_target
 from tests.distributed.ppo_cases import ARGS, ppo_batch
@@ -23,11 +24,8 @@ def _actor(model_dir: str, lora: dict | None = LORA, name: str = "torch") -> Act
 def _step(actor: ActorWorker, step: int = 0) -> dict:
     return actor.train(
         ppo_batch(actor),
-        temperature=1.0,
+        PolicyLossOptions(entropy_coef=0.01),
         ppo_epochs=1,
-        pg_clip=0.2,
-        entropy_loss_coef=0.01,
-        loss_agg_mode="token-mean",
         step=step,
     )
 

@@ -5,6 +5,7 @@ engine that cannot take them refuses. Two ranks: test_rank_group.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,13 +13,14 @@ import torch
 from ppo_cases import assert_same_training, make_actor, ppo_batch
 from tensordict import TensorDict
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.algorithms.utils import masked_mean
 from roll.distributed.dynamic_batching import TokenBudget
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import minibatch_rows
 from roll.distributed.workers.old_logprobs import ROW_INDEX, OldLogprobs
 
-TRAIN_KW = dict(temperature=1.0, pg_clip=0.2, entropy_loss_coef=0.01, loss_agg_mode="token-mean")
+LOSS = PolicyLossOptions(entropy_coef=0.01)
 
 
 def three_steps(model_dir, old: bool, taken: list | None = None, engine: tuple = ("torch",)) -> tuple[list[dict], dict]:
@@ -30,7 +32,7 @@ def three_steps(model_dir, old: bool, taken: list | None = None, engine: tuple =
         batch = ppo_batch(actor, n, old=old)
         if taken is not None:
             taken.append((actor.compute_logprobs(batch, 1.0), batch))
-        metrics.append(actor.train(batch, ppo_epochs=2, step=step, **TRAIN_KW))
+        metrics.append(actor.train(batch, LOSS, ppo_epochs=2, step=step))
     return metrics, actor.get_weights()
 
 
@@ -78,7 +80,7 @@ def test_an_engine_that_cannot_take_them_refuses_a_batch_without_them(model_dir)
     worker = make_actor(model_dir)
     worker.strategy.takes_old_logprobs = False  # as megatron's
     with pytest.raises(ValueError, match="needs the batch's old_logprobs"):
-        worker.train(ppo_batch(worker, 4, old=False), ppo_epochs=1, step=0, **TRAIN_KW)
+        worker.train(ppo_batch(worker, 4, old=False), LOSS, ppo_epochs=1, step=0)
 
 
 def _count_passes(worker: ActorWorker, monkeypatch) -> list[int]:
@@ -98,7 +100,7 @@ def test_a_step_of_one_minibatch_runs_no_pass_and_sees_ratio_one(model_dir, monk
     batch = ppo_batch(worker, 4, old=False)  # ARGS: mini-batches of 4 rows
     passes = _count_passes(worker, monkeypatch)
 
-    metrics = worker.train(batch, ppo_epochs=1, step=0, **TRAIN_KW | {"entropy_loss_coef": 0.0})
+    metrics = worker.train(batch, replace(LOSS, entropy_coef=0.0), ppo_epochs=1, step=0)
 
     assert passes == []
     mask = batch["response_mask"]  # ratio exactly 1: the loss is -token-mean(A), nothing clipped
@@ -111,7 +113,7 @@ def test_more_minibatches_score_only_the_rows_outside_the_first(model_dir, monke
     batch = ppo_batch(worker, 11, old=False)  # mini-batches of 4, 4 and 3 rows
     passes = _count_passes(worker, monkeypatch)
 
-    worker.train(batch, ppo_epochs=3, step=0, **TRAIN_KW)
+    worker.train(batch, LOSS, ppo_epochs=3, step=0)
 
     assert passes == [7]  # once per call, before the first optimizer step
     assert "old_logprobs" not in batch.keys()  # the caller's batch is left as it was
@@ -125,11 +127,11 @@ def test_copies_of_rows_share_the_first_steps_forward(model_dir):
     batch = torch.cat([half, half])  # rows 4..7 repeat rows 0..3
     first = set(next(minibatch_rows(8, 4, 7, "minibatch", 0, 0)).tolist())
     assert any((row in first) != (row + 4 in first) for row in range(4))  # a copy on each side
-    given = worker.train(batch.clone(), ppo_epochs=2, step=0, **TRAIN_KW)
+    given = worker.train(batch.clone(), LOSS, ppo_epochs=2, step=0)
     taking = make_actor(model_dir)
     without = batch.exclude("old_logprobs")
     without["infer_logprobs"] = batch["old_logprobs"]
-    taken = taking.train(without, ppo_epochs=2, step=0, **TRAIN_KW)
+    taken = taking.train(without, LOSS, ppo_epochs=2, step=0)
     for key in ("losses/policy_loss", "losses/approx_kl", "actor/grad_norm"):
         assert taken[key] == pytest.approx(given[key], rel=1e-4, abs=1e-7), key
     assert taken["rollout/logprob_abs_diff"] == pytest.approx(0.0, abs=1e-6)

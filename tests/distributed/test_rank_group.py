@@ -13,6 +13,7 @@ import torch
 from ppo_cases import ARGS, WEIGHT_TOL, assert_same_training, ppo_batch
 from safetensors.torch import load_file
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.configs.worker import TrainingArgs
 from roll.distributed.placement import plan_devices
 from roll.distributed.rank_group import RankGroup
@@ -79,11 +80,8 @@ def _three_steps(actor, sizes=(8, 8, 7), old: bool = True, first_step: int = 0) 
     metrics = [
         actor.train(
             ppo_batch(actor, n, old=old),
-            temperature=1.0,
+            PolicyLossOptions(entropy_coef=0.01),
             ppo_epochs=2,
-            pg_clip=0.2,
-            entropy_loss_coef=0.01,
-            loss_agg_mode="token-mean",
             step=step,
         )
         for step, n in enumerate(sizes, start=first_step)

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.configs.worker import TrainingArgs
 from roll.distributed.micro_batches import shifted_values, token_logprobs
 from roll.distributed.ranks import rank_share
@@ -65,8 +66,7 @@ def packed_run(model_dir, name: str, config: dict | None, features: dict):
         features=features,
     )  # fmt: skip
     metrics = [
-        actor.train(ppo_batch(actor), temperature=1.0, ppo_epochs=2, pg_clip=0.2, entropy_loss_coef=0.01,
-                    loss_agg_mode="token-mean", step=step)
+        actor.train(ppo_batch(actor), PolicyLossOptions(entropy_coef=0.01), ppo_epochs=2, step=step)
         for step in range(2)
     ]  # fmt: skip
     return metrics, actor.get_weights()

@@ -5,6 +5,7 @@ correction, and the metrics say so."""
 import pytest
 import torch
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.distributed.workers.actor import ActorWorker
 from tests.distributed.test_dedupe import (
     ARGS,
@@ -21,7 +22,10 @@ RULE = {
     "diff_low": -0.2,
     "diff_high": 0.2,
 }
-KW = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.0, "loss_agg_mode": "token-mean", "ppo_epochs": 1}
+
+
+def loss(correction) -> PolicyLossOptions:
+    return PolicyLossOptions(correction=correction)
 
 
 def train(model_dir, infer_shift: float | None, correction) -> tuple[dict, dict, dict]:  # noqa: F811 - the fixture
@@ -31,7 +35,7 @@ def train(model_dir, infer_shift: float | None, correction) -> tuple[dict, dict,
     batch["old_logprobs"] = worker.compute_logprobs(batch, 1.0)
     batch["infer_logprobs"] = batch["old_logprobs"] + (infer_shift or 0.0)
     batch["advantages"] = torch.linspace(-1, 1, 6)[:, None] * batch["response_mask"]
-    metrics = worker.train(batch, step=0, correction=correction, **KW)
+    metrics = worker.train(batch, loss(correction), ppo_epochs=1, step=0)
     return metrics, before, worker.get_weights()
 
 
@@ -63,10 +67,10 @@ def test_segments_split_by_the_tokens_policy_versions_inside_the_update(model_di
     batch["advantages"] = torch.linspace(-1, 1, 6)[:, None] * mask
     batch["policy_version"] = torch.where(mask.bool(), (1 - first).long(), torch.full_like(mask, -1).long())
     segment = dict(RULE, agg_type="segment")
-    metrics = worker.train(batch.clone(), step=0, correction={"is_weight": None, "filters": [segment]}, **KW)
+    metrics = worker.train(batch.clone(), loss({"is_weight": None, "filters": [segment]}), ppo_epochs=1, step=0)
     assert metrics["actor/train_infer_final_mask_mean"] == pytest.approx(12 / 18)  # 18 tokens, 6 of version 0
     del batch["policy_version"]
     whole = ActorWorker(model_dir, ARGS, total_train_steps=2, seed=7, num_threads=1).train(
-        batch, step=0, correction={"is_weight": None, "filters": [segment]}, **KW
+        batch, loss({"is_weight": None, "filters": [segment]}), ppo_epochs=1, step=0
     )
     assert whole["actor/train_infer_final_mask_mean"] != metrics["actor/train_infer_final_mask_mean"]

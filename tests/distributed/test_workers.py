@@ -14,6 +14,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.algorithms.utils import masked_mean
 from roll.configs.worker import TrainingArgs
 from roll.core.seeding import derive_seed
@@ -67,7 +68,7 @@ def actor(model_dir, **kwargs) -> ActorWorker:
     return ActorWorker(model_dir, kwargs.pop("args", ARGS), total_train_steps=4, seed=7, num_threads=1, **kwargs)
 
 
-TRAIN_KW = dict(temperature=1.0, pg_clip=0.2, entropy_loss_coef=0.0, loss_agg_mode="token-mean")
+LOSS = PolicyLossOptions()
 
 
 # ---- actor ----------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def test_first_update_metrics_are_the_hand_derived_ppo_values(model_dir):
     batch = ppo_batch(worker, [1.0, -0.5, 2.0, 0.0])
     _, entropy = worker.strategy.forward_logprobs(batch, 1.0, with_entropy=True)
 
-    metrics = worker.train(batch, ppo_epochs=1, step=0, **TRAIN_KW)
+    metrics = worker.train(batch, LOSS, ppo_epochs=1, step=0)
 
     # One mini-batch of 4 rows, new policy == old policy: ratio 1, loss = -token-mean(A).
     mask = batch["response_mask"]
@@ -91,7 +92,7 @@ def test_first_update_metrics_are_the_hand_derived_ppo_values(model_dir):
 def test_train_raises_logprobs_of_positive_advantage_tokens(model_dir):
     worker = actor(model_dir)
     batch = ppo_batch(worker, [1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
-    worker.train(batch, ppo_epochs=2, step=0, **TRAIN_KW)
+    worker.train(batch, LOSS, ppo_epochs=2, step=0)
 
     change = (worker.compute_logprobs(batch, 1.0) - batch["old_logprobs"]) * batch["response_mask"]
     per_row = change.sum(dim=-1)
@@ -105,7 +106,7 @@ def test_nan_advantages_skip_every_optimizer_step_and_are_counted(model_dir):
     batch = ppo_batch(worker, [float("nan")] * 8)
     before = worker.get_weights()
 
-    metrics = worker.train(batch, ppo_epochs=2, step=0, **TRAIN_KW)
+    metrics = worker.train(batch, LOSS, ppo_epochs=2, step=0)
 
     assert metrics["actor/skipped_steps"] == 4.0  # 2 epochs x 2 mini-batches of 4 rows, summed
     for key, value in worker.get_weights().items():
@@ -131,13 +132,13 @@ def test_resumed_actor_reproduces_the_next_step(model_dir, tmp_path):
     original = actor(model_dir, args=args)
     batch = ppo_batch(original, [1.0, -1.0, 0.5, 2.0, -0.3, 1.5])
     for step in range(2):
-        original.train(batch, ppo_epochs=2, step=step, **TRAIN_KW)
+        original.train(batch, LOSS, ppo_epochs=2, step=step)
     original.save_checkpoint(str(tmp_path / "ckpt"))
-    expected = [original.train(batch, ppo_epochs=2, step=step, **TRAIN_KW) for step in (2, 3)]
+    expected = [original.train(batch, LOSS, ppo_epochs=2, step=step) for step in (2, 3)]
 
     resumed = actor(model_dir, args=args)
     resumed.load_checkpoint(str(tmp_path / "ckpt"))
-    assert [resumed.train(batch, ppo_epochs=2, step=step, **TRAIN_KW) for step in (2, 3)] == expected
+    assert [resumed.train(batch, LOSS, ppo_epochs=2, step=step) for step in (2, 3)] == expected
     # linear over 4 steps with warmup 1: lr * (4 - step) / 3
     assert [m["actor/lr"] for m in expected] == pytest.approx([1e-2 * 2 / 3, 1e-2 * 1 / 3])
     resumed_weights = resumed.get_weights()
@@ -147,7 +148,7 @@ def test_resumed_actor_reproduces_the_next_step(model_dir, tmp_path):
 
 def test_checkpoint_is_a_loadable_hf_model_dir_with_tokenizer(model_dir, tmp_path):
     worker = actor(model_dir)
-    worker.train(ppo_batch(worker, [1.0, -1.0, 0.5, 2.0]), ppo_epochs=1, step=0, **TRAIN_KW)
+    worker.train(ppo_batch(worker, [1.0, -1.0, 0.5, 2.0]), LOSS, ppo_epochs=1, step=0)
     worker.save_checkpoint(str(tmp_path / "ckpt"))
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")

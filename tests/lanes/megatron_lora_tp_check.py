@@ -22,6 +22,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.*
+from roll.algorithms.actor_loss import PolicyLossOptions  # noqa: E402
 from roll.distributed.strategies.process_group import ensure_process_group, free_port  # noqa: E402
 from roll.distributed.workers.actor import ActorWorker  # noqa: E402
 from tests.distributed.ppo_cases import ARGS, assert_same_training, ppo_batch  # noqa: E402
@@ -46,11 +47,8 @@ def _actor(model_dir: str, config: dict) -> ActorWorker:
 def _step(actor: ActorWorker, step: int) -> dict:
     return actor.train(
         ppo_batch(actor),
-        temperature=1.0,
+        PolicyLossOptions(entropy_coef=0.01),
         ppo_epochs=2,
-        pg_clip=0.2,
-        entropy_loss_coef=0.01,
-        loss_agg_mode="token-mean",
         step=step,
     )
 

@@ -18,6 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.*
+from roll.algorithms.actor_loss import PolicyLossOptions  # noqa: E402
 from roll.configs.worker import TrainingArgs  # noqa: E402
 from roll.distributed.strategies.process_group import ensure_process_group, free_port  # noqa: E402
 from roll.distributed.workers.actor import ActorWorker  # noqa: E402
@@ -39,11 +40,8 @@ def two_steps(model_dir: str, args: TrainingArgs, name: str, config: dict):
     metrics = [
         actor.train(
             ppo_batch(actor),
-            temperature=1.0,
+            PolicyLossOptions(entropy_coef=0.01),
             ppo_epochs=2,
-            pg_clip=0.2,
-            entropy_loss_coef=0.01,
-            loss_agg_mode="token-mean",
             step=step,
         )
         for step in range(2)

@@ -14,13 +14,13 @@ from tensordict import TensorDict
 
 from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
-from roll.configs.dialect import old_logprobs_in_train
+from roll.configs.roll_compat.dialect import old_logprobs_in_train
 from roll.core.fields import RowInfo
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.reference import ReferenceWorker
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
-from roll.pipeline.builders import build_pg_options
+from roll.pipeline.builders import build_advantage_options, build_loss_options
 from tests.conftest import save_tiny_llama
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -62,7 +62,8 @@ def pipeline(model_dir: str, monkeypatch, step_wise: bool, *overrides: str) -> A
     p.score_in_turns = True  # one CPU machine: the actor's and the reference's passes in turns
     p.old_logprobs_in_train = old_logprobs_in_train(p.cfg)  # by default the actor takes them when training
     p.kl_ctl = make_kl_controller(p.cfg.init_kl_coef, p.cfg.target_kl, p.cfg.kl_horizon)
-    p.pg_options = build_pg_options(p.cfg)
+    p.loss_options = build_loss_options(p.cfg)
+    p.advantage_options = build_advantage_options(p.cfg)
     return p
 
 
@@ -185,7 +186,7 @@ def test_old_logprobs_from_the_score_phase_or_the_training_call_train_alike(mode
 
 def test_dual_clip_loss_reaches_the_actor_loss(model_dir, monkeypatch):
     p = pipeline(model_dir, monkeypatch, False, "+dual_clip_loss=true", "pg_clip=0.3")
-    assert p.pg_options.dual_clip == pytest.approx(1.6)  # ROLL's bound 1 + 2 * pg_clip
+    assert p.loss_options.pg.dual_clip == pytest.approx(1.6)  # ROLL's bound 1 + 2 * pg_clip
     batch, meta = batch_and_meta(step_wise=False)
     p.score(batch, meta)
     assert "actor/dual_clipfrac" in p.update(batch, step=1)

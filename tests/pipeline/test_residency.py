@@ -13,13 +13,13 @@ from tensordict import TensorDict
 
 from roll.algorithms.kl import make_kl_controller
 from roll.configs import load_config
-from roll.configs.dialect import old_logprobs_in_train
+from roll.configs.roll_compat.dialect import old_logprobs_in_train
 from roll.distributed.placement import plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.weight_transfer import CPU_COPY, CUDA_IPC
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
-from roll.pipeline.builders import build_pg_options
+from roll.pipeline.builders import build_advantage_options, build_loss_options
 from roll.pipeline.residency import PHASE_ROLES, PhaseResidency, fits_together
 
 STRATEGIES = {"actor_train": "torch", "critic": "torch", "reference": "torch", "actor_infer": "hf"}
@@ -206,7 +206,8 @@ def pipeline(tmp_path, monkeypatch) -> tuple[AgenticPipeline, list[str]]:
     p.train_rollout.ledger = lambda: []  # what a checkpoint keeps of the rollout (nothing in flight)
     p.tracer, p.tokenizer, p.step_wise, p.temperature = None, None, False, 1.0
     p.kl_ctl = make_kl_controller(0.0, None, 100)
-    p.pg_options = build_pg_options(p.cfg)
+    p.loss_options = build_loss_options(p.cfg)
+    p.advantage_options = build_advantage_options(p.cfg)
     p.sync_path = CPU_COPY
     p.score_in_turns = False  # roles on a GPU
     p.old_logprobs_in_train = old_logprobs_in_train(p.cfg)  # the default: the actor takes them when training

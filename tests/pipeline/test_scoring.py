@@ -4,6 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from roll.algorithms.advantages import AdvantageOptions
 from roll.configs.pipeline import RewardNormalization
 from roll.core.fields import RowInfo
 from roll.pipeline.scoring import (
@@ -141,17 +142,7 @@ def test_advantage_clip_after_the_estimator():
     # -0.5. advantage_clip 1: 3 -> 1 on both of row 0's tokens: 2 of 4 generated tokens.
     batch = _traj_batch([[0.0, 3.0], [0.0, -0.5]], [[1, 1], [1, 1]])
     meta = RowInfo(traj_group_id=["a", "b"], traj_id=["1", "2"], tag=["x"] * 2)
-    metrics = score_batch(
-        batch,
-        meta,
-        adv_estimator="reinforce",
-        gamma=1.0,
-        lambd=1.0,
-        kl_coef=None,
-        whiten_advantages=False,
-        norm_adv_by_std=True,
-        advantage_clip=1.0,
-    )
+    metrics = score_batch(batch, meta, AdvantageOptions("reinforce", advantage_clip=1.0), kl_coef=None)
     assert batch["advantages"].tolist() == [[1.0, 1.0], [-0.5, -0.5]]
     assert batch["returns"].tolist() == [[3.0, 3.0], [-0.5, -0.5]]
     assert metrics["critic/advantage_clip_frac"] == pytest.approx(0.5)
@@ -172,24 +163,14 @@ def test_step_reinforce_normalises_its_step_returns_as_roll():
     )
     mask = torch.tensor([[0, 1, 1], [0, 0, 1], [1, 1, 0], [0, 1, 0]])
     batch = TensorDict({"response_mask": mask}, batch_size=[4])
-    score_step_batch(
-        batch,
-        rows,
-        adv_estimator="step_reinforce",
-        step_reward_gamma=1.0,
-        episode_weight=1.0,
-        step_weight=1.0,
-        norm_adv_by_std=True,
-        whiten_advantages=False,
-        return_norm=RewardNormalization(grouping="traj_group_id", norm_mean_type="group", norm_std_type=None),
-    )
+    norm = RewardNormalization(grouping="traj_group_id", norm_mean_type="group", norm_std_type=None)
+    score_step_batch(batch, rows, AdvantageOptions("step_reinforce", return_norm=norm))
     assert batch["advantages"].tolist() == [[0, 1.0, 1.0], [0, 0, 0.0], [-1.0, -1.0, 0], [0, 0.0, 0]]
 
 
-def _reinforce(batch, **kwargs):
+def _reinforce(batch, kl_coef: float | None = None, **options):
     meta = RowInfo(traj_group_id=["a", "b"], traj_id=["1", "2"], tag=["x", "x"])
-    options = dict(adv_estimator="reinforce", gamma=1.0, lambd=1.0, whiten_advantages=False, norm_adv_by_std=True)
-    return score_batch(batch, meta, **{"kl_coef": None, **options, **kwargs})
+    return score_batch(batch, meta, AdvantageOptions("reinforce", **options), kl_coef=kl_coef)
 
 
 def test_whiten_rewards_whitens_token_rewards_before_the_estimator():

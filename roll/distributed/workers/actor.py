@@ -1,18 +1,16 @@
 """Actor role: the policy being trained with a policy-gradient loss (+ entropy bonus).
 
-The loss is `pg_variant`'s (`roll.algorithms.pg_variants`); the default is PPO-clip (Schulman et
-al. 2017) with optional asymmetric clipping (`pg_clip_high`, DAPO's clip-higher) over per-token
-ratios; the entropy bonus is aggregated with the same `loss_agg_mode` as the policy loss. With
-`use_kl_loss`, kl_loss_coef * KL(pi || reference) is added (`roll.algorithms.kl.kl_loss`).
-Optional off-policy correction: truncated importance weights of the trainer's old log-probs over
-the engine's (`roll.algorithms.off_policy`) scale each token's policy-gradient term. No value
-loss here: the critic is its own role.
+The loss is `roll.algorithms.actor_loss.actor_loss`: `pg_variant`'s (`roll.algorithms.pg_variants`;
+the default is PPO-clip, Schulman et al. 2017, with optional asymmetric clipping, DAPO's
+clip-higher) over per-token ratios, the entropy bonus aggregated with the same `loss_agg_mode`,
+with `use_kl_loss` kl_loss_coef * KL(pi || reference), and optional off-policy weights of the
+trainer's old log-probs over the engine's. `train` takes its `PolicyLossOptions` whole, built once
+per run, and hands them to the loss unchanged. No value loss here: the critic is its own role.
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -21,16 +19,7 @@ from tensordict import TensorDict
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from roll.algorithms.kl import KLKind, kl_loss
-from roll.algorithms.losses import AggMode, agg_loss
-from roll.algorithms.off_policy import (
-    TISLevel,
-    tis_metrics,
-    truncated_importance_weights,
-)
-from roll.algorithms.pg_variants import PGOptions, policy_gradient_loss
-from roll.algorithms.train_infer import train_infer_correction
-from roll.algorithms.utils import masked_mean
+from roll.algorithms.actor_loss import PolicyLossOptions, actor_loss
 from roll.configs.worker import TrainingArgs
 from roll.core.fields import Batch
 from roll.distributed.micro_batches import token_logprobs
@@ -108,73 +97,26 @@ class ActorWorker(Clocked):
         return logprobs
 
     @timed("compute")
-    def train(
-        self,
-        batch: TensorDict,
-        *,
-        temperature: float,
-        ppo_epochs: int,
-        pg_clip: float,
-        pg_clip_high: float | None = None,
-        entropy_loss_coef: float,
-        loss_agg_mode: AggMode,
-        step: int,
-        tis_level: TISLevel | None = None,
-        tis_cap: float | None = None,
-        pg_variant: str = "ppo",
-        pg_options: PGOptions | None = None,
-        kl_loss_coef: float | None = None,
-        kl_loss_type: KLKind = "low_var_kl",
-        correction: dict | None = None,
-    ) -> dict[str, float]:
+    def train(self, batch: TensorDict, loss: PolicyLossOptions, *, ppo_epochs: int, step: int) -> dict[str, float]:
         """`ppo_epochs` shuffled passes of mini-batches over `batch`; metrics averaged over steps.
 
-        `batch` needs input_ids, attention_mask, response_mask, advantages (B, T), old_logprobs
-        or else infer_logprobs (the old log-probs are then taken in this call,
-        `roll.distributed.workers.old_logprobs`, and `rollout/logprob_abs_diff` is among the
-        metrics), and infer_logprobs when `tis_level` ("token" / "sequence") turns the off-policy
-        correction on (weights truncated at `tis_cap`), and episode_scores (B,) for pg_variant
-        "topr". `pg_options` holds the variant's parameters; its clip range is `pg_clip` /
-        `pg_clip_high` (None: PGOptions' defaults for the rest). With `kl_loss_coef` set (the KL
-        loss is on) the batch needs ref_logprobs, and kl_loss_coef * KL(`kl_loss_type`) is added.
-        `correction` (`TrainInferCorrection.loss_options()`) weights and filters each token by the
-        trainer/engine log-prob gap (`roll.algorithms.train_infer`); it needs infer_logprobs.
-        Mini-batches hold per_device_train_batch_size * gradient_accumulation_steps * ranks rows, in
-        an order drawn from derive_seed(seed, "minibatch", step, epoch); with several data-parallel
-        ranks every rank gets the whole `batch` and trains on its share of each mini-batch. "actor/unique_row_ratio" is
-        the mean over mini-batches of their distinct rows / rows.
+        `batch` needs input_ids, attention_mask, response_mask, advantages (B, T) and the fields of
+        `loss.batch_fields` (`roll.algorithms.actor_loss`): old_logprobs, or else infer_logprobs
+        (the old log-probs are then taken in this call, `roll.distributed.workers.old_logprobs`,
+        and `rollout/logprob_abs_diff` is among the metrics). Mini-batches hold
+        per_device_train_batch_size * gradient_accumulation_steps * ranks rows, in an order drawn
+        from derive_seed(seed, "minibatch", step, epoch); with several data-parallel ranks every
+        rank gets the whole `batch` and trains on its share of each mini-batch.
+        "actor/unique_row_ratio" is the mean over mini-batches of their distinct rows / rows.
         """
         take_old = Batch.OLD_LOGPROBS not in batch.keys()  # then taken here (workers.old_logprobs)
         if take_old and not self.strategy.takes_old_logprobs:
             raise ValueError(f"{type(self.strategy).__name__} needs the batch's old_logprobs (compute_logprobs)")
-        extra = (
-            ((Batch.INFER_LOGPROBS,) if tis_level or correction or take_old else ())
-            + ((Batch.OLD_LOGPROBS,) if not take_old else ())
-            + (("episode_scores",) if pg_variant == "topr" else ())
-            + ((Batch.REF_LOGPROBS,) if kl_loss_coef is not None else ())
-            # the version of each token: train_infer_correction's segments end where it changes
-            + ((Batch.POLICY_VERSION,) if correction and Batch.POLICY_VERSION in batch.keys() else ())
-        )
+        extra = loss.batch_fields(take_old, has_versions=Batch.POLICY_VERSION in batch.keys())
         batch = model_inputs(batch, *TRAIN_KEYS, *extra)
-        options = replace(
-            pg_options or PGOptions(), clip_low=pg_clip, clip_high=pg_clip if pg_clip_high is None else pg_clip_high
-        )
-        loss_fn = partial(
-            _policy_loss,
-            temperature=temperature,
-            pg_variant=pg_variant,
-            pg_options=options,
-            kl_loss_coef=kl_loss_coef,
-            kl_loss_type=kl_loss_type,
-            entropy_loss_coef=entropy_loss_coef,
-            loss_agg_mode=loss_agg_mode,
-            dedupe=self.strategy.dedupe_rows,
-            tis_level=tis_level,
-            tis_cap=tis_cap,
-            correction=correction,
-        )
-        weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
-        per_step, old_metrics = self._optimizer_steps(batch, loss_fn, weight_by, temperature, ppo_epochs, step)
+        loss_fn = partial(_policy_loss, options=loss, dedupe=self.strategy.dedupe_rows)
+        weight_by: WeightBy = "tokens" if loss.agg_mode == "token-mean" else "rows"
+        per_step, old_metrics = self._optimizer_steps(batch, loss_fn, weight_by, loss.temperature, ppo_epochs, step)
         self.strategy.step_lr_scheduler()
         summed, last = ("actor/skipped_steps",), ("actor/consecutive_skipped_steps",)
         return average_metrics(per_step, summed=summed, last=last) | old_metrics
@@ -247,71 +189,24 @@ class ActorWorker(Clocked):
 
 
 def _policy_loss(
-    model: nn.Module,
-    micro: TensorDict,
-    *,
-    temperature: float,
-    pg_variant: str,
-    pg_options: PGOptions,
-    entropy_loss_coef: float,
-    loss_agg_mode: AggMode,
-    dedupe: bool,
-    tis_level: TISLevel | None,
-    tis_cap: float | None,
-    kl_loss_coef: float | None = None,
-    kl_loss_type: KLKind = "low_var_kl",
-    correction: dict | None = None,
-    old: OldLogprobs | None = None,
+    model: nn.Module, micro: TensorDict, *, options: PolicyLossOptions, dedupe: bool, old: OldLogprobs | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """`pg_variant`'s loss (importance-weighted if `tis_level`), plus kl_loss_coef * KL to the
-    reference when `kl_loss_coef` is set, minus the entropy bonus, on one micro-batch; metrics as
-    floats. The old log-probs are the micro-batch's, or with `old` (the first optimizer step of a
-    call that takes them itself) this forward's own, detached."""
+    """`actor_loss` on one micro-batch, after this forward's log-probs and entropy. The old
+    log-probs are the micro-batch's, or with `old` (the first optimizer step of a call that takes
+    them itself) this forward's own, detached."""
     logprobs, entropy = token_logprobs(
         model,
         micro["input_ids"],
         micro["attention_mask"],
-        temperature,
+        options.temperature,
         with_entropy=True,
         dedupe=dedupe,
         images=row_images(micro),
         scored=micro[Batch.RESPONSE_MASK],
     )
-    mask = micro[Batch.RESPONSE_MASK]
+    assert entropy is not None  # asked for
     old_logprobs = micro[Batch.OLD_LOGPROBS] if old is None else old.take(micro, logprobs)
-    weights, extra_metrics = None, {}
-    if tis_level is not None:
-        weights = truncated_importance_weights(
-            old_logprobs, micro[Batch.INFER_LOGPROBS], mask, level=tis_level, cap=tis_cap
-        )
-    if correction is not None:
-        versions = micro[Batch.POLICY_VERSION] if Batch.POLICY_VERSION in micro.keys() else None
-        weights, keep, extra_metrics = train_infer_correction(
-            old_logprobs, micro[Batch.INFER_LOGPROBS], mask, **correction, versions=versions
-        )
-        mask = mask * keep
-    pg_loss, metrics = policy_gradient_loss(
-        pg_variant,
-        logprobs,
-        old_logprobs,
-        micro[Batch.ADVANTAGES],
-        mask,
-        options=pg_options,
-        loss_agg_mode=loss_agg_mode,
-        weights=weights,
-        episode_scores=micro["episode_scores"] if "episode_scores" in micro.keys() else None,
-    )
-    loss = pg_loss - entropy_loss_coef * agg_loss(entropy, mask, loss_agg_mode)
-    if kl_loss_coef is not None:
-        kl_term, kl_metrics = kl_loss(logprobs, micro[Batch.REF_LOGPROBS], mask, kl_loss_type, loss_agg_mode)
-        loss = loss + kl_loss_coef * kl_term
-        metrics.update(kl_metrics)
-    metrics = {key: float(value) for key, value in metrics.items()}
-    if tis_level is not None:
-        metrics.update(tis_metrics(weights, mask, tis_cap))
-    metrics.update(extra_metrics)
-    metrics["losses/entropy"] = float(masked_mean(entropy.detach(), mask))
-    return loss, metrics
+    return actor_loss(logprobs, entropy, old_logprobs, micro, options)
 
 
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
