@@ -147,59 +147,71 @@ class AgenticPipeline:
             self.tracker.log(0, self.validate(0))  # where the untrained policy starts
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             self.step = step
-            timings: dict[str, float] = {}
-            self.clock.start()  # each role's compute, sync and idle seconds in the step (roll/pipeline/idle.py)
-            # 1. Rollout: complete groups of trajectories on the current weights (version step - 1),
-            #    or at most async_generation_ratio versions older; then the next steps' groups start
-            with _timer(timings, "rollout"):
-                trajs, dropped = self.rollout(step)
-            # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
-            with _timer(timings, "batch"):
-                kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
-                batch, rows = self.build_batch(kept, self.pad_id)
-            # 3. Score: old/ref log-probs, values, then advantages
-            with _timer(timings, "score"):
-                score_metrics = self.score(batch, rows, step)
-            # ROLL's batch_adjust_mode: rows copied or deleted to whole mini-batches (after scoring)
-            batch, adjust_metrics = adjust_batch(batch, cfg.batch_adjust_mode, self.batch_divisor, cfg.seed, step)
-            # 4. Update: critic, then actor
-            with _timer(timings, "train"):
-                train_metrics = self.update(batch, step)
-            # 5. Sync: new actor weights to the inference engine
-            with _timer(timings, "sync"):
-                self.sync_weights(version=step)
-            step_time = self.clock.finish()
+            metrics = self.train_step(step)
             # 6. Log / validate / checkpoint
-            metrics = {
-                **self.rollout_metrics(trajs, dropped, step),
-                **filter_metrics,
-                **score_metrics,
-                **adjust_metrics,
-                **train_metrics,
-                **{f"time/{k}_s": v for k, v in timings.items()},
-                **step_time,
-                **self.residency.take_seconds(),
-                "sync/cuda_ipc": float(self.sync_path == CUDA_IPC),
-                **self.memory_metrics(first_step=step == self.start_step + 1),
-            }
-            # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
-            write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer)
             if self.val_rollout is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 metrics.update(self.validate(step))
             if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                 self.tracker.log(step, {**model_size, **metrics})
                 model_size = {}
-            stop_if_diverged(metrics, cfg.max_consecutive_skipped_steps, step)
-            if step == self.start_step + 1:  # the first step's lazy imports and warm-up are long-lived too
-                self.freeze_heaps()
-                if gap := engine_gap_warning(metrics, step):
-                    logger.warning(gap)
-            if cfg.save_steps > 0 and (step % cfg.save_steps == 0 or step == cfg.max_steps):
-                self.save(step)
+            self.after_step(step, metrics)
             progress.update(step, metrics)
         progress.close()
         self.tracker.close()
         return metrics
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Phases 1-5 of one step, and its metrics; the trajectories are written out."""
+        cfg = self.cfg
+        timings: dict[str, float] = {}
+        self.clock.start()  # each role's compute, sync and idle seconds in the step (roll/pipeline/idle.py)
+        # 1. Rollout: complete groups of trajectories on the current weights (version step - 1),
+        #    or at most async_generation_ratio versions older; then the next steps' groups start
+        with _timer(timings, "rollout"):
+            trajs, dropped = self.rollout(step)
+        # 2. Batch: the most informative groups (StarPO-S), one row per trajectory or env step
+        with _timer(timings, "batch"):
+            kept, filter_metrics = filter_groups(trajs, cfg.rollout_filter_ratio)
+            batch, rows = self.build_batch(kept, self.pad_id)
+        # 3. Score: old/ref log-probs, values, then advantages
+        with _timer(timings, "score"):
+            score_metrics = self.score(batch, rows, step)
+        # ROLL's batch_adjust_mode: rows copied or deleted to whole mini-batches (after scoring)
+        batch, adjust_metrics = adjust_batch(batch, cfg.batch_adjust_mode, self.batch_divisor, cfg.seed, step)
+        # 4. Update: critic, then actor
+        with _timer(timings, "train"):
+            train_metrics = self.update(batch, step)
+        # 5. Sync: new actor weights to the inference engine
+        with _timer(timings, "sync"):
+            self.sync_weights(version=step)
+        step_time = self.clock.finish()
+        metrics = {
+            **self.rollout_metrics(trajs, dropped, step),
+            **filter_metrics,
+            **score_metrics,
+            **adjust_metrics,
+            **train_metrics,
+            **{f"time/{k}_s": v for k, v in timings.items()},
+            **step_time,
+            **self.residency.take_seconds(),
+            "sync/cuda_ipc": float(self.sync_path == CUDA_IPC),
+            **self.memory_metrics(first_step=step == self.start_step + 1),
+        }
+        # what the policy did: every trajectory decoded (trace_rollouts), ROLL's rollout_dump_dir
+        write_trajectories(cfg, step, trajs, self.tokenizer, self.tracer)
+        return metrics
+
+    def after_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Stop on divergence; after the first step, freeze the heaps and warn of an engine gap;
+        checkpoint on `save_steps`."""
+        cfg = self.cfg
+        stop_if_diverged(metrics, cfg.max_consecutive_skipped_steps, step)
+        if step == self.start_step + 1:  # the first step's lazy imports and warm-up are long-lived too
+            self.freeze_heaps()
+            if gap := engine_gap_warning(metrics, step):
+                logger.warning(gap)
+        if cfg.save_steps > 0 and (step % cfg.save_steps == 0 or step == cfg.max_steps):
+            self.save(step)
 
     def freeze_heaps(self) -> None:
         """`freeze_heaps` in the driver, every worker and every env worker (roll.utils.heap)."""

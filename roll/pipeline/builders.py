@@ -95,62 +95,58 @@ def build_workers(cfg, residency: PhaseResidency | None = None) -> dict:
     Training roles that share GPUs with the engine are offloaded before it is built, so that vLLM
     and SGLang find free the memory they size their KV cache from."""
     residency = residency or PhaseResidency(place_workers(cfg))
-    plan, total, pins = residency.plan, cfg.max_steps, []  # pins: waited for once, at the end
-    workers = {
-        "actor": _start_role(
-            ActorWorker,
-            plan,
-            "actor_train",
-            cfg.actor_train.model_args.model_name_or_path,
-            cfg.actor_train.training_args,
-            total_train_steps=total,
-            seed=cfg.seed,
-            dtype=cfg.actor_train.model_args.dtype,
-            **_strategy(cfg.actor_train),
-            attn_implementation=cfg.actor_train.model_args.attn_implementation,
-            features=training_features(cfg.actor_train),
-            system_envs=cfg.actor_train.system_envs,
-            cfg=cfg,
-            pins=pins,
-        )
-    }
+    plan = residency.plan
+    pins: list = []  # waited for once, at the end
+    workers = {"actor": _start_trainer(ActorWorker, cfg, plan, "actor_train", pins)}
     if "reference" in plan.processes:
-        workers["reference"] = _start_role(
-            ReferenceWorker,
-            plan,
-            "reference",
-            cfg.reference.model_args.model_name_or_path,
-            dtype=cfg.reference.model_args.dtype,
-            attn_implementation=cfg.reference.model_args.attn_implementation,
-            micro_batch_size=cfg.reference.infer_batch_size or cfg.reference.training_args.per_device_train_batch_size,
-            budget=training_features(cfg.reference)["infer_budget"],
-            sequence_packing=cfg.reference.use_sequence_packing,
-            system_envs=cfg.reference.system_envs,
-            cfg=cfg,
-            pins=pins,
-        )
+        workers["reference"] = _start_reference(cfg, plan, pins)
     if "critic" in plan.processes:
-        workers["critic"] = _start_role(
-            CriticWorker,
-            plan,
-            "critic",
-            cfg.critic.model_args.model_name_or_path,
-            cfg.critic.training_args,
-            total_train_steps=total,
-            seed=cfg.seed,
-            dtype=cfg.critic.model_args.dtype,
-            **_strategy(cfg.critic),
-            attn_implementation=cfg.critic.model_args.attn_implementation,
-            features=training_features(cfg.critic),
-            system_envs=cfg.critic.system_envs,
-            cfg=cfg,
-            pins=pins,
-        )
+        workers["critic"] = _start_trainer(CriticWorker, cfg, plan, "critic", pins)
     residency.attach_workers(workers)
     residency.enter("rollout")  # no call unless a training role shares the engine's GPUs
     workers["weight_store"] = ray.remote(WeightStore).options(name=weight_store_name(), **_ACTOR_OPTIONS).remote()
     workers["inference"] = build_inference(cfg, residency, pins, weight_store=weight_store_name())
     return workers
+
+
+def _start_trainer(cls, cfg, plan: DevicePlan, role: str, pins: list):
+    """The actor or critic role (`cls`) of `cfg.<role>`: the LR schedule spans `max_steps`."""
+    worker_cfg = getattr(cfg, role)
+    return _start_role(
+        cls,
+        plan,
+        role,
+        worker_cfg.model_args.model_name_or_path,
+        worker_cfg.training_args,
+        total_train_steps=cfg.max_steps,
+        seed=cfg.seed,
+        dtype=worker_cfg.model_args.dtype,
+        **_strategy(worker_cfg),
+        attn_implementation=worker_cfg.model_args.attn_implementation,
+        features=training_features(worker_cfg),
+        system_envs=worker_cfg.system_envs,
+        cfg=cfg,
+        pins=pins,
+    )
+
+
+def _start_reference(cfg, plan: DevicePlan, pins: list):
+    """The reference role: forward passes only, `infer_batch_size` rows at a time."""
+    ref = cfg.reference
+    return _start_role(
+        ReferenceWorker,
+        plan,
+        "reference",
+        ref.model_args.model_name_or_path,
+        dtype=ref.model_args.dtype,
+        attn_implementation=ref.model_args.attn_implementation,
+        micro_batch_size=ref.infer_batch_size or ref.training_args.per_device_train_batch_size,
+        budget=training_features(ref)["infer_budget"],
+        sequence_packing=ref.use_sequence_packing,
+        system_envs=ref.system_envs,
+        cfg=cfg,
+        pins=pins,
+    )
 
 
 def weight_store_name() -> str:

@@ -229,15 +229,7 @@ class TorchTrainStrategy:
         weights = micro_weights(micros, weight_by, total_weight, world_size=scale)
         if self.dp_size > 1:
             micros, weights = self._as_many_micros_as_every_rank(micros, weights)
-        metrics: dict[str, float] = {}
-        finite = True
-        for i, (micro, weight) in enumerate(zip(micros, weights, strict=True)):
-            loss, micro_metrics = loss_fn(self._packed(self.train_module), micro.to(self.device))
-            finite = finite and bool(torch.isfinite(loss))
-            if finite or self.dp_size > 1:  # ranks keep their collectives matched and skip together
-                self._backward(loss * weight, last=i == len(micros) - 1)
-            for key, value in micro_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + weight / scale * float(value)
+        metrics, finite = self._accumulate(micros, weights, loss_fn, scale)
         if self.dp_size > 1:
             finite = bool(self._reduce_over_ranks([float(finite)], dist.ReduceOp.MIN)[0])
         grad_norm, skipped = self._clip_and_step(finite)
@@ -256,6 +248,23 @@ class TorchTrainStrategy:
             f"{prefix}/consecutive_skipped_steps": float(self.consecutive_skips),
             f"{prefix}/unique_row_ratio": unique_ratio,
         }
+
+    def _accumulate(
+        self, micros: list[TensorDict], weights: list[float], loss_fn: LossFn, scale: int
+    ) -> tuple[dict[str, float], bool]:
+        """Backward of each micro-batch's loss times its weight; the metrics weighted alike (over
+        `scale` ranks), and whether every loss so far was finite (after one is not, this rank
+        runs no more backward passes unless other ranks wait on its collectives)."""
+        metrics: dict[str, float] = {}
+        finite = True
+        for i, (micro, weight) in enumerate(zip(micros, weights, strict=True)):
+            loss, micro_metrics = loss_fn(self._packed(self.train_module), micro.to(self.device))
+            finite = finite and bool(torch.isfinite(loss))
+            if finite or self.dp_size > 1:  # ranks keep their collectives matched and skip together
+                self._backward(loss * weight, last=i == len(micros) - 1)
+            for key, value in micro_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + weight / scale * float(value)
+        return metrics, finite
 
     def _packed(self, module):
         """`module` as the losses and forwards call it: on packed rows with `sequence_packing`."""

@@ -79,14 +79,7 @@ class InferenceWorker(Clocked):
                 model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
             ).to(device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-            self.engine = HFInferStrategy(
-                model,
-                pad_token_id=pad,
-                eos_token_ids=eos,
-                max_cached_tokens=max_cached_tokens,
-                static_decode=static_decode,
-                suppressed_token_ids=vision_token_ids(model.config),
-            )
+            self.engine = _hf_engine(model, pad, eos, max_cached_tokens, static_decode)
         else:
             self.engine = build_external_engine(strategy_name, model_path, dtype, eos, strategy_config or {})
         self.max_batch_size = max_batch_size
@@ -389,3 +382,17 @@ def build_external_engine(
     options = {k: v for k, v in strategy_config.items() if k not in WORKER_OPTIONS}
     options.setdefault("dtype", dtype)
     return engine_cls(model_path, eos_token_ids, **options)
+
+
+def _hf_engine(
+    model, pad_token_id: int, eos: list[int], max_cached_tokens: int, static_decode: bool | None
+) -> HFInferStrategy:
+    """The in-process transformers engine over `model`; a VL model's image tokens are never sampled."""
+    return HFInferStrategy(
+        model,
+        pad_token_id=pad_token_id,
+        eos_token_ids=eos,
+        max_cached_tokens=max_cached_tokens,
+        static_decode=static_decode,
+        suppressed_token_ids=vision_token_ids(model.config),
+    )

@@ -22,6 +22,8 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -234,18 +236,9 @@ def build_gpt_model(
     so the last stage's output layer is a weight of its own, loaded with the embedding, whose
     gradient the strategy sums with the embedding's (megatron_train)."""
     config = transformer_config(arch, dtype, tensor_parallel, sequence_parallel, pipeline_parallel, stage_layers)
-    stage_kwargs = {}
-    if pipeline_parallel > 1:
-        pp_group = (pg_collection or ProcessGroupCollection.use_mpu_process_groups()).pp
-        stage, stages = dist.get_rank(pp_group), dist.get_world_size(pp_group)
-        stage_kwargs = {"pre_process": stage == 0, "post_process": stage == stages - 1}
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
-    # Transformer Engine's attention switches (ROLL's configs set them in system_envs) mean nothing
-    # to our SDPA attention, but megatron asserts they agree with its attention backend: hidden
-    # while the model is built, then restored as the user set them.
-    te_switches = {name: os.environ.pop(name) for name in _TE_ATTENTION_SWITCHES if name in os.environ}
-    try:
+    with _without_te_attention_switches():
         gpt = GPTModel(
             config,
             spec,
@@ -255,12 +248,8 @@ def build_gpt_model(
             position_embedding_type="rope",
             rotary_base=arch.rope_theta,
             pg_collection=pg_collection,
-            **stage_kwargs,
+            **_stage_kwargs(pipeline_parallel, pg_collection),
         )
-    finally:
-        for name in _TE_ATTENTION_SWITCHES:
-            os.environ.pop(name, None)
-        os.environ.update(te_switches)
     gpt.rotary_pos_emb = BufferRotaryEmbedding(
         kv_channels=config.kv_channels,
         rotary_percent=1.0,
@@ -273,6 +262,30 @@ def build_gpt_model(
         param.data = param.data.to(dtype)  # says; Megatron-LM's Float16Module casts them (buffers: RoPE stays fp32)
     recompute_(gpt, recompute_granularity)
     return gpt
+
+
+def _stage_kwargs(pipeline_parallel: int, pg_collection: ProcessGroupCollection | None) -> dict[str, bool]:
+    """With several pipeline stages: whether this rank's stage is the first (pre_process: the
+    embedding) and the last (post_process: final norm and output layer); else nothing."""
+    if pipeline_parallel <= 1:
+        return {}
+    pp_group = (pg_collection or ProcessGroupCollection.use_mpu_process_groups()).pp
+    stage, stages = dist.get_rank(pp_group), dist.get_world_size(pp_group)
+    return {"pre_process": stage == 0, "post_process": stage == stages - 1}
+
+
+@contextmanager
+def _without_te_attention_switches() -> Iterator[None]:
+    """Transformer Engine's attention switches (ROLL's configs set them in system_envs) mean nothing
+    to our SDPA attention, but megatron asserts they agree with its attention backend: hidden
+    while the model is built, then restored as the user set them."""
+    te_switches = {name: os.environ.pop(name) for name in _TE_ATTENTION_SWITCHES if name in os.environ}
+    try:
+        yield
+    finally:
+        for name in _TE_ATTENTION_SWITCHES:
+            os.environ.pop(name, None)
+        os.environ.update(te_switches)
 
 
 def recompute_(gpt: GPTModel, granularity: str | None) -> None:

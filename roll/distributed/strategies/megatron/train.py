@@ -136,6 +136,22 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         self.hf_class, self.hf_config = type(model), model.config
         self.generation_config = getattr(model, "generation_config", None)
         self._join_parallel_groups(tensor_model_parallel_size, pipeline_model_parallel_size)
+        self._build_gpt(model, recompute_granularity, stage_layers, lora)
+        hf_params = sum(p.numel() for p in model.parameters())
+        super().__init__(
+            megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline), device=device, **kwargs
+        )
+        state = megatron_model.parallel_state  # TorchTrainStrategy.__init__ starts every engine at one rank
+        self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
+        self.param_counts = self._param_counts(hf_params)
+
+    def _build_gpt(
+        self, model: nn.Module, recompute_granularity: str | None, stage_layers: tuple, lora: dict | None
+    ) -> None:
+        """This rank's part of the Megatron GPT model (its tensor-parallel shard of its pipeline
+        stage), loaded with the HF weights of `model`, with LoRA adapters when `lora` is set."""
+        from roll.distributed.strategies.megatron import model as megatron_model
+
         self.gpt = megatron_model.build_gpt_model(
             self.arch,
             next(model.parameters()).dtype,
@@ -167,13 +183,6 @@ class MegatronTrainStrategy(TorchTrainStrategy):
                 seed=torch.initial_seed(),
                 layer_offset=self.layer_offset,
             )
-        hf_params = sum(p.numel() for p in model.parameters())
-        super().__init__(
-            megatron_model.MegatronCausalLM(self.gpt, self.arch.vocab_size, self.pipeline), device=device, **kwargs
-        )
-        state = megatron_model.parallel_state  # TorchTrainStrategy.__init__ starts every engine at one rank
-        self.dp_rank, self.dp_size = state.get_data_parallel_rank(), state.get_data_parallel_world_size()
-        self.param_counts = self._param_counts(hf_params)
 
     def _join_parallel_groups(self, tp: int, pp: int) -> None:
         """Megatron's tensor-, pipeline- and data-parallel groups over the default group; this
