@@ -109,11 +109,7 @@ def vl_config(
     With a tiny head and Qwen's base of 1e6 those pairs turn by almost nothing from one cell to
     the next, so image tokens of a row would sit at nearly one position; `rope_theta`
     (`TINY_ROPE_THETA`) keeps every pair turning by a usable angle per cell."""
-    head_dim = hidden_size // num_attention_heads
-    if head_dim % 8:
-        raise ValueError(f"hidden_size / num_attention_heads must be a multiple of 8, got {head_dim}")
-    half = head_dim // 2
-    mrope_section = [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]
+    mrope_section = _mrope_section(hidden_size // num_attention_heads)
     ids = {
         name: tokenizer.convert_tokens_to_ids(tok)
         for name, tok in zip(("start", "image", "end", "video"), VISION_TOKENS)
@@ -152,6 +148,14 @@ def vl_config(
         vision_end_token_id=ids["end"],
         tie_word_embeddings=True,
     )
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """M-RoPE's split of the rotary half (head_dim / 2) over time, height and width: 1/4, 3/8, 3/8."""
+    if head_dim % 8:
+        raise ValueError(f"hidden_size / num_attention_heads must be a multiple of 8, got {head_dim}")
+    half = head_dim // 2
+    return [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]
 
 
 def build_tiny_vl_model(
