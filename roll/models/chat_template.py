@@ -10,15 +10,17 @@ what to append from a probe conversation, once per distinct set of messages.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 _PROBE = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
 _PROBE_ANSWER = "ROLL_PROBE_ANSWER"
 
 
 def render_text(
-    tokenizer, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool, tools: list[dict] | None = None
+    tokenizer, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, tools: list[dict] | None = None
 ) -> str:
-    """`messages` rendered by the tokenizer's chat template, as text."""
+    """`messages` rendered by the tokenizer's chat template, as text (a content may be a list of
+    parts: text and image, as a VL processor's template takes them)."""
     return tokenizer.apply_chat_template(
         [dict(m) for m in messages], tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
     )

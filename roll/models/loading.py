@@ -213,7 +213,7 @@ def image_only_processor_class(processor_cls: type) -> type:
     Images never touch the video processor, so the processor's own code (`__call__`, the chat
     template, the image token expansion) runs unchanged; only videos are refused."""
 
-    class ImageOnly(processor_cls):  # type: ignore[misc, valid-type]
+    class ImageOnly(processor_cls):
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
             if argument_name == "video_processor" and argument is None:
                 return None

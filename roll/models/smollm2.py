@@ -59,7 +59,7 @@ def convert(gguf: Path, output_dir: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are plain float32 tensors now; only the marker says "gguf", and it blocks saving.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ stub: tensors and modules only
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 from tokenizers import AddedToken
@@ -110,8 +111,9 @@ def vl_config(
     the next, so image tokens of a row would sit at nearly one position; `rope_theta`
     (`TINY_ROPE_THETA`) keeps every pair turning by a usable angle per cell."""
     mrope_section = _mrope_section(hidden_size // num_attention_heads)
+    # One token in, one id out: the stub's return type (int | list[int]) covers lists of tokens too.
     ids = {
-        name: tokenizer.convert_tokens_to_ids(tok)
+        name: cast(int, tokenizer.convert_tokens_to_ids(tok))
         for name, tok in zip(("start", "image", "end", "video"), VISION_TOKENS)
     }
     text_config = {
