@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV_CALLS = "ROLL_PROFILE_CALLS"
@@ -32,13 +33,13 @@ def parse_calls(text: str) -> dict[str, int]:
     return calls
 
 
-def profiled(cls: type, environ: dict[str, str] | None = None) -> type:
+def profiled(cls: type, environ: Mapping[str, str] | None = None) -> type:
     """`cls`, or a subclass of it whose methods named in ROLL_PROFILE_CALLS profile their Nth call."""
-    environ = os.environ if environ is None else environ
-    calls = {m: n for m, n in parse_calls(environ.get(ENV_CALLS, "")).items() if callable(getattr(cls, m, None))}
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    calls = {m: n for m, n in parse_calls(env.get(ENV_CALLS, "")).items() if callable(getattr(cls, m, None))}
     if not calls:
         return cls
-    out_dir = Path(environ.get(ENV_DIR) or "output/profiles").resolve()
+    out_dir = Path(env.get(ENV_DIR) or "output/profiles").resolve()
     wrapped = {
         method: _profile_nth(getattr(cls, method), cls.__name__, number, out_dir) for method, number in calls.items()
     }
