@@ -48,7 +48,7 @@ def episode_text(traj: Trajectory) -> str:
     return header + body + "\n"
 
 
-def _wrap(text: str, width_px: int, font: ImageFont.FreeTypeFont) -> list[str]:
+def _wrap(text: str, width_px: int, font: ImageFont.FreeTypeFont | ImageFont.ImageFont) -> list[str]:
     """`text` in lines of about `width_px` pixels (by the text's own mean glyph width), at most
     `MAX_CAPTION_LINES` of them."""
     mean_px = font.getlength(text) / max(1, len(text)) or 1.0
@@ -56,11 +56,18 @@ def _wrap(text: str, width_px: int, font: ImageFont.FreeTypeFont) -> list[str]:
     return textwrap.wrap(text, chars, max_lines=MAX_CAPTION_LINES, placeholder=" ...") or [""]
 
 
+def _picture(env_cls: type[TextEnv], frame: str) -> Image.Image:
+    rgb = env_cls.frame_to_rgb(frame)
+    if rgb is None:
+        raise ValueError(f"{env_cls.__name__} draws no image of the frame {frame!r}")
+    return Image.fromarray(rgb)
+
+
 def captioned_images(frames: list[str], captions: list[str], env_cls: type[TextEnv]) -> list[Image.Image]:
     """One RGB image per (frame, caption): the frame's picture centred on top, the caption
     ("step i: caption", wrapped, at most `MAX_CAPTION_LINES` lines) below. All images of an
     episode have one size, as a GIF needs."""
-    grids = [Image.fromarray(env_cls.frame_to_rgb(frame)) for frame in frames]
+    grids = [_picture(env_cls, frame) for frame in frames]
     width = max(MIN_WIDTH_PX, *(grid.width for grid in grids))
     grid_height = max(grid.height for grid in grids)
     font = grid_font(FONT_PX)  # captions quote model text, which may be any unicode

@@ -45,7 +45,7 @@ def trace_record(tr: Trajectory, tokenizer, step: int) -> dict[str, Any]:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
     if tr.steps:  # step-wise: one (prompt, response) pair per env step
-        turns = [
+        turns: list[dict[str, Any]] = [
             {"prompt": decode(s.prompt_ids), "response": decode(s.response_ids), "reward": s.reward} for s in tr.steps
         ]
     else:
