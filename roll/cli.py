@@ -21,8 +21,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import FrameType
 
 from roll.configs import load_config
 from roll.configs.command_line import parse_config_args, resolve_config_dir
@@ -178,7 +179,7 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated(signum)
 
 
-def _exit_now(signum, frame) -> None:
+def _exit_now(signum: int, frame: FrameType | None) -> None:
     os.write(2, f"stopped at once: {signal.Signals(signum).name} again\n".encode())
     os._exit(128 + signum)
 
@@ -201,7 +202,10 @@ def _shutdown_ray() -> None:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         in_main_thread = threading.current_thread() is threading.main_thread()
-        handlers = {signal.SIGTERM: signal.SIG_IGN, signal.SIGINT: _exit_now}
+        handlers: dict[signal.Signals, Callable[[int, FrameType | None], None] | signal.Handlers] = {
+            signal.SIGTERM: signal.SIG_IGN,
+            signal.SIGINT: _exit_now,
+        }
         previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()} if in_main_thread else {}
         try:
             ray.shutdown()
