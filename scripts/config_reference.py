@@ -31,7 +31,7 @@ HEADER = """# Configuration reference
 
 Every key of a run's YAML, read from the pydantic models in `roll/configs/` (one section per model,
 starting with the top-level keys). A key not listed here is refused with exit 2 and one line that
-names it. ROLL's own key names are accepted as listed; the ROLL dialect (`roll/configs/dialect.py`)
+names it. ROLL's own key names are accepted as listed; the ROLL dialect (`roll/configs/roll_compat/dialect.py`)
 maps the few that differ before validation.
 """
 

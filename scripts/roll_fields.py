@@ -3,7 +3,7 @@
     python scripts/roll_fields.py GIT_DIR [COMMIT]
 
 GIT_DIR is a clone of alibaba/ROLL (a bare git dir will do). Prints one line per field,
-`Class.field = default`, in the order of `roll.configs.roll_table.ROLL_FIELDS`' classes, inherited
+`Class.field = default`, in the order of `roll.configs.roll_compat.table.ROLL_FIELDS`' classes, inherited
 fields under the class that declares them. `tests/configs/test_roll_table.py` compares the
 table with this when a ROLL clone is found (`ROLL_GIT_DIR`).
 """

@@ -17,8 +17,8 @@ from pydantic import Field, field_validator, model_validator
 
 from roll.configs.base import ConfigModel, InvalidField
 from roll.configs.proxy import ProxyConfig
+from roll.configs.roll_compat.unsupported import GEM_PREFIXES
 from roll.configs.templates import check_agent_template
-from roll.configs.unsupported import GEM_PREFIXES
 from roll.configs.worker import GeneratingArgs
 from roll.core.enums import SampleMode
 
@@ -74,7 +74,7 @@ class CustomEnvConfig(ConfigModel):
     `StepEnvManager` ("step") or ROLL's `AgentNativeStepEnvManager` / our `NativeStepEnvManager`
     ("native": step-wise samples whose prompt is the env's own chat, `info["messages"]`;
     roll.agentic.env_manager.native_env_manager). The managers running the tag take that type
-    (`roll.configs.dialect.ENV_MANAGER_CLASSES`); any other path is refused. Image observations
+    (`roll.configs.roll_compat.dialect.ENV_MANAGER_CLASSES`); any other path is refused. Image observations
     (docs/vision_language.md): ROLL's or our `VLTrajEnvManager` (trajectory- or step-wise, as the
     manager's `env_manager_type` says) or our `VLStepEnvManager` ("step")."""
     agent_runner_cls: str | None = None

@@ -27,11 +27,11 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from roll.configs.base import ConfigError, InvalidField
-from roll.configs.dialect import map_role_strategies, strip_variables
 from roll.configs.pipeline import PipelineConfig
 from roll.configs.profile import apply_profile, configs_search_path
-from roll.configs.roll_keys import answer_roll_keys, roll_names_at
-from roll.configs.unsupported import refuse_unsupported
+from roll.configs.roll_compat.dialect import map_role_strategies, strip_variables
+from roll.configs.roll_compat.keys import answer_roll_keys, roll_names_at
+from roll.configs.roll_compat.unsupported import refuse_unsupported
 
 
 def load_config(
@@ -70,10 +70,10 @@ def _refuse_empty(path: str) -> None:
 
 def validate_config(data: dict[str, Any], referenced: Collection[str] = frozenset()) -> PipelineConfig:
     """Validate an already composed config (a plain dict), raising `ConfigError`. `referenced`:
-    top-level keys the YAML interpolated, which are ROLL-style variables (`roll.configs.dialect`)."""
+    top-level keys the YAML interpolated, which are ROLL-style variables (`roll.configs.roll_compat.dialect`)."""
     data = strip_variables(data, set(referenced), PipelineConfig.model_fields)
     refuse_unsupported(data)  # a ROLL feature roll does not run: named before any other key
-    answer_roll_keys(data)  # every other field of ROLL's config classes: its answer (roll.configs.roll_table)
+    answer_roll_keys(data)  # every other field of ROLL's config classes: its answer (roll.configs.roll_compat.table)
     map_role_strategies(data)
     try:
         return PipelineConfig.model_validate(data)
@@ -264,7 +264,7 @@ def _unknown_key_message(path: Sequence[str]) -> str:
 
 
 def _is_schema_key(dotted_key: str) -> bool:
-    """A key of roll's models or a field of ROLL's config classes (answered by roll.configs.roll_keys)."""
+    """A key of roll's models or a field of ROLL's config classes (answered by roll.configs.roll_compat.keys)."""
     path = dotted_key.split(".")
     return _annotation_at(path) is not None or path[-1] in roll_names_at(path[:-1])
 

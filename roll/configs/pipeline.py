@@ -15,9 +15,9 @@ from pydantic import Field, field_validator, model_validator
 from roll.configs.args import check_model_dir
 from roll.configs.base import InvalidField
 from roll.configs.correction import OffPolicyCorrection
-from roll.configs.dialect import RollDialect, check_dialect
 from roll.configs.env import CustomEnvConfig, EnvManagerConfig
 from roll.configs.reward_norm import RewardNormalization
+from roll.configs.roll_compat.dialect import RollDialect, check_dialect
 from roll.configs.worker import (
     GeneratingArgs,
     WorkerConfig,
@@ -237,7 +237,7 @@ class PipelineConfig(RollDialect):
 
     @model_validator(mode="after")
     def _check_and_fill(self) -> PipelineConfig:
-        check_dialect(self)  # ROLL's class paths and run-level keys (roll.configs.dialect)
+        check_dialect(self)  # ROLL's class paths and run-level keys (roll.configs.roll_compat.dialect)
         self._check_partial_rollout()
         if self.async_max_staleness is not None and self.async_generation_ratio == 0:
             raise InvalidField("async_max_staleness", "limits async training; set async_generation_ratio > 0 too")

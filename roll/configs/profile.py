@@ -82,7 +82,7 @@ def apply_profile(data: dict[str, Any], cli_keys: Sequence[str]) -> list[str]:
 
 def _plays_images(data: dict[str, Any]) -> bool:
     """Whether a tag of the config is played by the VL env manager (image observations)."""
-    from roll.configs.dialect import VL_ENV_MANAGERS
+    from roll.configs.roll_compat.dialect import VL_ENV_MANAGERS
 
     envs = data.get("custom_envs")
     return isinstance(envs, dict) and any(

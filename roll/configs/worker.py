@@ -46,7 +46,7 @@ STRATEGY_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "fsdp2": ("torch_compile", "reshard_after_forward", "fsdp_size", "param_dtype", "reduce_dtype", "offload_policy"),
     "deepspeed": None,  # a DeepSpeed config dict: DeepSpeed checks its own keys
     # ROLL's names; which values run: roll/distributed/strategies/megatron/parallel.py (max_grad_norm:
-    # roll.configs.dialect)
+    # roll.configs.roll_compat.dialect)
     "megatron": (
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
@@ -135,7 +135,7 @@ class WorkerConfig(ConfigModel):
     values). None uses `training_args.per_device_train_batch_size`."""
     worker_cls: str | None = None
     """ROLL's worker class path for this role; ROLL's classes and ours map to our worker of the
-    role (`roll.configs.dialect.WORKER_CLASSES`), any other path is refused."""
+    role (`roll.configs.roll_compat.dialect.WORKER_CLASSES`), any other path is refused."""
     system_envs: dict[str, str] = Field(default_factory=dict)
     """Environment variables set in this role's worker processes (on top of the top-level
     `system_envs`)."""

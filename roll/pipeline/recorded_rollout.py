@@ -59,7 +59,7 @@ def log_validation_images(cfg, tracker, step: int, trajs: list[Trajectory]) -> N
     """TensorBoard image panels `val/frames/<tag>`: the first `VAL_IMAGES_PER_TAG` frames of the
     first validation episode of each tag whose observations are images (the VL env manager), drawn
     as the env drew them (`frame_to_rgb`; the trajectories were collected with frames)."""
-    from roll.configs.dialect import VL_ENV_MANAGERS
+    from roll.configs.roll_compat.dialect import VL_ENV_MANAGERS
 
     shown: set[str] = set()
     for tr in trajs:

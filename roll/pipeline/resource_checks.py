@@ -192,7 +192,7 @@ def check_envs(cfg) -> None:
     `sequence_length` holds its first prompt and one response."""
     from roll.agentic.env_manager.chat import ChatFormatter
     from roll.agentic.env_manager.native_env_manager import MalformedEnvOutput, chat_of
-    from roll.configs.dialect import NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS
+    from roll.configs.roll_compat.dialect import NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS
     from roll.models.loading import load_tokenizer
     from roll.models.templates import apply_template
 

@@ -14,7 +14,7 @@ import ray
 from roll.agentic.episode import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker
 from roll.agentic.rollout.scheduler import RolloutScheduler, Slot
-from roll.configs.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS
+from roll.configs.roll_compat.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MANAGERS, VL_ENV_MANAGERS
 from roll.configs.worker import image_limit
 from roll.core.records import SamplingParams
 from roll.distributed.cpu_affinity import ENV_WORKERS

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from roll.configs.dialect import ENV_LIBRARY_VARIABLES
+from roll.configs.roll_compat.dialect import ENV_LIBRARY_VARIABLES
 from roll.configs.rollout import unused_in_rollout
 from roll.core.seeding import seed_everything
 from roll.pipeline.builders import build_inference, inference_names

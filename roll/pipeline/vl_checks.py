@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 from roll.configs import ConfigError
-from roll.configs.dialect import VL_ENV_MANAGERS
+from roll.configs.roll_compat.dialect import VL_ENV_MANAGERS
 from roll.configs.worker import image_limit
 from roll.core.enums import SampleMode
 

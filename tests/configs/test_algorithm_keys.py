@@ -11,8 +11,8 @@ import pytest
 from roll.algorithms.kl import KL_KINDS
 from roll.algorithms.pg_variants import PG_VARIANTS
 from roll.configs import ConfigError, load_config
-from roll.configs.dialect import old_logprobs_in_train, old_logprobs_pass_needed
 from roll.configs.pipeline import PipelineConfig
+from roll.configs.roll_compat.dialect import old_logprobs_in_train, old_logprobs_pass_needed
 from roll.configs.worker import WorkerConfig
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))

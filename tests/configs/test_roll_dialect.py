@@ -1,4 +1,4 @@
-"""The ROLL config dialect (roll.configs.dialect, roll.configs.profile) on YAMLs of our own written
+"""The ROLL config dialect (roll.configs.roll_compat.dialect, roll.configs.profile) on YAMLs of our own written
 in ROLL's dialect (tests/configs/roll_dialect/): validation, the cpu_smoke profile, one-line errors,
 and one end-to-end step."""
 

@@ -1,6 +1,6 @@
 """ROLL keys with a plain meaning on one machine (rpc_timeout, use_remove_padding, ulysses_size,
 fsdp2_infer, top_k -1, warmup_ratio, env-manager system_envs, env libraries under other names) and
-ROLL features refused by name (roll.configs.unsupported), on YAMLs of our own in ROLL's dialect."""
+ROLL features refused by name (roll.configs.roll_compat.unsupported), on YAMLs of our own in ROLL's dialect."""
 
 from pathlib import Path
 

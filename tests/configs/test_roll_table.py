@@ -1,4 +1,4 @@
-"""The table of ROLL's config fields (roll.configs.roll_table): complete against ROLL's source, and
+"""The table of ROLL's config fields (roll.configs.roll_compat.table): complete against ROLL's source, and
 every entry answered when a YAML sets it: supported fields exist in roll's config, no-op fields load,
 refused fields fail naming the key; typos still get a did-you-mean."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from roll.configs import ConfigError, PipelineConfig, validate_config
-from roll.configs.roll_keys import TRANSLATED, _model
-from roll.configs.roll_table import ROLL_COMMIT, ROLL_TABLE, TOP_LEVEL
-from roll.configs.roll_table_workers import WORKER_CONFIG
+from roll.configs.roll_compat.keys import TRANSLATED, _model
+from roll.configs.roll_compat.table import ROLL_COMMIT, ROLL_TABLE, TOP_LEVEL
+from roll.configs.roll_compat.table_workers import WORKER_CONFIG
 
 REPO = Path(__file__).parents[2]
 ROLL_GIT_DIR = os.environ.get("ROLL_GIT_DIR", "")  # a clone of alibaba/ROLL (a bare git dir will do)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from roll.configs import ConfigError, load_config
-from roll.configs.dialect import ENV_LIBRARY_VARIABLES
+from roll.configs.roll_compat.dialect import ENV_LIBRARY_VARIABLES
 from roll.configs.rollout import unused_in_rollout
 
 HERE = Path(__file__).parent / "roll_dialect" / "runs"

@@ -1,4 +1,4 @@
-"""The answer roll gives to one field of ROLL's config dataclasses (`roll.configs.roll_table`).
+"""The answer roll gives to one field of ROLL's config dataclasses (`roll.configs.roll_compat.table`).
 
 An `Answer` is data: what roll does with the field, and why. Three kinds:
 - "supported": a field of roll's own config at the same place, with the meaning its docstring

@@ -1,7 +1,7 @@
 """Every ROLL field in a composed config gets its answer from the table, before validation.
 
 `answer_roll_keys(data)` walks the YAML (a plain dict) alongside ROLL's classes
-(`roll.configs.roll_table`): a refused field whose value is not off is a `ConfigError` naming the
+(`roll.configs.roll_compat.table`): a refused field whose value is not off is a `ConfigError` naming the
 key and why; a no-op field, or a refused one that is off, is dropped; a supported one, or any field
 roll's models have (whose validators refuse what they refuse), is left to those models. A key
 that is neither ROLL's nor roll's reaches pydantic and fails there as "unknown key", whose
@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from roll.configs.base import ConfigError
 from roll.configs.pipeline import PipelineConfig
-from roll.configs.roll_answers import Answer
-from roll.configs.roll_table import ROLL_TABLE, TOP_LEVEL
+from roll.configs.roll_compat.answers import Answer
+from roll.configs.roll_compat.table import ROLL_TABLE, TOP_LEVEL
 
 TRANSLATED = frozenset({"response_length", "use_pg_clip_range"})
 """Top-level ROLL keys that roll supports by rewriting them into its own fields."""

@@ -1,19 +1,19 @@
-"""Every field of ROLL's config dataclasses, run level, with roll's answer (`roll.configs.roll_answers`).
+"""Every field of ROLL's config dataclasses, run level, with roll's answer (`roll.configs.roll_compat.answers`).
 
 ROLL's classes at commit `ROLL_COMMIT` (the one `../shared/roll_examples` and this dialect
 follow): `roll/configs/{base_config,worker_config,model_args,training_args,generating_args,
 data_args}.py` and `roll/pipeline/agentic/agentic_config.py`. `ROLL_TABLE[cls][field]` is the
 answer; a class's table lists its own fields, inherited ones stay with the class that declares
 them (`CLASS_BASES`). This module holds the run-level classes; the worker-level ones are in
-`roll.configs.roll_table_workers`. `roll.configs.roll_keys` applies the table to a composed
+`roll.configs.roll_compat.table_workers`. `roll.configs.roll_compat.keys` applies the table to a composed
 config; `scripts/coming_from_roll.py` writes docs/coming_from_roll.md from it;
 `tests/configs/test_roll_table.py` checks it against ROLL's source and walks every entry.
 """
 
 from __future__ import annotations
 
-from roll.configs.roll_answers import Answer, noop, ok, refused
-from roll.configs.roll_table_workers import WORKER_TABLES
+from roll.configs.roll_compat.answers import Answer, noop, ok, refused
+from roll.configs.roll_compat.table_workers import WORKER_TABLES
 
 ROLL_COMMIT = "8eb27cc2"
 """alibaba/ROLL commit whose dataclasses the table answers."""

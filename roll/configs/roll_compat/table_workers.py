@@ -1,4 +1,4 @@
-"""Every field of ROLL's worker-level config dataclasses with roll's answer (`roll.configs.roll_table`).
+"""Every field of ROLL's worker-level config dataclasses with roll's answer (`roll.configs.roll_compat.table`).
 
 WorkerConfig (the roles actor_train, actor_infer, critic, reference) and its sections:
 ModelArguments / LoraArguments (`model_args`), TrainingArguments (`training_args`),
@@ -11,7 +11,7 @@ model that an env worker does not have: "EnvManagerConfig.WorkerConfig" answers 
 
 from __future__ import annotations
 
-from roll.configs.roll_answers import Answer, noop, ok, refused
+from roll.configs.roll_compat.answers import Answer, noop, ok, refused
 
 _DATA = "a key of ROLL's prompt data sets (RLVR, SFT); the agentic pipeline's prompts come from its envs"
 _DENSE = "roll's models are dense: they have no mixture-of-experts router"
