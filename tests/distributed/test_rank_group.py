@@ -19,7 +19,7 @@ from roll.distributed.placement import plan_devices
 from roll.distributed.rank_group import RankGroup
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
-from roll.pipeline.builders import _start_role
+from roll.pipeline.setup.builders import _start_role
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]  # ranks whose collectives mismatch would hang
 # Per rank: micro-batches of 1, 2 of them; over 2 ranks the mini-batch is ARGS's 4 rows.
@@ -41,8 +41,8 @@ class _GroupActor:
     def compute_logprobs(self, batch, temperature):
         return ray.get(self.group.compute_logprobs.remote(batch, temperature))
 
-    def train(self, batch, **kwargs):
-        return ray.get(self.group.train.remote(batch, **kwargs))
+    def train(self, batch, *args, **kwargs):
+        return ray.get(self.group.train.remote(batch, *args, **kwargs))
 
     def get_weights(self):
         return ray.get(self.group.get_weights.remote())
