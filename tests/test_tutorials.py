@@ -73,7 +73,7 @@ def test_the_one_gpu_tutorials_config_is_the_examples_config(tmp_path):
 
     config = ONE_GPU_CONFIG.read_text()
     yaml = blocks(ONE_GPU, "yaml")
-    assert len(yaml) == 5 and all(block in config for block in yaml)
+    assert len(yaml) == 6 and all(block in config for block in yaml)
     _, train, rehearse = (commands(block) for block in blocks(ONE_GPU, "bash"))
     # the CPU rehearsal is the GPU command with a built model and the documented switch, nothing else
     (gpu,), (build, cpu) = train, rehearse
