@@ -25,6 +25,7 @@ import time
 import torch
 from tensordict import TensorDict
 
+from roll.algorithms.actor_loss import PolicyLossOptions
 from roll.configs.worker import TrainingArgs
 from roll.distributed.micro_batches import PADDING_KEY, distinct_rows
 from roll.distributed.workers.actor import ActorWorker
@@ -32,7 +33,7 @@ from roll.distributed.workers.common import shuffled_minibatches
 from roll.models.tiny import build_tiny_model
 
 MICRO_BATCH = 16  # rows per forward pass
-TRAIN_KW = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.01, "loss_agg_mode": "token-mean"}
+LOSS = PolicyLossOptions(entropy_coef=0.01)  # temperature 1, PPO clip 0.2, token-mean
 
 
 def step_wise_batch(rows: int, prompts: int, answers: int, seq_len: int, vocab_size: int) -> TensorDict:
@@ -93,7 +94,7 @@ def measure(
     for step in range(repeats):
         for dedupe, worker in workers.items():
             start = time.perf_counter()
-            metrics = worker.train(batch, ppo_epochs=1, step=step, **TRAIN_KW)
+            metrics = worker.train(batch, LOSS, ppo_epochs=1, step=step)
             train_s[dedupe].append(time.perf_counter() - start)
             start = time.perf_counter()
             worker.compute_logprobs(batch, 1.0)

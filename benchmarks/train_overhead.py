@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+from roll.algorithms.actor_loss import PolicyLossOptions
+from roll.algorithms.pg_variants import PGOptions
 from roll.configs.worker import TrainingArgs
 from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
@@ -40,6 +42,12 @@ from roll.pipeline.tiny_model import env_corpus
 
 SEED = 0
 PPO = {"temperature": 1.0, "pg_clip": 0.2, "entropy_loss_coef": 0.01, "loss_agg_mode": "token-mean"}
+LOSS = PolicyLossOptions(
+    temperature=PPO["temperature"],
+    pg=PGOptions(clip_low=PPO["pg_clip"], clip_high=PPO["pg_clip"]),
+    entropy_coef=PPO["entropy_loss_coef"],
+    agg_mode=PPO["loss_agg_mode"],
+)
 
 
 def conversation_batch(rows: int, min_len: int, max_len: int, turn_len: int, vocab_size: int) -> TensorDict:
@@ -164,8 +172,8 @@ def main() -> None:
         batch = conversation_batch(args.rows, args.min_len, args.max_len, args.turn_len, raw.model.config.vocab_size)
         variants = {
             "raw torch": raw.train,
-            "ActorWorker, dedupe off": lambda b, s: workers[False].train(b, ppo_epochs=1, step=s, **PPO),
-            "ActorWorker, dedupe on": lambda b, s: workers[True].train(b, ppo_epochs=1, step=s, **PPO),
+            "ActorWorker, dedupe off": lambda b, s: workers[False].train(b, LOSS, ppo_epochs=1, step=s),
+            "ActorWorker, dedupe on": lambda b, s: workers[True].train(b, LOSS, ppo_epochs=1, step=s),
         }
         if not args.no_ray:
             init_ray(None)
@@ -183,7 +191,7 @@ def main() -> None:
                 )
             )
             variants["ActorWorker via Ray, dedupe off"] = lambda b, s: ray.get(
-                actor.train.remote(b, ppo_epochs=1, step=s, **PPO)
+                actor.train.remote(b, LOSS, ppo_epochs=1, step=s)
             )
         try:
             best = measure(variants, batch, args.repeats)
