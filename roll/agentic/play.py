@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from roll.agentic.env.base import TextEnv
-from roll.agentic.env.registry import make_env
+from roll.agentic.env.registry import make_env, text_env_of
 
 # An agent maps (the unwrapped env, its observation) to the raw text it sends, or None when it
 # has no move.
@@ -127,7 +127,7 @@ def play_episode(env: gym.Env, agent: Agent, seed: int, max_steps: int, out: Tex
     summary = EpisodeSummary(seed, 0, 0.0, success=False, invalid_actions=0, end="max_steps")
     while summary.steps < max_steps:
         try:
-            action = agent(env.unwrapped, obs)
+            action = agent(text_env_of(env), obs)
         except Quit:
             summary.end = "quit"
             break
@@ -136,7 +136,7 @@ def play_episode(env: gym.Env, agent: Agent, seed: int, max_steps: int, out: Tex
             break
         obs, reward, terminated, truncated, info = env.step(action)
         summary.steps += 1
-        summary.reward += reward
+        summary.reward += float(reward)
         summary.success = bool(info.get("success", False))
         summary.invalid_actions += not info.get("action_is_valid", True)
         out.write(f"--- step {summary.steps}: action {action!r}\n")
@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, out: Text
     args = _parse_args(argv)
     try:
         env = make_env(args.env, _env_config(args.env_config))
-        agent = make_agent(args.agent, env.unwrapped, args.seed, stdin, out)
+        agent = make_agent(args.agent, text_env_of(env), args.seed, stdin, out)
     except (ValueError, TypeError) as err:
         print(f"python -m roll.agentic.play: error: {err}", file=sys.stderr)
         return 2

@@ -98,7 +98,7 @@ class AgentLoop:
                 f"unknown config key(s) {', '.join(map(repr, unknown))} for agent "
                 f"{self.agent_name!r}; accepted: {', '.join(sorted(self.defaults))}"
             )
-        self.cfg = to_cfg({**self.defaults, **given})
+        self.cfg = to_cfg({**self.defaults, **dict(given)})
         if is_ray_actor(client):  # a bare inference worker handle: route through a gateway of one
             client = InferenceGateway([client])
         self.client = client

@@ -19,13 +19,14 @@ import ast
 import math
 import operator
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_DIGITS = 100
 _MAX_BITS = 333  # 10**100 < 2**333: a number of at most 100 digits has at most 333 bits
-_BINARY = {
+_BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -34,7 +35,7 @@ _BINARY = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type[ast.unaryop], Callable[[Fraction], Fraction]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 # A word-level tokenizer (the tiny model's) decodes "12.5 ** 2" as "1 2 . 5 * * 2". Joined back,
 # only what would otherwise be a syntax error: two numbers or operators are never just adjacent.
 _RESPACE = [
@@ -61,7 +62,8 @@ def _bounded(value: Fraction) -> Fraction:
 
 
 def _value(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    # bool is an int subclass, but True is no number here
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         if not math.isfinite(node.value):
             raise ValueError(f"numbers must have at most {MAX_DIGITS} digits")
         return _bounded(Fraction(str(node.value)))  # via str: 0.1 is 1/10, not the nearest binary fraction

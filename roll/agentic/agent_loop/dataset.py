@@ -18,7 +18,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from roll.agentic.agent_loop.registry import RegisteredAgent
 
 AGENT_ENV_TYPE = "agent"
 ENV_CONFIG_KEYS = ("dataset", "agent_name", "agent_cfg_path")
@@ -125,7 +128,7 @@ def check_agent_env_config(env_config: Mapping[str, Any]) -> AgentDataset:
     return dataset
 
 
-def check_agent_cfg(cls: type, cfg: Mapping[str, Any]) -> None:
+def check_agent_cfg(cls: type[RegisteredAgent], cfg: Mapping[str, Any]) -> None:
     """Unknown keys, and tools / reward fn that do not import, as one-line errors."""
     from roll.agentic.agent_loop.base import resolve_reward_fn
     from roll.agentic.agent_loop.tools import tool_map

@@ -63,6 +63,7 @@ def route_after_invalid(state: MessagesState) -> str:
 def report_invalid_tool_calls(state: MessagesState) -> dict[str, list[ToolMessage]]:
     """One error ToolMessage per malformed call of the last turn, which the model reads next."""
     last = state["messages"][-1]
+    assert isinstance(last, AIMessage)  # route_after_agent sends only a turn with malformed calls here
     return {
         "messages": [
             ToolMessage(
@@ -126,7 +127,7 @@ class AgentGraph(AgentLoop):
         if stop_reason == "tool_calls":  # the graph ended while the model was calling tools
             stop_reason = StopReason.MAX_STEPS
         answered = final is not None and stop_reason in (StopReason.TERMINATED, StopReason.TRUNCATED)
-        answer = message_text(final) if answered else ""
+        answer = message_text(final) if final is not None and answered else ""
         reward = await self.reward(row, answer) if ledger.num_turns else 0.0
         if ledger.num_turns:
             ledger.step_rewards[-1] += reward

@@ -202,7 +202,7 @@ class RollChatModel(BaseChatModel):
         not yet registered conversation rendered from `dicts`."""
         for conv in reversed(self._conversations):
             new = conv.extension(dicts)
-            if new is not None:
+            if new is not None and conv.last is not None:  # an extension has a last turn
                 return conv, continuation_ids(self.tokenizer, new, conv.last)
         ledger = TokenLedger(prompt_ids_with_tools(self.tokenizer, dicts, tools))
         return Conversation(len(self._conversations), ledger, list(dicts)), []
@@ -225,7 +225,7 @@ class RollChatModel(BaseChatModel):
             error = call.error
             if error is None and call.name not in tool_names:
                 error = f"unknown tool {call.name!r}; available: {', '.join(sorted(tool_names)) or 'none'}"
-            if error is None:
+            if error is None and call.name is not None:  # the name is in tool_names
                 valid.append(tool_call(name=call.name, args=call.arguments, id=call_id))
             else:
                 invalid.append(invalid_tool_call(name=call.name, args=call.raw, id=call_id, error=error))

@@ -13,19 +13,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from roll.core.imports import ObjectNotFound, import_object
 
-_AGENTS: dict[str, type] = {}
+
+class RegisteredAgent(Protocol):
+    """What the registry knows of an agent class (`base.AgentLoop` is one): its name, and that it
+    is built from (cfg, client, tokenizer)."""
+
+    agent_name: ClassVar[str]
+
+    def __init__(self, cfg: Any, client: Any, tokenizer: Any) -> None: ...
+
+
+_AGENTS: dict[str, type[RegisteredAgent]] = {}
 _LAZY: dict[str, tuple[str, str]] = {
     "math_graph": ("roll.agentic.agent_loop.math_graph:MathGraphAgent", 'LangGraph: pip install -e ".[agents]"'),
 }
 """Built-in agents imported on first use: LangGraph takes seconds to import, and every env worker
 imports this package."""
-T = TypeVar("T", bound=type)
+T = TypeVar("T", bound=type[RegisteredAgent])
 
 
 def register(name: str) -> Callable[[T], T]:
@@ -48,7 +58,7 @@ def list_agents() -> list[str]:
     return sorted(set(_AGENTS) | set(_LAZY))
 
 
-def get_agent_class(name: str) -> type:
+def get_agent_class(name: str) -> type[RegisteredAgent]:
     """The class registered as `name`, or imported from `package.module:ClassName`; anything else
     is a one-line error that lists the known names."""
     if ":" in name:
@@ -66,7 +76,7 @@ def get_agent_class(name: str) -> type:
     return _AGENTS[name]
 
 
-def _import_class(path: str) -> type:
+def _import_class(path: str) -> type[RegisteredAgent]:
     try:
         return import_object(path)
     except ObjectNotFound as e:
@@ -75,8 +85,8 @@ def _import_class(path: str) -> type:
 
 def to_cfg(cfg: Mapping[str, Any] | DictConfig | None) -> DictConfig:
     """`cfg` as a DictConfig that may also hold Python objects (callables)."""
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(cfg, DictConfig):  # a DictConfig's container is a dict (the stub says any container)
+        cfg = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     return OmegaConf.create(dict(cfg or {}), flags={"allow_objects": True})
 
 

@@ -105,7 +105,7 @@ class Tool:
 
     def __init__(self, fn: Callable, name: str | None = None, description: str | None = None):
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.name: str = name if name else getattr(fn, "__name__", type(fn).__name__)
         summary, arg_docs = _docstring_parts(fn)
         self.description = description if description is not None else summary
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 - an async __call__, not callability
@@ -242,7 +242,7 @@ async def _run_one(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float |
     if call.error is not None:
         status = "bad_arguments" if call.name in tools else "malformed"
         return ToolResult(name, f"Error: {call.error}", status)
-    tool = tools.get(call.name)
+    tool = None if call.name is None else tools.get(call.name)
     if tool is None:
         known = ", ".join(sorted(tools)) or "none"
         return ToolResult(name, f"Error: unknown tool {call.name!r}; available: {known}", "unknown_tool")

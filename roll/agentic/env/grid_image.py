@@ -19,7 +19,7 @@ _TEXT: RGB = (0, 0, 0)
 
 
 @functools.cache
-def grid_font(size: int) -> ImageFont.FreeTypeFont:
+def grid_font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     """DejaVu Sans (shipped with matplotlib, a dependency) at `size` px: unlike pillow's built-in
     font it has the grid symbols beyond ASCII (√). Pillow's font if it cannot be found."""
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -160,9 +160,17 @@ def _check_fault_injection(block: Any) -> None:
 def make_env(env_type: str, env_config: Mapping[str, Any]) -> TextEnv | FaultInjectingEnv:
     """A raw (no gymnasium checker wrappers) instance of `env_type` built with `**env_config`,
     wrapped in a `FaultInjectingEnv` when `env_config` has a `fault_injection` block."""
-    cls = check_env_config(env_type, env_config)
+    cls: Callable[..., TextEnv] = check_env_config(env_type, env_config)  # a subclass: more keys, checked
     kwargs = {k: v for k, v in env_config.items() if k != FAULT_INJECTION_KEY}
     env = cls(env_id=env_type, **kwargs) if namespace_of(env_type) else cls(**kwargs)
     if env_config.get(FAULT_INJECTION_KEY):
         return FaultInjectingEnv(env, FaultInjection.model_validate(env_config[FAULT_INJECTION_KEY]))
     return env
+
+
+def text_env_of(env: gym.Env) -> TextEnv:
+    """The TextEnv inside `env`'s wrappers (`make_env` adds one for a `fault_injection` block)."""
+    inner = env.unwrapped
+    if not isinstance(inner, TextEnv):
+        raise TypeError(f"{type(inner).__name__} is not a TextEnv")
+    return inner

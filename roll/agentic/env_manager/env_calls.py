@@ -25,6 +25,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 INLINE_BUDGET_S = 0.005  # an inline call slower than this blocked every other manager too long
 INLINE_STRIKES = 3  # over-budget inline calls before that call moves to threads for good
@@ -34,6 +35,8 @@ INLINE_CALLS = frozenset({"reset", "step"})  # what `TextEnv.cheap_calls` may na
 # tag and process. Shared by both paths, so they hold across threads and the event loop.
 _ENV_LOCK = threading.Lock()
 _STEP_LIMITS: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+if TYPE_CHECKING:  # threading.Lock is a factory function at run time
+    _Guard = threading.Lock | threading.BoundedSemaphore
 
 
 class EnvStepTimeout(RuntimeError):
@@ -73,8 +76,9 @@ class EnvCaller:
         if max_env_step_concurrent > 0:
             key = (tag, max_env_step_concurrent)
             step_limit = _STEP_LIMITS.setdefault(key, threading.BoundedSemaphore(max_env_step_concurrent))
-        lock = [_ENV_LOCK] if use_thread_lock else []
-        self._guards = {"step": ([step_limit] if step_limit else []) + lock, "reset": lock}
+        lock: list[_Guard] = [_ENV_LOCK] if use_thread_lock else []
+        steps: list[_Guard] = [step_limit] if step_limit else []
+        self._guards = {"step": steps + lock, "reset": lock}
 
     async def __call__(self, name: str, *args, **kwargs):
         guards = self._guards.get(name, [])
@@ -103,7 +107,7 @@ class EnvCaller:
             raise EnvStepTimeout(f"env.{name} exceeded {self.timeout_s}s (took {elapsed:.3g}s inline)")
         return result
 
-    async def _call_in_thread(self, name: str, guards: list, *args, **kwargs):
+    async def _call_in_thread(self, name: str, guards: list[_Guard], *args, **kwargs):
         call: Callable = getattr(self.env, name)
         if guards:
             unguarded = call
@@ -128,9 +132,9 @@ class EnvCaller:
             pass
 
 
-def _try_acquire(guards: list) -> list | None:
+def _try_acquire(guards: list[_Guard]) -> list[_Guard] | None:
     """Every guard taken without waiting (in order), or None with none held."""
-    held = []
+    held: list[_Guard] = []
     for guard in guards:
         if not guard.acquire(blocking=False):
             for taken in reversed(held):

@@ -26,7 +26,7 @@ def make_env_manager(
     step_timeout_s: float | None = 60.0,
     generate_timeout_s: float | None = 300.0,
     processor=None,
-) -> TrajEnvManager | StepEnvManager | VLTrajEnvManager | VLStepEnvManager:
+) -> TrajEnvManager | StepEnvManager | NativeStepEnvManager | VLTrajEnvManager | VLStepEnvManager:
     """Trajectory-wise or step-wise by `mode`; step-wise on the env's own chat
     (`spec.native_chat`); for a tag with image observations (`spec.vision`) the VL managers, whose
     prompts the model's `processor` makes. `history_length` is the manager's, which a tag's own

@@ -24,15 +24,14 @@ from roll.core.records import GenerateOutput, StepRecord
 def chat_of(info: dict, tag: str) -> list[dict]:
     """`info["messages"]` checked: a list of {"role", "content": str} dicts, not empty."""
     messages = info.get("messages") if isinstance(info, dict) else None
-    ok = (
+    if not (
         isinstance(messages, list)
         and messages
         and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages
         )
-    )
-    if not ok:
+    ):
         raise MalformedEnvOutput(
             f"{tag}: a native env hands its chat out as info['messages'], a non-empty list of "
             "{'role', 'content'} dicts"

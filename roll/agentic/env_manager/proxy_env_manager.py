@@ -49,7 +49,7 @@ class EpisodeFailed(RuntimeError):
     """The runner timed out, failed, or never called the model: the episode is dropped."""
 
 
-def runner_class(path: str) -> type:
+def runner_class(path: str) -> type[AgentRunner]:
     """The runner class of `agent_runner_cls`: ROLL's path (mapped), `pkg.mod:Class` or `pkg.mod.Class`."""
     path = ROLL_RUNNERS.get(path, path)
     if ":" not in path:
@@ -108,9 +108,11 @@ class ProxyEnvManager:
 
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
         base_url = await self.server.start()
-        if self.runner is None:
+        runner = self.runner
+        if runner is None:
+            assert self.spec.agent_runner_cls is not None  # the env worker makes this manager only then
             cls = runner_class(self.spec.agent_runner_cls)
-            self.runner = await asyncio.to_thread(
+            runner = self.runner = await asyncio.to_thread(
                 cls, base_url=base_url, env_id=self.env_id, env_config=self.runner_config()
             )
         live = self.server.open_episode(
@@ -122,9 +124,9 @@ class ProxyEnvManager:
             sequence_length=self.sequence_length,
             generate_timeout_s=self.generate_timeout_s,
         )
-        self.runner.api_key = live.token
+        runner.api_key = live.token
         try:
-            result = await asyncio.wait_for(self._run_job(episode.env_seed), self.episode_timeout_s)
+            result = await asyncio.wait_for(self._run_job(runner, episode.env_seed), self.episode_timeout_s)
         except TimeoutError:
             raise EpisodeFailed(
                 f"episode timeout: the runner did not return within {self.episode_timeout_s}s "
@@ -144,10 +146,11 @@ class ProxyEnvManager:
             raise EpisodeFailed(f"{live.cut_off}; the runner went on and finished")
         return self.trajectory(episode, live, result)
 
-    async def _run_job(self, seed: int) -> EpisodeResult:
-        if inspect.iscoroutinefunction(self.runner.run_job):
-            return await self.runner.run_job(seed)
-        return await _in_own_thread(self.runner.run_job, seed)
+    @staticmethod
+    async def _run_job(runner: AgentRunner, seed: int) -> EpisodeResult:
+        if inspect.iscoroutinefunction(runner.run_job):
+            return await runner.run_job(seed)
+        return await _in_own_thread(runner.run_job, seed)
 
     def trajectory(self, episode: EpisodeSpec, live: ProxyEpisode, result: EpisodeResult) -> Trajectory:
         if not isinstance(result, EpisodeResult):

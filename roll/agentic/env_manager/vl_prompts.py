@@ -66,6 +66,14 @@ def require_frames(env, tag: str) -> None:
         )
 
 
+def render_frame(env) -> np.ndarray:
+    """`env`'s current frame, an (H, W, 3) uint8 image (`require_frames` checked its render mode)."""
+    frame = env.render()
+    if not isinstance(frame, np.ndarray):
+        raise ImageObservationError(f"{type(env).__name__}.render() gave {type(frame).__name__}, not an image")
+    return frame
+
+
 def check_image_count(count: int, limit: int | None) -> None:
     """`TooManyImages` when a prompt of `count` images is over the engine's `limit` (None: none)."""
     if limit is not None and count > limit:

@@ -22,6 +22,7 @@ current observation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from roll.agentic.env_manager.chat import ChatFormatter
 from roll.agentic.env_manager.vl_prompts import (
     check_image_count,
     frame_hash,
+    render_frame,
     request_images,
     require_frames,
     turn_texts,
@@ -73,7 +75,7 @@ class VLStepEnvManager(BaseEnvManager):
             self.chat,
             spec.agent_system_template,
             lambda turn, first: turn_texts(spec, instruction, turn, with_instruction=first),
-            self.env.render,
+            lambda: render_frame(self.env),
             self.history_length,
             self.sequence_length - self.sampling.max_new_tokens,
             self.max_images_per_prompt,
@@ -85,6 +87,7 @@ class VLStepEnvManager(BaseEnvManager):
     ) -> GenerateOutput:
         """A step's generation with the images of its prompt."""
         builder = self._builder
+        assert builder is not None and builder.images is not None  # the step's prompt() made them
         images = request_images(builder.images, builder.frames, self.spec.send_frames)
         request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, images=images)
         return await generate_within(self._generate, request, self.generate_timeout_s)
@@ -123,7 +126,8 @@ class VLStepBuilder(EpisodeBuilder):
     def prompt(self) -> list[int] | None:
         turn, self.frame = len(self.steps), self.render()
         first = turn - len(self.history)  # the first turn shown
-        messages, frames = list(self.system), []
+        messages: list[dict[str, Any]] = list(self.system)
+        frames: list[np.ndarray] = []
         for k, (frame, answer) in enumerate(self.history):
             messages.append({"role": "user", "content": user_content(*self.turn_texts(first + k, k == 0))})
             messages.append({"role": "assistant", "content": answer})
@@ -139,6 +143,7 @@ class VLStepBuilder(EpisodeBuilder):
         return self.prompt_ids if len(self.prompt_ids) <= self.budget else None
 
     def add_response(self, out: GenerateOutput, reward: float) -> None:
+        assert self.frame is not None  # the step's prompt() rendered it
         self.steps.append(
             StepRecord(
                 step=len(self.steps),

@@ -19,6 +19,8 @@ between turns; the `hf` engine reuses it only up to the first image that differs
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -30,6 +32,7 @@ from roll.agentic.env_manager.vl_prompts import (  # noqa: F401 (the templates a
     PRE_STEP_TEMPLATE,
     ImageObservationError,
     TooManyImages,
+    render_frame,
     request_images,
     require_frames,
     turn_texts,
@@ -73,10 +76,10 @@ class VLTrajEnvManager(TrajEnvManager):
             self.chat,
             spec.agent_system_template,
             lambda turn: turn_texts(spec, instruction, turn, with_instruction=turn == 0),
-            self.env.render(),
+            render_frame(self.env),
             self.sampling.max_new_tokens,
             self.sequence_length,
-            self.env.render,
+            lambda: render_frame(self.env),
             self.max_images_per_prompt,
         )
         return self._builder
@@ -86,6 +89,7 @@ class VLTrajEnvManager(TrajEnvManager):
     ) -> GenerateOutput:
         """A turn's generation with every image of its prompt."""
         builder = self._builder
+        assert builder is not None  # new_builder made it before the episode's first generate
         images = request_images(builder.images(), builder.frames, self.spec.send_frames)
         request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id, images)
         return await generate_within(self._generate, request, self.generate_timeout_s)
@@ -115,7 +119,7 @@ class VLConversationBuilder(EpisodeBuilder):
         self.pixel_values: list[torch.Tensor] = []
         self.grids: list[list[int]] = []
         self.frames: list[np.ndarray] = []  # the images themselves, in prompt order
-        messages = [{"role": "system", "content": system}] if system else []
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": user_content(*turn_texts(0))})
         text = render_text(processor, messages, add_generation_prompt=True) + chat.response_prefix
         self.ledger = TokenLedger(self._encode(text, first_image))
@@ -146,7 +150,11 @@ class VLConversationBuilder(EpisodeBuilder):
         """The next user turn (text, the env's current frame, text), cut from a probe conversation
         right after the assistant turn; the end-of-turn id is dropped if the model emitted it."""
         message = {"role": "user", "content": user_content(*self.turn_texts(self.ledger.num_turns))}
-        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_ANSWER}, message]
+        probe: list[dict[str, Any]] = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": _PROBE_ANSWER},
+            message,
+        ]
         text = render_text(self.processor, probe, add_generation_prompt=True)
         ids = self._encode(text[text.index(_PROBE_ANSWER) + len(_PROBE_ANSWER) :], self.render())
         if out.token_ids and ids and out.token_ids[-1] == ids[0] == self.chat.eos_token_id:

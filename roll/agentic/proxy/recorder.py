@@ -92,7 +92,8 @@ class EpisodeRecorder:
         """The longest chain of calls (ties: the one ending latest), root first."""
         best: list[Call] = []
         for leaf in reversed(self.calls):
-            path, index = [], leaf.index
+            path: list[Call] = []
+            index: int | None = leaf.index
             while index is not None:
                 path.append(self.calls[index])
                 index = self.calls[index].parent

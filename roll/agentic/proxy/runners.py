@@ -28,7 +28,9 @@ import json
 
 import openai
 
-from roll.agentic.env.registry import make_env
+from roll.agentic.env.base import TextEnv
+from roll.agentic.env.faults import FaultInjectingEnv
+from roll.agentic.env.registry import make_env, text_env_of
 from roll.agentic.proxy.runner import AgentRunner, EpisodeResult
 from roll.agentic.templates import traj_turn_text
 
@@ -66,7 +68,7 @@ class GEMRunner(AgentRunner):
         self.system_template = self.env_config.get("agent_system_template")
         self.agent_template = self.env_config.get("agent_template")
         self.instruction = self.env_config.get("instruction")
-        self.env = None
+        self.env: TextEnv | FaultInjectingEnv | None = None
         self.setup()
 
     def setup(self) -> None:
@@ -76,6 +78,11 @@ class GEMRunner(AgentRunner):
     def teardown(self) -> None:
         if self.env is not None:
             self.env.close()
+
+    @property
+    def _env(self) -> TextEnv | FaultInjectingEnv:
+        assert self.env is not None  # setup() makes it in the constructor
+        return self.env
 
     def user_text(self, observation: str, turn: int) -> str:
         """The user message of turn `turn` (0-based)."""
@@ -100,7 +107,7 @@ class GEMRunner(AgentRunner):
 
     def step(self, state: _Episode, action: str) -> tuple[str, float, bool]:
         """One env step; returns (observation, reward, done) and keeps the totals."""
-        observation, reward, terminated, truncated, info = self.env.step(action)
+        observation, reward, terminated, truncated, info = self._env.step(action)
         state.actions += 1
         state.info = info
         if terminated or truncated:
@@ -108,7 +115,7 @@ class GEMRunner(AgentRunner):
         return observation, float(reward), terminated or truncated
 
     def run_job(self, seed: int) -> EpisodeResult:
-        observation, info = self.env.reset(seed=seed)
+        observation, info = self._env.reset(seed=seed)
         messages = self.first_messages(observation, info)
         state, client = _Episode(), self.client()
         try:
@@ -150,11 +157,11 @@ class ToolCallRunner(GEMRunner):
     def __init__(self, base_url: str, env_id: int | str, env_config: dict, **kwargs):
         super().__init__(base_url, env_id, env_config, **kwargs)
         self.action_template = str(self.env_config.get("action_template", "<answer>{action}</answer>"))
-        self.env_tools = self.env.unwrapped.tool_schemas()
+        self.env_tools = text_env_of(self._env).tool_schemas()
         self.tools = self.env_tools or [ACT_TOOL]
 
     def run_job(self, seed: int) -> EpisodeResult:
-        observation, info = self.env.reset(seed=seed)
+        observation, info = self._env.reset(seed=seed)
         messages = self.first_messages(observation, info)
         state, client = _Episode(), self.client()
         try:
@@ -188,6 +195,6 @@ class ToolCallRunner(GEMRunner):
         except json.JSONDecodeError:
             arguments = {}
         if self.env_tools:
-            return self.env.unwrapped.tool_call_action(call.function.name, arguments)
+            return text_env_of(self._env).tool_call_action(call.function.name, arguments)
         action = arguments.get("action", "") if isinstance(arguments, dict) else ""
         return self.action_template.format(action=action)

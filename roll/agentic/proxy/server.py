@@ -96,6 +96,7 @@ class ProxyServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
+            assert self._task is not None  # started with the server
             await self._task
             self._server = None
 

@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from roll.agentic.generation import GenerateFn, generate_within
 from roll.agentic.proxy.chat import Reply, reply
@@ -46,13 +47,13 @@ class ProxyEpisode:
     token: str
     traj_id: str
     sample_seed: int
-    tokenizer: object
+    tokenizer: Any
     generate: GenerateFn
     sampling: SamplingParams  # the manager's, max_new_tokens already capped per step
     sequence_length: int
     model_names: frozenset[str]
     generate_timeout_s: float | None = 300.0
-    recorder: EpisodeRecorder = None  # type: ignore[assignment]  (made in __post_init__)
+    recorder: EpisodeRecorder = field(init=False)  # made in __post_init__
     out_of_tokens: bool = False  # a request found no room left in sequence_length
     failure: BaseException | None = None  # what the engine raised, if it did
     cut_off: str | None = None  # why an answer never reached the agent (the server's module docstring)

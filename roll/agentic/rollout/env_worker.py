@@ -21,7 +21,7 @@ from roll.agentic.proxy.server import ProxyServer
 from roll.agentic.rollout.batching_client import BatchingClient
 from roll.core.enums import SampleMode
 from roll.core.errors import EngineHung, engine_failure
-from roll.core.records import GroupResult, SamplingParams
+from roll.core.records import GroupResult, SamplingParams, Trajectory
 from roll.core.seeding import derive_seed
 from roll.models.loading import load_processor, load_tokenizer
 from roll.models.templates import apply_template
@@ -100,6 +100,7 @@ class EnvWorker:
             return AgentManager(spec, self._agent_pool)
         sampling, sequence_length, generate_timeout_s = self._sampling, self._sequence_length, self._generate_timeout_s
         if spec.agent_runner_cls:  # an agent runner plays the env through the chat proxy
+            assert self._proxy is not None  # made when any slot has an agent runner
             self._made += 1
             return ProxyEnvManager(
                 spec,
@@ -141,7 +142,7 @@ class EnvWorker:
         managers = self.groups[slot]
         started = time.monotonic()
         tasks = {asyncio.ensure_future(m.run_episode(group.episode(i))): i for i, m in enumerate(managers)}
-        finished: dict[int, object] = {}  # member -> its Trajectory, or the exception that ended it
+        finished: dict[int, Trajectory | BaseException] = {}  # member -> its Trajectory, or the exception that ended it
         pending, completed = set(tasks), 0
         while pending and completed < self.group_size:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -159,7 +160,8 @@ class EnvWorker:
         engine_error = next((f for f in failures if f is not None), None) or self._hung_engine()
         if engine_error is not None:  # not an episode's fault: the run must stop (scheduler, CLI)
             raise engine_error
-        trajectories, dropped = [], []
+        trajectories: list[Trajectory] = []
+        dropped: list[str] = []
         for i in range(len(managers)):
             res = finished.get(i)
             if isinstance(res, BaseException):  # named: the env tag, the episode, the cause

@@ -22,12 +22,17 @@ logger = logging.getLogger(__name__)
 
 
 class Running(Protocol):
-    """What the watch reads of a running group: where it runs, what it is, since when."""
+    """What the watch reads of a running group: where it runs, what it is, since when (read only:
+    the scheduler's record is frozen)."""
 
-    worker: int
-    tag: str
-    group_id: str
-    started: float
+    @property
+    def worker(self) -> int: ...
+    @property
+    def tag(self) -> str: ...
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def started(self) -> float: ...
 
 
 class HangWatch:

@@ -270,7 +270,7 @@ class RolloutScheduler:
         state = self._steps[step]
         for j in [j for j in state.done if j not in checked]:
             tag, spec, result = state.done[j]
-            versions = [t.oldest_policy_version for t in result.trajectories if t.policy_versions]
+            versions = [v for t in result.trajectories if (v := t.oldest_policy_version) is not None]
             if min(versions, default=oldest_allowed) < oldest_allowed:
                 del state.done[j]
                 self.stale_dropped_groups += 1
@@ -383,7 +383,7 @@ class RolloutScheduler:
                 self._running[ref] = _Run(slot, step, spec, time.monotonic())
 
     def _all_slots_free(self) -> dict[str, collections.deque]:
-        free = collections.defaultdict(collections.deque)
+        free: collections.defaultdict[str, collections.deque[Slot]] = collections.defaultdict(collections.deque)
         for slot in self.slots:
             free[slot.tag].append(slot)
         return free

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import roll.agentic.sandbox.isolation as isolation
 import roll.agentic.sandbox.janitor as janitor
@@ -263,7 +264,13 @@ class Sandbox:
         path = os.pathsep.join([os.path.dirname(self.python), "/usr/local/bin", "/usr/bin", "/bin"])
         env = {"PATH": path, "HOME": self.workspace, "TMPDIR": tmp, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
         nproc = self.limits.max_procs + (0 if self.uid is not None else _processes_of(os.getuid()))
-        spec = {"mode": self.mode, "workspace": self.workspace, "argv": argv, "env": env, "uid": self.uid}
+        spec: dict[str, Any] = {
+            "mode": self.mode,
+            "workspace": self.workspace,
+            "argv": argv,
+            "env": env,
+            "uid": self.uid,
+        }
         spec |= {"nproc": nproc, "limits": vars(self.limits), "status_fd": status_fd}
         spec |= {"seccomp": isolation.seccomp_available() is None}
         if self.mode == "namespaces":
@@ -279,9 +286,12 @@ class Sandbox:
         """Read the output up to `output_bytes` before the wall-clock deadline, the workspace
         under `disk_mb`."""
         cap, deadline = self.limits.output_bytes, start + self.limits.wall_s
-        chunks, size, next_disk_check = [], 0, start + DISK_POLL_S
+        chunks: list[bytes] = []
+        size, next_disk_check = 0, start + DISK_POLL_S
+        stdout = proc.stdout
+        assert stdout is not None  # started with stdout=PIPE
         with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
+            sel.register(stdout, selectors.EVENT_READ)
             while True:
                 now = time.monotonic()
                 if now >= next_disk_check:
@@ -294,7 +304,7 @@ class Sandbox:
                     return b"".join(chunks), "wall_time"
                 if not sel.select(timeout=min(left, DISK_POLL_S)):
                     continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
+                chunk = os.read(stdout.fileno(), 65536)
                 if not chunk:
                     return b"".join(chunks), "disk" if self._over_disk() else None
                 chunks.append(chunk)
@@ -318,6 +328,7 @@ class Sandbox:
             proc.wait(timeout=max(5.0, self.limits.wall_s))
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
             pass
+        assert proc.stdout is not None  # started with stdout=PIPE
         proc.stdout.close()
         if self.uid is not None:
             _kill_uid(self.uid)
