@@ -44,7 +44,7 @@ def chat_hash(messages: list[dict]) -> str:
 
 
 class NativeStepEnvManager(BaseEnvManager):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.messages: list[dict] = []  # the env's chat after its last reset or step
 

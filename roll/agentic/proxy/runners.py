@@ -51,7 +51,7 @@ ACT_TOOL = {
 class _Episode:
     """An episode's running totals."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.step_scores: list[float] = []
         self.stop_reason = "max_steps"
         self.info: dict = {}
