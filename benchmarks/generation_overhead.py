@@ -32,7 +32,7 @@ from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.builders import init_ray
+from roll.pipeline.setup.builders import init_ray
 from roll.pipeline.tiny_model import env_corpus
 
 MODES = ("engine", "generate_many", "generate")
@@ -119,7 +119,7 @@ def main() -> None:
         engine = HFInferStrategy(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos)
         init_ray(None)
         try:
-            # the actor options of roll.pipeline.builders.build_workers
+            # the actor options of roll.pipeline.setup.builders.build_workers
             worker = (
                 ray.remote(InferenceWorker)
                 .options(num_cpus=0)

@@ -50,7 +50,7 @@ def summarize_run(output_dir: Path, run: dict, first_step: int = 1) -> dict:
         "engine_calls": _stats([r["rollout/engine_calls"] for r in timed if "rollout/engine_calls" in r]),
         "engine_requests": _stats([r["rollout/engine_requests"] for r in timed if "rollout/engine_requests" in r]),
         "weight_sync_path": _sync_path(steps),
-        # each role's seconds waiting on the others a step (roll.pipeline.idle), and their share
+        # each role's seconds waiting on the others a step (roll.pipeline.phases.idle_time), and their share
         "idle_s": {
             key[len("time/idle/") :]: _mean([r[key] for r in timed if key in r])
             for key in sorted({k for r in timed for k in r if k.startswith("time/idle/")})

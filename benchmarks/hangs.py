@@ -46,7 +46,7 @@ from roll.agentic.rollout.scheduler import RolloutFailed, RolloutScheduler, Slot
 from roll.core.errors import EngineHung  # noqa: E402
 from roll.core.records import GroupResult, SamplingParams  # noqa: E402
 from roll.models.tiny import build_tiny_model  # noqa: E402
-from roll.pipeline.hangs import PROBE_S, WorkerHung, named_hangs  # noqa: E402
+from roll.pipeline.failures.hangs import PROBE_S, WorkerHung, named_hangs  # noqa: E402
 
 DEFAULTS = {"env_step": 60.0, "engine": 300.0, "env_worker": 900.0, "training_call": 1800.0}
 """The default bound of each kind (env_step_timeout_s, generate_timeout_s, env_monitor.hung_timeout, rpc_timeout)."""

@@ -43,7 +43,7 @@ from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.builders import init_ray
+from roll.pipeline.setup.builders import init_ray
 from roll.pipeline.tiny_model import env_corpus
 
 

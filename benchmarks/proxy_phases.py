@@ -143,7 +143,7 @@ def main() -> None:
 
             from roll.agentic.gateway import InferenceGateway
             from roll.distributed.workers.inference import InferenceWorker
-            from roll.pipeline.builders import init_ray
+            from roll.pipeline.setup.builders import init_ray
 
             init_ray(None)
             worker = ray.remote(InferenceWorker).options(num_cpus=0).remote(model_dir, num_threads=1)

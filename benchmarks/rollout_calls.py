@@ -43,8 +43,8 @@ from roll.core.records import GenerateOutput
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.builders import init_ray
-from roll.pipeline.rollout_builders import env_spec, sampling_params
+from roll.pipeline.setup.builders import init_ray
+from roll.pipeline.setup.rollout_builders import env_spec, sampling_params
 from roll.pipeline.tiny_model import env_corpus
 
 REPO = Path(__file__).resolve().parent.parent

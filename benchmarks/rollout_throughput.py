@@ -46,8 +46,8 @@ from roll.core.seeding import derive_seed
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.builders import build_workers, init_ray
-from roll.pipeline.rollout_builders import build_rollout, sampling_params
+from roll.pipeline.setup.builders import build_workers, init_ray
+from roll.pipeline.setup.rollout_builders import build_rollout, sampling_params
 from roll.pipeline.tiny_model import env_corpus
 
 CONFIG_DIR = REPO / "examples" / "frozen_lake"

@@ -1,5 +1,5 @@
 """The score phase of a CPU run with a reference role: the actor's and the reference's log-prob
-passes at once vs in turns (`roll.pipeline.cpu_shares.score_in_turns`, on by default on one CPU
+passes at once vs in turns (`roll.pipeline.setup.cpu_shares.score_in_turns`, on by default on one CPU
 machine; `ROLL_SCORE_IN_TURNS=0` turns it off).
 
 The README's FrozenLake example with a KL loss to a reference role (`hf_infer`), the tiny model,

@@ -37,7 +37,7 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.common import shuffled_minibatches
 from roll.models.loading import load_causal_lm
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.builders import init_ray
+from roll.pipeline.setup.builders import init_ray
 from roll.pipeline.tiny_model import env_corpus
 
 SEED = 0
@@ -177,7 +177,7 @@ def main() -> None:
         }
         if not args.no_ray:
             init_ray(None)
-            # the actor options of roll.pipeline.builders.build_workers
+            # the actor options of roll.pipeline.setup.builders.build_workers
             actor = (
                 ray.remote(ActorWorker)
                 .options(num_cpus=0)

@@ -39,7 +39,7 @@ from roll.configs.loader import load_config
 from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_processor
-from roll.pipeline.rollout_builders import env_spec, sampling_params
+from roll.pipeline.setup.rollout_builders import env_spec, sampling_params
 from roll.pipeline.tiny_model import main as build_model
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vl_frozen_lake"

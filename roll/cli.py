@@ -11,7 +11,7 @@ SIGTERM (e.g. `kill PID`, a scheduler's preemption) and SIGINT (Ctrl-C) end the 
 line, no stack dump, nothing saved beyond the last checkpoint, the local Ray cluster this run
 started shut down, and exit status 128 + the signal (143, 130), as a shell reports a process ended
 by it. A second Ctrl-C meanwhile stops the driver at once (exit status 130); the processes it
-started are then ended by `roll.pipeline.reaper`. A second SIGTERM is ignored.
+started are then ended by `roll.pipeline.failures.reaper`. A second SIGTERM is ignored.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def _checked_config(args: argparse.Namespace, examples_dir: str | None, rollout_
     """The validated config, checked before Ray starts (`ConfigError`, or `NothingToTrain`)."""
     config_dir = resolve_config_dir(args.config_path, examples_dir)
     config = load_config(config_dir, args.config_name, args.overrides, rollout_only=rollout_only)
-    from roll.pipeline.config_checks import check_before_start  # imports the envs: after the config loaded
-    from roll.pipeline.resource_checks import check_resources
+    from roll.pipeline.checks.config import check_before_start  # imports the envs: after the config loaded
+    from roll.pipeline.checks.resources import check_resources
 
     check_before_start(config)  # env types and env_config keys, LoRA targets, the device layout
     check_resources(config)  # the run's directories, the resumed checkpoint, the models, one env per tag
@@ -92,7 +92,7 @@ class _Driver:
     def start(cls) -> _Driver:
         import ray
 
-        from roll.pipeline.worker_death import remember_oom_count
+        from roll.pipeline.failures.worker_death import remember_oom_count
 
         ray_was_up = ray.is_initialized()
         remember_oom_count()  # a worker that dies later is told apart as OOM-killed by this count
@@ -114,9 +114,9 @@ def _as_roll_errors(config) -> Iterator[None]:
     worker or a lost cluster node. Anything else goes on unchanged (a bug keeps its traceback)."""
     from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 
-    from roll.pipeline.cluster import joined, lost_nodes
-    from roll.pipeline.disk import disk_full_line, is_disk_full
-    from roll.pipeline.worker_death import death_line, ray_logs_dir
+    from roll.pipeline.failures.disk_full import disk_full_line, is_disk_full
+    from roll.pipeline.failures.worker_death import death_line, ray_logs_dir
+    from roll.pipeline.setup.cluster import joined, lost_nodes
 
     try:
         yield
@@ -220,7 +220,7 @@ def _last_checkpoint(config) -> str:
 
 
 def _last_checkpoint_path(config):
-    from roll.pipeline import checkpoint as ckpt
+    from roll.pipeline.phases import checkpoint as ckpt
 
     return ckpt.latest(config.checkpoint_dir)
 

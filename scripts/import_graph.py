@@ -157,10 +157,19 @@ ROOMS = {
         ("roll.agentic.rollout",),
         ("roll.agentic.play",),
     ),
-    "pipeline": (("roll.pipeline",), ("roll.cli",), ("roll.console",)),
+    "pipeline": (
+        ("roll.pipeline.phases",),
+        ("roll.pipeline.failures",),
+        ("roll.pipeline.setup",),
+        ("roll.pipeline.checks",),
+        ("roll.pipeline",),
+        ("roll.cli",),
+        ("roll.console",),
+    ),
 }
 """The rooms of a floor, bottom up (docs/architecture.md): a room imports only rooms below it; the
-rooms of one tuple stand side by side and do not import each other. A room is a module prefix."""
+rooms of one tuple stand side by side and do not import each other. A room is a module prefix; a
+module belongs to the lowest room whose prefix it has (`roll.pipeline` holds what no lower room does)."""
 
 
 def room_of(module: str) -> tuple[int, str] | None:

@@ -67,9 +67,21 @@ def test_every_floor_imports_only_floors_below_it(graph):
 
 def test_every_room_imports_only_rooms_below_it(graph):
     # agentic: env, sandbox < episode, generation, gateway, templates < agent_loop < proxy
-    #   < env_manager < rollout < play;  pipeline: roll/pipeline < roll/cli.py < roll/console.py
+    #   < env_manager < rollout < play;  pipeline: phases < failures < setup < checks < the pipelines
+    #   and their tools (roll/pipeline itself) < roll/cli.py < roll/console.py
     assert import_graph.upward_room_imports(graph) == []
     assert import_graph.unplaced_modules(graph) == []
+
+
+def test_each_pipeline_module_is_in_the_room_of_its_folder(graph):
+    rooms = {m: import_graph.room_of(m)[1] for m in graph if m.startswith("roll.pipeline.")}
+    assert rooms["roll.pipeline.phases.batch"] == "roll.pipeline.phases"
+    assert rooms["roll.pipeline.checks.config"] == "roll.pipeline.checks"
+    assert rooms["roll.pipeline.agentic_pipeline"] == "roll.pipeline"
+    files = import_graph.module_files(ROOT)
+    for module, room in rooms.items():  # each folder of roll/pipeline is a room of its own
+        folder = files[module].parent.relative_to(ROOT).as_posix().replace("/", ".")
+        assert room == folder, module
 
 
 def test_the_room_rule_sees_an_import_up_and_one_between_neighbours():

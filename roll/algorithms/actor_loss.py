@@ -4,7 +4,7 @@
 `off_policy`'s truncated weights or `train_infer`'s correction when on) - entropy_coef * entropy
 (aggregated like the policy loss) + kl_coef * KL(pi || reference) (`kl.kl_loss`) when `kl_coef` is
 set. Contract: `PolicyLossOptions` is built once per run from the config at the edge
-(`roll.pipeline.builders.build_loss_options`) and passed whole from the pipeline through the actor
+(`roll.pipeline.setup.builders.build_loss_options`) and passed whole from the pipeline through the actor
 worker to this function; nothing on the way repacks it.
 """
 

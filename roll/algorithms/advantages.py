@@ -233,7 +233,7 @@ def compute_advantages(
 @dataclass(frozen=True)
 class AdvantageOptions:
     """How rewards become advantages, for a whole run (the config keys in brackets); built once at
-    the edge (`roll.pipeline.builders.build_advantage_options`) and read by the score phase."""
+    the edge (`roll.pipeline.setup.builders.build_advantage_options`) and read by the score phase."""
 
     estimator: str
     """The estimator (adv_estimator): `ADV_ESTIMATORS`, or step-wise grpo, gigpo, step_reinforce."""

@@ -4,7 +4,7 @@ Two meanings of "steps" meet here: `CustomEnvConfig.max_steps` counts actions in
 while the top-level `max_steps` counts training steps.
 
 Which env classes `env_type` names, and whether they take the `env_config` keys, is checked before
-the run starts, outside the config models (`roll.pipeline.config_checks`): validation reads no files
+the run starts, outside the config models (`roll.pipeline.checks.config`): validation reads no files
 and imports no env.
 """
 

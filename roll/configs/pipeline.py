@@ -69,7 +69,7 @@ class PipelineConfig(RollDialect):
     overwrite_output_dir: bool = False
     """A fresh run (`resume_from_checkpoint: false`) refuses to start in an `output_dir` that holds
     another run's `metrics.jsonl` or checkpoints; true lets it, deleting those first so that the
-    two runs' metrics and checkpoints never mix (`roll.pipeline.resource_checks`)."""
+    two runs' metrics and checkpoints never mix (`roll.pipeline.checks.resources`)."""
     pretrain: str
     """Local HF model dir (with config.json) that every role loads unless its
     `model_args.model_name_or_path` says otherwise."""

@@ -92,7 +92,7 @@ def _plays_images(data: dict[str, Any]) -> bool:
 
 def _vl_trainers(smoke: _Setter, data: dict[str, Any]) -> list[str]:
     """megatron -> torch_train for the trained and scoring roles of a VL config: roll's megatron
-    builds a text GPT, and what a VL config tests is the VL model (`roll.pipeline.vl_checks`
+    builds a text GPT, and what a VL config tests is the VL model (`roll.pipeline.checks.vision`
     refuses megatron with images outside the profile)."""
     notes = []
     for role in ("actor_train", "reference", "critic"):

@@ -127,7 +127,7 @@ class WorkerConfig(ConfigModel):
     whose lists share a device are colocated: they take turns on it, each offloaded to CPU while another works, which
     needs `async_generation_ratio: 0` when `actor_infer` is one of them. See
     `roll.distributed.placement`; the layout is checked before the run starts
-    (`roll.pipeline.config_checks`), GPU counts when the pipeline places its workers."""
+    (`roll.pipeline.checks.config`), GPU counts when the pipeline places its workers."""
     data_args: DataArgs = Field(default_factory=DataArgs)
     """ROLL's data section of a role: which chat template renders the prompts."""
     infer_batch_size: int | None = Field(None, ge=1)

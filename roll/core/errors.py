@@ -5,12 +5,12 @@
 that goes wrong is a bug and keeps its traceback. The kinds:
 
 - `BadConfig` (exit 2, "config error"): the run cannot start as configured. `roll.configs.ConfigError`,
-  `roll.distributed.placement.PlacementError`, `roll.pipeline.checkpoint.CheckpointDamaged`.
+  `roll.distributed.placement.PlacementError`, `roll.pipeline.phases.checkpoint.CheckpointDamaged`.
 - `RunStopped` (exit 1, "training stopped"): a run that cannot go on for a known reason (diverged
   training, a rollout that keeps failing, a failed or hung engine, a hung worker, a full disk, a
   dead worker or node).
-- others set their own: `roll.pipeline.cluster.ClusterError` (exit 2, "cluster error"),
-  `roll.pipeline.resource_checks.NothingToTrain` (exit 0, no prefix), `roll.cli.Terminated`
+- others set their own: `roll.pipeline.setup.cluster.ClusterError` (exit 2, "cluster error"),
+  `roll.pipeline.checks.resources.NothingToTrain` (exit 0, no prefix), `roll.cli.Terminated`
   (exit 128 + the signal).
 
 Concrete errors keep their historical builtin base too (`RuntimeError`, `ValueError`), so code that

@@ -2,7 +2,7 @@
 
 The batch is a `TensorDict` of (B, T) tensors aligned to token positions (the keys in `Batch`);
 what is one value per row and not a tensor the engines need (ids, tags, step numbers, scores) is a
-`RowInfo`. The pipeline writes both (`roll.pipeline.samples`), the scoring phase and the workers
+`RowInfo`. The pipeline writes both (`roll.pipeline.phases.batch`), the scoring phase and the workers
 read them: by these names, so a reader finds every writer with one search.
 """
 

@@ -3,7 +3,7 @@
 - `padded(seqs, width, fill, dtype, left=False)`: a (len(seqs), width) NumPy array whose row i
   holds seqs[i] at the start (right padding) or at the end (`left`), and `fill` elsewhere.
 - `length_mask(lengths, width, left=False)`: the matching mask, 1 where row i has a value.
-A row longer than `width` is an error. The batch builders (`roll.pipeline.samples`) and the `hf`
+A row longer than `width` is an error. The batch builders (`roll.pipeline.phases.batch`) and the `hf`
 engine's prefill use them.
 """
 

@@ -8,7 +8,7 @@ local run would put it), then by IP address, then node id: an order a user can w
 `ray status` / `ray list nodes`, and stable from run to run.
 
 What each process gets: its node (`ProcessPlacement.node_id` / `node_ip`; the builders reserve a
-bundle there, `roll.pipeline.builders`) and `CUDA_VISIBLE_DEVICES` = its GPU's index on that node,
+bundle there, `roll.pipeline.setup.builders`) and `CUDA_VISIBLE_DEVICES` = its GPU's index on that node,
 as the node's raylet numbers its GPUs (0 .. n-1). A node whose raylet was started under a
 `CUDA_VISIBLE_DEVICES` of its own renumbers them, which this plan does not see: start GPU nodes
 without it. Colocation works as on one machine: two roles listing the same index share that GPU.

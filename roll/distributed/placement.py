@@ -4,7 +4,7 @@ A role's `device_mapping` lists GPU indices of the driver's node as the driver n
 (`null`: CPU; ROLL's `list(range(0, 8))` is accepted). Each process takes one device: `actor_infer`
 one replica per listed device, a training role one data-parallel rank per listed device
 (`world_size`). Roles whose lists share a device are colocated and take turns on it
-(`roll.pipeline.residency`). A process starts with `CUDA_VISIBLE_DEVICES` set to its own device and
+(`roll.pipeline.phases.gpu_offload`). A process starts with `CUDA_VISIBLE_DEVICES` set to its own device and
 asks Ray for no GPU, so the indices the user wrote are the ones used; on a joined cluster they
 count over the cluster's GPU nodes (`roll.distributed.cluster_plan`).
 
@@ -64,7 +64,7 @@ class ProcessPlacement:
 
     def rank_env(self, world_size: int, master_port: int, master_addr: str = "127.0.0.1") -> dict[str, str]:
         """The torch.distributed variables of this process as rank `index` of its role's group,
-        served by rank 0 at `master_addr`, its own node (`roll.pipeline.builders`); `ensure_process_group`
+        served by rank 0 at `master_addr`, its own node (`roll.pipeline.setup.builders`); `ensure_process_group`
         joins the group they describe. LOCAL_RANK names the process's device among those it sees:
         0 on a GPU (it sees only its own), the rank on CPU."""
         return {

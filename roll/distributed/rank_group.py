@@ -13,7 +13,7 @@ does with a one-process role; the fan-out lives here, not in the loop:
   sums their terms), and rank 0 writes the checkpoint files.
 - `get_weights`: every rank takes part (ZeRO-3 and FSDP2 gather the shards in a collective), and
   the ref is rank 0's copy, so the weights go to the engines straight from rank 0.
-Offload and reload are per process (`roll.pipeline.residency` attaches `handles`).
+Offload and reload are per process (`roll.pipeline.phases.gpu_offload` attaches `handles`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The images a batch's rows carry, as the trainer's forwards need them.
 
 A vision-language batch holds each row's images beside its ids (`Batch.PIXEL_VALUES` (B, P, D) and
-`Batch.IMAGE_GRID_THW` (B, N, 3), zero-padded per row; `roll.pipeline.samples`) and a hash of them
+`Batch.IMAGE_GRID_THW` (B, N, 3), zero-padded per row; `roll.pipeline.phases.batch`) and a hash of them
 (`Batch.IMAGE_HASH` (B, 2)). Two things are read from them here:
 
 - `vision_inputs`: the model's `pixel_values` and `image_grid_thw` for some rows, every row's

@@ -13,7 +13,7 @@ device memory, copies them into its own parameters in place (`HFInferStrategy.lo
 storage captured CUDA graphs point at stays), then drops them (`IpcWeights.close`: synchronizes
 first, so the copy is done before the trainer may change or free its tensors). The trainer must
 stay resident, unchanged, until the engine returns: the pipeline syncs in a phase where both are
-resident (`roll.pipeline.residency`, phase "sync_on_device").
+resident (`roll.pipeline.phases.gpu_offload`, phase "sync_on_device").
 """
 
 from __future__ import annotations

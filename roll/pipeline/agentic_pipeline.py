@@ -7,9 +7,9 @@ own counters. Synchronous by default: rollout of step t+1 starts after the weigh
 in place. With `async_generation_ratio` k > 0 the groups of steps t+1..t+k start right after step
 t's rollout, on the weights of that moment, and generate while step t trains (`run_ahead`).
 Roles that share GPUs take turns on them: each phase first makes its roles resident
-(`self.residency.enter`, roll/pipeline/residency.py), which does nothing when no GPU is shared.
+(`self.residency.enter`, roll/pipeline/phases/gpu_offload.py), which does nothing when no GPU is shared.
 Each step logs its phase times (`time/*_s`; the residency's offload and reload waits are parts of
-them), each role's compute, sync and idle seconds (`time/idle/<role>`, roll/pipeline/idle.py) and,
+them), each role's compute, sync and idle seconds (`time/idle/<role>`, roll/pipeline/phases/idle_time.py) and,
 with roles on GPUs, each role's peak GPU memory (`memory/<role>_peak_gib`).
 """
 
@@ -30,19 +30,12 @@ from roll.core.seeding import seed_everything
 from roll.distributed.weight_transfer import CUDA_IPC
 from roll.distributed.workers.old_logprobs import logprob_abs_diff
 from roll.distributed.workers.partial import COUNTS as INTERRUPT_COUNTS
-from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.builders import build_advantage_options, build_loss_options, build_workers, inference_names
-from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
-from roll.pipeline.cpu_shares import call_all, score_in_turns
-from roll.pipeline.disk import DiskFull, disk_full_line, is_disk_full
-from roll.pipeline.guards import engine_gap_warning, stop_if_diverged
-from roll.pipeline.hangs import named_hangs
-from roll.pipeline.idle import StepClock
-from roll.pipeline.recorded_rollout import log_validation_images, recorded, write_trajectories
-from roll.pipeline.rollout_builders import build_rollout
-from roll.pipeline.run_dirs import checkpoint_bytes
-from roll.pipeline.run_setup import freeze_heaps, make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
-from roll.pipeline.samples import (
+from roll.pipeline.checks.run_dirs import checkpoint_bytes
+from roll.pipeline.failures.disk_full import DiskFull, disk_full_line, is_disk_full
+from roll.pipeline.failures.divergence import engine_gap_warning, stop_if_diverged
+from roll.pipeline.failures.hangs import named_hangs
+from roll.pipeline.phases import checkpoint as ckpt
+from roll.pipeline.phases.batch import (
     adjust_batch,
     batch_divisor,
     build_step_batch,
@@ -51,7 +44,9 @@ from roll.pipeline.samples import (
     staleness_metrics,
     summarize_trajectories,
 )
-from roll.pipeline.scoring import (
+from roll.pipeline.phases.idle_time import StepClock
+from roll.pipeline.phases.recorded_rollout import log_validation_images, recorded, write_trajectories
+from roll.pipeline.phases.scoring import (
     clip_rewards,
     final_values,
     normalize_step_episode_scores,
@@ -61,7 +56,12 @@ from roll.pipeline.scoring import (
     score_step_batch,
     with_final_state,
 )
-from roll.pipeline.weight_sync import sync_path
+from roll.pipeline.run_setup import freeze_heaps, make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
+from roll.pipeline.setup.builders import build_advantage_options, build_loss_options, build_workers, inference_names
+from roll.pipeline.setup.cluster import placement_rows, stop_on_loss_of, write_placement
+from roll.pipeline.setup.cpu_shares import call_all, score_in_turns
+from roll.pipeline.setup.rollout_builders import build_rollout
+from roll.pipeline.setup.sync_path import sync_path
 from roll.tracking.progress import ProgressBar
 
 logger = logging.getLogger("roll")
@@ -164,7 +164,7 @@ class AgenticPipeline:
         """Phases 1-5 of one step, and its metrics; the trajectories are written out."""
         cfg = self.cfg
         timings: dict[str, float] = {}
-        self.clock.start()  # each role's compute, sync and idle seconds in the step (roll/pipeline/idle.py)
+        self.clock.start()  # each role's compute, sync and idle seconds in the step (roll/pipeline/phases/idle_time.py)
         # 1. Rollout: complete groups of trajectories on the current weights (version step - 1),
         #    or at most async_generation_ratio versions older; then the next steps' groups start
         with _timer(timings, "rollout"):

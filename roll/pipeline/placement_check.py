@@ -3,7 +3,7 @@
     python -m roll.pipeline.placement_check --config_path DIR --config_name NAME [overrides ...]
 
 Joins the cluster (`ray_address` / `RAY_ADDRESS`) or starts a local Ray exactly as a run does,
-plans `device_mapping` (`roll.pipeline.builders.place_workers`: over the cluster's nodes with
+plans `device_mapping` (`roll.pipeline.setup.builders.place_workers`: over the cluster's nodes with
 `num_gpus_per_node`), and starts every process of every role through the builders' own code
 (`_start_role` for the training roles, `node_spots` for `actor_infer`): the same placement groups,
 node bundles, `CUDA_VISIBLE_DEVICES` and torch.distributed variables. Only the class differs: a
@@ -45,7 +45,7 @@ class PlacementProbe:
 def probe_rows(plan) -> list[dict]:
     """One row per planned process (`plan`, a `DevicePlan`), from a probe started where the real
     worker would be."""
-    from roll.pipeline.builders import _remote, _start_role, node_spots
+    from roll.pipeline.setup.builders import _remote, _start_role, node_spots
 
     rows = []
     for role, placements in plan.processes.items():
@@ -68,9 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_config_args(argv, "placement_check", __doc__.split("\n\n")[0])
     from roll.configs import ConfigError, load_config
     from roll.distributed.placement import PlacementError
-    from roll.pipeline.builders import init_ray, place_workers
-    from roll.pipeline.cluster import ClusterError, write_placement
-    from roll.pipeline.config_checks import check_before_start
+    from roll.pipeline.checks.config import check_before_start
+    from roll.pipeline.setup.builders import init_ray, place_workers
+    from roll.pipeline.setup.cluster import ClusterError, write_placement
 
     try:
         cfg = load_config(resolve_config_dir(args.config_path, "examples"), args.config_name, args.overrides)

@@ -24,12 +24,12 @@ import numpy as np
 from roll.configs.roll_compat.dialect import ENV_LIBRARY_VARIABLES
 from roll.configs.rollout import unused_in_rollout
 from roll.core.seeding import seed_everything
-from roll.pipeline.builders import build_inference, inference_names
-from roll.pipeline.cluster import placement_rows, stop_on_loss_of, write_placement
-from roll.pipeline.recorded_rollout import recorded, write_trajectories
-from roll.pipeline.rollout_builders import build_rollout
+from roll.pipeline.phases.batch import summarize_trajectories
+from roll.pipeline.phases.recorded_rollout import recorded, write_trajectories
 from roll.pipeline.run_setup import freeze_heaps, make_tracer, make_tracker, rpc_timeout, run_tokenizer, start
-from roll.pipeline.samples import summarize_trajectories
+from roll.pipeline.setup.builders import build_inference, inference_names
+from roll.pipeline.setup.cluster import placement_rows, stop_on_loss_of, write_placement
+from roll.pipeline.setup.rollout_builders import build_rollout
 from roll.tracking.progress import ProgressBar
 
 logger = logging.getLogger("roll")

@@ -11,10 +11,10 @@ import ray
 from roll.distributed.rank_group import process_handles
 from roll.models.loading import load_tokenizer
 from roll.models.templates import apply_template
-from roll.pipeline.builders import init_ray, place_workers
-from roll.pipeline.cluster import ray_target
-from roll.pipeline.config_checks import check_before_start
-from roll.pipeline.residency import PhaseResidency
+from roll.pipeline.checks.config import check_before_start
+from roll.pipeline.phases.gpu_offload import PhaseResidency
+from roll.pipeline.setup.builders import init_ray, place_workers
+from roll.pipeline.setup.cluster import ray_target
 from roll.tracking.backends import make_backend
 from roll.tracking.traces import RolloutTracer
 from roll.tracking.tracker import Tracker

@@ -161,8 +161,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _teacher_setup(args: argparse.Namespace):
     """(config, tag, env spec) of the experiment; a ConfigError names what is wrong."""
     from roll.configs.command_line import resolve_config_dir  # the CLIs' lookup: as given, or under examples/
-    from roll.pipeline.config_checks import check_before_start
-    from roll.pipeline.rollout_builders import env_spec
+    from roll.pipeline.checks.config import check_before_start
+    from roll.pipeline.setup.rollout_builders import env_spec
 
     examples = str(Path(__file__).resolve().parents[2] / "examples")
     cfg = load_config(resolve_config_dir(args.config_path, examples), args.config_name, args.overrides)
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    from roll.pipeline.rollout_builders import sampling_params
+    from roll.pipeline.setup.rollout_builders import sampling_params
 
     torch.manual_seed(args.seed)
     tokenizer = apply_template(load_tokenizer(cfg.pretrain), cfg.actor_infer.data_args.template)

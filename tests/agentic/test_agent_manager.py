@@ -17,7 +17,7 @@ from roll.configs.base import ConfigError
 from roll.configs.loader import load_config
 from roll.core.records import GenerateOutput, SamplingParams
 from roll.models.tiny import build_tiny_model, build_tiny_tokenizer
-from roll.pipeline.config_checks import check_before_start
+from roll.pipeline.checks.config import check_before_start
 
 REPO = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3"}}</tool_call>'

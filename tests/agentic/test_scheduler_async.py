@@ -36,7 +36,7 @@ from roll.core.records import (
 )
 from roll.models.loading import load_tokenizer
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.samples import staleness_metrics
+from roll.pipeline.phases.batch import staleness_metrics
 
 pytestmark = pytest.mark.ray
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/

@@ -219,7 +219,7 @@ def strategy(vl_dir, micro_batch_size: int):
 @pytest.mark.parametrize("micro_batch_size", [1, 3])
 def test_the_trainer_scores_the_engines_tokens_with_their_images(vl_dir, vl_trajectories, micro_batch_size):
     from roll.core.fields import Batch
-    from roll.pipeline.samples import build_traj_batch
+    from roll.pipeline.phases.batch import build_traj_batch
 
     batch, _ = build_traj_batch(vl_trajectories, pad_token_id=0)
     grids = batch[Batch.IMAGE_GRID_THW]
@@ -233,7 +233,7 @@ def test_a_row_is_scored_with_its_own_images(vl_dir, vl_trajectories):
     """Swapping two rows' images (same shapes) changes their log-probs: images are not shared
     between rows, even rows with equal ids."""
     from roll.core.fields import Batch
-    from roll.pipeline.samples import build_traj_batch
+    from roll.pipeline.phases.batch import build_traj_batch
 
     batch, _ = build_traj_batch(vl_trajectories[:2], pad_token_id=0)
     swapped = batch.clone()
@@ -250,7 +250,7 @@ def test_a_ppo_step_trains_the_vision_tower(vl_dir, vl_trajectories):
     from roll.core.fields import Batch
     from roll.distributed.micro_batches import token_logprobs
     from roll.distributed.row_images import row_images
-    from roll.pipeline.samples import build_traj_batch
+    from roll.pipeline.phases.batch import build_traj_batch
 
     batch, _ = build_traj_batch(vl_trajectories, pad_token_id=0)
     trainer = strategy(vl_dir, 1)
@@ -308,7 +308,7 @@ def test_a_text_only_engine_refuses_images(processor, tmp_path):
 def test_the_reference_scores_the_engines_tokens_with_their_images(vl_dir, vl_trajectories):
     from roll.core.fields import Batch
     from roll.distributed.workers.reference import ReferenceWorker
-    from roll.pipeline.samples import build_traj_batch
+    from roll.pipeline.phases.batch import build_traj_batch
 
     batch, _ = build_traj_batch(vl_trajectories, pad_token_id=0)
     logprobs = ReferenceWorker(vl_dir, micro_batch_size=2).compute_logprobs(batch, temperature=1.0)

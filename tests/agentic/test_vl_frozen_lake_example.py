@@ -17,7 +17,7 @@ from roll.agentic.episode import EpisodeSpec
 from roll.configs.loader import load_config
 from roll.core.records import SamplingParams
 from roll.models.loading import load_processor
-from roll.pipeline.rollout_builders import env_spec
+from roll.pipeline.setup.rollout_builders import env_spec
 from roll.pipeline.tiny_model import main as build_model
 from tests.conftest import vl_engine
 

@@ -30,7 +30,7 @@ from roll.core.enums import SampleMode
 from roll.core.fields import Batch
 from roll.core.records import GenerateOutput, SamplingParams, Trajectory
 from roll.models.loading import load_policy, load_processor, vision_token_ids
-from roll.pipeline.samples import build_step_batch
+from roll.pipeline.phases.batch import build_step_batch
 from roll.pipeline.tiny_model import main as build_model
 from tests.conftest import vl_engine
 

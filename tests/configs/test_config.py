@@ -12,7 +12,7 @@ import pytest
 from roll.configs import ConfigError, GeneratingArgs, load_config, validate_config
 from roll.configs.worker import STRATEGY_OPTIONS
 from roll.core.records import SamplingParams
-from roll.pipeline.config_checks import check_before_start
+from roll.pipeline.checks.config import check_before_start
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 CONFIG_NAME = "minimal_agentic"

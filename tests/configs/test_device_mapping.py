@@ -11,7 +11,7 @@ import torch
 
 from roll.cli import main
 from roll.configs import ConfigError, load_config
-from roll.pipeline.config_checks import check_before_start
+from roll.pipeline.checks.config import check_before_start
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 GPU_RUN = ["+actor_train.device_mapping=[0]", "+actor_infer.device_mapping=[0]"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from roll.configs import ConfigError, load_config
-from roll.pipeline.config_checks import check_before_start
-from roll.pipeline.rollout_builders import env_spec, proxy_options
+from roll.pipeline.checks.config import check_before_start
+from roll.pipeline.setup.rollout_builders import env_spec, proxy_options
 
 HERE = Path(__file__).parent / "roll_dialect" / "runs"
 REPO = Path(__file__).parents[2]

@@ -1,4 +1,4 @@
-"""Pre-start checks (roll/pipeline/resource_checks.py) through the CLI, as a user meets them: each bad
+"""Pre-start checks (roll/pipeline/checks/resources.py) through the CLI, as a user meets them: each bad
 setup is one line naming the key and exit 2, before the pipeline (Ray, models) is touched."""
 
 from __future__ import annotations

@@ -106,14 +106,14 @@ def test_the_expert_patch_off_is_no_moe_refusal(model_dir):
 
 
 def test_an_env_managers_system_envs_reach_its_env_workers():
-    from roll.pipeline.rollout_builders import _env_worker_options
+    from roll.pipeline.setup.rollout_builders import _env_worker_options
 
     assert _env_worker_options({"ENV_WORKER_FLAG": "on"})["runtime_env"] == {"env_vars": {"ENV_WORKER_FLAG": "on"}}
     assert "runtime_env" not in _env_worker_options({})
 
 
 def test_rolls_native_step_manager_maps_to_ours(model_dir):
-    from roll.pipeline.rollout_builders import env_spec
+    from roll.pipeline.setup.rollout_builders import env_spec
 
     cfg = load(model_dir, "native_step")
     assert cfg.train_env_manager.env_manager_type == "step"  # one sample per step
@@ -131,7 +131,7 @@ def test_megatron_fusion_switches_are_booleans(model_dir):
 
 
 def test_a_native_manager_needs_an_env_that_writes_its_chat(model_dir):
-    from roll.pipeline.resource_checks import check_envs
+    from roll.pipeline.checks.resources import check_envs
 
     check_envs(load(model_dir, "native_step"))  # sokoban_native_env does
     with pytest.raises(ConfigError) as info:
@@ -143,7 +143,7 @@ def test_a_native_manager_needs_an_env_that_writes_its_chat(model_dir):
 
 
 def test_rolls_vl_manager_maps_to_ours(model_dir):
-    from roll.pipeline.rollout_builders import env_spec
+    from roll.pipeline.setup.rollout_builders import env_spec
 
     cfg = load(
         model_dir,

@@ -1,5 +1,5 @@
 """ROLL's rollout-only pipeline and rollout keys (roll.configs.rollout, roll.pipeline.rollout_pipeline,
-roll.pipeline.recorded_rollout) on YAMLs of our own in ROLL's dialect."""
+roll.pipeline.phases.recorded_rollout) on YAMLs of our own in ROLL's dialect."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """Every directory a run writes, and the checkpoint it resumes, checked before Ray starts
-(roll/pipeline/run_dirs.py, roll/pipeline/resource_checks.py), through the CLI as a user meets them.
+(roll/pipeline/checks/run_dirs.py, roll/pipeline/checks/resources.py), through the CLI as a user meets them.
 
 A config that passes every check reaches the pipeline, whose import is blocked here: "started"."""
 
@@ -18,8 +18,8 @@ import pytest
 
 from roll.cli import main
 from roll.configs import ConfigError, load_config
-from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.run_dirs import check_room, checkpoint_bytes, parameter_count, run_dirs
+from roll.pipeline.checks.run_dirs import check_room, checkpoint_bytes, parameter_count, run_dirs
+from roll.pipeline.phases import checkpoint as ckpt
 from tests.faults.timing import detected
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))

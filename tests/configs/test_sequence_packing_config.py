@@ -10,8 +10,8 @@ import yaml
 
 from roll.configs import ConfigError, validate_config
 from roll.distributed.sequence_packing import PackingBudget
-from roll.pipeline.builders import training_features
-from roll.pipeline.config_checks import check_before_start
+from roll.pipeline.checks.config import check_before_start
+from roll.pipeline.setup.builders import training_features
 
 REPO = Path(__file__).parents[2]
 

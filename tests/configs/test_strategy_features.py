@@ -12,7 +12,7 @@ from test_bad_configs import CONFIG_DIR, CONFIG_NAME, assert_one_line, no_pipeli
 
 from roll.configs import load_config
 from roll.configs.worker import ModelArgs
-from roll.pipeline.builders import training_features
+from roll.pipeline.setup.builders import training_features
 from tests.conftest import tiny_llama_config
 
 

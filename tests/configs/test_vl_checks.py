@@ -1,4 +1,4 @@
-"""Vision-language configs through the CLI (roll/pipeline/vl_checks.py): ROLL's own
+"""Vision-language configs through the CLI (roll/pipeline/checks/vision.py): ROLL's own
 qwen2.5-vl-3B-agentic/agentic_val_sokoban.yaml passes every pre-start check on the tiny VL model
 (`+profile=cpu_smoke` trains it with torch, not megatron), and each bad VL setup is one line
 naming the key and exit 2."""
@@ -105,7 +105,7 @@ def test_rolls_vl_manager_plays_step_wise_when_its_managers_do(capsys, tmp_path,
     """ROLL has no step-wise VL manager: its VLTrajEnvManager takes the sample mode of the managers
     (step-wise: roll's VLStepEnvManager), whose prompts hold history_length + 1 images, not max_steps."""
     from roll.configs import load_config
-    from roll.pipeline.rollout_builders import env_spec
+    from roll.pipeline.setup.rollout_builders import env_spec
 
     status, lines = run(capsys, tmp_path, vl_dir, *STEP_WISE, f"{LIMIT}=1")
     assert status == "started", lines
@@ -123,34 +123,34 @@ def test_an_engine_without_image_requests_is_refused(tmp_path, vl_dir, monkeypat
     """vllm and sglang (not installed here) are named by validation first; where they are, this
     check names them with the reason: sglang always, vllm where torchvision does not import."""
     from roll.configs import ConfigError, load_config
-    from roll.pipeline import vl_checks
+    from roll.pipeline.checks import vision
 
     cfg = load_config(
         str(ROLL_VL), "agentic_val_sokoban", ["+profile=cpu_smoke", f"pretrain={vl_dir}", f"reward_pretrain={vl_dir}"]
     )
-    vl_checks.check_vision(cfg)
+    vision.check_vision(cfg)
     cfg.actor_infer.strategy_args.strategy_name = "vllm"
     no_torchvision = "ModuleNotFoundError: No module named 'torchvision'"
-    monkeypatch.setattr(vl_checks, "torchvision_import_error", lambda: no_torchvision)
+    monkeypatch.setattr(vision, "torchvision_import_error", lambda: no_torchvision)
     with pytest.raises(ConfigError) as vllm:
-        vl_checks.check_vision(cfg)
+        vision.check_vision(cfg)
     assert str(vllm.value) == (
         "actor_infer.strategy_args.strategy_name: 'vllm' cannot take image requests here: torchvision does not "
-        f"import ({no_torchvision}); {vl_checks.VLLM_NEEDS_TORCHVISION}; use hf (hf_infer) with the VL env manager"
+        f"import ({no_torchvision}); {vision.VLLM_NEEDS_TORCHVISION}; use hf (hf_infer) with the VL env manager"
     )
     assert "\n" not in str(vllm.value) and "install_vllm_cpu.sh --images" in str(vllm.value)
-    monkeypatch.setattr(vl_checks, "torchvision_import_error", lambda: None)
-    vl_checks.check_vision(cfg)  # torchvision imports: vllm takes the images
+    monkeypatch.setattr(vision, "torchvision_import_error", lambda: None)
+    vision.check_vision(cfg)  # torchvision imports: vllm takes the images
     cfg.actor_infer.strategy_args.strategy_name = "sglang"
     with pytest.raises(ConfigError, match=r"'sglang' does not take image requests here yet \(its strategy sends token"):
-        vl_checks.check_vision(cfg)
+        vision.check_vision(cfg)
 
 
 def test_whether_torchvision_imports_is_this_pythons_answer():
     """The check asks a child interpreter; its answer is an import in this one's."""
     import importlib
 
-    from roll.pipeline.vl_checks import torchvision_import_error
+    from roll.pipeline.checks.vision import torchvision_import_error
 
     try:
         importlib.import_module("torchvision")

@@ -11,12 +11,12 @@ from roll.cli import Terminated
 from roll.configs import ConfigError
 from roll.core.errors import BadConfig, EngineFailed, RollError, RunStopped
 from roll.distributed.placement import PlacementError
-from roll.pipeline.checkpoint import CheckpointDamaged
-from roll.pipeline.cluster import ClusterError
-from roll.pipeline.disk import DiskFull
-from roll.pipeline.guards import TrainingDiverged
-from roll.pipeline.recorded_rollout import RecordingMissing
-from roll.pipeline.resource_checks import NothingToTrain
+from roll.pipeline.checks.resources import NothingToTrain
+from roll.pipeline.failures.disk_full import DiskFull
+from roll.pipeline.failures.divergence import TrainingDiverged
+from roll.pipeline.phases.checkpoint import CheckpointDamaged
+from roll.pipeline.phases.recorded_rollout import RecordingMissing
+from roll.pipeline.setup.cluster import ClusterError
 
 
 @pytest.mark.parametrize(

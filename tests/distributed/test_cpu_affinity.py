@@ -103,7 +103,7 @@ def test_bad_cpu_options_name_the_key(options, message):
 
 
 def test_cores_the_machine_lacks_are_refused_before_start():
-    from roll.pipeline.config_checks import check_cpu_affinity
+    from roll.pipeline.checks.config import check_cpu_affinity
 
     check_cpu_affinity("actor_infer", worker("hf", cpu_affinity=sorted(os.sched_getaffinity(0))))
     missing = max(os.sched_getaffinity(0)) + 1
@@ -118,7 +118,7 @@ def test_cores_the_machine_lacks_are_refused_before_start():
 def test_a_roles_own_options_win_over_the_default(monkeypatch):
     from types import SimpleNamespace
 
-    from roll.pipeline import cpu_shares
+    from roll.pipeline.setup import cpu_shares
 
     monkeypatch.setattr(cpu_shares.cluster, "joined", lambda: False)
     cfg = SimpleNamespace(
@@ -141,7 +141,7 @@ def test_a_roles_own_options_win_over_the_default(monkeypatch):
 def test_score_passes_take_turns_only_where_roles_share_cpu_cores(monkeypatch):
     from types import SimpleNamespace
 
-    from roll.pipeline import cpu_shares
+    from roll.pipeline.setup import cpu_shares
 
     monkeypatch.setattr(cpu_shares.cluster, "joined", lambda: False)
     monkeypatch.delenv(cpu_shares.SCORE_SWITCH, raising=False)
@@ -179,7 +179,7 @@ def test_call_all_starts_each_call_after_the_last_returned_only_in_turns():
 
     import ray
 
-    from roll.pipeline.cpu_shares import call_all
+    from roll.pipeline.setup.cpu_shares import call_all
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
 

@@ -17,7 +17,7 @@ from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams, T
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.partial import PartialRequests, Segments, continuation
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.samples import build_traj_batch
+from roll.pipeline.phases.batch import build_traj_batch
 
 MAX_NEW = 24
 CALLS_BEFORE_UPDATE = 6  # the prefill and 5 decode steps: 6 tokens sampled on the old weights

@@ -10,7 +10,7 @@ from roll.core.fields import Batch
 from roll.core.records import ImageInputs
 from roll.distributed.micro_batches import distinct_rows
 from roll.distributed.row_images import RowImages, image_hashes, row_images, vision_inputs
-from roll.pipeline.samples import image_batch
+from roll.pipeline.phases.batch import image_batch
 
 
 def pixels(*rows: list[float]) -> torch.Tensor:

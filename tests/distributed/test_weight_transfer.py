@@ -16,7 +16,7 @@ from roll.distributed.placement import plan_devices
 from roll.distributed.weight_transfer import CPU_COPY, CUDA_IPC, IpcWeights, choose_sync_path, share_state
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.tiny import build_tiny_model
-from roll.pipeline.weight_sync import sync_path
+from roll.pipeline.setup.sync_path import sync_path
 
 SHARED = dict(trainer_ranks=1, trainer_strategy="torch_train", lora=False, engine_strategy="hf_infer")
 

@@ -134,7 +134,7 @@ def test_step_concat_history_is_the_earlier_observations_one_per_line():
 def test_rolls_gem_config_keys_are_accepted(tmp_path, monkeypatch):
     from roll.configs import load_config
     from roll.models.tiny import build_tiny_model
-    from roll.pipeline.rollout_builders import env_spec
+    from roll.pipeline.setup.rollout_builders import env_spec
 
     model = build_tiny_model(str(tmp_path / "m"), corpus=["Guess."], seed=0)
     monkeypatch.chdir(tmp_path)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from roll.pipeline import checkpoint as ckpt
+from roll.pipeline.phases import checkpoint as ckpt
 from tests.faults.timing import detected
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """The CLI with every worker process of the run planned on one stand-in device, on CPU: the
 colocated layout of a GPU run (actor_train, actor_infer and reference sharing GPU 0, taking turns
-through `roll.pipeline.residency`) on a machine without a GPU. Each process is planned on device 0,
+through `roll.pipeline.phases.gpu_offload`) on a machine without a GPU. Each process is planned on device 0,
 so the pipeline offloads and reloads roles exactly as on a GPU, but is started on CPU (no
 `CUDA_VISIBLE_DEVICES`, torch device "cpu"). Used by tests/pipeline/test_colocated_cpu.py:
     python tests/lanes/colocated_cpu_run.py --config_path frozen_lake --config_name NAME [key=value ...]
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from roll.cli import main
 from roll.distributed.placement import DevicePlan, ProcessPlacement
-from roll.pipeline import builders, run_setup
+from roll.pipeline import run_setup
+from roll.pipeline.setup import builders
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,7 +9,7 @@ import sys
 import psutil
 import ray
 
-from roll.pipeline.builders import init_ray
+from roll.pipeline.setup.builders import init_ray
 
 
 @ray.remote(num_cpus=0)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from roll.pipeline import checkpoint as ckpt
+from roll.pipeline.phases import checkpoint as ckpt
 
 
 def write(out, step, state=None):

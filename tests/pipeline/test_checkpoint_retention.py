@@ -1,4 +1,4 @@
-"""max_ckpt_to_keep (roll.pipeline.checkpoint.prune): the newest N complete checkpoints stay, the one
+"""max_ckpt_to_keep (roll.pipeline.phases.checkpoint.prune): the newest N complete checkpoints stay, the one
 a resume reads is never deleted, and a kill in the middle of a deletion leaves nothing that looks
 like a checkpoint."""
 
@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from roll.pipeline import checkpoint as ckpt
+from roll.pipeline.phases import checkpoint as ckpt
 
 REPO = Path(__file__).parents[2]
 
@@ -53,7 +53,7 @@ def test_a_kill_in_the_middle_of_a_deletion_leaves_no_half_checkpoint(tmp_path):
         f"""
         import os, signal, shutil
         from pathlib import Path
-        from roll.pipeline import checkpoint as ckpt
+        from roll.pipeline.phases import checkpoint as ckpt
 
         def rmtree_then_die(path, *args, **kwargs):
             next(p for p in Path(path).iterdir() if p.name == "trainer_state.json").unlink()

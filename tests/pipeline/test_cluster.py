@@ -1,4 +1,4 @@
-"""The pure parts of `roll.pipeline.cluster`: which Ray a run uses, the one line for a refused
+"""The pure parts of `roll.pipeline.setup.cluster`: which Ray a run uses, the one line for a refused
 join, placement.json. The cluster itself is exercised by .ci/run_cluster (root)."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ray.exceptions import AuthenticationError
 
-from roll.pipeline import cluster
+from roll.pipeline.setup import cluster
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """The colocated layout of a GPU run (actor_train, actor_infer and reference on one device, taking
-turns through `roll.pipeline.residency`) run end to end on CPU: every process is planned on a
+turns through `roll.pipeline.phases.gpu_offload`) run end to end on CPU: every process is planned on a
 stand-in device 0 and started on CPU (tests/lanes/colocated_cpu_run.py), so each phase offloads
 and reloads the roles it does not need exactly as on a GPU, through real Ray actors."""
 

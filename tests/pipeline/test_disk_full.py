@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.disk import is_disk_full
+from roll.pipeline.failures.disk_full import is_disk_full
+from roll.pipeline.phases import checkpoint as ckpt
 from roll.tracking.tracker import Tracker
 from tests.faults.timing import detected
 

@@ -4,7 +4,7 @@ trainer scores the engine's tokens differently warns with one."""
 import pytest
 
 from roll.distributed.workers.common import average_metrics
-from roll.pipeline.guards import ENGINE_GAP_WARN, TrainingDiverged, engine_gap_warning, stop_if_diverged
+from roll.pipeline.failures.divergence import ENGINE_GAP_WARN, TrainingDiverged, engine_gap_warning, stop_if_diverged
 
 
 def test_streak_below_the_limit_goes_on():

@@ -1,5 +1,5 @@
 """A call on a worker that never returns ends the run with one line naming the phase, the step, the
-bound and the process that does not answer (roll/pipeline/hangs.py), against real Ray actors: one
+bound and the process that does not answer (roll/pipeline/failures/hangs.py), against real Ray actors: one
 stuck in a call (a training step that never returns), one idle."""
 
 import threading
@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from roll.core.errors import RunStopped
-from roll.pipeline.hangs import WorkerHung, hang_line, named_hangs, unanswering
+from roll.pipeline.failures.hangs import WorkerHung, hang_line, named_hangs, unanswering
 
 pytestmark = pytest.mark.ray
 

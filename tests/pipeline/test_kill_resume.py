@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from roll.pipeline import checkpoint as ckpt
+from roll.pipeline.phases import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -58,7 +58,7 @@ ARGS = [
 # The CLI, with checkpoint commits announced on stderr and paused for PAUSE_COMMIT_S seconds.
 WRAPPER = """
 import os, sys, time
-from roll.pipeline import checkpoint
+from roll.pipeline.phases import checkpoint
 _commit = checkpoint.commit
 def commit(output_dir, tmp, step, state):
     print(f"COMMITTING step_{step}", file=sys.stderr, flush=True)

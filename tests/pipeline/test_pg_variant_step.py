@@ -20,7 +20,7 @@ from roll.distributed.workers.actor import ActorWorker
 from roll.distributed.workers.reference import ReferenceWorker
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
-from roll.pipeline.builders import build_advantage_options, build_loss_options
+from roll.pipeline.setup.builders import build_advantage_options, build_loss_options
 from tests.conftest import save_tiny_llama
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from roll.pipeline.cluster import TASK_EVENTS_IN_GCS
+from roll.pipeline.setup.cluster import TASK_EVENTS_IN_GCS
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = [sys.executable, str(Path(__file__).parents[1] / "lanes" / "ray_probe.py")]
@@ -69,7 +69,7 @@ def test_local_ray_listens_on_loopback_only_and_existing_instances_are_handled()
         started = [
             p
             for p in psutil.Process(held.pid).children(recursive=True)
-            if p.name() != "python" or "roll.pipeline.reaper" not in " ".join(p.cmdline())
+            if p.name() != "python" or "roll.pipeline.failures.reaper" not in " ".join(p.cmdline())
         ]
         assert {"gcs_server", "raylet"} <= {p.name() for p in started}
         held.kill()

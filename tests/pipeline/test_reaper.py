@@ -1,4 +1,4 @@
-"""`roll.pipeline.reaper`: the processes a driver started end with it, even after a `kill -9`,
+"""`roll.pipeline.failures.reaper`: the processes a driver started end with it, even after a `kill -9`,
 and the watcher touches nothing else."""
 
 import os
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 DRIVER = textwrap.dedent("""
     import subprocess, sys, time
-    from roll.pipeline import reaper
+    from roll.pipeline.failures import reaper
     reaper.start(period_s=0.2, grace_s=1.0)
     # a grandchild in its own session that ignores SIGTERM: only the SIGKILL step ends it
     stubborn = subprocess.Popen([sys.executable, "-c",
@@ -53,7 +53,7 @@ def test_a_killed_drivers_processes_are_ended_and_an_outsider_is_not():
 
 def test_the_watcher_works_only_on_its_drivers_pipe():
     proc = subprocess.run(
-        [sys.executable, "-m", "roll.pipeline.reaper", "1", "t", "0.1", "0.1"],
+        [sys.executable, "-m", "roll.pipeline.failures.reaper", "1", "t", "0.1", "0.1"],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -66,9 +66,9 @@ def test_the_watcher_works_only_on_its_drivers_pipe():
 
 NESTED = textwrap.dedent("""
     import subprocess, sys, time
-    from roll.pipeline import reaper
+    from roll.pipeline.failures import reaper
     reaper.start(period_s=0.2, grace_s=1.0)
-    inner = subprocess.Popen([sys.executable, "-c", "from roll.pipeline import reaper; import time; "
+    inner = subprocess.Popen([sys.executable, "-c", "from roll.pipeline.failures import reaper; import time; "
                               "w = reaper.start(period_s=0.2, grace_s=1.0); print(w.pid, flush=True); time.sleep(300)"],
                              stdout=subprocess.PIPE)
     watcher = int(inner.stdout.readline())

@@ -1,5 +1,5 @@
 """ROLL's rollout_mock (record / replay a step's rollout) and rollout_dump_dir
-(roll.pipeline.recorded_rollout)."""
+(roll.pipeline.phases.recorded_rollout)."""
 
 import json
 import os
@@ -12,8 +12,8 @@ import pytest
 from roll.configs import ConfigError
 from roll.configs.rollout import RolloutMock
 from roll.core.records import Trajectory
-from roll.pipeline.recorded_rollout import RecordedRollout, RecordingMissing, dump_trajectories, recorded
-from roll.pipeline.resource_checks import check_recordings
+from roll.pipeline.checks.resources import check_recordings
+from roll.pipeline.phases.recorded_rollout import RecordedRollout, RecordingMissing, dump_trajectories, recorded
 
 REPO = Path(__file__).parents[2]
 RUNS = REPO / "tests" / "configs" / "roll_dialect" / "runs"
@@ -159,7 +159,7 @@ def test_a_replayed_rollout_trains_on_the_recorded_trajectories(tiny_model, tmp_
 
 def test_a_recording_is_json_and_round_trips_step_wise_trajectories_exactly():
     from roll.core.records import StepRecord
-    from roll.pipeline.recorded_rollout import decode_recording, encode_recording
+    from roll.pipeline.phases.recorded_rollout import decode_recording, encode_recording
 
     steps = [
         StepRecord(step=0, prompt_ids=[5, 6], response_ids=[7], logprobs=[-0.1 - 0.2], reward=1 / 3, state_hash="ab12"),

@@ -19,8 +19,8 @@ from roll.distributed.rank_group import RankGroup
 from roll.distributed.weight_transfer import CPU_COPY, CUDA_IPC
 from roll.pipeline import agentic_pipeline
 from roll.pipeline.agentic_pipeline import AgenticPipeline
-from roll.pipeline.builders import build_advantage_options, build_loss_options
-from roll.pipeline.residency import PHASE_ROLES, PhaseResidency, fits_together
+from roll.pipeline.phases.gpu_offload import PHASE_ROLES, PhaseResidency, fits_together
+from roll.pipeline.setup.builders import build_advantage_options, build_loss_options
 
 STRATEGIES = {"actor_train": "torch", "critic": "torch", "reference": "torch", "actor_infer": "hf"}
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

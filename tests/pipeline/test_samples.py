@@ -6,7 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from roll.core.records import StepRecord, Trajectory
-from roll.pipeline.samples import adjust_batch, batch_divisor, build_step_batch, build_traj_batch, filter_groups
+from roll.pipeline.phases.batch import adjust_batch, batch_divisor, build_step_batch, build_traj_batch, filter_groups
 
 
 def traj(group, member, rewards, **kw):

@@ -7,7 +7,7 @@ from tensordict import TensorDict
 from roll.algorithms.advantages import AdvantageOptions
 from roll.configs.pipeline import RewardNormalization
 from roll.core.fields import RowInfo
-from roll.pipeline.scoring import (
+from roll.pipeline.phases.scoring import (
     clip_rewards,
     final_values,
     normalize_step_episode_scores,
@@ -186,7 +186,7 @@ def test_whiten_rewards_whitens_token_rewards_before_the_estimator():
 
 def test_add_token_level_kl_false_measures_the_kl_without_a_penalty():
     # old - ref log-probs: 0.5 on each of the two generated tokens (k1); controller value 0.1.
-    from roll.pipeline.scoring import reward_kl_coef
+    from roll.pipeline.phases.scoring import reward_kl_coef
 
     assert reward_kl_coef(0.1, penalty_on=False, add_token_level_kl=True) is None
     assert reward_kl_coef(0.1, penalty_on=True, add_token_level_kl=None) == 0.1  # roll's own rule

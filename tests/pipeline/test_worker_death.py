@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ray.exceptions import ActorDiedError, OutOfMemoryError
 
-from roll.pipeline import worker_death
-from roll.pipeline.worker_death import death_line, oom_kill_count
+from roll.pipeline.failures import worker_death
+from roll.pipeline.failures.worker_death import death_line, oom_kill_count
 
 RESUME = "resume from the last checkpoint (/o/checkpoints/step_2) with resume_from_checkpoint=true"
 DIED = (

@@ -182,7 +182,7 @@ class RollDialect(ConfigModel):
     """ROLL's key: the group deadline that finds a stuck env worker (`EnvMonitorConfig`)."""
     max_ckpt_to_keep: int = Field(0, ge=0)
     """ROLL's key: keep the newest N complete checkpoints, deleting older ones after each save
-    (`roll.pipeline.checkpoint.prune`); the newest, which a resume reads, is never deleted. 0 keeps all."""
+    (`roll.pipeline.phases.checkpoint.prune`); the newest, which a resume reads, is never deleted. 0 keeps all."""
     whiten_rewards: bool = False
     """ROLL's key: whiten the token rewards (after the KL penalty) over the batch's response tokens,
     (r - mean) / std, before the estimator (trajectory-wise samples; skipped with fewer than two

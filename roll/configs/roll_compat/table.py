@@ -108,7 +108,7 @@ BASE_CONFIG: dict[str, Answer] = {
     "report_length_and_rewards": noop("ROLL's report file of lengths and rewards; roll's metrics.jsonl has them"),
     "is_offload_states": noop(
         "ROLL's switch to move model states off the GPU between phases; roll's colocated roles take "
-        "turns on the GPU by themselves (roll.pipeline.residency); the numbers do not change"
+        "turns on the GPU by themselves (roll.pipeline.phases.gpu_offload); the numbers do not change"
     ),
     "is_offload_optimizer_states_in_train_step": noop(
         "a memory saving of ROLL's megatron strategy inside a train step; the numbers do not change"

@@ -4,7 +4,7 @@ A worker started by Ray is not started by `torchrun`, so nothing has set RANK / 
 MASTER_ADDR / MASTER_PORT. `ensure_process_group` starts a one-process group (a `file://` store,
 gloo on loopback: no socket outside 127.0.0.1) when they are absent, and joins the group they describe when a
 launcher did set them (the
-two-process test starts its ranks that way, and `roll.pipeline.builders` the ranks of a role with
+two-process test starts its ranks that way, and `roll.pipeline.setup.builders` the ranks of a role with
 `world_size` > 1, through `ProcessPlacement.rank_env`). gloo on CPU, nccl on CUDA.
 """
 
@@ -72,7 +72,7 @@ def free_port() -> int:
 
 def node_rendezvous_point() -> tuple[str, int]:
     """This node's address as Ray knows it and a port free on it: where rank 0 of a group that
-    runs here serves the group (`roll.pipeline.builders`); 127.0.0.1 on a private local Ray."""
+    runs here serves the group (`roll.pipeline.setup.builders`); 127.0.0.1 on a private local Ray."""
     import ray
 
     ip = ray.util.get_node_ip_address()

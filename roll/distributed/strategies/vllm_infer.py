@@ -14,7 +14,7 @@ Images (a vision-language model, `GenerateRequest.images`): the prompt goes with
 id per image and the raw frames (`ImagePrompts`); vLLM runs the model's processor and must widen
 the prompt to the request's own ids (else the request fails); the vision marker ids are never
 sampled. vLLM 0.32 loads a Qwen2-VL / Qwen2.5-VL only where torchvision imports, so the pipeline
-sends images to this engine only there (`roll.pipeline.vl_checks`); the VL env managers then send
+sends images to this engine only there (`roll.pipeline.checks.vision`); the VL env managers then send
 the frames (`EnvSpec.send_frames`).
 
 Why each choice, what else was tried, and the measurements: docs/engines/vllm.md.

@@ -370,7 +370,7 @@ class InferenceWorker(Clocked):
 
 
 WORKER_OPTIONS = ("max_batch_size", "max_cached_tokens", "num_replicas", "batch_wait_ms", "static_decode")
-"""`strategy_config` keys the worker reads itself (see `pipeline/builders.py`), not engine options."""
+"""`strategy_config` keys the worker reads itself (see `roll/pipeline/setup/builders.py`), not engine options."""
 
 
 def build_external_engine(

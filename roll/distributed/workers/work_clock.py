@@ -1,5 +1,5 @@
 """Where a worker's time goes: the seconds it spends computing and syncing, for the driver's
-per-step idle accounting (`roll.pipeline.idle`).
+per-step idle accounting (`roll.pipeline.phases.idle_time`).
 
 A worker inherits `Clocked` and marks its methods with `@timed("compute")` (training, scoring,
 generating) or `@timed("sync")` (weights out or in, moves between device and host). The totals

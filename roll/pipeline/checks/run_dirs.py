@@ -1,4 +1,4 @@
-"""The directories a run writes, checked before Ray starts (`roll.pipeline.resource_checks` calls it).
+"""The directories a run writes, checked before Ray starts (`roll.pipeline.checks.resources` calls it).
 
 `run_dirs(cfg)` names every directory the run will write, by the key that sets it: `output_dir`
 (metrics.jsonl, placement.json), `checkpoint_config.output_dir` (checkpoints; else `output_dir`),
@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 from roll.configs import ConfigError
-from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.disk import size_text
+from roll.pipeline.failures.disk_full import size_text
+from roll.pipeline.phases import checkpoint as ckpt
 from roll.tracking.tracker import METRICS_FILE
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -6,7 +6,7 @@ device") or while the driver writes a checkpoint's state, a metrics line or a tr
 with `errno.ENOSPC`). `is_disk_full` knows both. The pipeline then deletes the half-written
 checkpoint (`.tmp-step_N`, which would only hold space) and raises `DiskFull`, whose message names
 the directory, the space one checkpoint needs and the last intact checkpoint; the CLI prints it
-and exits 1. Earlier checkpoints are never touched by a failed save (`roll.pipeline.checkpoint`
+and exits 1. Earlier checkpoints are never touched by a failed save (`roll.pipeline.phases.checkpoint`
 writes aside and renames), and metrics.jsonl loses no line it had (`roll.tracking.tracker`).
 """
 

@@ -5,7 +5,7 @@ plan processes (LoRA targets, the megatron layout, CPU affinity). Run before any
 `check_before_start(cfg)` raises `ConfigError` naming the key at fault, so the CLI reports it as
 a config error (one line, exit status 2) before Ray, torch or a model is touched; the pipeline
 runs it again when built directly. The GPU count is checked later, when the workers are placed
-(`roll.pipeline.builders.place_workers`).
+(`roll.pipeline.setup.builders.place_workers`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The edge where config becomes the rollout side: env workers, the scheduler that drives them, and
 the env specs and sampling parameters they take.
 
-Like `roll.pipeline.builders` (workers, Ray placement), only these functions read `PipelineConfig`;
+Like `roll.pipeline.setup.builders` (workers, Ray placement), only these functions read `PipelineConfig`;
 the classes they build take plain arguments.
 """
 
@@ -18,10 +18,10 @@ from roll.configs.roll_compat.dialect import CONCAT_ENV_MANAGERS, NATIVE_ENV_MAN
 from roll.configs.worker import image_limit
 from roll.core.records import SamplingParams
 from roll.distributed.cpu_affinity import ENV_WORKERS
-from roll.pipeline import cluster
-from roll.pipeline.cpu_shares import pin_workers, role_share
+from roll.pipeline.setup import cluster
+from roll.pipeline.setup.cpu_shares import pin_workers, role_share
 
-# An env-worker process asks Ray for no CPU (as every actor, roll.pipeline.builders), and one that
+# An env-worker process asks Ray for no CPU (as every actor, roll.pipeline.setup.builders), and one that
 # dies (a segfaulting env, the OOM killer) is restarted by Ray, as often as it takes; the groups it
 # was playing are replaced (`RolloutScheduler`).
 ENV_WORKER_OPTIONS = {"num_cpus": 0, "max_restarts": -1}

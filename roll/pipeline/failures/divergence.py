@@ -1,5 +1,5 @@
-"""Guards of a run: stop one that cannot learn any more, and warn of one that learns from the
-wrong numbers, with one clear line instead of silently training on.
+"""Divergence, caught: stop a run that cannot learn any more, and warn of one whose trainer and
+engine disagree on the numbers it learns from, with one clear line instead of silently training on.
 
 - `stop_if_diverged`: the training strategy skips an optimizer step whose loss or gradient is not
   finite (the weights stay as they were) and counts the streak of such skips

@@ -31,7 +31,7 @@ from roll.distributed.cpu_affinity import (
     split_cores,
     usable_cores,
 )
-from roll.pipeline import cluster
+from roll.pipeline.setup import cluster
 from roll.utils.env_switches import switched_on
 
 SCORE_SWITCH = "ROLL_SCORE_IN_TURNS"

@@ -34,7 +34,7 @@ import ray
 
 from roll.core.errors import RollError
 from roll.distributed.rank_group import process_handles
-from roll.pipeline import reaper
+from roll.pipeline.failures import reaper
 from roll.utils.atomic import write_atomic
 from roll.utils.polling import wait_until
 

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from roll.core.errors import RunStopped
-from roll.pipeline.residency import PHASE_ROLES, PhaseResidency
+from roll.pipeline.phases.gpu_offload import PHASE_ROLES, PhaseResidency
 
 PROBE_S = 10.0
 """How long a probed process has to answer before it is named as not answering (at most half the

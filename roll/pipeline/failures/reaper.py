@@ -44,7 +44,7 @@ def start(period_s: float = 1.0, grace_s: float = 3.0) -> subprocess.Popen:
     token = os.environ[TOKEN_VAR] = uuid.uuid4().hex
     # its own session: a Ctrl-C to the driver's process group must not end the watcher first
     _watcher = subprocess.Popen(
-        [sys.executable, "-m", "roll.pipeline.reaper", str(os.getpid()), token, str(period_s), str(grace_s)],
+        [sys.executable, "-m", "roll.pipeline.failures.reaper", str(os.getpid()), token, str(period_s), str(grace_s)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         start_new_session=True,

@@ -7,7 +7,7 @@ naming the key (the CLI prints one line and exits 2), seconds before anything he
 
 - `resume_from_checkpoint`: an explicit path is an intact checkpoint (its manifest); a run whose
   checkpoint is already at `max_steps` has nothing to train (`NothingToTrain`, exit 0).
-- every directory the run writes (`roll.pipeline.run_dirs`): writable, free of another run's
+- every directory the run writes (`roll.pipeline.checks.run_dirs`): writable, free of another run's
   outputs unless `overwrite_output_dir`, with room for one checkpoint.
 - `pretrain`, `reward_pretrain`, each role's `model_name_or_path`: the `config.json` parses
   (`AutoConfig`); each role's `attn_implementation` is one transformers builds that model with.
@@ -17,7 +17,7 @@ naming the key (the CLI prints one line and exits 2), seconds before anything he
   `ENV_CHECK_TIMEOUT_S` (the environment variable `ROLL_ENV_CHECK_TIMEOUT_S` overrides it), so a
   bad value is named now instead of as a dead env worker later.
 - `data_args.template` renders with the tokenizer; `stop_strings` are single tokens of it.
-- a vision-language config (`roll.pipeline.vl_checks`): a VL model, image envs, the image limit.
+- a vision-language config (`roll.pipeline.checks.vision`): a VL model, image envs, the image limit.
 - `sequence_length`: holds each tag's first prompt (the chat template of the env's instruction
   and first observation) plus `max_tokens_per_step`.
 """
@@ -29,10 +29,10 @@ import threading
 
 from roll.configs import ConfigError
 from roll.core.errors import RollError
-from roll.pipeline import checkpoint as ckpt
-from roll.pipeline.recorded_rollout import recording_path
-from roll.pipeline.run_dirs import check_run_dirs
-from roll.pipeline.vl_checks import check_vision
+from roll.pipeline.checks.run_dirs import check_run_dirs
+from roll.pipeline.checks.vision import check_vision
+from roll.pipeline.phases import checkpoint as ckpt
+from roll.pipeline.phases.recorded_rollout import recording_path
 
 ENV_CHECK_TIMEOUT_S = 30.0
 
@@ -234,7 +234,7 @@ def check_envs(cfg) -> None:
 def check_stop_strings(cfg, tokenizer) -> None:
     """Each manager's `stop_strings` must be single tokens of the run's tokenizer (what the engines
     stop on); the key named is where the manager's sampling settings come from."""
-    from roll.pipeline.rollout_builders import sampling_params
+    from roll.pipeline.setup.rollout_builders import sampling_params
 
     for name, manager in cfg.env_managers.items():
         override = manager.generating_args

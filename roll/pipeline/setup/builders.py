@@ -1,5 +1,5 @@
 """The edge where config becomes objects: Ray, placement and the worker actors (the rollout side,
-env workers and their scheduler: `roll.pipeline.rollout_builders`).
+env workers and their scheduler: `roll.pipeline.setup.rollout_builders`).
 
 Classes below this line take plain arguments; only these functions read `PipelineConfig`.
 """
@@ -29,9 +29,9 @@ from roll.distributed.workers.critic import CriticWorker
 from roll.distributed.workers.inference import InferenceWorker
 from roll.distributed.workers.reference import ReferenceWorker
 from roll.distributed.workers.weight_store import WeightStore
-from roll.pipeline import cluster
-from roll.pipeline.cpu_shares import pin_workers, process_shares
-from roll.pipeline.residency import PhaseResidency
+from roll.pipeline.phases.gpu_offload import PhaseResidency
+from roll.pipeline.setup import cluster
+from roll.pipeline.setup.cpu_shares import pin_workers, process_shares
 from roll.utils.call_profile import profiled
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ _OFFLOADABLE_ENGINE_OPTIONS = {"vllm": {"enable_sleep_mode": True}, "sglang": {"
 
 def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> bool:
     """A private local Ray on 127.0.0.1, or the cluster at `address` / `RAY_ADDRESS`
-    (`roll.pipeline.cluster`); returns whether the run joined a cluster. `system_envs` (ROLL's key)
+    (`roll.pipeline.setup.cluster`); returns whether the run joined a cluster. `system_envs` (ROLL's key)
     are set in the driver and, through the job's runtime_env, in every worker process."""
     return cluster.init_ray(address, system_envs)
 
@@ -211,7 +211,7 @@ def _start_role(
     node: a task on rank 0's spot reports that node's address and a port free there, and every
     rank starts with them (`roll.distributed.strategies.process_group`). `system_envs`: the role's
     own environment variables (ROLL's worker-level key). `cfg`: the run's config, whose CPU shares
-    (`roll.pipeline.cpu_shares`) set each rank's torch threads and cores; the pins' refs go to
+    (`roll.pipeline.setup.cpu_shares`) set each rank's torch threads and cores; the pins' refs go to
     `pins` for the caller to wait on (None: waited for here)."""
     placements = plan.processes[role]
     shares = process_shares(cfg, role, len(placements)) if cfg is not None else None

@@ -183,7 +183,7 @@ def check_vl_prompt_length(cfg, tags: list[str]) -> None:
     from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
     from roll.core.records import SamplingParams
     from roll.models.loading import load_processor
-    from roll.pipeline.rollout_builders import env_spec
+    from roll.pipeline.setup.rollout_builders import env_spec
 
     processor = load_processor(cfg.actor_infer.model_args.model_name_or_path)
     for tag in tags:
