@@ -16,12 +16,15 @@ prints what env latency alone costs each mode (Monte-Carlo).
         --repeats 3]
 
 The last line is `RESULT async_over_sync=<x> async_over_bound=<y>` (ratios of trajectories/s).
+`--steady_batches N [--ahead 0,1 --engine_sweep 32,64,128,256 --record FILE]`: async against the
+bound in steady state instead (`benchmarks/rollout_steady.py`); `RESULT async_over_bound_k<k>=<y>`.
 The method in full, and every run: benchmarks/results/rollout_throughput.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import heapq
 import os
@@ -38,6 +41,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.g
 import numpy as np
 import ray
 
+from benchmarks import rollout_steady
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
 from roll.configs.loader import load_config
@@ -345,15 +349,26 @@ def parse_args() -> argparse.Namespace:
         help="async only: train_env_manager.group_size_redundancy (extra envs per group)",
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steady_batches", type=int, default=0, help="N > 1: the steady-state mode, N batches a run")
+    parser.add_argument("--ahead", type=_ints, default=[1], help="steady: async_generation_ratio values, e.g. 0,1")
+    parser.add_argument("--engine_sweep", type=_ints, default=[], help="steady: batch sizes of the engine curve")
+    parser.add_argument("--record", default=None, help="steady: write every run as JSON to this file")
     args = parser.parse_args()
+    if args.steady_batches == 1 or args.steady_batches < 0:
+        parser.error("--steady_batches must be 0 (off) or at least 2: batch 1 is not timed")
     if args.trajectories % args.group_size or args.concurrent_envs % args.group_size:
         parser.error("--trajectories and --concurrent_envs must be multiples of --group_size")
     return args
 
 
-def main() -> None:
-    args = parse_args()
-    load = os.getloadavg()
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+@contextlib.contextmanager
+def rollouts(args):
+    """The tiny model, the slow and the zero-latency config, Ray, one inference worker and a
+    scheduler for each config ("async", "bound"): (slow, fast, tokenizer, inference, schedulers)."""
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "tiny", corpus=env_corpus("frozen_lake", {}))
         slow = bench_config(args, model, args.median_ms, tmp, args.redundancy)
@@ -367,9 +382,37 @@ def main() -> None:
                 "async": build_rollout(slow, slow.train_env_manager, inference, tokenizer, "train"),
                 "bound": build_rollout(fast, fast.train_env_manager, inference, tokenizer, "train"),
             }
-            runs = measure(args, schedulers, SyncRollout(slow, tokenizer, inference, args.concurrent_envs), inference)
+            yield slow, fast, tokenizer, inference, schedulers
         finally:
             ray.shutdown()
+
+
+def main_steady(args, load: tuple[float, float, float]) -> None:
+    """`--steady_batches`: async and the bound in steady state, side by side (rollout_steady.py)."""
+    with rollouts(args) as (_, fast, tokenizer, inference, schedulers):
+        runs = rollout_steady.measure_steady(args, schedulers, inference)
+        sizes = args.engine_sweep
+        sync = SyncRollout(fast, tokenizer, inference, max(sizes)) if sizes else None
+        curve = rollout_steady.engine_curve(sync, schedulers["bound"], sizes) if sync else []
+    header = (
+        f"steady state: {args.steady_batches} batches of {args.trajectories} trajectories a run (batches 2.. timed), "
+        f"groups of {args.group_size}, {args.concurrent_envs} envs, redundancy {args.redundancy}, <= {args.max_turns} "
+        f"turns, env.step median {args.median_ms:g} ms sigma {args.sigma:g}; median of {args.repeats}; engine threads "
+        f"{args.engine_threads or os.cpu_count()}, {os.cpu_count()} cores, load {' '.join(f'{x:.2f}' for x in load)}"
+    )
+    ratios = rollout_steady.print_steady(runs, curve, header)
+    if args.record:
+        rollout_steady.write_record(args.record, args, load, runs, curve)
+    print("RESULT " + " ".join(f"async_over_bound_k{k}={r:.2f}" for k, r in ratios.items()))
+
+
+def main() -> None:
+    args = parse_args()
+    load = os.getloadavg()
+    if args.steady_batches:
+        return main_steady(args, load)
+    with rollouts(args) as (slow, _, tokenizer, inference, schedulers):
+        runs = measure(args, schedulers, SyncRollout(slow, tokenizer, inference, args.concurrent_envs), inference)
     best = print_table(runs, args, load)
     a, s, b = (best[m].traj_per_s for m in ("async", "sync", "bound"))
     print(f"RESULT async_over_sync={a / s:.2f} async_over_bound={a / b:.2f}")
