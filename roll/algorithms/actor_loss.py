@@ -11,7 +11,7 @@ worker to this function; nothing on the way repacks it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import Tensor
@@ -20,6 +20,7 @@ from roll.algorithms.kl import KLKind, kl_loss
 from roll.algorithms.losses import AggMode, agg_loss
 from roll.algorithms.off_policy import TISLevel, tis_metrics, truncated_importance_weights
 from roll.algorithms.pg_variants import PGOptions, policy_gradient_loss
+from roll.algorithms.schedules import Schedule, scheduled
 from roll.algorithms.train_infer import train_infer_correction
 from roll.algorithms.utils import masked_mean
 from roll.core.fields import Batch
@@ -36,7 +37,11 @@ class PolicyLossOptions:
     pg: PGOptions = PGOptions()
     """The variant's parameters, the PPO clip range included."""
     entropy_coef: float = 0.0
-    """Weight of the entropy bonus (entropy_loss_coef)."""
+    """Weight of the entropy bonus (entropy_loss_coef); with a schedule, its weight at step 1."""
+    entropy_schedule: Schedule = "constant"
+    """How that weight changes over the run (entropy_loss_coef_schedule): `at_step` applies it."""
+    max_steps: int = 1
+    """The run's steps (max_steps), where a decaying schedule reaches 0."""
     agg_mode: AggMode = "token-mean"
     """How token losses become one number (loss_agg_mode)."""
     tis_level: TISLevel | None = None
@@ -49,6 +54,14 @@ class PolicyLossOptions:
     """Its estimator (kl_loss_type)."""
     correction: Mapping[str, Any] | None = None
     """train_infer_correction's weights and filters (`TrainInferCorrection.loss_options()`)."""
+
+    def at_step(self, step: int) -> PolicyLossOptions:
+        """The options of pipeline step `step`: the entropy weight its schedule gives there, fixed
+        (a constant schedule; so applying it twice changes nothing)."""
+        if self.entropy_schedule == "constant":
+            return self
+        weight = scheduled(self.entropy_coef, self.entropy_schedule, step, self.max_steps)
+        return replace(self, entropy_coef=weight, entropy_schedule="constant")
 
     def batch_fields(self, takes_old: bool, has_versions: bool) -> tuple[str, ...]:
         """The batch fields the loss reads besides TRAIN_KEYS: the engine's log-probs for a

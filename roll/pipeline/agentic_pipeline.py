@@ -365,12 +365,14 @@ class AgenticPipeline:
             )
         if step <= cfg.critic_warmup:  # ROLL's critic_warmup: the first steps train the critic only
             return metrics
+        loss = self.loss_options.at_step(step)  # the entropy weight of this step (its schedule)
         metrics.update(
             ray.get(
-                self.workers["actor"].train.remote(batch, self.loss_options, ppo_epochs=cfg.ppo_epochs, step=step),
+                self.workers["actor"].train.remote(batch, loss, ppo_epochs=cfg.ppo_epochs, step=step),
                 timeout=self.timeout_s,
             )
         )
+        metrics["actor/entropy_loss_coef"] = loss.entropy_coef
         return metrics
 
     def sync_weights(self, version: int) -> None:

@@ -53,3 +53,17 @@ def test_batch_fields_name_what_the_options_read():
         Batch.REF_LOGPROBS,
         Batch.POLICY_VERSION,
     )
+
+
+def test_a_scheduled_entropy_bonus_is_the_schedules_weight_at_the_step():
+    # cosine over 200 steps: 0.1 at step 1, 0.05 at step 101 (cos pi/2 = 0); the loss at step 101
+    # is the PPO term 0.5 minus 0.05 x entropy 1.0
+    options = PolicyLossOptions(entropy_coef=0.1, entropy_schedule="cosine", max_steps=200)
+    assert options.at_step(1).entropy_coef == pytest.approx(0.1)
+    at_101 = options.at_step(101)
+    assert at_101.entropy_coef == pytest.approx(0.05) and at_101.entropy_schedule == "constant"
+    loss, _ = actor_loss(LOGPROBS, ENTROPY, LOGPROBS, MICRO, at_101)
+    assert loss.item() == pytest.approx(0.5 - 0.05)
+    assert at_101.at_step(150) is at_101  # a step's options are fixed: applying a step again changes nothing
+    constant = PolicyLossOptions(entropy_coef=0.1)
+    assert constant.at_step(150) is constant

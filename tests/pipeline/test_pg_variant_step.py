@@ -215,3 +215,26 @@ def test_save_keeps_max_ckpt_to_keep_checkpoints(model_dir, monkeypatch, tmp_pat
         p.save(step)
     kept = sorted(d.name for d in (tmp_path / "checkpoints").iterdir() if d.is_dir())
     assert kept == ["step_2", "step_3"] and (tmp_path / "checkpoints" / "latest").read_text() == "step_3"
+
+
+def test_a_scheduled_entropy_bonus_trains_as_its_steps_weight(model_dir, monkeypatch):
+    # cosine over max_steps 4: step 3 trains at 0.1 x (1 + cos(pi x 2/4)) / 2 = 0.05, the same update
+    # as a constant 0.05; step 1 at the full 0.1
+    runs = {}
+    for name, overrides in {
+        "cosine": ["entropy_loss_coef=0.1", "entropy_loss_coef_schedule=cosine", "max_steps=4"],
+        "constant": ["entropy_loss_coef=0.05", "max_steps=4"],
+    }.items():
+        p = pipeline(model_dir, monkeypatch, False, *overrides)
+        batch, meta = batch_and_meta(step_wise=False)
+        p.score(batch, meta)
+        runs[name] = p.update(batch, step=3)
+    assert runs["cosine"]["actor/entropy_loss_coef"] == pytest.approx(0.05)
+    assert runs["constant"]["actor/entropy_loss_coef"] == 0.05
+    assert runs["cosine"]["actor/grad_norm"] == pytest.approx(runs["constant"]["actor/grad_norm"], rel=1e-6)
+    p = pipeline(
+        model_dir, monkeypatch, False, "entropy_loss_coef=0.1", "entropy_loss_coef_schedule=cosine", "max_steps=4"
+    )
+    batch, meta = batch_and_meta(step_wise=False)
+    p.score(batch, meta)
+    assert p.update(batch, step=1)["actor/entropy_loss_coef"] == pytest.approx(0.1)

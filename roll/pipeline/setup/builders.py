@@ -364,6 +364,8 @@ def build_loss_options(cfg) -> PolicyLossOptions:
         variant=cfg.actor_train.pg_variant,
         pg=_pg_options(cfg),
         entropy_coef=cfg.entropy_loss_coef,
+        entropy_schedule=cfg.entropy_loss_coef_schedule,
+        max_steps=cfg.max_steps,
         agg_mode=cfg.loss_agg_mode,
         tis_level=tis.level if tis else None,
         tis_cap=tis.cap if tis else PolicyLossOptions.tis_cap,
