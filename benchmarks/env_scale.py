@@ -25,11 +25,11 @@ import asyncio
 import gc
 import os
 import statistics
-import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from common import Clock, load_line  # benchmarks/ is on sys.path when run as a script
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.env_calls import EnvCaller
@@ -76,22 +76,6 @@ def action_texts(env, count: int, seed: int) -> list[str | None]:
 
 def _act(env, text: str | None) -> str:
     return env.scripted_action() if text is None else text
-
-
-class Clock:
-    """Wall-clock and process CPU seconds of a `with` block. On a shared machine the CPU time
-    is the steadier measure: it leaves out the time other jobs held the cores."""
-
-    def __enter__(self) -> Clock:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
-
-    def rates(self, count: int) -> tuple[float, float]:
-        """(`count` per wall-clock second, `count` per CPU second)."""
-        return count / self.wall, count / max(self.cpu, 1e-9)
 
 
 def plain_loop(envs: list, rounds: int) -> tuple[float, float]:
@@ -169,8 +153,7 @@ def main() -> None:
         help="roll: resets/s and steps/s as measured for ROLL's envs (roll_protocol.py)",
     )
     args = parser.parse_args()
-    load = os.getloadavg()
-    print(f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    print(load_line())
     if args.protocol == "roll":
         from roll_protocol import main as roll_main  # benchmarks/ is on sys.path when run as a script
 

@@ -25,7 +25,7 @@ import asyncio
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
-from env_scale import Clock
+from common import Clock  # benchmarks/ is on sys.path when run as a script
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.env_calls import EnvCaller
