@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from roll.algorithms.kl import KLKind
 from roll.algorithms.utils import (
     compress,
     dense_codes,
@@ -249,7 +250,7 @@ class AdvantageOptions:
     """Clamp the advantages to +-advantage_clip after whitening (advantage_clip); None: not."""
     whiten_rewards: bool = False
     """Trajectory-wise: whiten the token rewards before the estimator (whiten_rewards)."""
-    kl_kind: str = "kl"
+    kl_kind: KLKind = "kl"
     """Estimator of the KL penalty folded into the rewards (kl_penalty)."""
     step_reward_gamma: float = 1.0
     """Step-wise: discount per env step (step_reward_gamma)."""

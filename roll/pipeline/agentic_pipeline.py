@@ -130,7 +130,8 @@ class AgenticPipeline:
         return None if latest is None else str(latest)
 
     def _train(self) -> dict[str, float]:
-        cfg, metrics = self.cfg, {}
+        cfg = self.cfg
+        metrics: dict[str, float] = {}
         if self.start_step >= cfg.max_steps:  # e.g. a finished run resumed without raising max_steps
             logger.warning(
                 "nothing to train: resumed at step %d and max_steps is %d; raise max_steps to go on",
@@ -337,7 +338,9 @@ class AgenticPipeline:
         and `reward_clip`, in place."""
         cfg = self.cfg
         if cfg.actor_train.pg_variant == "topr":  # TOPR splits rows by the raw episode score's sign
-            batch["episode_scores"] = (rows.episode_scores if self.step_wise else rows.scores).float().clone()
+            raw = rows.episode_scores if self.step_wise else rows.scores
+            assert raw is not None  # the batch phase fills the scores of its sample mode
+            batch["episode_scores"] = raw.float().clone()
         if cfg.reward_normalization is not None and self.step_wise:
             if cfg.adv_estimator != "step_reinforce":  # which normalises its step returns when scoring
                 normalize_step_episode_scores(rows, cfg.reward_normalization)

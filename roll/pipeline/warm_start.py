@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from roll.agentic.env import TextEnv
 from roll.agentic.env_manager.factory import make_env_manager
 from roll.agentic.episode import EpisodeSpec
 from roll.configs import ConfigError, load_config
@@ -46,11 +47,13 @@ class Teacher:
 
     def __init__(self, tokenizer, response_prefix: str, rng: np.random.Generator, expert_prob: float = 0.0):
         self.tokenizer, self.prefix, self.rng, self.expert_prob = tokenizer, response_prefix, rng, expert_prob
-        self.env = None  # the unwrapped env of the manager being played
+        self.env: TextEnv | None = None  # the unwrapped env of the manager being played
 
     async def generate(self, request) -> GenerateOutput:
-        answer = self.env.scripted_action() if self.expert_prob and self.rng.random() < self.expert_prob else None
-        answer = answer or self.env.sample_valid_action(self.rng)
+        env = self.env
+        assert env is not None  # teacher_samples sets it before the first episode
+        answer = env.scripted_action() if self.expert_prob and self.rng.random() < self.expert_prob else None
+        answer = answer or env.sample_valid_action(self.rng)
         if answer is None:
             raise ValueError(
                 f"{type(self.env).__name__} has no teacher: sample_valid_action returned None "

@@ -69,7 +69,7 @@ class VLTrajEnvManager(TrajEnvManager):
         self.max_images_per_prompt = max_images_per_prompt
         self._builder: VLConversationBuilder | None = None
 
-    def new_builder(self, instruction: str | None, observation: str) -> EpisodeBuilder:
+    def new_builder(self, instruction: str | None, observation: str) -> VLConversationBuilder:
         spec = self.spec
         self._builder = VLConversationBuilder(
             self.processor,

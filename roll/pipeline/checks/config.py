@@ -61,6 +61,7 @@ def check_megatron_layout(role: str, worker: WorkerConfig) -> None:
     model for its log-probs whatever its engine (roll.distributed.workers.reference), so model
     parallelism there would be silently ignored: refused instead."""
     options = engine_options(worker.strategy_args.strategy_config)
+    assert worker.world_size is not None  # WorkerConfig's validator fills it
     try:
         check_parallel_config(worker.world_size, **{k: v for k, v in options.items() if k in PARALLEL_KEYS})
     except ValueError as error:

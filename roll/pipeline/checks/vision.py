@@ -28,6 +28,7 @@ from roll.configs import ConfigError
 from roll.configs.roll_compat.dialect import VL_ENV_MANAGERS
 from roll.configs.worker import image_limit
 from roll.core.enums import SampleMode
+from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 
 IMAGE_LIMIT_KEY = "actor_infer.strategy_args.strategy_config.limit_mm_per_prompt.image"
 
@@ -176,12 +177,16 @@ def check_vl_training(cfg) -> None:
         )
 
 
+async def _no_generate(request: GenerateRequest) -> GenerateOutput:
+    """The engine of a manager that only builds a first prompt (`check_vl_prompt_length`)."""
+    raise RuntimeError("the VL prompt check generates nothing")
+
+
 def check_vl_prompt_length(cfg, tags: list[str]) -> None:
     """Each VL tag's first prompt, built by the VL env manager itself on the model's processor
     (after `reset(seed)`; a step-wise manager's first prompt is the same), plus
     `max_tokens_per_step` fits `sequence_length`."""
     from roll.agentic.env_manager.vl_traj_env_manager import VLTrajEnvManager
-    from roll.core.records import SamplingParams
     from roll.models.loading import load_processor
     from roll.pipeline.setup.rollout_builders import env_spec
 
@@ -189,7 +194,7 @@ def check_vl_prompt_length(cfg, tags: list[str]) -> None:
     for tag in tags:
         spec = env_spec(cfg, tag)
         sampling = SamplingParams(max_new_tokens=spec.max_tokens_per_step)
-        manager = VLTrajEnvManager(spec, processor, None, sampling, cfg.sequence_length)
+        manager = VLTrajEnvManager(spec, processor, _no_generate, sampling, cfg.sequence_length)
         try:
             obs, info = manager.env.reset(seed=cfg.seed)
             instruction = info.get("env_instruction") if spec.instruction is None else spec.instruction

@@ -163,7 +163,7 @@ def staleness_metrics(trajs: list[Trajectory], policy_version: int) -> dict[str,
         return {}
     versions = [tr.generated_token_versions() for tr in trajs]
     # a turn's version is its oldest token's (`Trajectory.policy_versions`)
-    staleness = [policy_version - tr.oldest_policy_version if tr.policy_versions else 0 for tr in trajs]
+    staleness = [policy_version - v if (v := tr.oldest_policy_version) is not None else 0 for tr in trajs]
     mixed = [len(set(v or tr.policy_versions)) > 1 for v, tr in zip(versions, trajs, strict=True)]
     lags = np.asarray([policy_version - x for v in versions for x in v], dtype=np.int64)
     out = {

@@ -148,7 +148,7 @@ def latest(output_dir: str) -> Path | None:
     if dangling is not None:
         newest = next(iter(candidates(output_dir)), None)
         logger.warning("%s; looking for the newest intact checkpoint (%s)", dangling, newest.name if newest else "none")
-    skipped = []  # "step_3 (optimizer.pt: ...)"
+    skipped: list[str] = []  # "step_3 (optimizer.pt: ...)"
     for path in candidates(output_dir):
         problem = damage(path)
         if problem is None:

@@ -122,7 +122,9 @@ class PhaseResidency:
         on `read_memory`'s readings); returns those devices."""
         by_device: dict[int, list[dict[str, float]]] = {}
         for key, reading in readings.items():
-            by_device.setdefault(self._placement(key).device, []).append(reading)
+            device = self._placement(key).device
+            assert device is not None  # read_memory reads the processes placed on a device only
+            by_device.setdefault(device, []).append(reading)
         for device, shared in by_device.items():
             if len(shared) > 1 and fits_together([r["reserved_peak"] for r in shared], shared[0]["total"]):
                 self.resident_devices.add(device)

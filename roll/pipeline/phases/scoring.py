@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from tensordict import TensorDict
 
@@ -17,6 +19,8 @@ from roll.algorithms.kl import apply_kl_penalty
 from roll.algorithms.reward_norm import clip_symmetric, normalize_rewards
 from roll.algorithms.utils import dense_codes, masked_mean, masked_whiten
 from roll.core.fields import Batch, RowInfo
+
+_T = TypeVar("_T")
 
 
 def score_batch(batch, rows: RowInfo, options: AdvantageOptions, *, kl_coef: float | None) -> dict[str, float]:
@@ -94,20 +98,30 @@ def final_values(values: torch.Tensor, critic_attention_mask: torch.Tensor) -> t
     return values[torch.arange(len(values)), appended]
 
 
+def _step_field(value: _T | None, name: str) -> _T:
+    """A field of `RowInfo` that only step-wise rows carry; a ValueError naming it if absent."""
+    if value is None:
+        raise ValueError(f"step-wise scoring needs RowInfo.{name}, which these rows lack (trajectory-wise?)")
+    return value
+
+
 def _step_row_advantages(rows: RowInfo, options: AdvantageOptions) -> torch.Tensor:
     """One advantage per row of a step-wise batch, by `options.estimator` (see `score_step_batch`)."""
     if options.estimator == "grpo":
         return compute_step_grpo_advantages(
-            rows.episode_scores, rows.traj_group_id, rows.traj_id, norm_std=options.norm_by_std
+            _step_field(rows.episode_scores, "episode_scores"),
+            rows.traj_group_id,
+            rows.traj_id,
+            norm_std=options.norm_by_std,
         )
     if options.estimator == "gigpo":
         return compute_gigpo_advantages(
-            rows.episode_scores,
-            rows.step_rewards,
+            _step_field(rows.episode_scores, "episode_scores"),
+            _step_field(rows.step_rewards, "step_rewards"),
             rows.traj_group_id,
             rows.traj_id,
-            rows.state_hash,
-            rows.step,
+            _step_field(rows.state_hash, "state_hash"),
+            _step_field(rows.step, "step"),
             gamma=options.step_reward_gamma,
             episode_weight=options.episode_weight,
             step_weight=options.step_weight,
@@ -122,9 +136,9 @@ def _step_reinforce_advantages(rows: RowInfo, options: AdvantageOptions) -> torc
     """Discounted step returns, normalised by `options.return_norm` over each group's rows."""
     norm = options.return_norm
     per_row = compute_step_reinforce_advantages(
-        rows.step_rewards,
+        _step_field(rows.step_rewards, "step_rewards"),
         rows.traj_id,
-        rows.step,
+        _step_field(rows.step, "step"),
         gamma=options.step_reward_gamma,
         normalize=not options.whiten_advantages and norm is None,
     )
@@ -155,10 +169,10 @@ def score_step_batch(batch, rows: RowInfo, options: AdvantageOptions) -> dict[st
         adv = masked_whiten(adv, mask)
     adv, metrics = _clip_advantages(adv, mask, options.advantage_clip, {})
     batch[Batch.ADVANTAGES], batch[Batch.RETURNS] = adv, adv
-    anchors = anchor_group_stats(rows.traj_group_id, rows.state_hash)
+    anchors = anchor_group_stats(rows.traj_group_id, _step_field(rows.state_hash, "state_hash"))
     return (
         metrics
-        | _advantage_metrics(adv, adv, mask, rows.episode_scores)
+        | _advantage_metrics(adv, adv, mask, _step_field(rows.episode_scores, "episode_scores"))
         | {f"critic/anchor_{k}": v for k, v in anchors.items()}
     )
 
@@ -198,7 +212,7 @@ def normalize_step_episode_scores(rows: RowInfo, norm) -> None:
     )  # (N,) the first row of each trajectory
     keys = rows.group_keys(norm.group_key)
     per_traj = normalize_rewards(
-        rows.episode_scores[first].float(),
+        _step_field(rows.episode_scores, "episode_scores")[first].float(),
         [keys[i] for i in first.tolist()],
         norm_mean_type=norm.norm_mean_type,
         norm_std_type=norm.norm_std_type,
@@ -212,7 +226,10 @@ def clip_rewards(batch, rows: RowInfo, limit: float, step_wise: bool) -> dict[st
     estimator reads are clamped to [-limit, limit] (trajectory-wise: every token reward; step-wise:
     the episode scores and the step rewards). "critic/reward_clip_frac": rows with a clamped value."""
     if step_wise:
-        episode, step = rows.episode_scores.float(), rows.step_rewards.float()
+        episode, step = (
+            _step_field(rows.episode_scores, "episode_scores").float(),
+            _step_field(rows.step_rewards, "step_rewards").float(),
+        )
         clamped_rows = (episode.abs() > limit) | (step.abs() > limit)
         rows.episode_scores, _ = clip_symmetric(episode, limit)
         rows.step_rewards, _ = clip_symmetric(step, limit)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group
@@ -166,7 +167,7 @@ def build_inference(cfg, residency: PhaseResidency, pins: list | None = None, we
     infer_shares = process_shares(cfg, "actor_infer", len(placements))
     # an engine of its own comes back after its process dies, with the last synced weights; one that
     # takes turns on a GPU with a training role does not (its residency could not be rebuilt)
-    restart = {} if plan.is_colocated("actor_infer") else {"max_restarts": -1}
+    restart: dict[str, Any] = {} if plan.is_colocated("actor_infer") else {"max_restarts": -1}
     inference = [
         _remote(
             InferenceWorker, placement, name=name, runtime_env_vars=infer_cfg.system_envs, **spot, **restart
@@ -216,9 +217,9 @@ def _start_role(
     placements = plan.processes[role]
     shares = process_shares(cfg, role, len(placements)) if cfg is not None else None
     if len(placements) == 1:
-        threads = {"num_threads": shares[0].num_threads} if shares and shares[0].num_threads else {}
+        one_threads = {"num_threads": shares[0].num_threads} if shares and shares[0].num_threads else {}
         handle = _remote(cls, placements[0], runtime_env_vars=system_envs, **node_spots(role, placements)[0]).remote(
-            *args, device=placements[0].torch_device, **threads, **kwargs
+            *args, device=placements[0].torch_device, **one_threads, **kwargs
         )
         _pinned(pin_workers([handle], shares or [CpuShare()]), pins)
         return handle

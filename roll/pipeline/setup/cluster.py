@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import logging
 import os
 import socket
 import sys
@@ -75,7 +76,7 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
         return ray_target(address) is not None
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.update(system_envs or {})
-    runtime_env = {"runtime_env": {"env_vars": dict(system_envs)}} if system_envs else {}
+    runtime_env = {"env_vars": dict(system_envs)} if system_envs else None
     target = ray_target(address)
     if target is None:
         reaper.start()  # Ray's processes end with this driver, even after a kill -9
@@ -85,9 +86,9 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
                 num_cpus=os.cpu_count(),
                 include_dashboard=False,
                 _node_ip_address=LOOPBACK,
-                logging_level="ERROR",
+                logging_level=logging.ERROR,
                 _system_config=_private_system_config(),
-                **runtime_env,
+                runtime_env=runtime_env,
             )
         _remember_nodes()
         _say(
@@ -107,7 +108,7 @@ def init_ray(address: str | None, system_envs: dict[str, str] | None = None) -> 
     _token_mode_if_token_available()
     try:
         with _loopback_node() if host in (LOOPBACK, "localhost") else _nothing(), _bounded_gcs_wait():
-            ray.init(address=target, logging_level="ERROR", **runtime_env)
+            ray.init(address=target, logging_level=logging.ERROR, runtime_env=runtime_env)
     except Exception as err:  # noqa: BLE001 - turned into one line naming the cause
         raise ClusterError(_join_failure(source, target, err)) from None
     global _joined

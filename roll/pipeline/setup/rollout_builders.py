@@ -8,6 +8,7 @@ the classes they build take plain arguments.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import ray
 
@@ -104,7 +105,9 @@ def proxy_options(proxy) -> dict:
 def _env_worker_options(system_envs: dict[str, str]) -> dict:
     """Env workers on a cluster spread over its nodes (each asks no CPU, so every node qualifies);
     the manager's `system_envs` in their environment."""
-    options = {**ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else dict(ENV_WORKER_OPTIONS)
+    options: dict[str, Any] = (
+        {**ENV_WORKER_OPTIONS, "scheduling_strategy": "SPREAD"} if cluster.joined() else dict(ENV_WORKER_OPTIONS)
+    )
     if system_envs:
         options["runtime_env"] = {"env_vars": dict(system_envs)}
     return options
