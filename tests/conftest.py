@@ -8,7 +8,9 @@ field. `tiny_llama(seed)` builds it with random weights drawn after `torch.manua
 import tiny_llama`). `vl_engine(vl_dir)` is the `hf` engine as the inference worker builds it on a
 VL model (vision marker ids never sampled); transformers is imported only when one is called, so tests that need no
 model do not pay for it. `run_example(out, *args)` runs `examples/start_agentic_pipeline.py` with
-`output_dir=out` in a subprocess, as a user does, and returns its output and metrics rows.
+`output_dir=out` in a subprocess, as a user does, and returns its output and metrics rows. The
+`tiny_model` fixture is the README example's model (the `frozen_lake` preset), built once a session;
+tests read it as `pretrain` and never write into it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,3 +86,11 @@ def run_example(out: Path, *args: str, timeout: float = 900) -> tuple[str, list[
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     return proc.stdout + proc.stderr, rows
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """The README example's tiny model dir (`python -m roll.pipeline.tiny_model --preset frozen_lake`)."""
+    from roll.pipeline.tiny_model import main as build
+
+    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])

@@ -50,13 +50,6 @@ ARGS = [
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
-@pytest.fixture(scope="module")
 def nan_model(tiny_model, tmp_path_factory):
     """The tiny model with every weight NaN (its tokenizer unchanged)."""
     from safetensors.torch import load_file, save_file

@@ -95,13 +95,6 @@ sys.exit(main(sys.argv[1:], examples_dir=os.path.join(os.getcwd(), "examples")))
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
 def start(model, out: Path, log: Path, marker: Path | None = None) -> subprocess.Popen:
     env = {**os.environ}
     env.pop("HOLD_SYNC_MARKER", None)

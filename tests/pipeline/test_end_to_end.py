@@ -24,13 +24,6 @@ SMALL = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
 def run_cli(tiny_model, out_dir, *extra):
     cmd = [
         sys.executable,

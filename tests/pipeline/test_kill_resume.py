@@ -70,13 +70,6 @@ sys.exit(main(sys.argv[1:], examples_dir=os.path.join(os.getcwd(), "examples")))
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
 def start(model, out: Path, log: Path, pause_s: float = 0.0) -> subprocess.Popen:
     env = {**os.environ, "PAUSE_COMMIT_S": str(pause_s)}
     return subprocess.Popen(

@@ -32,13 +32,6 @@ SMALL = [
 LOSSES = ("losses/policy_loss", "losses/approx_kl", "losses/entropy", "losses/clipfrac", "actor/grad_norm")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
 def run(config_path: str, config_name: str, tiny_model, out: Path, *extra: str) -> list[dict]:
     cmd = [
         sys.executable,

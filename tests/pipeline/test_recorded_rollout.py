@@ -106,13 +106,6 @@ def test_dump_trajectories_writes_one_json_line_per_trajectory(tmp_path):
     ]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
 def _train(tmp_path, name, model, *args):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = tmp_path / name

@@ -31,13 +31,6 @@ ARGS = [
 STOPPED = "training stopped: SIGINT; resume from the last checkpoint with resume_from_checkpoint=true"
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
 def start(model, out: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "examples/start_agentic_pipeline.py", *ARGS, f"pretrain={model}", f"output_dir={out}"],

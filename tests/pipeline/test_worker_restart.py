@@ -43,13 +43,6 @@ ARGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from roll.pipeline.tiny_model import main as build
-
-    return build(["--preset", "frozen_lake", "--output_dir", str(tmp_path_factory.mktemp("m") / "tiny")])
-
-
 def start(model, out: Path, log: Path, max_steps: int) -> subprocess.Popen:
     return start_run(model, out, log, [*ARGS, f"max_steps={max_steps}"])
 
