@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 import torch
+from common import REPO  # benchmarks/ is on sys.path when run as a script
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import gpu_lane  # noqa: E402

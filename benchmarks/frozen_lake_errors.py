@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import REPO  # benchmarks/ is on sys.path when run as a script
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(REPO))
 
 from envs.frozen_lake.env import observation_text  # noqa: E402
 from envs.frozen_lake.maps import MOVES, find_cell, generate_map, goal_distances  # noqa: E402

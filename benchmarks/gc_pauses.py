@@ -29,7 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, load_span  # benchmarks/ is on sys.path when run as a script
+
 MICRO = ["--hidden_size", "16", "--num_hidden_layers", "1", "--num_attention_heads", "2", "--intermediate_size", "32"]
 PART_A = [
     "use_kl_loss=true",
@@ -128,7 +129,7 @@ def main() -> None:
                 print(f"round {round_ + 1} {mode}: step mean {statistics.mean(times['step']):.3f} s", flush=True)
     rows = {mode: summary(times) for mode, times in merged.items()}
     keys = list(rows["off"])
-    load = f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
+    load = load_span(load_before)
     print(f"\n{args.rounds} round(s) of {args.steps} steps each (steps 3+), {load}")
     print("| freeze | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))

@@ -28,24 +28,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, tiny_model  # benchmarks/ is on sys.path when run as a script
+
 # env -> (config dir, config name, tiny-model preset)
 ENVS = {
     "frozen_lake": ("frozen_lake", "agent_val_frozen_lake", "frozen_lake"),
     "sokoban": ("sokoban", "agent_val_sokoban", "sokoban"),
 }
 ESTIMATORS = ("grpo", "gigpo")
-
-
-def build_model(preset: str, out: Path) -> Path:
-    path = out / "models" / f"tiny-{preset}"
-    subprocess.run(
-        [sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return path
 
 
 def run(env: str, estimator: str, seed: int, steps: int, eval_steps: int, model: Path, out: Path) -> list[dict]:
@@ -101,7 +91,7 @@ def main() -> None:
 
     table, result = [], []
     for env in args.envs:
-        model = build_model(ENVS[env][2], args.out)
+        model = tiny_model(ENVS[env][2], args.out)
         finals = {}
         for estimator in ESTIMATORS:
             cells = [

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from common import REPO  # benchmarks/ is on sys.path when run as a script
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 STRATEGIES = ("torch", "fsdp2", "deepspeed_zero2", "deepspeed_zero3", "megatron")

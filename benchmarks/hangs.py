@@ -32,11 +32,11 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import ray
+from common import REPO  # benchmarks/ is on sys.path when run as a script
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(REPO))
 
 from envs.frozen_lake.env import FrozenLakeEnv  # noqa: E402
 from roll.agentic.env_manager.env_calls import EnvCaller, EnvStepTimeout  # noqa: E402

@@ -29,9 +29,10 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import REPO  # benchmarks/ is on sys.path when run as a script
+
+sys.path.insert(0, str(REPO))
 
 TOKENS = 38  # the README example's step rows (prompt and answer)
 ROWS = (850, 900, 2000)

@@ -36,7 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, tiny_model  # benchmarks/ is on sys.path when run as a script
+
 # env -> (config dir, config name, tiny-model preset)
 ENVS = {
     "frozen_lake": ("frozen_lake", "agent_val_frozen_lake", "frozen_lake"),
@@ -140,13 +141,7 @@ def build_model(env: str, out: Path) -> Path:
     """The example's model: the tiny model of its preset, warm-started for `WARM_START` envs (as
     the example's run script builds it; a warm model already built is reused)."""
     config_path, config_name, preset = ENVS[env]
-    path = out / "models" / f"tiny-{preset}"
-    subprocess.run(
-        [sys.executable, "-m", "roll.pipeline.tiny_model", "--preset", preset, "--output_dir", str(path)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
+    path = tiny_model(preset, out)
     if env not in WARM_START:
         return path
     warm_path = out / "models" / f"tiny-{preset}-warm"

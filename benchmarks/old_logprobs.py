@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 import torch
-from gc_pauses import MICRO, REPO, run_pipeline  # benchmarks/ is on sys.path when run as a script
+from common import REPO, load_span
+from gc_pauses import MICRO, run_pipeline  # benchmarks/ is on sys.path when run as a script
 from gpu_e2e import QWEN2_HALF_B
 from tensordict import TensorDict
 
@@ -118,7 +119,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     if repeat:
                         times[mode].append(time.perf_counter() - start)
             results[shape] = {mode: statistics.median(values) for mode, values in times.items()}
-    load = f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
+    load = load_span(load_before)
     print(f"\n{args.layers} of Qwen2-0.5B's layers, float32, {args.rows} rows, median of {args.repeats}; {load}")
     print("| mini-batches | pass + train (s) | train taking them (s) | ratio |")
     print("|---|---|---|---|")
@@ -162,7 +163,7 @@ def main() -> None:
     rows = {key: summary(times) for key, times in merged.items()}
     columns = list(next(iter(rows.values())))
     model_name = "micro (hidden 16, 1 layer)" if args.micro else "tiny"
-    load = f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
+    load = load_span(load_before)
     print(f"\n{model_name}; {args.rounds} round(s) of {args.steps} steps (steps 3+), {load}; {os.cpu_count()} cores")
     print("| shape | old log-probs | " + " | ".join(columns) + " |")
     print("|---|---|" + "---|" * len(columns))

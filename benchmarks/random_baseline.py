@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from common import REPO  # benchmarks/ is on sys.path when run as a script
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import envs  # noqa: E402, F401  registers the built-ins

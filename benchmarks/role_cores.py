@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, load_line  # benchmarks/ is on sys.path when run as a script
+
 sys.path.insert(0, str(REPO))
 
 from roll.distributed.cpu_affinity import CpuShare, apply_share, usable_cores  # noqa: E402
@@ -107,8 +106,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
     cores = usable_cores()
-    load = os.getloadavg()
-    print(f"{len(cores)} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    print(load_line(len(cores)))
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in layouts(cores)}
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
+from common import REPO, result_line  # benchmarks/ is on sys.path when run as a script
 
 from roll.agentic.gateway import InferenceGateway
 from roll.agentic.rollout.env_worker import EnvWorker
@@ -47,7 +48,6 @@ from roll.pipeline.setup.builders import init_ray
 from roll.pipeline.setup.rollout_builders import env_spec, sampling_params
 from roll.pipeline.tiny_model import env_corpus
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "examples" / "frozen_lake"
 CONFIG_NAME = "agent_val_frozen_lake"
 MODES = ("batched", "per_request", "env_only")
@@ -198,7 +198,7 @@ def main() -> None:
         finally:
             ray.shutdown()
     ratios = print_table(runs, load_before, os.getloadavg())
-    print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in ratios.items()))
+    print(result_line("", ratios))
 
 
 if __name__ == "__main__":

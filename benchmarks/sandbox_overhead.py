@@ -15,18 +15,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from common import timed  # benchmarks/ is on sys.path when run as a script
 
 from roll.agentic.sandbox import Sandbox
 from roll.agentic.sandbox.isolation import namespaces_available
 
 PY = "print(sum(range(1000)))"
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1000
 
 
 def main(argv=None) -> None:
@@ -53,7 +48,7 @@ def main(argv=None) -> None:
     times = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, fn in variants.items():
-            times[name].append(_timed(fn))
+            times[name].append(timed(fn) * 1000)
     for box in boxes.values():
         box.close()
     base = {kind: statistics.median(times[f"plain subprocess: {kind}"]) for kind in ("true", "python")}

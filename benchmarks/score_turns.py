@@ -23,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gc_pauses import MICRO, REPO, run_pipeline  # benchmarks/ is on sys.path when run as a script
+from common import REPO, load_span, result_line
+from gc_pauses import MICRO, run_pipeline  # benchmarks/ is on sys.path when run as a script
 
 WITH_REFERENCE = [
     "use_kl_loss=true",
@@ -68,14 +69,14 @@ def main() -> None:
     rows = {mode: summary(times) for mode, times in merged.items()}
     keys = list(rows["at_once"])
     model_name = "micro (hidden 16, 1 layer)" if args.micro else "tiny"
-    load = f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
+    load = load_span(load_before)
     print(f"\n{model_name}; {args.rounds} round(s) of {args.steps} steps (steps 3+), {load}; {os.cpu_count()} cores")
     print("| passes | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for mode, row in rows.items():
         print(f"| {mode} | " + " | ".join(f"{row[k]:.3f}" for k in keys) + " |")
     ratio = {k: rows["at_once"][k] / rows["in_turns"][k] for k in ("score_mean", "score_max", "step_mean")}
-    print("RESULT score_turns " + " ".join(f"{k}_ratio={v:.2f}" for k, v in ratio.items()))
+    print(result_line("score_turns", {f"{k}_ratio": v for k, v in ratio.items()}))
 
 
 if __name__ == "__main__":

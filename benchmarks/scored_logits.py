@@ -31,6 +31,7 @@ import statistics
 import time
 
 import torch
+from common import result_line
 from gpu_e2e import QWEN2_HALF_B  # benchmarks/ is on sys.path when run as a script
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -139,7 +140,7 @@ def main() -> None:
         ratios[f"{kind}_train_ratio"] = base["train_s"] / best["train_s"]
         ratios[f"{kind}_positions_ratio"] = base["head_positions"] / best["head_positions"]
     print(f"\nload {os.getloadavg()[0]:.1f}")
-    print("RESULT scored_logits " + " ".join(f"{key}={value:.2f}" for key, value in ratios.items()))
+    print(result_line("scored_logits", ratios))
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 import psutil
+from common import REPO  # benchmarks/ is on sys.path when run as a script
 
-REPO = Path(__file__).resolve().parent.parent
 RUN = [
     "--config_path",
     "frozen_lake",

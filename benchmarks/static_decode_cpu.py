@@ -18,11 +18,11 @@ import random
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
+from common import REPO  # benchmarks/ is on sys.path when run as a script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(REPO))
 
 from roll.core.records import GenerateRequest, SamplingParams  # noqa: E402
 from roll.distributed.strategies.hf.infer import HFInferStrategy  # noqa: E402

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import ray
 import torch
 import torch.nn.functional as F
+from common import timed  # benchmarks/ is on sys.path when run as a script
 from tensordict import TensorDict
 
 from roll.algorithms.actor_loss import PolicyLossOptions
@@ -112,12 +112,6 @@ class RawTorchStep:
         clip = PPO["pg_clip"]
         pg = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip))
         return ((pg - PPO["entropy_loss_coef"] * entropy) * response).sum()
-
-
-def timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
 
 
 def measure(variants: dict, batch: TensorDict, repeats: int) -> dict[str, float]:
