@@ -10,6 +10,8 @@ An edge goes from a file to the file of the module it names (`from a.b import c`
 when that is a module, else to `a/b.py` or `a/b/__init__.py`); the `__init__.py` files of parent
 packages that Python also runs are not edges, so a package that re-exports its modules is no cycle.
 `tests/test_architecture.py` checks the rules of docs/architecture.md on this graph.
+`script_graph` is the same graph for a folder of flat scripts (benchmarks/): which script imports
+which (tests/benchmarks/test_imports.py: no cycle).
 """
 
 from __future__ import annotations
@@ -87,6 +89,24 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
             if name and name != module:
                 targets.add(name)
         graph[module] = targets
+    return graph
+
+
+def script_graph(folder: Path) -> dict[str, set[str]]:
+    """Script -> the scripts of `folder` it imports, for flat scripts run with `folder` on sys.path:
+    `import x` and `from x import y`, and `from <folder> import x` or `from <folder>.x import y`."""
+    scripts = sorted(folder.glob("*.py"))
+    names = {path.stem for path in scripts}
+    graph = {}
+    for path in scripts:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        targets = set()
+        for name in _imported_names(tree, path.stem, is_package=False):
+            parts = name.split(".")
+            head = parts[1] if parts[0] == folder.name and len(parts) > 1 else parts[0]
+            if head in names and head != path.stem:
+                targets.add(head)
+        graph[path.stem] = targets
     return graph
 
 
