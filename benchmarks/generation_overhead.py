@@ -17,13 +17,13 @@ in full, and every run: benchmarks/results/generation_overhead.md.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
 import ray
 import torch
+from common import load_line  # benchmarks/ is on sys.path when run as a script
 
 from roll.agentic.env.registry import make_env
 from roll.agentic.env_manager.chat import ChatFormatter
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    load = os.getloadavg()
+    load = load_line()  # read now, printed with the table
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "tiny", corpus=env_corpus("frozen_lake", {}))
@@ -139,7 +139,7 @@ def main() -> None:
             ray.shutdown()
     print(
         f"{args.requests} requests, FrozenLake prompts, best of {args.repeats}; {torch.get_num_threads()} torch "
-        f"threads, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+        f"threads, {load}"
     )
     print(f"{'new tok':>8}{'mode':>15}{'calls':>7}{'wall s':>9}{'tokens/s':>11}{'overhead':>11}{'same ids':>10}")
     overheads = {n: print_rows(n, res) for n, res in results.items()}

@@ -20,14 +20,13 @@ benchmarks/results/train_overhead.md.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
 import ray
 import torch
 import torch.nn.functional as F
-from common import timed  # benchmarks/ is on sys.path when run as a script
+from common import load_line, timed  # benchmarks/ is on sys.path when run as a script
 from tensordict import TensorDict
 
 from roll.algorithms.actor_loss import PolicyLossOptions
@@ -142,7 +141,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every variant")
     parser.add_argument("--no_ray", action="store_true", help="skip the Ray actor row")
     args = parser.parse_args()
-    load = os.getloadavg()
+    load = load_line()  # read now, printed with the table
     training_args = TrainingArgs(
         learning_rate=1e-4,
         per_device_train_batch_size=args.micro_batch,
@@ -196,7 +195,7 @@ def main() -> None:
     print(
         f"{args.rows} rows ({tokens} tokens, {args.min_len}..{args.max_len} per row), micro-batches of "
         f"{args.micro_batch}, one optimizer step; best of {args.repeats}; {torch.get_num_threads()} torch threads, "
-        f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+        f"{load}"
     )
     print(f"{'variant':34}{'step s':>9}{'tokens/s':>10}{'vs raw':>9}")
     for name, seconds in best.items():
