@@ -14,6 +14,7 @@ batch order. Everything here is a pure function of row lengths.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -77,8 +78,12 @@ def pad_to_multiple(micro: TensorDict, round_to: int) -> TensorDict:
     target = round_up(length, round_to)
     if target == length:
         return micro
-    padded = micro.exclude(*Batch.IMAGE_KEYS).apply(
-        lambda x: F.pad(x, (0, target - length)) if x.dim() >= 2 and x.shape[1] == length else x
+    # apply out of place returns a TensorDict (tensordict's stub adds None, the in-place result)
+    padded = cast(
+        TensorDict,
+        micro.exclude(*Batch.IMAGE_KEYS).apply(
+            lambda x: F.pad(x, (0, target - length)) if x.dim() >= 2 and x.shape[1] == length else x
+        ),
     )
     return padded.update(micro.select(*(k for k in Batch.IMAGE_KEYS if k in micro.keys())))
 

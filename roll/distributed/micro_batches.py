@@ -26,7 +26,7 @@ are unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ class DistinctRows(NamedTuple):
     tokens except maybe the last one (`distinct_rows`).
     """
 
-    index: torch.Tensor
+    index: torch.Tensor  # type: ignore[assignment]  # a field named like tuple.index, which it hides
     """(U,) the first row of the batch holding each distinct row: its representative."""
     inverse: torch.Tensor
     """(B,) which distinct row each row of the batch is, an index into `index`."""
@@ -164,8 +164,10 @@ def trim_padding(batch: TensorDict) -> TensorDict:
     """Cut the columns that are padding in every row from every per-token (B, T) tensor."""
     length = valid_length(batch["attention_mask"])
     total = batch["attention_mask"].shape[1]
-    trimmed = batch.exclude(*Batch.IMAGE_KEYS).apply(
-        lambda x: x[:, :length] if x.dim() >= 2 and x.shape[1] == total else x
+    # apply out of place returns a TensorDict (tensordict's stub adds None, the in-place result)
+    trimmed = cast(
+        TensorDict,
+        batch.exclude(*Batch.IMAGE_KEYS).apply(lambda x: x[:, :length] if x.dim() >= 2 and x.shape[1] == total else x),
     )
     return trimmed.update(batch.select(*(k for k in Batch.IMAGE_KEYS if k in batch.keys())))
 
@@ -174,8 +176,8 @@ def image_token_types(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor
     """`mm_token_type_ids` of a (possibly wrapped) vision-language model: 1 on its image
     placeholders, 0 on text (B, T). With them the model gives images their multimodal rotary
     positions (M-RoPE), as the `hf` engine does (`strategies/hf/vl_generate.py`)."""
-    config = getattr(model, "module", model).config
-    return (input_ids == config.image_token_id).int()
+    inner: Any = getattr(model, "module", model)  # the model inside a DDP / DeepSpeed wrapper, or itself
+    return input_ids.eq(inner.config.image_token_id).int()
 
 
 def vision_token_ids_of(model: nn.Module) -> list[int]:
@@ -210,6 +212,7 @@ def distinct_micro_batch_rows(
         for start in range(0, len(rows.index), micro_batch_size):
             yield ((rows.inverse >= start) & (rows.inverse < start + micro_batch_size)).nonzero()[:, 0]
         return
+    assert attention_mask is not None, "a token budget reads the rows' lengths in attention_mask"
     lengths = row_lengths(attention_mask[rows.index])
     for distinct in budget.bins(lengths):
         yield torch.isin(rows.inverse, torch.tensor(distinct, device=rows.inverse.device)).nonzero()[:, 0]

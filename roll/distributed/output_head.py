@@ -92,14 +92,14 @@ def logits_at(
         wanted[0, 0] = True
     number = wanted.flatten().cumsum(0) - 1  # each wanted position's place among the K
     slot = number[rows * ids.shape[1] + cols]
-    packed = isinstance(model, PackedSequences)
-    if packed:  # the head sees the real tokens only, row after row
-        kept = model.kept(mask)
+    packed = model if isinstance(model, PackedSequences) else None
+    if packed is not None:  # the head sees the real tokens only, row after row
+        kept = packed.kept(mask)
         index, positions = wanted[kept].nonzero()[:, 0], int(kept.sum())
     else:  # the head sees all (U, T) positions
         index, positions = wanted.flatten().nonzero()[:, 0], ids.numel()
     with head_rows(model, index, positions) as narrowed:
-        logits = model.packed_logits(ids, kept) if packed else model(**inputs, use_cache=False).logits
+        logits = packed.packed_logits(ids, kept) if packed is not None else model(**inputs, use_cache=False).logits
     logits = logits.reshape(-1, logits.shape[-1])
     if narrowed:
         return logits, slot

@@ -135,7 +135,7 @@ def check_device_layout(
     _check_processes(mappings, strategies, inference_replicas, world_sizes or {})
     infer = set(mappings.get(INFERENCE_ROLE) or ())
     for role in (r for r in TRAINING_ROLES if mappings.get(r)):
-        shared = sorted(infer & set(mappings[role]))
+        shared = sorted(infer & set(mappings[role] or ()))
         if async_generation_ratio > 0 and shared:
             raise PlacementError(
                 "async_generation_ratio",

@@ -80,9 +80,9 @@ def rank_share(
         mine = balanced_rank_rows(row_lengths(minibatch["attention_mask"]), world_size)[rank]
         rows = torch.tensor(mine, dtype=torch.long)
         return (minibatch[rows], total) if mine else (without_responses(minibatch[:1]), total)
-    rows = split_rows(minibatch.batch_size[0], world_size)[rank]
-    if rows.stop > rows.start:
-        return minibatch[rows], total
+    span = split_rows(minibatch.batch_size[0], world_size)[rank]
+    if span.stop > span.start:
+        return minibatch[span], total
     return without_responses(minibatch[:1]), total
 
 

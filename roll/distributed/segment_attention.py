@@ -83,6 +83,7 @@ def uses_segment_attention(model: torch.nn.Module, longest: int) -> bool:
 def segment_attention(model: torch.nn.Module):
     """`model` attends with `SEGMENT_SDPA` inside the block, with what was configured after it."""
     config = _hf_config(model)
+    assert config is not None  # uses_segment_attention(model) said yes, so it found the config
     configured = config._attn_implementation
     config._attn_implementation = SEGMENT_SDPA
     try:

@@ -24,9 +24,10 @@ ENGINES = [(name, "train", TrainStrategy) for name in TRAIN_STRATEGIES] + [
 
 
 def protocol_members(protocol: type) -> tuple[list[str], list[str]]:
-    """(methods, attributes) the Protocol declares itself."""
+    """(methods, attributes) the Protocol declares itself; a read-only property is an attribute."""
     methods = [name for name, value in vars(protocol).items() if inspect.isfunction(value) and not name.startswith("_")]
-    return methods, list(protocol.__annotations__)
+    properties = [name for name, value in vars(protocol).items() if isinstance(value, property)]
+    return methods, list(protocol.__annotations__) + properties
 
 
 def signature_mismatches(method: str, declared: inspect.Signature, actual: inspect.Signature) -> list[str]:

@@ -108,6 +108,15 @@ class TrainStrategy(Protocol):
         ...
 
 
+class CachedTokens(Protocol):
+    """What the worker reads of an engine's `kv_cache`."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of session KV that roll keeps."""
+        ...
+
+
 @runtime_checkable
 class InferStrategy(Protocol):
     """A generation engine: token ids in, token ids and log-probs out, weights swapped in place."""
@@ -116,8 +125,11 @@ class InferStrategy(Protocol):
     """The version of the weights it serves (set by `load_weights`)."""
     stats: dict[str, int]
     """The engine's own counters (prefix tokens reused, prefill tokens, ...)."""
-    kv_cache: object
-    """Session KV that roll keeps; its `num_tokens` is reported (0 where the engine owns its cache)."""
+
+    @property
+    def kv_cache(self) -> CachedTokens:
+        """Session KV that roll keeps; its `num_tokens` is reported (0 where the engine owns its cache)."""
+        ...
 
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """One output per request, in request order."""

@@ -8,6 +8,7 @@ lines up with logprobs[:, t]; values[:, 0] and padding positions are 0.
 from __future__ import annotations
 
 from functools import partial
+from typing import Literal
 
 import torch
 from tensordict import TensorDict
@@ -101,7 +102,7 @@ class CriticWorker(Clocked):
         """
         batch = batch.select(*TRAIN_KEYS)
         loss_fn = partial(_value_loss, value_clip=value_clip, loss_agg_mode=loss_agg_mode)
-        weight_by = "tokens" if loss_agg_mode == "token-mean" else "rows"
+        weight_by: Literal["tokens", "rows"] = "tokens" if loss_agg_mode == "token-mean" else "rows"
         rows = self.mini_batch_rows * self.strategy.dp_size  # over all data-parallel ranks, as in ROLL
         per_step = [
             train_on_share(self.strategy, minibatch, loss_fn, weight_by)

@@ -77,7 +77,7 @@ class InferenceWorker(Clocked):
         if canonical_name(strategy_name) == "hf_infer":
             model = load_policy(
                 model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False
-            ).to(device)
+            ).to(device)  # type: ignore[arg-type]  # the stub of transformers' @wraps(Module.to) wants self
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
             self.engine = _hf_engine(model, pad, eos, max_cached_tokens, static_decode)
         else:
@@ -114,19 +114,21 @@ class InferenceWorker(Clocked):
         """Restarted by Ray after this worker's process died: load the weights of the last sync
         (`roll.distributed.workers.weight_store`) before serving, so no request sees the initial
         model again."""
+        box: list[ray.ObjectRef]
+        version: int
         box, version = ray.get(ray.get_actor(weight_store).get.remote())
         if box:
             self.engine.load_weights(ray.get(box[0]), version)
         logger.warning("inference worker restarted: serving the weights of version %d", version)
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        self._ensure_loop()
+        _, _, arrived = self._ensure_loop()
         if self.failed is not None:  # a failed engine is never called again
             raise self.failed
         future = asyncio.get_running_loop().create_future()
         with self._pending_lock:
             self._pending.append((request, future, time.monotonic()))
-        self._arrived.set()
+        arrived.set()
         if self._loop_task is None or self._loop_task.done():
             loop = self._continuous_loop() if self.continuous else self._batch_loop()
             self._loop_task = asyncio.get_running_loop().create_task(loop)
@@ -158,7 +160,8 @@ class InferenceWorker(Clocked):
 
     def _load(self, state_dict: dict[str, torch.Tensor] | IpcWeights, version: int) -> None:
         """Under the engine lock: the weights into the engine (`update_weights`)."""
-        if not self._awake.is_set():
+        _, awake, _ = self._ensure_loop()
+        if not awake.is_set():
             raise RuntimeError("update_weights: the engine is offloaded; reload it first")
         with self.clock.measure("sync"):
             if isinstance(state_dict, IpcWeights):  # the actor's GPU tensors, shared: copied in, then let go
@@ -170,19 +173,19 @@ class InferenceWorker(Clocked):
 
     async def offload(self) -> None:
         """Free the device for a colocated role, after the engine call in progress."""
-        self._ensure_loop()
+        _, awake, _ = self._ensure_loop()
         async with self._between_engine_calls():
-            self._awake.clear()
+            awake.clear()
             with self.clock.measure("sync"):
                 self.engine.offload()
 
     async def reload(self) -> None:
         """Bring the engine back and serve the requests that waited."""
-        self._ensure_loop()
-        async with self._engine_lock:
+        lock, awake, _ = self._ensure_loop()
+        async with lock:
             with self.clock.measure("sync"):
                 self.engine.reload()
-            self._awake.set()
+            awake.set()
 
     def memory_gib(self) -> dict[str, float]:
         """This process's GPU memory since the last call (`take_memory_gib`); zeros on CPU."""
@@ -213,22 +216,26 @@ class InferenceWorker(Clocked):
             policy_version=self.engine.policy_version,
         )
 
-    def _ensure_loop(self) -> None:
-        if self._engine_lock is None:  # made on first use: they belong to the actor's event loop
+    def _ensure_loop(self) -> tuple[asyncio.Lock, asyncio.Event, asyncio.Event]:
+        """The engine lock and the awake and arrived events, made on first use: they belong to the
+        actor's event loop."""
+        if self._engine_lock is None or self._awake is None or self._arrived is None:
             self._engine_lock = asyncio.Lock()
             self._awake = asyncio.Event()
             self._awake.set()
             self._arrived = asyncio.Event()
+        return self._engine_lock, self._awake, self._arrived
 
     async def _batch_loop(self) -> None:
         """Serve pending requests in batches until none is left, then end: the task lives only
         while there is work, so a worker shut down when idle leaves no pending task behind."""
+        lock, awake, _ = self._ensure_loop()
         loop = asyncio.get_running_loop()
         while self._pending:
-            await self._awake.wait()  # an offloaded engine serves nothing until `reload`
+            await awake.wait()  # an offloaded engine serves nothing until `reload`
             await self._wait_for_a_fuller_batch()
-            async with self._engine_lock:
-                if not self._awake.is_set():  # offloaded while this loop waited for the lock
+            async with lock:
+                if not awake.is_set():  # offloaded while this loop waited for the lock
                     continue
                 with self._pending_lock:
                     batch = self._pending[: self.max_batch_size]
@@ -255,21 +262,25 @@ class InferenceWorker(Clocked):
         takes no new request and returns once its running rows are done; with `interrupt` other
         than "finish" it returns at the next token boundary, and its running rows go back to the
         front of the queue (`_requeue`) before the update runs."""
+        lock, awake, _ = self._ensure_loop()
+        engine = self.engine
+        assert isinstance(engine, HFInferStrategy)  # `self.continuous` is true for this engine only
         loop = asyncio.get_running_loop()
+
         # an offload lets the running rows finish (the weights stay): only a weight update interrupts
         stopping = (lambda: self._updates_waiting > 0) if self.interrupt != "finish" else (lambda: False)
         while self._pending:
-            await self._awake.wait()
+            await awake.wait()
             await self._wait_for_a_fuller_batch()
-            async with self._engine_lock:
-                if not self._awake.is_set():
+            async with lock:
+                if not awake.is_set():
                     continue
                 try:
                     with self.clock.measure("compute"):
                         suspended = await loop.run_in_executor(
                             self._executor,
                             continuous.serve,
-                            self.engine,
+                            engine,
                             self._take,
                             lambda request, output: loop.call_soon_threadsafe(self._answer, request, output),
                             self.max_batch_size,
@@ -291,12 +302,13 @@ class InferenceWorker(Clocked):
         `max_batch_size` are pending) before an engine call starts, so that requests arriving a
         moment apart share one prefill instead of each paying a model call of its own. A running
         continuous call applies the same rule at each decode step (`_take`)."""
+        _, _, arrived = self._ensure_loop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._oldest_wait_left()
         while len(self._pending) < self.max_batch_size and (remaining := deadline - loop.time()) > 0:
-            self._arrived.clear()
+            arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+                await asyncio.wait_for(arrived.wait(), remaining)
             except TimeoutError:
                 return
 
@@ -351,9 +363,10 @@ class InferenceWorker(Clocked):
     @contextlib.asynccontextmanager
     async def _between_engine_calls(self):
         """Hold the engine lock; a continuous engine call in progress is asked to wind down."""
+        lock, _, _ = self._ensure_loop()
         self._drain_waiters += 1
         try:
-            async with self._engine_lock:
+            async with lock:
                 yield
         finally:
             self._drain_waiters -= 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -42,7 +44,7 @@ class ReferenceWorker(Clocked):
         )
         self.model = (
             load_policy(model_path, dtype=dtype, attn_implementation=attn_implementation, device=device, training=False)
-            .to(self.device)
+            .to(self.device)  # type: ignore[arg-type]  # the stub of transformers' @wraps(Module.to) wants self
             .eval()
             .requires_grad_(False)
         )
@@ -64,7 +66,8 @@ class ReferenceWorker(Clocked):
             return {"logprobs": logprobs}
 
         batch = scoring_inputs(batch)
-        model = PackedSequences(self.model) if self.sequence_packing else self.model
+        # PackedSequences stands in for the module: called like it, every other attribute the model's
+        model = cast(nn.Module, PackedSequences(self.model)) if self.sequence_packing else self.model
         return forward_in_micro_batches(
             model, batch, logprobs_forward, self.micro_batch_size, self.device, budget=self.budget
         )["logprobs"]

@@ -24,7 +24,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class WorkClock:
     """Cumulative seconds per kind, with the intervals still open; safe across threads."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._done = dict.fromkeys(KINDS, 0.0)
         self._open: dict[int, tuple[str, float]] = {}

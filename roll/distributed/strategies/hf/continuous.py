@@ -30,13 +30,13 @@ from transformers import DynamicCache
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.hf.device_sampling import RowSampler
 from roll.distributed.strategies.hf.infer import HFInferStrategy
-from roll.distributed.strategies.hf.kv_cache import Chunk
+from roll.distributed.strategies.hf.kv_cache import Chunk, cache_kv
 from roll.distributed.strategies.hf.prefill import build_prefill
 from roll.distributed.strategies.hf.slot_serving import SlotRow, Suspended, serve_slots
 
 Take = Callable[[int], list[GenerateRequest]]
 """`take(n)`: up to n requests that arrived since the last call (none: an empty list)."""
-Deliver = Callable[[GenerateRequest, GenerateOutput], None]
+Deliver = Callable[[GenerateRequest, GenerateOutput], object]
 """`deliver(request, output)`: a finished request's answer, called as soon as its row stops."""
 
 
@@ -48,14 +48,14 @@ class RunningBatch:
         self.cache = cache
         self.mask = mask  # (B, W), 1 on the row's real ids
         self.last = last  # (B,)
-        self._sampler = None
+        self._sampler: RowSampler | None = None
 
     @property
     def size(self) -> int:
         return len(self.rows)
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        return cache_kv(self.cache)
 
     def forward(self, model: torch.nn.Module) -> torch.Tensor:
         """Feed every row its last token at its next position (its count of real ids so far);

@@ -15,11 +15,15 @@ switches a model whose attention is "sdpa" to it; the outputs are those of sdpa 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 NAME = "roll_sdpa"
 
@@ -45,7 +49,7 @@ def roll_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 
-def use_on(model: torch.nn.Module) -> bool:
+def use_on(model: PreTrainedModel) -> bool:
     """Switch `model` from "sdpa" to "roll_sdpa"; False (and nothing changed) for any other attention."""
     if model.config._attn_implementation != "sdpa":
         return False

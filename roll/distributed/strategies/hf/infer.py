@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -36,6 +38,7 @@ from roll.distributed.strategies.hf.kv_cache import (
     DEFAULT_MAX_CACHED_TOKENS,
     Prefix,
     SessionKVCache,
+    cache_kv,
     row_chunk,
 )
 from roll.distributed.strategies.hf.prefill import Prefill, build_prefill
@@ -43,6 +46,9 @@ from roll.distributed.strategies.hf.slot_serving import SlotPool, serve_slots
 from roll.distributed.strategies.hf.static_decode import supports as slots_support
 from roll.distributed.strategies.hf.vl_generate import generate_with_images
 from roll.distributed.strategies.offload import move_module_, release_cached_memory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"
 """Benchmarks only (set in the engine's environment, e.g. `actor_infer.system_envs`): every decode
@@ -53,12 +59,12 @@ decoded on a device of its own (the latency-injected engine of benchmarks/partia
 class HFInferStrategy:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         pad_token_id: int,
         eos_token_ids: list[int],
         max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
         static_decode: bool | None = None,
-        suppressed_token_ids: list[int] = (),
+        suppressed_token_ids: Sequence[int] = (),
     ):
         """`static_decode`: decode on static slots (None: wherever the architecture supports it).
         `suppressed_token_ids`: ids never sampled by a vision-language model (its vision markers)."""
@@ -246,7 +252,7 @@ class HFInferStrategy:
         if not self.kv_cache.enabled:
             return
         end_of_prompt = prefill.attention_mask.shape[1]  # P + N
-        layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
+        layers = cache_kv(prefill.cache)
         for i, r in enumerate(requests):
             if r.session_id is None or not out_ids[i]:
                 continue

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 DEFAULT_MAX_CACHED_TOKENS = 262_144  # tiny model: 2 KiB/token; a 0.5B bf16 model: ~12 KiB/token
 
@@ -184,3 +185,14 @@ def row_chunk(batch_layers: list[LayerKV], row: int, span: slice) -> Chunk:
         )
         for k, v in batch_layers
     ]
+
+
+def cache_kv(cache: Cache) -> list[LayerKV]:
+    """Per layer (keys, values) (B, H_kv, L, D) of a transformers cache a forward filled; the `hf`
+    engine serves full-attention models only, whose every layer holds both."""
+    out = []
+    for layer in cache.layers:
+        if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+            raise TypeError(f"a {type(layer).__name__} cache layer holds no keys and values (not full attention)")
+        out.append((layer.keys, layer.values))
+    return out

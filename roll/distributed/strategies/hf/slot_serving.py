@@ -15,16 +15,21 @@ a run that needs more rows or columns than its slots have moves to a grown copy.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.hf.device_sampling import SamplingState, sample
-from roll.distributed.strategies.hf.kv_cache import Prefix, row_chunk
+from roll.distributed.strategies.hf.kv_cache import Chunk, Prefix, cache_kv, row_chunk
 from roll.distributed.strategies.hf.prefill import build_prefill
 from roll.distributed.strategies.hf.static_decode import DecodeSlots, bucket, columns_for
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 POOL_SIZE = 6  # DecodeSlots kept between calls (each holds a KV cache and its captured graphs)
 SHRINK_BELOW = 4  # move the rows to slots a quarter the size once they fill less than that
@@ -57,6 +62,7 @@ class SlotRow:
         return self.finish is not None
 
     def output(self, version: int) -> GenerateOutput:
+        assert self.finish is not None, "the answer of a row still running"  # record() said it is done
         return GenerateOutput(self.request.request_id, self.token_ids, self.logprobs, self.finish, version)
 
 
@@ -73,10 +79,10 @@ class Suspended:
 class SlotPool:
     """The engine's DecodeSlots between calls, least recently used first."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.entries: list[DecodeSlots] = []
 
-    def fitting(self, model: torch.nn.Module, rows: int, length: int) -> DecodeSlots:
+    def fitting(self, model: PreTrainedModel, rows: int, length: int) -> DecodeSlots:
         """Kept slots, all free, with room for `rows` rows of `length` columns and at most twice
         that (a step costs in proportion to both); or new ones."""
         size, columns = bucket(rows), columns_for(length)
@@ -107,7 +113,7 @@ class SlotPool:
 class _Run:
     """One serve call: the rows by slot, the slots they live in, and the steps in flight."""
 
-    def __init__(self, engine, deliver: Callable[[GenerateRequest, GenerateOutput], None]):
+    def __init__(self, engine, deliver: Callable[[GenerateRequest, GenerateOutput], object]):
         self.engine, self.deliver = engine, deliver
         self.rows: dict[int, SlotRow] = {}
         self.slots: DecodeSlots | None = None
@@ -135,11 +141,11 @@ class _Run:
         eos = frozenset(engine.eos_token_ids)
         width = prefill.attention_mask.shape[1]
         rows = [SlotRow(r, p, r.params.stop_ids(eos), width) for r, p in zip(live, prefixes, strict=True)]
-        layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
+        layers = cache_kv(prefill.cache)
         keep = []
         for i, (row, tok, lp) in enumerate(zip(rows, first.tolist(), first_lp.tolist(), strict=True)):
             if row.record(tok, lp):
-                self._store(row, lambda i=i: [row_chunk(layers, i, slice(width - prefill.new[i], width))])
+                self._store(row, functools.partial(row_chunk, layers, i, slice(width - prefill.new[i], width)))
                 self.deliver(row.request, row.output(engine.policy_version))
             else:
                 keep.append(i)
@@ -162,22 +168,28 @@ class _Run:
         self.rows.update(zip(placed, rows, strict=True))
         self.truncate = any(row.truncates for row in self.rows.values())
 
+    def _placed(self) -> DecodeSlots:
+        """The slots of the running rows: made by the first `admit` that placed a row."""
+        assert self.slots is not None, "no row was placed in slots yet"
+        return self.slots
+
     def _move(self, rows: int, length: int) -> None:
         """Move the running rows to slots sized for `rows` x `length` (growing, or shrinking)."""
         keep = sorted(self.rows)
-        self.slots = self.engine.slot_pool.resize(self.slots, keep, rows, length)
+        self.slots = self.engine.slot_pool.resize(self._placed(), keep, rows, length)
         self.rows = {new: self.rows[old] for new, old in enumerate(keep)}
 
     def advance(self) -> None:
         """Launch steps until `depth` are in flight, then read the oldest one."""
-        depth = 2 if self.slots.device.type == "cuda" else 1  # on a GPU the host reads step t during step t+1
-        while self.slots.inflight < depth:
+        slots = self._placed()
+        depth = 2 if slots.device.type == "cuda" else 1  # on a GPU the host reads step t during step t+1
+        while slots.inflight < depth:
             self.engine.pace()
-            self.slots.launch(self.truncate)
+            slots.launch(self.truncate)
         self._read()
-        if self.rows and len(self.rows) * SHRINK_BELOW <= self.slots.size and self.slots.size >= 8:
+        if self.rows and len(self.rows) * SHRINK_BELOW <= slots.size and slots.size >= 8:
             self.drain()
-            self._move(len(self.rows), self.slots.length)
+            self._move(len(self.rows), slots.length)
 
     def drain(self) -> None:
         while self.slots is not None and self.slots.inflight:
@@ -193,7 +205,8 @@ class _Run:
 
     def _read(self) -> None:
         """Take the oldest launched step's tokens; rows that are done leave their slots."""
-        tokens, logprobs = self.slots.collect()
+        slots = self._placed()
+        tokens, logprobs = slots.collect()
         if not self.rows:
             return
         self.engine.stats["decode_steps"] += 1
@@ -201,20 +214,20 @@ class _Run:
         for slot in done:
             row = self.rows.pop(slot)
             end = row.width + len(row.token_ids) - 1  # its first id went in at `width`; the last was never fed
-            self._store(row, lambda slot=slot, row=row, end=end: [self.slots.row_kv(slot, row.prefix.length, end)])
+            self._store(row, functools.partial(slots.row_kv, slot, row.prefix.length, end))
             self.deliver(row.request, row.output(self.engine.policy_version))
         if done:
-            self.slots.release(done)
+            slots.release(done)
             self.truncate = any(row.truncates for row in self.rows.values())
 
-    def _store(self, row: SlotRow, new_chunks: Callable[[], list]) -> None:
+    def _store(self, row: SlotRow, new_chunk: Callable[[], Chunk]) -> None:
         """Keep the session's KV for the ids it fed: prompt + generated ids but the last. The KV is
-        gathered (`new_chunks()`) only for a row of a session the cache keeps."""
+        gathered (`new_chunk()`) only for a row of a session the cache keeps."""
         cache = self.engine.kv_cache
         if not cache.enabled or row.request.session_id is None:
             return
         cache.store(
-            row.request.session_id, row.request.prompt_ids + row.token_ids[:-1], row.prefix.chunks + new_chunks()
+            row.request.session_id, row.request.prompt_ids + row.token_ids[:-1], row.prefix.chunks + [new_chunk()]
         )
 
 
@@ -222,7 +235,7 @@ class _Run:
 def serve_slots(
     engine,
     take: Callable[[int], list[GenerateRequest]],
-    deliver: Callable[[GenerateRequest, GenerateOutput], None],
+    deliver: Callable[[GenerateRequest, GenerateOutput], object],
     max_rows: int,
     stop_admitting: Callable[[], bool],
     interrupt: Callable[[], bool] = lambda: False,

@@ -25,10 +25,16 @@ decoder-only models that `generate` uses itself; `supports(model)` names the arc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from roll.core.records import GenerateRequest
 from roll.distributed.strategies.hf.device_sampling import SamplingState, sample
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+    from transformers import PreTrainedModel
 
 # Decoder-only families whose forward takes a prepared mask mapping and calls `cache.update`.
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
@@ -38,7 +44,7 @@ LENGTH_STEP = 128  # columns come in multiples of this: attention reads every co
 EAGER_STEPS = 4  # steps a DecodeSlots runs eagerly before it captures: short generations never pay a capture
 
 
-def supports(model: torch.nn.Module) -> bool:
+def supports(model: PreTrainedModel) -> bool:
     """True for the architectures this path is written for, with full attention in every layer."""
     config = model.config
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
@@ -78,7 +84,7 @@ class _SlotCache:
 
 
 class DecodeSlots:
-    def __init__(self, model: torch.nn.Module, slots: int, length: int, use_graphs: bool | None = None):
+    def __init__(self, model: PreTrainedModel, slots: int, length: int, use_graphs: bool | None = None):
         param = next(model.parameters())
         self.model, self.device, self.size, self.length = model, param.device, slots, length
         config = model.config
@@ -114,7 +120,7 @@ class DecodeSlots:
         self._host = torch.empty((2, 2, slots), dtype=torch.float64, pin_memory=self.device.type == "cuda")
         # the step's (tokens, log-probs) in the host buffers' dtype, so the copy out is asynchronous
         self._out = torch.zeros((2, slots), dtype=torch.float64, device=self.device)
-        self._pool = None  # the memory pool of this slots' graphs (they live and die together)
+        self._pool: _POOL_HANDLE | None = None  # the memory pool of this slots' graphs (they live and die together)
         self._inflight: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
 
     # ---- admission and release (host side, between steps) ----

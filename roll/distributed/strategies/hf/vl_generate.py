@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest, ImageInputs
 from roll.distributed.strategies.hf.device_sampling import RowSampler, suppress
-from roll.distributed.strategies.hf.kv_cache import Prefix, SessionKVCache, row_chunk
+from roll.distributed.strategies.hf.kv_cache import Prefix, SessionKVCache, cache_kv, row_chunk
 from roll.distributed.strategies.hf.prefill import Prefill, build_prefill, left_pad
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MAX_BATCH_PATCHES = 16_384  # image patches one prefill encodes (the vision tower's activations)
 MAX_BATCH_TOKENS = 65_536  # rows x padded prompt width of one prefill (the text model's activations)
@@ -43,13 +46,15 @@ MAX_BATCH_TOKENS = 65_536  # rows x padded prompt width of one prefill (the text
 class Engine(Protocol):
     """What this module uses of the engine (`infer.HFInferStrategy`)."""
 
-    model: torch.nn.Module
+    model: PreTrainedModel
     kv_cache: SessionKVCache
     stats: dict[str, int]
     pad_token_id: int
     eos_token_ids: list[int]
     suppressed_token_ids: list[int]
     policy_version: int
+
+    def pace(self) -> None: ...
 
 
 def image_keys(images: ImageInputs | None) -> tuple[str, ...]:
@@ -61,7 +66,8 @@ def image_keys(images: ImageInputs | None) -> tuple[str, ...]:
     for grid in images.image_grid_thw:
         size = grid[0] * grid[1] * grid[2]
         digest = hashlib.sha1(repr(list(grid)).encode(), usedforsecurity=False)
-        digest.update(pixels[start : start + size].view(torch.uint8).numpy())  # the buffer, not a copy
+        # the buffer, not a copy (numpy's stubs give ndarray no __buffer__ before Python 3.12)
+        digest.update(pixels[start : start + size].view(torch.uint8).numpy())  # type: ignore[arg-type]
         keys.append(digest.hexdigest())
         start += size
     return tuple(keys)
@@ -145,13 +151,13 @@ def generate_with_images(engine: Engine, requests: list[GenerateRequest]) -> lis
 
 
 def rope_positions(
-    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, grids: torch.Tensor | None
+    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, grids: torch.Tensor | None
 ) -> torch.Tensor:
     """M-RoPE positions (3, B, L) of left- or right-padded rows `ids` (B, L) with real ids where
     `mask` is 1 and images `grids` (K, 3) in row order; padding gets 0."""
     if grids is None:
         return (mask.cumsum(-1) - 1).clamp(min=0).unsqueeze(0).expand(3, -1, -1)
-    types = (ids == model.config.image_token_id).int()  # text 0, image 1
+    types = ids.eq(model.config.image_token_id).int()  # text 0, image 1
     positions, _ = model.model.get_rope_index(
         input_ids=ids, mm_token_type_ids=types, image_grid_thw=grids, attention_mask=mask
     )
@@ -171,9 +177,7 @@ def _prefill(engine: Engine, rows: list[VLRow], device: torch.device) -> tuple[P
         return _run_prefill(engine, rows, device)
     prefill, logits, next_position = _run_prefill(engine, [rows[i] for i in firsts], device)
     index = torch.tensor(inverse, device=device)
-    layers = [
-        (layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in prefill.cache.layers
-    ]
+    layers = [(keys.index_select(0, index), values.index_select(0, index)) for keys, values in cache_kv(prefill.cache)]
     expanded = Prefill(
         prefill.input_ids[index],
         prefill.attention_mask[index],
@@ -306,7 +310,7 @@ def _store_sessions(engine: Engine, rows: list[VLRow], prefill: Prefill, out_ids
     if not engine.kv_cache.enabled:
         return
     end_of_prompt = prefill.attention_mask.shape[1]  # P + N
-    layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
+    layers = cache_kv(prefill.cache)
     for i, row in enumerate(rows):
         r = row.request
         if r.session_id is None or not out_ids[i]:
