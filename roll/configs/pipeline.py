@@ -152,9 +152,8 @@ class PipelineConfig(RollDialect):
     entropy_loss_coef_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """The bonus's weight over the run: `entropy_loss_coef` at every step, or decayed from it at
     step 1 to 0 at `max_steps`, linearly or as the cosine learning-rate schedule decays
-    (`roll.algorithms.schedules`). A late policy whose groups mostly agree gets its gradient from
-    few samples while the bonus acts on all; a decayed bonus stops flattening it. Logged as
-    `actor/entropy_loss_coef`."""
+    (`roll.algorithms.schedules`): exploration early, none of the bonus's pull toward a flat policy
+    late. Logged as `actor/entropy_loss_coef`."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     """How per-token losses become one number: mean over all tokens of the batch, or per sequence
     first (mean or sum over its tokens) and then the mean over sequences."""
