@@ -36,7 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO  # benchmarks/ is on sys.path when run as a script
+
 LATENCY_ENV = "benchmarks.latency_env:SlowFrozenLakeEnv"
 DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"  # roll/distributed/strategies/hf/infer.py
 MODES = {

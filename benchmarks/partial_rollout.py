@@ -35,7 +35,8 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO  # benchmarks/ is on sys.path when run as a script
+
 MODES = {
     "sync": ["async_generation_ratio=0"],
     "finish": ["partial_rollout=false"],

@@ -25,7 +25,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config, Qwen2Tokenizer
 
-from roll.models.tiny import _atomic_dir
+from roll.utils.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def build_qwen2_layout_model(
         top_k=20,
         repetition_penalty=1.05,
     )
-    with _atomic_dir(final) as tmp:
+    with atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     log.info("built a random-init Qwen2 layout (vocab %d) at %s", config.vocab_size, final)

@@ -17,13 +17,10 @@ both models and envs:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +33,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
+
+from roll.utils.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -158,28 +157,6 @@ def _init_model(config: Any, seed: int) -> Any:
     return model
 
 
-@contextlib.contextmanager
-def _atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `final` to fill; on success swap it in for `final`.
-
-    A build killed half-way leaves only a hidden `.NAME.*.tmp` sibling, never a `final` dir that
-    looks complete (has config.json) but lacks weights or tokenizer files.
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
-        yield tmp
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
-            final.rename(old / final.name)
-            tmp.rename(final)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
-
-
 def build_tiny_model(
     output_dir: str | os.PathLike[str],
     *,
@@ -221,7 +198,7 @@ def build_tiny_model(
         tie_word_embeddings=tie_word_embeddings,
     )
     model = _init_model(config, seed)
-    with _atomic_dir(final) as tmp:
+    with atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     num_params = sum(p.numel() for p in model.parameters())

@@ -36,7 +36,8 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from roll.models.tiny import _atomic_dir, build_tiny_tokenizer
+from roll.models.tiny import build_tiny_tokenizer
+from roll.utils.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def build_tiny_vl_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
     )
-    with _atomic_dir(final) as tmp:
+    with atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
         save_processor(tmp, tokenizer, max_pixels)
     num_params = sum(p.numel() for p in model.parameters())

@@ -17,10 +17,7 @@ pytestmark = pytest.mark.ray
 MIN_SUCCESS_AT_40 = 0.5
 
 
-def test_the_readme_example_learns_within_40_steps(tmp_path):
-    from roll.pipeline.tiny_model import main as build
-
-    model = build(["--preset", "frozen_lake", "--output_dir", str(tmp_path / "model")])
+def test_the_readme_example_learns_within_40_steps(tmp_path, tiny_model):
     out = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -29,7 +26,7 @@ def test_the_readme_example_learns_within_40_steps(tmp_path):
         "frozen_lake",
         "--config_name",
         "agent_val_frozen_lake",
-        f"pretrain={model}",
+        f"pretrain={tiny_model}",
         f"output_dir={out}",
         "max_steps=40",
         "eval_steps=40",

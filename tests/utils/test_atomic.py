@@ -4,7 +4,7 @@ import stat
 import pytest
 
 from roll.utils import atomic
-from roll.utils.atomic import write_atomic
+from roll.utils.atomic import atomic_dir, write_atomic
 
 
 def test_writes_text_and_bytes_and_replaces_the_old_file(tmp_path):
@@ -52,3 +52,26 @@ def test_the_parent_directory_must_exist(tmp_path):
     with pytest.raises(FileNotFoundError):
         write_atomic(tmp_path / "missing" / "f", "x")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_directory_built_whole_replaces_the_old_one_and_leaves_no_sibling(tmp_path):
+    final = tmp_path / "model"
+    final.mkdir()
+    (final / "config.json").write_text("old")
+    with atomic_dir(final) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith(".model.")
+        (tmp / "config.json").write_text("new")
+        assert (final / "config.json").read_text() == "old"  # readers see the old dir until the end
+    assert (final / "config.json").read_text() == "new"
+    assert os.listdir(tmp_path) == ["model"]
+
+
+def test_a_directory_build_that_fails_keeps_the_old_dir_and_leaves_no_sibling(tmp_path):
+    final = tmp_path / "model"
+    final.mkdir()
+    (final / "config.json").write_text("old")
+    with pytest.raises(RuntimeError, match="killed"), atomic_dir(final) as tmp:
+        (tmp / "config.json").write_text("half")
+        raise RuntimeError("killed")
+    assert (final / "config.json").read_text() == "old"
+    assert os.listdir(tmp_path) == ["model"]
