@@ -258,6 +258,9 @@ class AdvantageOptions:
     """GiGPO: weight of the episode advantage (episode_reward_weight)."""
     step_weight: float = 1.0
     """GiGPO: weight of the anchor-state step advantage (step_reward_weight)."""
+    virtual_score: float | None = None
+    """Step-wise GRPO / GiGPO: a virtual trajectory of this score in each group's episode
+    statistics (virtual_max_score); None: none."""
     return_norm: Any = None
     """step_reinforce: the `reward_normalization` of its step returns (group_key, norm_mean_type,
     norm_std_type, clip_range); None: whitened over the batch."""

@@ -79,14 +79,19 @@ def group_reward_std_stats(scores: Tensor, group_ids: Sequence[Hashable] | Tenso
     """How much GRPO signal a batch holds, over its G groups.
 
     scores (B,), group_ids (B,) as in `select_groups_by_reward_std`. Returns
-    "rollout/groups_with_variance": the fraction of groups whose std is > 0, and
-    "rollout/in_group_std": the mean over groups of their std (RAGEN's metric of that name).
+    "rollout/groups_with_variance": the fraction of groups whose std is > 0,
+    "rollout/in_group_std": the mean over groups of their std (RAGEN's metric of that name), and
+    "rollout/flat_groups_below_best": the fraction of groups whose members all scored alike and
+    below the batch's best score (e.g. all failed): group-relative advantages give them nothing.
     An empty batch has no groups to average over and raises ValueError.
     """
-    _, stds = _group_stds(scores, group_ids)
+    groups, stds = _group_stds(scores, group_ids)
     if not stds:
         raise ValueError("group_reward_std_stats needs at least one sample")
+    best = float(scores.max())
+    flat_below = sum(std == 0 and float(scores[rows[0]]) < best for rows, std in zip(groups, stds, strict=True))
     return {
         "rollout/groups_with_variance": sum(std > 0 for std in stds) / len(stds),
         "rollout/in_group_std": sum(stds) / len(stds),
+        "rollout/flat_groups_below_best": flat_below / len(stds),
     }

@@ -16,8 +16,10 @@ estimator returns advantages (S,); `broadcast_to_tokens` puts them on each row's
 - `step_grpo`: GRPO (Shao et al. 2024) on step rows: `gigpo` with step_weight 0 and norm_std.
 
 A group with one member, or whose values are all equal, gets exactly 0 (verl-agent: the raw
-return). The math and every difference from the paper, verl-agent and ROLL:
-docs/algorithms.md#gigpo-in-full.
+return). `virtual_score` (NGRPO, Nan et al. 2025, "advantage calibration") adds one virtual
+trajectory of that score (the task's best) to each group's episode statistics, so a group whose
+trajectories all scored less, e.g. all failed alike, gets negative A_E instead of 0. The math
+and every difference from the papers, verl-agent and ROLL: docs/algorithms.md#gigpo-in-full.
 """
 
 from __future__ import annotations
@@ -105,15 +107,25 @@ def _per_trajectory(values: Tensor, trajs: Tensor, what: str) -> Tensor:
     return highest
 
 
-def _episode_advantages(scores: Tensor, groups: Tensor, trajs: Tensor, norm_std: bool, eps: float) -> Tensor:
+def _episode_advantages(
+    scores: Tensor, groups: Tensor, trajs: Tensor, norm_std: bool, eps: float, virtual_score: float | None = None
+) -> Tensor:
     """A_E per row (S,): each trajectory's score centred over the trajectories of its group.
 
     Statistics are taken on one entry per trajectory, then read back onto its rows, so a long
-    trajectory counts once like a short one.
+    trajectory counts once like a short one. With `virtual_score`, each group's mean and std also
+    count one virtual trajectory of that score, which gets no advantage itself (NGRPO's advantage
+    calibration).
     """
     traj_scores = _per_trajectory(scores, trajs, "episode score")
     traj_groups = _per_trajectory(groups, trajs, "traj_group_id")
-    return _centre_in_groups(traj_scores, traj_groups, norm_std, eps)[trajs]
+    if virtual_score is None:
+        return _centre_in_groups(traj_scores, traj_groups, norm_std, eps)[trajs]
+    num_trajs, num_groups = traj_scores.shape[0], _num_groups(traj_groups)
+    virtual = traj_scores.new_full((num_groups,), virtual_score)
+    codes = torch.arange(num_groups, device=traj_groups.device)
+    centred = _centre_in_groups(torch.cat([traj_scores, virtual]), torch.cat([traj_groups, codes]), norm_std, eps)
+    return centred[:num_trajs][trajs]
 
 
 def _check_complete(trajs: Tensor, steps: Tensor) -> None:
@@ -156,6 +168,7 @@ def compute_gigpo_advantages(
     episode_weight: float = 1.0,
     step_weight: float = 1.0,
     norm_std: bool = False,
+    virtual_score: float | None = None,
     eps: float = 1e-6,
 ) -> Tensor:
     """GiGPO advantages (S,): episode_weight * A_E + step_weight * A_S (see the module docstring).
@@ -163,6 +176,7 @@ def compute_gigpo_advantages(
     episode_scores (S,): R(tau) of the row's trajectory. step_rewards (S,): r_t of the row.
     traj_group_ids, traj_ids, state_hashes (S,): hashables or a tensor. steps (S,): ints.
     gamma discounts once per env step. The dtype is that of the scores and rewards promoted.
+    virtual_score: A_E's groups count one virtual trajectory of this score (the module docstring).
     """
     scores = _floats(episode_scores, "episode_scores")
     size, device = scores.shape[0], scores.device
@@ -174,7 +188,7 @@ def compute_gigpo_advantages(
     groups = _codes(traj_group_ids, size, "traj_group_ids", device)
     trajs = _codes(traj_ids, size, "traj_ids", device)
     anchors = _pair_codes(groups, _codes(state_hashes, size, "state_hashes", device))
-    episode = _episode_advantages(scores, groups, trajs, norm_std, eps)
+    episode = _episode_advantages(scores, groups, trajs, norm_std, eps, virtual_score)
     returns = _step_returns(rewards, trajs, _steps(steps, size, device), gamma)
     step = _centre_in_groups(returns, anchors, norm_std, eps)
     return episode_weight * episode + step_weight * step
@@ -213,15 +227,17 @@ def compute_step_grpo_advantages(
     traj_ids: Ids,
     *,
     norm_std: bool = True,
+    virtual_score: float | None = None,
     eps: float = 1e-6,
 ) -> Tensor:
     """Trajectory-level GRPO advantage (S,) of each row's trajectory: (R(tau) - mean) / F over
-    the trajectories of its group, each counted once. A group of one trajectory gets 0."""
+    the trajectories of its group, each counted once. A group of one trajectory gets 0.
+    virtual_score: the groups count one virtual trajectory of this score (the module docstring)."""
     scores = _floats(episode_scores, "episode_scores")
     size, device = scores.shape[0], scores.device
     groups = _codes(traj_group_ids, size, "traj_group_ids", device)
     trajs = _codes(traj_ids, size, "traj_ids", device)
-    return _episode_advantages(scores, groups, trajs, norm_std, eps)
+    return _episode_advantages(scores, groups, trajs, norm_std, eps, virtual_score)
 
 
 @torch.no_grad()

@@ -147,6 +147,10 @@ class PipelineConfig(RollDialect):
     """Normalise advantages over the whole batch to zero mean and unit std."""
     norm_adv_by_std_in_grpo: bool = True
     """GRPO divides by the group std; False keeps only the mean subtraction (Dr. GRPO)."""
+    virtual_max_score: float | None = None
+    """Step-wise "grpo" / "gigpo": each group's episode mean and std also count one virtual
+    trajectory with this score, the task's best (NGRPO's advantage calibration), so a group that
+    all failed alike gets negative advantages instead of none; null (the default): no virtual one."""
     entropy_loss_coef: float = Field(0.0, ge=0)
     """Weight of the entropy bonus in the actor loss (loss -= coef * entropy)."""
     entropy_loss_coef_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -341,6 +345,10 @@ class PipelineConfig(RollDialect):
         if not step_wise and self.adv_estimator in ("gigpo", "step_reinforce"):
             raise InvalidField(
                 "adv_estimator", f'"{self.adv_estimator}" needs train_env_manager.env_manager_type "step"'
+            )
+        if self.virtual_max_score is not None and not (step_wise and self.adv_estimator in GROUP_RELATIVE):
+            raise InvalidField(
+                "virtual_max_score", 'applies to step-wise "grpo" and "gigpo" only (env_manager_type "step")'
             )
         if self.adv_estimator == "gae" and self.critic is None:
             raise InvalidField("critic", 'required by adv_estimator "gae"')

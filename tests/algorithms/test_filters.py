@@ -105,12 +105,19 @@ def test_empty_batch_keeps_nothing():
 
 
 def test_stats_count_groups_with_variance_and_average_their_std():
-    # p, r, s vary and q does not: 3 / 4. Mean std (1 + 0 + 2 sqrt(2) + sqrt(2)) / 4.
+    # p, r, s vary and q does not: 3 / 4. Mean std (1 + 0 + 2 sqrt(2) + sqrt(2)) / 4. q is flat at
+    # the batch's best score (5), so no group is flat below it.
     stats = group_reward_std_stats(SCORES, GROUPS)
     assert stats == {
         "rollout/groups_with_variance": 0.75,
         "rollout/in_group_std": pytest.approx((1 + 3 * math.sqrt(2)) / 4),
+        "rollout/flat_groups_below_best": 0.0,
     }
-    # 0.1 three times and a singleton: no group varies, and both stds are exactly 0.
+    # 0.1 three times and a singleton: no group varies, and both stds are exactly 0; y is flat
+    # below the best (4), the singleton z is the best.
     flat = group_reward_std_stats(t([0.1, 0.1, 0.1, 4]), ["y", "y", "y", "z"])
-    assert flat == {"rollout/groups_with_variance": 0.0, "rollout/in_group_std": 0.0}
+    assert flat == {
+        "rollout/groups_with_variance": 0.0,
+        "rollout/in_group_std": 0.0,
+        "rollout/flat_groups_below_best": 0.5,
+    }

@@ -219,3 +219,37 @@ def test_anchor_group_stats_by_hand():
     stats = anchor_group_stats(["g", "g", "g", "h"], ["a", "a", "b", "a"])
     assert stats == {"nonsingleton_frac": 0.5, "mean_size": (2 + 2 + 1 + 1) / 4, "num_groups": 3.0}
     assert anchor_group_stats([], []) == {"nonsingleton_frac": 0.0, "mean_size": 0.0, "num_groups": 0.0}
+
+
+def test_a_virtual_best_score_makes_a_group_that_all_failed_negative():
+    # NGRPO's calibration, one virtual trajectory scoring 1 per group. Group F: three one-step
+    # failures (0, 0, 0) -> values 0 0 0 1: mean 1/4, deviations -1/4, unbiased std
+    # sqrt((3/16 + 9/16) / 3) = 1/2 -> -1/2 each. Group W: two wins (1, 1) -> 1 1 1, no spread -> 0.
+    # Group M: a win and a failure (1, 0) -> 1 0 1: mean 2/3, std sqrt((1/9 + 4/9 + 1/9) / 2)
+    # = 1/sqrt(3) -> +1/sqrt(3), -2/sqrt(3). Group S: one failure -> 0 1: mean 1/2, std 1/sqrt(2)
+    # -> -1/sqrt(2) (without the virtual score a group of one gets 0).
+    scores = [0, 0, 0, 1, 1, 1, 0, 0]
+    groups = ["F", "F", "F", "W", "W", "M", "M", "S"]
+    trajs = ["f1", "f2", "f3", "w1", "w2", "m1", "m2", "s1"]
+    calibrated = compute_step_grpo_advantages(scores, groups, trajs, virtual_score=1.0, eps=0.0)
+    r3 = math.sqrt(3)
+    expected = [-0.5, -0.5, -0.5, 0.0, 0.0, 1 / r3, -2 / r3, -1 / R2]
+    assert_close(calibrated, torch.tensor(expected, dtype=calibrated.dtype))
+    plain = compute_step_grpo_advantages(scores, groups, trajs, eps=0.0)
+    assert plain[:5].abs().max() == 0 and plain[7] == 0  # the flat groups and the singleton
+    # Without the std: the deviations from the mean that counts the virtual trajectory.
+    centred = compute_step_grpo_advantages(scores, groups, trajs, norm_std=False, virtual_score=1.0)
+    expected = [-0.25, -0.25, -0.25, 0.0, 0.0, 1 / 3, -2 / 3, -0.5]
+    assert_close(centred, torch.tensor(expected, dtype=centred.dtype))
+
+
+def test_the_virtual_score_counts_once_per_group_and_only_in_the_episode_part():
+    # Group G: trajectory x of two steps and y of one, both failed (0): per trajectory 0 0 1 ->
+    # mean 1/3, std sqrt((1/9 + 1/9 + 4/9) / 2) = 1/sqrt(3), each row -(1/3) * sqrt(3). Had the
+    # rows been counted, x's two rows would make it 0 0 0 1 (-1/2). Every state differs, so the
+    # anchor-state part is 0 and GiGPO equals its episode part.
+    scores, rewards = t([0, 0, 0]), t([0, 0, 0])
+    args = (scores, rewards, ["G"] * 3, ["x", "x", "y"], ["s0", "s1", "s2"], [0, 1, 0])
+    advantages = compute_gigpo_advantages(*args, gamma=1.0, norm_std=True, virtual_score=1.0, eps=0.0)
+    assert_close(advantages, t([-1 / math.sqrt(3)] * 3))
+    assert torch.equal(compute_gigpo_advantages(*args, gamma=1.0, norm_std=True, eps=0.0), torch.zeros(3, dtype=F64))

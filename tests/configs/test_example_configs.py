@@ -46,6 +46,23 @@ def test_gigpo_needs_step_wise_samples(pretrain):
         load_config(str(EXAMPLES), "agent_val_frozen_lake_traj", [pretrain, "adv_estimator=gigpo"])
 
 
+def test_the_virtual_max_score_reaches_the_score_phase_and_only_group_relative_step_estimators(pretrain):
+    from roll.pipeline.setup.builders import build_advantage_options
+
+    cfg = load_config(str(EXAMPLES), "agent_val_frozen_lake", [pretrain, "virtual_max_score=1.0"])
+    assert build_advantage_options(cfg).virtual_score == 1.0
+    assert (
+        build_advantage_options(load_config(str(EXAMPLES), "agent_val_frozen_lake", [pretrain])).virtual_score is None
+    )
+    refused = '^virtual_max_score: applies to step-wise "grpo" and "gigpo" only'
+    with pytest.raises(ConfigError, match=refused):
+        load_config(str(EXAMPLES), "agent_val_frozen_lake_traj", [pretrain, "virtual_max_score=1.0"])
+    with pytest.raises(ConfigError, match=refused):
+        load_config(
+            str(EXAMPLES), "agent_val_frozen_lake", [pretrain, "virtual_max_score=1.0", "adv_estimator=step_reinforce"]
+        )
+
+
 def test_an_override_inside_a_library_entry_keeps_the_rest_of_the_entry(pretrain):
     # custom_envs.FrozenLake is `${custom_env.TinyFrozenLake}` (configs/step_envs.yaml): hydra alone
     # would replace it by {env_config: {size: 5}} and lose env_type, max_steps, ...

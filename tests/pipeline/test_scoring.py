@@ -168,6 +168,27 @@ def test_step_reinforce_normalises_its_step_returns_as_roll():
     assert batch["advantages"].tolist() == [[0, 1.0, 1.0], [0, 0, 0.0], [-1.0, -1.0, 0], [0, 0.0, 0]]
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "gigpo"])
+def test_step_rows_of_a_group_that_all_failed_get_the_virtual_scores_negative_advantage(estimator):
+    # One group, trajectories t1 (two steps) and t2 (one step), both scored 0; every state differs.
+    # Without virtual_score: no spread, 0. With 1.0: per trajectory 0, 0, 1 -> mean 1/3, unbiased
+    # std 1/sqrt(3) -> -1/sqrt(3) on each row's generated tokens (eps 1e-6 in the divisor).
+    rows = RowInfo(
+        traj_group_id=["g"] * 3,
+        traj_id=["t1", "t1", "t2"],
+        tag=["x"] * 3,
+        step=[0, 1, 0],
+        step_rewards=torch.zeros(3),
+        episode_scores=torch.zeros(3),
+        state_hash=["a", "b", "c"],
+    )
+    mask = torch.tensor([[0, 1], [1, 1], [1, 0]])
+    for virtual, expected in ((None, 0.0), (1.0, -(1 / 3) / (3**-0.5 + 1e-6))):
+        batch = TensorDict({"response_mask": mask}, batch_size=[3])
+        score_step_batch(batch, rows, AdvantageOptions(estimator, step_reward_gamma=0.9, virtual_score=virtual))
+        assert batch["advantages"] == pytest.approx(mask.float() * expected)
+
+
 def _reinforce(batch, kl_coef: float | None = None, **options):
     meta = RowInfo(traj_group_id=["a", "b"], traj_id=["1", "2"], tag=["x", "x"])
     return score_batch(batch, meta, AdvantageOptions("reinforce", **options), kl_coef=kl_coef)

@@ -113,6 +113,7 @@ def _step_row_advantages(rows: RowInfo, options: AdvantageOptions) -> torch.Tens
             rows.traj_group_id,
             rows.traj_id,
             norm_std=options.norm_by_std,
+            virtual_score=options.virtual_score,
         )
     if options.estimator == "gigpo":
         return compute_gigpo_advantages(
@@ -126,6 +127,7 @@ def _step_row_advantages(rows: RowInfo, options: AdvantageOptions) -> torch.Tens
             episode_weight=options.episode_weight,
             step_weight=options.step_weight,
             norm_std=options.norm_by_std,
+            virtual_score=options.virtual_score,
         )
     if options.estimator == "step_reinforce":
         return _step_reinforce_advantages(rows, options)

@@ -391,6 +391,7 @@ def build_advantage_options(cfg) -> AdvantageOptions:
         step_reward_gamma=cfg.step_reward_gamma,
         episode_weight=cfg.episode_reward_weight,
         step_weight=cfg.step_reward_weight,
+        virtual_score=cfg.virtual_max_score,
         return_norm=cfg.reward_normalization if cfg.adv_estimator == "step_reinforce" else None,
     )
 
