@@ -10,7 +10,9 @@ The greedy next token is classified:
 - detour: any other move to another cell; bump: a move into the edge (stays put);
 - invalid: not an action token.
 It also plays every map greedily from its start (at most 8 moves): `greedy_success`, comparable to
-the run's `val/success` on more maps. States with a hole next to the player are reported apart,
+the run's `val/success` on more maps, and apart on the maps that need a detour (the shortest
+hole-free path is longer than the Manhattan distance: some move must go away from the goal) and on
+the direct ones. States with a hole next to the player are reported apart,
 with the policy's mean probability of its hole move where it errs there (how sure it is).
 
     python benchmarks/frozen_lake_errors.py output/frozen_lake_tiny/checkpoints/step_100 ... [--maps 400]
@@ -65,6 +67,25 @@ def classify(desc, dist, pos, move: int) -> str:
     return "bump" if target == pos else "detour"
 
 
+def needs_detour(desc, dist) -> bool:
+    """Whether the map's shortest hole-free path is longer than the start's Manhattan distance to
+    the goal: somewhere on it the policy must move away from the goal."""
+    (start_row, start_col), (goal_row, goal_col) = find_cell(desc, "S"), find_cell(desc, "G")
+    return dist[(start_row, start_col)] > abs(start_row - goal_row) + abs(start_col - goal_col)
+
+
+def plays_to_goal(desc, greedy: dict) -> bool:
+    """Play the greedy moves from the start, at most MAX_MOVES: whether they reach the goal."""
+    pos = find_cell(desc, "S")
+    for _ in range(MAX_MOVES):
+        if greedy.get(pos, -1) < 0:
+            break
+        pos = neighbour(pos, greedy[pos])
+        if desc[pos[0]][pos[1]] in "HG":
+            break
+    return desc[pos[0]][pos[1]] == "G"
+
+
 def evaluate(checkpoint: str, num_maps: int, seed: int, show_neighbours: bool = False) -> dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -74,7 +95,7 @@ def evaluate(checkpoint: str, num_maps: int, seed: int, show_neighbours: bool = 
     action_ids = [tokenizer.convert_tokens_to_ids(a) for a in ACTIONS]
     rng = np.random.default_rng(seed)
     kinds, near_hole, sure = collections.Counter(), collections.Counter(), []
-    successes = 0
+    maps, wins = collections.Counter(), collections.Counter()
     for _ in range(num_maps):
         desc = generate_map(rng, SIZE, HOLE_PROB, MAX_PATH)
         dist = goal_distances(desc)
@@ -91,17 +112,15 @@ def evaluate(checkpoint: str, num_maps: int, seed: int, show_neighbours: bool = 
                 near_hole[kind] += 1
                 if kind == "hole":
                     sure.append(float(p[top] / p[action_ids].sum()))
-        pos = find_cell(desc, "S")
-        for _ in range(MAX_MOVES):
-            if greedy.get(pos, -1) < 0:
-                break
-            pos = neighbour(pos, greedy[pos])
-            if desc[pos[0]][pos[1]] in "HG":
-                break
-        successes += desc[pos[0]][pos[1]] == "G"
+        kind = "detour" if needs_detour(desc, dist) else "direct"
+        maps[kind] += 1
+        wins[kind] += plays_to_goal(desc, greedy)
     total, total_near = sum(kinds.values()), sum(near_hole.values())
     out = {
-        "greedy_success": successes / num_maps,
+        "greedy_success": sum(wins.values()) / num_maps,
+        "detour_map_share": maps["detour"] / num_maps,
+        "greedy_success_direct": wins["direct"] / max(maps["direct"], 1),
+        "greedy_success_detour": wins["detour"] / max(maps["detour"], 1),
         "states": float(total),
         "next_to_hole_share": total_near / total,
         "hole_error_next_to_hole": near_hole["hole"] / total_near,
@@ -124,9 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print(
         "| checkpoint | greedy success | optimal | hole | detour | bump | invalid | hole errors next to a hole "
-        "| P(hole move) when wrong |"
+        "| P(hole move) when wrong | detour maps | greedy success, direct / detour maps |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     result = []
     for checkpoint in args.checkpoints:
         m = evaluate(checkpoint, args.maps, args.seed, args.show_neighbours)
@@ -134,11 +153,13 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"| {checkpoint} | {m['greedy_success']:.3f} | {m['share_optimal']:.3f} | {m['share_hole']:.3f} "
             f"| {m['share_detour']:.3f} | {m['share_bump']:.3f} | {m['share_invalid']:.3f} "
-            f"| {m['hole_error_next_to_hole']:.3f} | {m['p_hole_move_when_wrong']:.2f} |"
+            f"| {m['hole_error_next_to_hole']:.3f} | {m['p_hole_move_when_wrong']:.2f} | {m['detour_map_share']:.3f} "
+            f"| {m['greedy_success_direct']:.3f} / {m['greedy_success_detour']:.3f} |"
         )
         result += [
             f"{label}_greedy_success={m['greedy_success']:.3f}",
             f"{label}_hole_error_next_to_hole={m['hole_error_next_to_hole']:.3f}",
+            f"{label}_greedy_success_detour={m['greedy_success_detour']:.3f}",
         ]
     print("RESULT " + " ".join(result))
 
