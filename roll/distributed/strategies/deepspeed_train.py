@@ -56,7 +56,8 @@ def _import_deepspeed():
 def _skip_shm_build(deepspeed) -> None:
     # By module name: `import deepspeed.comm.torch as m` binds the attribute `torch` of
     # deepspeed.comm, which is PyTorch itself (deepspeed.comm does `import torch`).
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    comm_torch: Any = importlib.import_module("deepspeed.comm.torch")  # a module: its attributes untyped
+    comm_torch.build_shm_op = lambda: None
 
 
 def deepspeed_config(ds_config: dict[str, Any], *, micro_batch_size: int, max_grad_norm: float) -> dict[str, Any]:
@@ -109,7 +110,7 @@ class DeepSpeedTrainStrategy(TorchTrainStrategy):
         grad_norm = float("nan")
         if self.zero_stage == 0:
             grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
-            finite = finite and torch.isfinite(torch.tensor(grad_norm)).item()
+            finite = finite and bool(torch.isfinite(torch.tensor(grad_norm)).item())
         if not finite:  # skip: throw the accumulated gradients away, leave weights and moments
             self.engine.optimizer.zero_grad(set_to_none=True)
             self.engine.zero_grad()

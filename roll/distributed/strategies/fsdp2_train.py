@@ -15,6 +15,7 @@ What each option means: docs/engines/fsdp2.md.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -65,17 +66,14 @@ def shard_model(
     shape = mesh_shape(world_size, fsdp_size)
     names = ("replicate", "shard") if len(shape) == 2 else None
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
-    options = {
-        "mesh": mesh,
-        "reshard_after_forward": reshard_after_forward,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=_dtype(param_dtype), reduce_dtype=_dtype(reduce_dtype)),
-        "offload_policy": CPUOffloadPolicy() if offload_policy and device.type != "cpu" else OffloadPolicy(),
-    }
+    mp_policy = MixedPrecisionPolicy(param_dtype=_dtype(param_dtype), reduce_dtype=_dtype(reduce_dtype))
+    offload = CPUOffloadPolicy() if offload_policy and device.type != "cpu" else OffloadPolicy()
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
-    for layer in layers:
-        fully_shard(layer, **options)
-    fully_shard(model, **options)
+    for module in [*layers, model]:  # the layers, then the root
+        fully_shard(
+            module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, offload_policy=offload
+        )
     return len(layers)
 
 
@@ -114,10 +112,11 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
         self.dp_rank, self.dp_size = self.rank, torch.distributed.get_world_size()
 
     def _full_state(self) -> dict[str, torch.Tensor]:
-        return get_model_state_dict(self.model, options=_FULL)
+        # a full state dict holds plain tensors: every DTensor gathered (ValueType also allows DTensors, lists...)
+        return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=_FULL))
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(self.model, {**state_dict}, options=StateDictOptions(full_state_dict=True))
 
     def save_checkpoint(self, directory: str | Path) -> None:
         """An HF model dir of the full weights + the full optimizer state + scheduler.pt (rank 0)."""
