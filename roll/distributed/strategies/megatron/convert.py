@@ -16,7 +16,7 @@ Each layout, row by row: docs/engines/megatron.md, "Internals".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +200,7 @@ def split_tensor_parallel(mc: Mapping[str, torch.Tensor], arch: DecoderArch, tp_
     check_tensor_parallel(arch, tp_size, mc[EMBEDDING].shape[0])
     shards: list[Tensors] = [{} for _ in range(tp_size)]
     for name, tensor in mc.items():
+        pieces: Sequence[torch.Tensor]
         if name.endswith(GATED):
             gates, ups = (half.chunk(tp_size) for half in tensor.chunk(2))
             pieces = [torch.cat([g, u]) for g, u in zip(gates, ups, strict=True)]
@@ -212,7 +213,7 @@ def split_tensor_parallel(mc: Mapping[str, torch.Tensor], arch: DecoderArch, tp_
     return shards
 
 
-def merge_tensor_parallel(shards: list[Mapping[str, torch.Tensor]]) -> Tensors:
+def merge_tensor_parallel(shards: Sequence[Mapping[str, torch.Tensor]]) -> Tensors:
     """Inverse of `split_tensor_parallel`: per-rank state dicts -> one TP-1 state dict.
     Replicated tensors are taken from rank 0."""
     merged: Tensors = {}

@@ -17,7 +17,7 @@ Why not peft, the target map and the cut: docs/engines/megatron.md, "Internals".
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -236,7 +236,7 @@ def split_adapter(adapter: Mapping[str, torch.Tensor], tp_size: int) -> list[dic
     return shards
 
 
-def merge_adapter(shards: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def merge_adapter(shards: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Inverse of `split_adapter`; replicated tensors are taken from rank 0."""
     merged = {}
     for name, first in shards[0].items():

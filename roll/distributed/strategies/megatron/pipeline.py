@@ -15,6 +15,7 @@ docs/engines/megatron.md, "Internals".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -115,7 +116,7 @@ def gather_stages(
     all-gather), then each tensor is broadcast from its stage."""
     if links.size == 1:
         return dict(local)
-    layouts: list[list | None] = [None] * links.size
+    layouts: list[Any] = [None] * links.size  # all_gather_object fills every slot with a stage's list
     dist.all_gather_object(layouts, [(name, tuple(t.shape), t.dtype) for name, t in local.items()], group=links.group)
     gathered = {}
     for stage, layout in enumerate(layouts):
