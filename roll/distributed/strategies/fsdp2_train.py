@@ -15,7 +15,7 @@ What each option means: docs/engines/fsdp2.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -116,7 +116,10 @@ class FSDP2TrainStrategy(TorchTrainStrategy):
         return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=_FULL))
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        set_model_state_dict(self.model, {**state_dict}, options=StateDictOptions(full_state_dict=True))
+        # a dict of plain tensors is one of its ValueType dicts (dict is invariant, so mypy needs the cast)
+        set_model_state_dict(
+            self.model, cast(dict[str, Any], state_dict), options=StateDictOptions(full_state_dict=True)
+        )
 
     def save_checkpoint(self, directory: str | Path) -> None:
         """An HF model dir of the full weights + the full optimizer state + scheduler.pt (rank 0)."""
