@@ -1,9 +1,10 @@
 """Shared helpers of the benchmark scripts: timing, the machine's load, the RESULT line, the tiny model.
 
-A script imports it as `common` (benchmarks/ is on sys.path when a script runs, and the tests put it
-there). Contract: this module imports no other benchmark script, so the scripts' imports of each
-other stay free of cycles (tests/benchmarks/test_imports.py); each helper prints nothing and keeps
-the exact text the scripts printed before it existed, so results pages stay comparable.
+A script imports it as `benchmarks.common` (run by path, a script first puts the repository root on
+sys.path; the tests have it there). Contract: this module imports no other benchmark script, so the
+scripts' imports of each other stay free of cycles (tests/benchmarks/test_imports.py); each helper
+prints nothing and keeps the exact text the scripts printed before it existed, so results pages stay
+comparable.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,9 +42,10 @@ def timed(fn: Callable[..., object], *args: object) -> float:
     return time.perf_counter() - start
 
 
-def load_line(cores: int | None = None) -> str:
-    """`N cores, load average 1m 5m 15m at start`; N is os.cpu_count() unless given."""
-    load = os.getloadavg()
+def load_line(cores: int | None = None, load: Sequence[float] | None = None) -> str:
+    """`N cores, load average 1m 5m 15m at start`; N is os.cpu_count() and the load os.getloadavg()
+    unless given (a script reads the load before its runs and prints the line after them)."""
+    load = os.getloadavg() if load is None else load
     count = os.cpu_count() if cores is None else cores
     return f"{count} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
 
@@ -53,9 +55,11 @@ def load_span(before: float) -> str:
     return f"load {before:.1f} -> {os.getloadavg()[0]:.1f}"
 
 
-def result_line(name: str, values: Mapping[str, float], digits: int = 2) -> str:
-    """`RESULT name key=value ...`, each value with `digits` decimals; no name: `RESULT key=value ...`."""
-    return " ".join(["RESULT", *([name] if name else []), *(f"{k}={v:.{digits}f}" for k, v in values.items())])
+def result_line(name: str, values: Mapping[str, float], digits: int | Mapping[str, int] = 2) -> str:
+    """`RESULT name key=value ...`, each value with `digits` decimals (one count, or a count per key,
+    2 for a key not named); no name: `RESULT key=value ...`."""
+    places = (lambda key: digits) if isinstance(digits, int) else (lambda key: digits.get(key, 2))
+    return " ".join(["RESULT", *([name] if name else []), *(f"{k}={v:.{places(k)}f}" for k, v in values.items())])
 
 
 def tiny_model(preset: str, out: Path) -> Path:

@@ -30,7 +30,7 @@ binary=(hydra-core omegaconf pydantic pydantic-core annotated-types typing-inspe
         gymnasium farama-notifications bm25s jsonschema jsonschema-specifications referencing rpds-py
         starlette uvicorn httptools openai jiter sniffio httpx2 httpcore2 truststore h11 anyio)
 download "$BUNDLE/wheels" $(pins "${binary[@]}")
-download "$BUNDLE/wheels" py-spy==0.4.3  # the lane's --spy (benchmarks/spy.py); a static binary, Python-independent
+download "$BUNDLE/wheels" py-spy==0.4.3  # the lane's --spy (benchmarks/reliability/spy.py); a static binary, Python-independent
 python -m pip wheel -q --no-deps --no-build-isolation -w "$BUNDLE/wheels" "$(pins antlr4-python3-runtime)" .
 
 work=$(mktemp -d)

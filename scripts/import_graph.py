@@ -10,8 +10,8 @@ An edge goes from a file to the file of the module it names (`from a.b import c`
 when that is a module, else to `a/b.py` or `a/b/__init__.py`); the `__init__.py` files of parent
 packages that Python also runs are not edges, so a package that re-exports its modules is no cycle.
 `tests/test_architecture.py` checks the rules of docs/architecture.md on this graph.
-`script_graph` is the same graph for a folder of flat scripts (benchmarks/): which script imports
-which (tests/benchmarks/test_imports.py: no cycle).
+`script_graph` is the same graph for the benchmark scripts (benchmarks/, a package of folders): which
+script imports which (tests/benchmarks/test_imports.py: no cycle).
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ FLOORS = {
 }
 
 
-def module_files(root: Path = ROOT) -> dict[str, Path]:
+def module_files(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Dotted module name -> file, for every .py under the packages."""
     found = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -75,9 +75,9 @@ def _imported_names(tree: ast.AST, module: str, is_package: bool) -> list[str]:
     return names
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the modules of roll/ and envs/ it imports (anywhere in the file)."""
-    files = module_files(root)
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the modules of the packages (roll/ and envs/) it imports (anywhere in the file)."""
+    files = module_files(root, packages)
     graph = {}
     for module, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -93,21 +93,18 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 
 def script_graph(folder: Path) -> dict[str, set[str]]:
-    """Script -> the scripts of `folder` it imports, for flat scripts run with `folder` on sys.path:
-    `import x` and `from x import y`, and `from <folder> import x` or `from <folder>.x import y`."""
-    scripts = sorted(folder.glob("*.py"))
-    names = {path.stem for path in scripts}
-    graph = {}
-    for path in scripts:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        targets = set()
-        for name in _imported_names(tree, path.stem, is_package=False):
-            parts = name.split(".")
-            head = parts[1] if parts[0] == folder.name and len(parts) > 1 else parts[0]
-            if head in names and head != path.stem:
-                targets.add(head)
-        graph[path.stem] = targets
-    return graph
+    """Script -> the scripts it imports, for a package of scripts grouped in folders (benchmarks/):
+    the package's `import_graph`, its modules named relative to it (`gpu.decode_lane`, `common`), the
+    folders' `__init__.py` files left out."""
+    prefix = folder.name + "."
+    graph = import_graph(folder.parent, (folder.name,))
+    paths = module_files(folder.parent, (folder.name,))
+    scripts = {name for name, path in paths.items() if path.name != "__init__.py"}
+    return {
+        name.removeprefix(prefix): {t.removeprefix(prefix) for t in targets if t in scripts}
+        for name, targets in graph.items()
+        if name in scripts
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -4,7 +4,7 @@ On a CPU machine, inference, training and the env workers share the cores. In a 
 the phases take turns (rollout, then scoring and training), so each may use every core in its
 phase; in an async run (`async_generation_ratio > 0`) the engine generates while the trainer
 trains, and two torch thread pools that each size themselves to the whole machine oversubscribe
-it: their threads spin and wait on each other (measured: `benchmarks/role_cores.py`).
+it: their threads spin and wait on each other (measured: `benchmarks/host/role_cores.py`).
 
 `strategy_config.num_threads` and `strategy_config.cpu_affinity` of a role set these by hand;
 `default_cpu_shares` gives the defaults of a CPU run on one machine:

@@ -11,7 +11,7 @@ model saves as an ordinary safetensors dir (about 540 MB) that every roll worker
     python -m roll.models.smollm2 --output_dir models/smollm2-135m-instruct
 
 It is the realism check, not the default: on 2 CPU cores sampling 64 tokens for 32 prompts takes
-tens of seconds (see benchmarks/engines.py), where the tiny model takes well under one.
+tens of seconds (see benchmarks/generation/engines.py), where the tiny model takes well under one.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""benchmarks/async_vs_sync.py's table for several engine delays (`--decode_delay_ms 0,10`): the
+"""benchmarks/rollout/async_vs_sync.py's table for several engine delays (`--decode_delay_ms 0,10`): the
 speedup per delay, the separate-devices estimate from the sync run's phases, the RESULT line."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from benchmarks.rollout import async_vs_sync
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import async_vs_sync  # noqa: E402
 
 
 def _summary(step_s: float, rollout_s: float, val: float) -> dict:

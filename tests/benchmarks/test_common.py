@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from benchmarks import common
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import common  # noqa: E402
 
 
 def test_result_line_with_and_without_a_name():
@@ -20,11 +19,19 @@ def test_result_line_with_and_without_a_name():
     assert common.result_line("", {"x": 0.5}, digits=3) == "RESULT x=0.500"
 
 
+def test_result_line_with_digits_per_key():
+    values = {"speedup": 1.234, "val": 0.9, "discarded": 3.0}
+    assert (
+        common.result_line("", values, digits={"val": 3, "discarded": 0}) == "RESULT speedup=1.23 val=0.900 discarded=3"
+    )
+
+
 def test_load_line_and_load_span(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (1.234, 5.0, 12.345))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert common.load_line() == "2 cores, load average 1.23 5.00 12.35 at start"
     assert common.load_line(16) == "16 cores, load average 1.23 5.00 12.35 at start"
+    assert common.load_line(load=(4.0, 3.0, 2.0)) == "2 cores, load average 4.00 3.00 2.00 at start"
     assert common.load_span(0.26) == "load 0.3 -> 1.2"
 
 

@@ -1,16 +1,15 @@
-"""The decode lane (benchmarks/decode_lane.py) on CPU: the smoke run measures every figure the GPU
+"""The decode lane (benchmarks/gpu/decode_lane.py) on CPU: the smoke run measures every figure the GPU
 record holds (floor, engine, generate, the ratios, the slots' own step, nano-vllm's shape) with the
 same code, and numbers its records so a second run of the day keeps the first."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from benchmarks.gpu import decode_lane
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import decode_lane  # noqa: E402
 
 
 def test_smoke_record_holds_every_figure(tmp_path):

@@ -1,16 +1,14 @@
-"""benchmarks/frozen_lake_errors.py's map split: which maps need a move away from the goal, and
+"""benchmarks/learning/frozen_lake_errors.py's map split: which maps need a move away from the goal, and
 greedy play from the start, on hand-drawn maps."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import frozen_lake_errors as fe  # noqa: E402
+from benchmarks.learning import frozen_lake_errors as fe
+from envs.frozen_lake.maps import goal_distances
 
-from envs.frozen_lake.maps import goal_distances  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 LEFT, DOWN, RIGHT, UP = range(4)
 # S two columns left of G with a hole between: Manhattan 2, shortest path 4 (down, right, right, up).

@@ -1,4 +1,4 @@
-"""The GPU end-to-end lane (benchmarks/gpu_e2e.py, `.ci/run_gpu_e2e`) on CPU: what it reads from a
+"""The GPU end-to-end lane (benchmarks/gpu/gpu_e2e.py, `.ci/run_gpu_e2e`) on CPU: what it reads from a
 run's metrics is checked against hand-written lines, a run past its budget is stopped and still
 summarised (a stand-in CLI that only writes metrics), and its smoke run drives the real pipeline
 through every part (the `lane` marker: several Ray runs, too slow for .ci/run)."""
@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.gpu import gpu_e2e
+from benchmarks.gpu import gpu_e2e_summary as summary
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import gpu_e2e  # noqa: E402
-import gpu_e2e_summary as summary  # noqa: E402
 
 
 def write_metrics(directory: Path, rows: list[dict]) -> None:

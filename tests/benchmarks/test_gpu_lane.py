@@ -1,4 +1,4 @@
-"""The GPU lane (benchmarks/gpu_lane.py, `.ci/run_gpu`) on CPU: its smoke run drives the same code
+"""The GPU lane (benchmarks/gpu/gpu_lane.py, `.ci/run_gpu`) on CPU: its smoke run drives the same code
 as the GPU run (strategies, variants, skips, the record), its FLOP count is checked by hand, and
 its CUDA-only branches are reached with CUDA calls stood in for, since no GPU is here."""
 
@@ -7,15 +7,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.gpu import gpu_lane
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import gpu_lane  # noqa: E402
 
 
 def test_training_flops_of_qwen2_half_b_by_hand():

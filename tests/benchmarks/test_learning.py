@@ -1,12 +1,8 @@
-"""benchmarks/learning.py's reduction of seeds' curves, against hand-derived numbers."""
-
-import sys
-from pathlib import Path
+"""benchmarks/learning/learning.py's reduction of seeds' curves, against hand-derived numbers."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import METRIC, Point, aggregate, curve, mean_ci95  # noqa: E402
+from benchmarks.learning.learning import METRIC, Point, aggregate, curve, mean_ci95
 
 
 def test_mean_ci95_uses_student_t():

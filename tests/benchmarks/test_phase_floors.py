@@ -1,17 +1,16 @@
-"""benchmarks/phase_floors.py: each phase's floor from a run's metrics and the device's facts,
+"""benchmarks/gpu/phase_floors.py: each phase's floor from a run's metrics and the device's facts,
 against numbers worked out by hand; the facts measured on this CPU are positive and consistent."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.gpu import phase_floors
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import phase_floors  # noqa: E402
 
 # 1e6 matmul parameters, 4e6 bytes of weights, a 1e12 FLOP/s peak (5e11 at 50%), 1e9 B/s copies,
 # 1000 tokens/s of decode floor.

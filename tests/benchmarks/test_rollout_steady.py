@@ -1,4 +1,4 @@
-"""benchmarks/rollout_steady.py (`rollout_throughput.py --steady_batches`): batches are collected as
+"""benchmarks/rollout/rollout_steady.py (`rollout_throughput.py --steady_batches`): batches are collected as
 the async pipeline collects steps with partial rollout, only batches 2..N are counted, nothing
 dispatched is left running; the median run and the engine curve's interpolation by hand. The run
 through real Ray actors is the smoke test at the end (lane)."""
@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.rollout import rollout_steady
+from benchmarks.rollout.rollout_steady import SteadyRun
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import rollout_steady  # noqa: E402
-from rollout_steady import SteadyRun  # noqa: E402
 
 GROUP = 2  # trajectories a group
 FIELDS = ("requests", "forwards", "busy_s", "prefill_tokens")
@@ -93,7 +93,7 @@ def test_the_curve_is_read_between_its_points():
 def test_smoke_the_steady_mode_through_real_workers(tmp_path):
     record = tmp_path / "steady.json"
     cmd = [
-        sys.executable, "benchmarks/rollout_throughput.py", "--steady_batches", "3", "--trajectories", "16",
+        sys.executable, "benchmarks/rollout/rollout_throughput.py", "--steady_batches", "3", "--trajectories", "16",
         "--concurrent_envs", "16", "--group_size", "8", "--max_turns", "2", "--median_ms", "2", "--ahead", "0,1",
         "--repeats", "1", "--engine_sweep", "8,16", "--record", str(record),
     ]  # fmt: skip

@@ -1,17 +1,16 @@
-"""benchmarks/spy.py: py-spy's raw stacks summarised per thread (the GPU lane's `--spy`)."""
+"""benchmarks/reliability/spy.py: py-spy's raw stacks summarised per thread (the GPU lane's `--spy`)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from benchmarks.reliability import spy
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import spy  # noqa: E402
 
 RAW = """thread (11): MainThread;main (a.py:1);work (a.py:5) 30
 thread (11): MainThread;main (a.py:2);wait (a.py:9) 10

@@ -1,7 +1,7 @@
 """Which way the actor's weights go to the engines (`roll.distributed.weight_transfer`), decided on
 hand-written layouts; the envelope they travel in, pickled as Ray does, on CPU (where a tensor
 travels as itself); and an `hf` inference worker loading weights from it in place. The CUDA IPC
-handles themselves need a GPU: the GPU lane checks them (benchmarks/gpu_e2e.py, `sync/cuda_ipc`)."""
+handles themselves need a GPU: the GPU lane checks them (benchmarks/gpu/gpu_e2e.py, `sync/cuda_ipc`)."""
 
 from __future__ import annotations
 

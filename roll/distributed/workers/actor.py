@@ -50,7 +50,7 @@ class ActorWorker(Clocked):
     `total_train_steps` and `training_args.warmup_steps` count pipeline training steps (one
     `train()` call each), the unit the LR schedule advances in. Forward passes run the model once
     per distinct row (roll.distributed.micro_batches); `dedupe_rows=False` runs every copy, with the same
-    results, to measure what that saves (benchmarks/train_dedupe.py). `features` are the strategy
+    results, to measure what that saves (benchmarks/training/train_dedupe.py). `features` are the strategy
     features of `build_train_strategy` (lora, gradient_checkpointing, train_budget, infer_budget).
     """
 

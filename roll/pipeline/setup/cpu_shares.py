@@ -10,7 +10,7 @@ reference and critic each run a forward pass over the batch. Where they would ov
 the cores (a CPU run on one machine whose roles' threads together outnumber the cores they may
 run on: by default every synchronous CPU run), those passes run one after another
 (`score_in_turns`), each with the role's whole share: at once, two pools sized to the same cores
-spin and wait on each other (`benchmarks/role_cores.py`).
+spin and wait on each other (`benchmarks/host/role_cores.py`).
 `ROLL_SCORE_IN_TURNS=0` in the driver's environment runs them at once anyway, to compare.
 """
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"
 """Benchmarks only (set in the engine's environment, e.g. `actor_infer.system_envs`): every decode
 step sleeps this many milliseconds on top of its compute, without holding a core, as if the engine
-decoded on a device of its own (the latency-injected engine of benchmarks/partial_rollout.py)."""
+decoded on a device of its own (the latency-injected engine of benchmarks/rollout/partial_rollout.py)."""
 
 
 class HFInferStrategy:

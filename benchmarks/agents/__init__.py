@@ -1,0 +1,1 @@
+"""Agents outside the trainer: the chat proxy's overhead and phases, the sandbox's cost."""

@@ -1,0 +1,1 @@
+"""The inference engines: decoding paths, continuous batching, KV reuse across turns, the Ray hop."""

@@ -1,0 +1,1 @@
+"""Learning: the examples' curves over seeds, GiGPO against GRPO, random baselines, where a policy errs."""
