@@ -195,7 +195,7 @@ class PipelineConfig(RollDialect):
     are per token against the version that sampled it). "abort" (ROLL's behaviour, for
     comparison): their tokens are thrown away and the turn is generated again on the new
     weights. Counted per step in `rollout/interrupted_requests` and `rollout/discarded_tokens`.
-    Needs the continuous `hf` engine (text models)."""
+    Needs a continuous engine: `hf` or `vllm` (text models)."""
     off_policy_correction: OffPolicyCorrection | None = None
     """Truncated importance weights between the engine's and the trainer's log-probs (null: off)."""
     rollout_batch_size: int = Field(ge=1)
@@ -277,7 +277,7 @@ class PipelineConfig(RollDialect):
         return min(self.async_generation_ratio, self.staleness_limit)
 
     def _check_partial_rollout(self) -> None:
-        """Only the continuous `hf` engine stops a generation at a token boundary."""
+        """Only the continuous engines (`hf`, `vllm`) stop a generation at a token boundary."""
         if self.partial_rollout == "finish":
             return
         if self.async_generation_ratio == 0:
@@ -287,11 +287,11 @@ class PipelineConfig(RollDialect):
                 "async_generation_ratio 0 none is; set async_generation_ratio > 0 or leave it false",
             )
         engine = self.actor_infer.strategy_args
-        if engine.strategy_name != "hf":
+        if engine.strategy_name not in ("hf", "vllm"):
             raise InvalidField(
                 "partial_rollout",
-                f"{self.partial_rollout!r} needs actor_infer on the hf engine; {engine.strategy_name!r} "
-                "finishes each engine call before a weight sync (use false)",
+                f"{self.partial_rollout!r} needs actor_infer on a continuous engine (hf or vllm); "
+                f"{engine.strategy_name!r} finishes each engine call before a weight sync (use false)",
             )
         if not engine.strategy_config.get("continuous_batching", True):
             raise InvalidField(

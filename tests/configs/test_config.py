@@ -198,9 +198,9 @@ MALFORMED = [
         "async_generation_ratio 0 none is; set async_generation_ratio > 0 or leave it false",
     ),
     (
-        ["+partial_rollout=true", "async_generation_ratio=1", "actor_infer.strategy_args.strategy_name=vllm"],
-        "partial_rollout: 'continue' needs actor_infer on the hf engine; 'vllm' finishes each engine call "
-        "before a weight sync (use false)",
+        ["+partial_rollout=true", "async_generation_ratio=1", "actor_infer.strategy_args.strategy_name=sglang"],
+        "partial_rollout: 'continue' needs actor_infer on a continuous engine (hf or vllm); 'sglang' finishes "
+        "each engine call before a weight sync (use false)",
     ),
     (
         [

@@ -231,8 +231,8 @@ def test_continuation_and_segments_by_hand():
         PartialRequests("pause")
 
 
-def test_only_the_continuous_hf_engine_interrupts(model_path):
-    with pytest.raises(ValueError, match="continuous hf engine"):
+def test_only_a_continuous_engine_interrupts(model_path):
+    with pytest.raises(ValueError, match="needs a continuous engine"):
         InferenceWorker(model_path, num_threads=1, interrupt="continue", continuous_batching=False)
 
 

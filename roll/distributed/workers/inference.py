@@ -1,8 +1,8 @@
 """Inference worker: token-in/token-out generation with dynamic batching.
 
 Env managers call `generate(request)` concurrently and the worker batches them: with `hf`
-continuously (a request joins the running batch at the next decode step and is answered when its
-row stops), otherwise each engine call takes everything pending, up to `max_batch_size`. Requests
+and `vllm` continuously (a request joins the running batch at the next decode step and is answered
+when its row stops), otherwise each engine call takes everything pending, up to `max_batch_size`. Requests
 with a `session_id` reuse their conversation's KV (`hf`'s `max_cached_tokens`; vLLM and SGLang
 cache prefixes themselves). `strategy_name` picks the engine (`hf`, `vllm`, `sglang`), each
 imported only when chosen.
@@ -13,7 +13,7 @@ What a weight update does to the requests running at that moment is `interrupt` 
 `partial_rollout`): "finish" lets them end on the old weights first; "continue" stops them at a
 token boundary and, once the weights are in, continues each from where it stopped (every token
 keeps the version and log-prob it was sampled with); "abort" throws their tokens away and serves
-them again from the start. Only the continuous `hf` engine stops at a token boundary.
+them again from the start. The continuous engines stop at a token boundary: `hf` and `vllm` (text).
 An engine that raises is failed for good (`EngineFailed`): every pending and later request fails
 with the engine's message, and the run stops with one line, exit 1.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -85,10 +86,10 @@ class InferenceWorker(Clocked):
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
         # a vision-language model batches each engine call's requests, not continuously (hf/vl_generate.py)
-        self.continuous = continuous_batching and isinstance(self.engine, HFInferStrategy) and not self.engine.vision
+        self.continuous = continuous_batching and serves_continuously(self.engine)
         if interrupt != "finish" and not self.continuous:
             raise ValueError(
-                f"interrupt={interrupt!r} needs the continuous hf engine (text model, continuous_batching); "
+                f"interrupt={interrupt!r} needs a continuous engine (hf or vllm, a text model, continuous_batching); "
                 f"{strategy_name} finishes each engine call before a weight update"
             )
         self.interrupt = interrupt
@@ -256,15 +257,16 @@ class InferenceWorker(Clocked):
                     fut.set_result(out)
 
     async def _continuous_loop(self) -> None:
-        """Continuous batching (`strategies/hf/continuous.py`): one engine call serves every request
-        that arrives while it runs; each is answered the moment its row stops. The call ends when
+        """Continuous batching (`strategies/hf/continuous.py`, `strategies/vllm_serve.py`): one
+        engine call serves every request that arrives while it runs; each is answered the moment
+        its row stops. The call ends when
         the engine is idle, or when a weight update or offload waits (`_drain_waiters`): then it
         takes no new request and returns once its running rows are done; with `interrupt` other
         than "finish" it returns at the next token boundary, and its running rows go back to the
         front of the queue (`_requeue`) before the update runs."""
         lock, awake, _ = self._ensure_loop()
         engine = self.engine
-        assert isinstance(engine, HFInferStrategy)  # `self.continuous` is true for this engine only
+        serve = functools.partial(continuous.serve, engine) if isinstance(engine, HFInferStrategy) else engine.serve  # type: ignore[attr-defined]
         loop = asyncio.get_running_loop()
 
         # an offload lets the running rows finish (the weights stay): only a weight update interrupts
@@ -279,8 +281,7 @@ class InferenceWorker(Clocked):
                     with self.clock.measure("compute"):
                         suspended = await loop.run_in_executor(
                             self._executor,
-                            continuous.serve,
-                            engine,
+                            serve,
                             self._take,
                             lambda request, output: loop.call_soon_threadsafe(self._answer, request, output),
                             self.max_batch_size,
@@ -409,3 +410,11 @@ def _hf_engine(
         static_decode=static_decode,
         suppressed_token_ids=vision_token_ids(model.config),
     )
+
+
+def serves_continuously(engine: InferStrategy) -> bool:
+    """Whether `engine` serves requests as they come, interruptible at a token boundary: `hf` and
+    `vllm` on a text model (a vision-language model's requests go in batches)."""
+    if isinstance(engine, HFInferStrategy):
+        return not engine.vision
+    return bool(getattr(engine, "continuous", False))
