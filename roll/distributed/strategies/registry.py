@@ -18,6 +18,7 @@ from roll.core.imports import import_object
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from transformers import PreTrainedModel
 
     from roll.configs.worker import TrainingArgs
     from roll.distributed.dynamic_batching import TokenBudget
@@ -70,7 +71,7 @@ def strategy_class(name: str, *, kind: str) -> type:
 
 
 def build_train_strategy(
-    model: nn.Module,
+    model: PreTrainedModel,
     training_args: TrainingArgs,
     *,
     strategy_name: str = "torch",
@@ -99,10 +100,11 @@ def build_train_strategy(
     if gradient_checkpointing and not megatron:
         # transformers 5's name for HF gradient checkpointing (`gradient_checkpointing_enable` is its alias)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    trained: nn.Module = model  # what the engine trains: the HF model, or its peft LoRA wrapper
     if lora is not None and not megatron:  # megatron puts its own adapters on its parallel layers
         from roll.models.lora import apply_lora
 
-        model = apply_lora(model, **lora)
+        trained = apply_lora(model, **lora)
     kwargs = dict(
         learning_rate=training_args.learning_rate,
         weight_decay=training_args.weight_decay,
@@ -123,8 +125,8 @@ def build_train_strategy(
     options = dict(strategy_config or {})
     engine_cls = strategy_class(strategy_name, kind="train")
     if canonical_name(strategy_name) == "deepspeed_train":
-        return engine_cls(model, ds_config=options, **kwargs)  # the options are a DeepSpeed config
+        return engine_cls(trained, ds_config=options, **kwargs)  # the options are a DeepSpeed config
     if megatron:  # its fused-kernel switches change no number and it runs unfused (MEGATRON_FUSIONS)
         options = {key: value for key, value in options.items() if key not in MEGATRON_FUSIONS}
-        return engine_cls(model, **options, recompute=gradient_checkpointing, lora=lora, **kwargs)
-    return engine_cls(model, **options, **kwargs)
+        return engine_cls(trained, **options, recompute=gradient_checkpointing, lora=lora, **kwargs)
+    return engine_cls(trained, **options, **kwargs)

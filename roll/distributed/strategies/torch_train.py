@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,10 @@ from roll.distributed.strategies.offload import (
     release_cached_memory,
 )
 from roll.models.lora import lora_scaling, merge_lora_state, param_counts, with_saved_adapter
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 LossFn = Callable[[nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float | torch.Tensor]]]
 SchedulerType = Literal["constant", "linear", "cosine"]
@@ -186,7 +190,7 @@ class TorchTrainStrategy:
                 images=row_images(micro),
                 scored=micro.get(Batch.RESPONSE_MASK, None),
             )
-            return {"logprobs": logprobs} | ({"entropy": entropy} if with_entropy else {})
+            return {"logprobs": logprobs} | ({"entropy": entropy} if entropy is not None else {})
 
         out = self.forward(batch, logprobs_forward, micro_batch_size)
         return out["logprobs"], out.get("entropy")
@@ -355,11 +359,13 @@ class TorchTrainStrategy:
     def _save_model_dir(self, directory: Path, state: dict[str, torch.Tensor]) -> None:
         """Write `state` (`_full_state`) as an HF model dir; with LoRA the merged model, and the
         adapter beside it in `directory/adapter` (peft's format; what `load_checkpoint` restores)."""
-        if self.lora_scaling is None:
-            self.model.save_pretrained(directory, state_dict=state)
+        if self.lora_scaling is None:  # an HF model, as the role loaded it
+            cast("PreTrainedModel", self.model).save_pretrained(directory, state_dict=state)
             return
-        self.model.get_base_model().save_pretrained(directory, state_dict=merge_lora_state(state, self.lora_scaling))
-        self.model.save_pretrained(directory / ADAPTER_DIR, state_dict=state)
+        peft_model = cast("PeftModel", self.model)  # lora_scaling is set: apply_lora's peft wrapper
+        base = cast("PreTrainedModel", peft_model.get_base_model())  # peft types it as nn.Module
+        base.save_pretrained(directory, state_dict=merge_lora_state(state, self.lora_scaling))
+        peft_model.save_pretrained(str(directory / ADAPTER_DIR), state_dict=state)
 
     def _saved_model_state(self, directory: Path) -> dict[str, torch.Tensor]:
         """The module state to restore from a checkpoint dir: the HF weights through
@@ -369,7 +375,8 @@ class TorchTrainStrategy:
             from peft.utils import load_peft_weights
 
             return with_saved_adapter(self._full_state(), load_peft_weights(str(directory / ADAPTER_DIR), device="cpu"))
-        saved = self.model_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
+        model_class = cast("type[PreTrainedModel]", self.model_class)  # without LoRA: the HF model's class
+        saved = model_class.from_pretrained(directory, dtype=next(self.model.parameters()).dtype)
         return saved.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,10 @@ from torch import nn
 
 from roll.distributed.strategies.megatron.convert import DecoderArch, fuse_qkv, split_qkv
 from roll.models.lora import target_modules
+
+if TYPE_CHECKING:  # megatron-core ships no type information: mypy reads these as Any
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 QKV, PROJ, FC1, FC2 = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
 TARGET_MODULES = {
@@ -79,7 +84,7 @@ class ParallelLoRA(nn.Module):
 
     def __init__(
         self,
-        base_layer: nn.Module,
+        base_layer: ColumnParallelLinear | RowParallelLinear,
         *,
         rank: int,
         alpha: int,
@@ -123,7 +128,11 @@ class ParallelLoRA(nn.Module):
 
 
 def _draw_whole_a(
-    base_layer: nn.Module, rank: int, row_parallel: bool, tp_size: int, generator: torch.Generator
+    base_layer: ColumnParallelLinear | RowParallelLinear,
+    rank: int,
+    row_parallel: bool,
+    tp_size: int,
+    generator: torch.Generator,
 ) -> torch.Tensor:
     """The whole (all tensor-parallel ranks') A of an adapter on `base_layer`, drawn as peft's
     kaiming_uniform_(a=sqrt(5)) draws it, from `generator`."""
@@ -134,7 +143,7 @@ def _draw_whole_a(
 
 
 def apply_megatron_lora(
-    gpt: nn.Module,
+    gpt: GPTModel,
     *,
     rank: int,
     alpha: int,
@@ -222,6 +231,7 @@ def split_adapter(adapter: Mapping[str, torch.Tensor], tp_size: int) -> list[dic
     row-parallel A by columns, column-parallel B by rows (linear_fc1's per gate/up half)."""
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp_size)]
     for name, tensor in adapter.items():
+        pieces: Sequence[torch.Tensor]
         if not is_sharded_adapter(name):
             pieces = [tensor] * tp_size
         elif name.endswith(".lora_A"):
@@ -276,7 +286,8 @@ def adapter_from_hf(hf: Mapping[str, torch.Tensor], arch: DecoderArch, modules: 
     """Inverse of `adapter_to_hf` for the wrapped `modules` (e.g. `decoder.layers.0.mlp.linear_fc1`).
     The parts of a fused module must share one A (an adapter trained on the HF model, with its own
     A per projection, is not a megatron adapter): otherwise a one-line ValueError."""
-    adapter, used = {}, set()
+    adapter: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
     for module_path in modules:
         index, module = module_path.removeprefix("decoder.layers.").split(".", 1)
         prefixes = [HF_ADAPTER_PREFIX.format(index) + part for part in HF_PARTS[module]]
@@ -292,7 +303,11 @@ def adapter_from_hf(hf: Mapping[str, torch.Tensor], arch: DecoderArch, modules: 
         b_parts = [hf[f"{p}.lora_B.weight"] for p in prefixes]
         used.update(f"{p}.lora_{kind}.weight" for p in prefixes for kind in "AB")
         adapter[f"{module_path}.lora_A"] = a_parts[0]
-        adapter[f"{module_path}.lora_B"] = fuse_qkv(*b_parts, arch) if module == QKV else torch.cat(b_parts)
+        if module == QKV:
+            q, k, v = b_parts  # HF_PARTS[QKV]: q_proj, k_proj, v_proj
+            adapter[f"{module_path}.lora_B"] = fuse_qkv(q, k, v, arch)
+        else:
+            adapter[f"{module_path}.lora_B"] = torch.cat(b_parts)
     if used != set(hf):
         raise ValueError(f"saved adapter does not fit the model: {sorted(set(hf) - used)[0]}")
     return adapter

@@ -23,6 +23,7 @@ import importlib.util
 import math
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,9 @@ from roll.distributed.strategies.megatron.pipeline import gather_stages, pipelin
 from roll.distributed.strategies.process_group import ensure_process_group
 from roll.distributed.strategies.torch_train import ADAPTER_DIR, TorchTrainStrategy, restore_schedule
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 INSTALL = 'pip install "megatron-core>=0.16,<0.17"'
 
 
@@ -92,7 +96,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
 
     def __init__(
         self,
-        model: nn.Module,
+        model: PreTrainedModel,
         *,
         tensor_model_parallel_size: int = 1,
         pipeline_model_parallel_size: int = 1,
@@ -341,7 +345,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         `save_pretrained` writes the tensors it is given (sharding and tied weights as HF does)."""
         directory = Path(directory)
         state = self.state_dict()
-        adapter = self._whole_adapter() if self.lora is not None else None
+        adapter = (self.lora, self._whole_adapter()) if self.lora is not None else None
         if self.dp_rank != 0:  # every data-parallel rank holds the same model and moments
             return
         directory.mkdir(parents=True, exist_ok=True)
@@ -355,7 +359,7 @@ class MegatronTrainStrategy(TorchTrainStrategy):
         shell.save_pretrained(directory, state_dict=state)
         torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
         if adapter is not None:
-            self._save_adapter(directory / ADAPTER_DIR, adapter)
+            self._save_adapter(directory / ADAPTER_DIR, *adapter)
 
     def _whole_adapter(self) -> dict[str, torch.Tensor]:
         """The adapters of all tensor-parallel ranks and pipeline stages as one adapter of the whole
@@ -366,16 +370,17 @@ class MegatronTrainStrategy(TorchTrainStrategy):
             whole = gather_stages(renumber_layers(whole, self.layer_offset), self.pipeline, self.device)
         return {k: v.cpu() for k, v in whole.items()}
 
-    def _save_adapter(self, directory: Path, adapter: dict[str, torch.Tensor]) -> None:
-        """`adapter` as a peft adapter of the HF model (megatron.lora.adapter_to_hf): what peft's
-        `PeftModel.from_pretrained` loads onto the `pretrain` model, and `load_checkpoint` reads."""
+    def _save_adapter(self, directory: Path, lora: dict, adapter: dict[str, torch.Tensor]) -> None:
+        """`adapter` as a peft adapter of the HF model (megatron.lora.adapter_to_hf), with `lora`'s
+        rank and alpha: what peft's `PeftModel.from_pretrained` loads onto the `pretrain` model,
+        and `load_checkpoint` reads."""
         from peft import LoraConfig
         from peft.utils.constants import SAFETENSORS_WEIGHTS_NAME
         from safetensors.torch import save_file
 
         config = LoraConfig(
-            r=self.lora["rank"],
-            lora_alpha=self.lora["alpha"],
+            r=lora["rank"],
+            lora_alpha=lora["alpha"],
             lora_dropout=0.0,
             bias="none",
             target_modules=hf_target_modules(self.lora_modules),
