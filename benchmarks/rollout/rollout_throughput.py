@@ -95,6 +95,7 @@ def bench_config(args, model_path: str, median_ms: float, output_dir: str, redun
         f"train_env_manager.group_size_redundancy={redundancy}",
         f"train_env_manager.max_env_num_per_worker={args.envs_per_worker}",
         f"actor_infer.strategy_args.strategy_config.max_batch_size={args.max_batch_size}",
+        f"+actor_infer.strategy_args.strategy_config.batch_wait_ms={args.batch_wait_ms}",
         f"{env}.env_type='{LATENCY_ENV}'",
         f"{env}.max_steps={args.max_turns}",
         f"{env}.env_config.median_ms={median_ms}",
@@ -119,6 +120,7 @@ def build_inference(cfg, engine_threads: int) -> dict:
                 dtype=infer.model_args.dtype,
                 num_threads=engine_threads,
                 max_batch_size=int(infer.strategy_args.strategy_config["max_batch_size"]),
+                batch_wait_ms=float(infer.strategy_args.strategy_config.get("batch_wait_ms", 0.0)),
             )
         ]
     }
@@ -337,6 +339,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max_batch_size", type=int, default=256, help="engine rows per call")
     parser.add_argument(
+        "--batch_wait_ms", type=float, default=0.0, help="actor_infer's batch_wait_ms: a request waits for company"
+    )
+    parser.add_argument(
         "--engine_threads",
         type=int,
         default=1,
@@ -398,7 +403,7 @@ def main_steady(args, load: tuple[float, float, float]) -> None:
         f"steady state: {args.steady_batches} batches of {args.trajectories} trajectories a run (batches 2.. timed), "
         f"groups of {args.group_size}, {args.concurrent_envs} envs, redundancy {args.redundancy}, <= {args.max_turns} "
         f"turns, env.step median {args.median_ms:g} ms sigma {args.sigma:g}; median of {args.repeats}; engine threads "
-        f"{args.engine_threads or os.cpu_count()}, {load_line(load=load)}"
+        f"{args.engine_threads or os.cpu_count()}, batch wait {args.batch_wait_ms:g} ms, {load_line(load=load)}"
     )
     ratios = rollout_steady.print_steady(runs, curve, header)
     if args.record:
