@@ -20,6 +20,7 @@ drops vLLM's prefix cache).
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,11 +47,13 @@ class RngResume:
     """The random generator states of interrupted requests, to go on where each stopped.
 
     Keyed by (request id, seed, index of the next token to sample): the continuation of a request
-    carries that index as its `sample_offset`."""
+    carries that index as its `sample_offset`. At most `capacity` states are kept, the oldest
+    dropped first: under `partial_rollout: abort` no continuation ever takes them."""
 
-    def __init__(self, llm: Any):
+    def __init__(self, llm: Any, capacity: int = 4096):
         self.llm = llm
-        self.saved: dict[tuple[str, int, int], Any] = {}
+        self.capacity = capacity
+        self.saved: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
         llm.collective_rpc(_install_rng_hook)
 
     def save(self, rows: list[Running]) -> None:
@@ -60,6 +63,8 @@ class RngResume:
             if row.engine_id in states:
                 r = row.request
                 self.saved[r.request_id, r.seed, r.sample_offset + len(row.token_ids)] = states[row.engine_id]
+        while len(self.saved) > self.capacity:
+            self.saved.popitem(last=False)
 
     def take(self, request: GenerateRequest) -> Any | None:
         """The generator state a continuation starts in (None: a request from the start, or
