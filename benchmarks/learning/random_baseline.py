@@ -3,7 +3,7 @@ same env seeds the pipeline derives from `seed`), each played by a uniformly ran
 (`TextEnv.sample_valid_action`) every turn, success averaged over `--plays` plays a map.
 
     python benchmarks/learning/random_baseline.py --config_path vl_frozen_lake \
-        --config_name agentic_val_vl_frozen_lake [--seeds 1 2 3] [--plays 200]
+        --config_name agentic_val_vl_frozen_lake [--seeds 1 2 3] [--plays 200] [--extra KEY=VALUE ...]
 
 Prints one line per seed and the last line `RESULT random_valid=<mean over seeds>`.
 """
@@ -44,13 +44,14 @@ def main() -> None:
     parser.add_argument("--config_name", required=True)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--plays", type=int, default=200)
+    parser.add_argument("--extra", nargs="*", default=[], help="hydra overrides, as a training run takes them")
     args = parser.parse_args()
     config_dir = Path(args.config_path)
     if not config_dir.is_dir():
         config_dir = REPO / "examples" / args.config_path
     means = []
     for seed in args.seeds:
-        cfg = load_config(str(config_dir), args.config_name, [f"seed={seed}"])
+        cfg = load_config(str(config_dir), args.config_name, [f"seed={seed}", *args.extra])
         manager = cfg.val_env_manager
         rng = np.random.default_rng(derive_seed(seed, "random_baseline"))
         values = []
