@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: imp
 from benchmarks.common import REPO, load_line, result_line, tiny_model
 
 LATENCY_ENV = "benchmarks.rollout.latency_env:SlowFrozenLakeEnv"
-DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"  # roll/distributed/strategies/hf/infer.py
+DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"  # roll/distributed/strategies/engine_api.py
 MODES = {
     "sync (k=0)": ["async_generation_ratio=0"],
     "async (k=1)": ["async_generation_ratio=1", "off_policy_correction.level=token"],

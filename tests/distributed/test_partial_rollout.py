@@ -63,12 +63,15 @@ class HoldAt:
         self.handle.remove()
 
 
-async def generate_with_updates(worker, requests, updates: list[tuple[int, dict]]) -> list[GenerateOutput]:
+async def generate_with_updates(
+    worker, requests, updates: list[tuple[int, dict]], hold_at=None
+) -> list[GenerateOutput]:
     """Serve `requests` together; each (calls, weights) of `updates` is loaded as version 1, 2, ...
-    once the engine has made that many more model calls."""
+    once the engine has made that many more model calls (`hold_at(worker, calls)` holds it there:
+    `HoldAt` by default, the vllm tests' own for vLLM's engine steps)."""
     tasks = [asyncio.create_task(worker.generate(r)) for r in requests]
     for version, (calls, weights) in enumerate(updates, start=1):
-        hold = HoldAt(worker, calls)
+        hold = (hold_at or HoldAt)(worker, calls)
         await asyncio.to_thread(hold.reached.wait, 30)
         update = asyncio.create_task(worker.update_weights(weights, version))
         await asyncio.sleep(0.01)  # the update now waits for the engine call (`_drain_waiters`)

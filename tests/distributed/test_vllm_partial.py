@@ -15,6 +15,7 @@ from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.loading import load_causal_lm
 from roll.models.tiny import build_tiny_model
+from tests.distributed import test_partial_rollout as partial_tests
 
 MAX_NEW = 24
 STEPS_BEFORE_UPDATE = 6  # the prefill and 5 decode steps: 6 tokens sampled on the old weights
@@ -93,18 +94,8 @@ class HoldAt:
 
 
 async def generate_with_updates(worker, requests, updates: list[tuple[int, dict]]) -> list[GenerateOutput]:
-    """Serve `requests` together; each (steps, weights) of `updates` is loaded as version 1, 2, ...
-    once the engine has made that many more steps."""
-    tasks = [asyncio.create_task(worker.generate(r)) for r in requests]
-    for version, (steps, state) in enumerate(updates, start=1):
-        hold = HoldAt(worker, steps)
-        await asyncio.to_thread(hold.reached.wait, 60)
-        update = asyncio.create_task(worker.update_weights(state, version))
-        await asyncio.sleep(0.05)  # the update now waits for the engine call (`_drain_waiters`)
-        assert worker._drain_waiters == 1
-        hold.release()
-        await update
-    return list(await asyncio.gather(*tasks))
+    """test_partial_rollout's, held at vLLM's engine steps."""
+    return await partial_tests.generate_with_updates(worker, requests, updates, hold_at=HoldAt)
 
 
 def uninterrupted(worker, seeds) -> list[GenerateOutput]:

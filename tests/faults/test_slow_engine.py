@@ -17,7 +17,7 @@ from envs.frozen_lake.env import FrozenLakeEnv
 from roll.agentic.episode import EnvSpec
 from roll.agentic.rollout.env_worker import EnvWorker, GroupSpec
 from roll.core.records import SamplingParams
-from roll.distributed.strategies.hf.infer import DECODE_DELAY_VAR
+from roll.distributed.strategies.engine_api import DECODE_DELAY_VAR
 from roll.distributed.workers.inference import InferenceWorker
 from roll.models.tiny import build_tiny_model
 

@@ -9,14 +9,10 @@ validation levels (benchmarks/learning/random_baseline.py), so the check asks fo
 than random play: 0.45. Below that, learning broke (a loss sign, an advantage, a weight sync) or
 only the answer format was learnt. Deterministic on CPU: the same machine gives the same number."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import run_example
+
 pytestmark = [pytest.mark.ray, pytest.mark.lane]
 MIN_SUCCESS_AT_100 = 0.45
 RANDOM_VALID = 0.314  # random_baseline.py --config_path sokoban --config_name agent_val_sokoban --seeds 42
@@ -31,25 +27,20 @@ def sokoban_model(tmp_path_factory) -> str:
 
 @pytest.mark.timeout(1800)
 def test_the_sokoban_example_beats_random_play_within_100_steps(tmp_path, sokoban_model):
-    out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "examples/start_agentic_pipeline.py",
+    _, rows = run_example(
+        tmp_path / "run",
         "--config_path",
         "sokoban",
         "--config_name",
         "agent_val_sokoban",
         f"pretrain={sokoban_model}",
-        f"output_dir={out}",
         "max_steps=100",
         "eval_steps=25",
         "save_steps=0",
         "val_batch_size=64",
         "val_env_manager.num_env_groups=64",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        timeout=1700,
+    )
     val = {r["step"]: r["val/success"] for r in rows if "val/success" in r}
     assert sorted(val) == [0, 25, 50, 75, 100]
     assert val[0] < 0.1  # the untrained policy

@@ -1,6 +1,7 @@
-"""What the external engines (`vllm`, `sglang`) share: the stand-in for `kv_cache`, the one-line
-error when an engine's package is missing, and the split of a batch into requests that need the
-engine and requests that ask for no tokens.
+"""What the engines share: the stand-in for `kv_cache` of the external ones (`vllm`, `sglang`), the
+one-line error when an engine's package is missing, the split of a batch into requests that need
+the engine and requests that ask for no tokens, a request stopped at a token boundary
+(`Suspended`, for partial rollout on `hf` and `vllm`), and the benchmarks' decode delay.
 
 Why a stand-in: vLLM and SGLang cache prompt prefixes themselves (vLLM's prefix caching, SGLang's
 radix cache), keyed by token ids rather than by session, and they evict on their own. The worker
@@ -10,9 +11,31 @@ not ours (their own metrics tell its use).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from roll.core.records import GenerateOutput, GenerateRequest
+
+DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"
+"""Benchmarks only (set in the engine's environment, e.g. `actor_infer.system_envs`): every decode
+step sleeps this many milliseconds on top of its compute, without holding a core, as if the engine
+decoded on a device of its own (the latency-injected engine of benchmarks/rollout/partial_rollout.py)."""
+
+
+def decode_delay_s() -> float:
+    """`DECODE_DELAY_VAR`'s delay in seconds (0 when unset)."""
+    return float(os.environ.get(DECODE_DELAY_VAR) or 0) / 1000
+
+
+@dataclass
+class Suspended:
+    """A request stopped at a token boundary before it was done (partial rollout): the ids it
+    sampled so far, the last of them not fed to the model yet, and their log-probs."""
+
+    request: GenerateRequest
+    token_ids: list[int]
+    logprobs: list[float]
 
 
 class EngineManagedCache:

@@ -36,9 +36,13 @@ import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest, SamplingParams
 from roll.distributed.strategies import vllm_serve
-from roll.distributed.strategies.engine_api import EngineManagedCache, EngineUnavailable, generate_live
-from roll.distributed.strategies.hf.infer import DECODE_DELAY_VAR
-from roll.distributed.strategies.hf.slot_serving import Suspended
+from roll.distributed.strategies.engine_api import (
+    EngineManagedCache,
+    EngineUnavailable,
+    Suspended,
+    decode_delay_s,
+    generate_live,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +123,7 @@ class VLLMInferStrategy:
         self._sampling_params_cls = vllm.SamplingParams
         self._delta = vllm.sampling_params.RequestOutputKind.DELTA
         self.rng = self._call(vllm_serve.RngResume, self.llm)
-        self.decode_delay_s = float(os.environ.get(DECODE_DELAY_VAR) or 0) / 1000  # benchmarks only
+        self.decode_delay_s = decode_delay_s()  # benchmarks only
         model_config = self.llm.llm_engine.model_config
         self.images = ImagePrompts.of(model_config.hf_config, model_config.get_vocab_size())
         self.eos_token_ids = list(eos_token_ids)
@@ -193,7 +197,7 @@ class VLLMInferStrategy:
 
     def step(self) -> list:
         """One step of vLLM's engine (a prefill or decode of every running request): its outputs.
-        With `DECODE_DELAY_VAR` set (benchmarks), each step first sleeps that long without holding
+        With `engine_api.DECODE_DELAY_VAR` set (benchmarks), each step first sleeps that long without holding
         a core, as `hf`'s decode steps do."""
         if self.decode_delay_s > 0:
             time.sleep(self.decode_delay_s)
@@ -245,8 +249,7 @@ class VLLMInferStrategy:
 
     def _to_output(self, request: GenerateRequest, result) -> GenerateOutput:
         completion = result.outputs[0]
-        if completion.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"vllm finished request {request.request_id} with {completion.finish_reason!r}")
+        _check_finished(request, completion.finish_reason)
         if request.images is not None and self.images is not None:
             self.images.check_widened(request, list(result.prompt_token_ids))
         token_ids = list(completion.token_ids)
@@ -256,8 +259,7 @@ class VLLMInferStrategy:
 
     def _answer(self, request: GenerateRequest, row: vllm_serve.Running, finish_reason: str) -> GenerateOutput:
         """A request `serve` ran to its end: its output."""
-        if finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"vllm finished request {request.request_id} with {finish_reason!r}")
+        _check_finished(request, finish_reason)
         self._count_prefill(request, row.cached_prompt_tokens)
         return GenerateOutput(request.request_id, row.token_ids, row.logprobs, finish_reason, self.policy_version)
 
@@ -265,6 +267,12 @@ class VLLMInferStrategy:
         reused = int(cached or 0)  # prompt ids served from vLLM's prefix cache
         self.stats["prefix_tokens_reused"] += reused
         self.stats["prefill_tokens"] += len(request.prompt_ids) - reused
+
+
+def _check_finished(request: GenerateRequest, finish_reason: str | None) -> None:
+    """A request vLLM ended other than on a stop id or its length (e.g. aborted) is an engine error."""
+    if finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vllm finished request {request.request_id} with {finish_reason!r}")
 
 
 class ImagePrompts:

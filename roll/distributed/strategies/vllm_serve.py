@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.hf.slot_serving import Suspended
+from roll.distributed.strategies.engine_api import Suspended
 
 Take = Callable[[int], list[GenerateRequest]]
 Deliver = Callable[[GenerateRequest, GenerateOutput], None]

@@ -36,10 +36,10 @@ import torch
 from roll.core.errors import EngineFailed
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.strategies.base import InferStrategy
+from roll.distributed.strategies.engine_api import Suspended
 from roll.distributed.strategies.hf import continuous
 from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import DEFAULT_MAX_CACHED_TOKENS
-from roll.distributed.strategies.hf.slot_serving import Suspended
 from roll.distributed.strategies.registry import canonical_name, strategy_class
 from roll.distributed.weight_transfer import IpcWeights
 from roll.distributed.workers.common import set_num_threads, take_memory_gib

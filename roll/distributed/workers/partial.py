@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from roll.core.records import GenerateOutput, GenerateRequest
-from roll.distributed.strategies.hf.slot_serving import Suspended
+from roll.distributed.strategies.engine_api import Suspended
 
 INTERRUPT_MODES = ("finish", "continue", "abort")
 COUNTS = ("interrupted_requests", "discarded_tokens", "recomputed_tokens")

@@ -28,11 +28,12 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
+from roll.distributed.strategies.engine_api import Suspended
 from roll.distributed.strategies.hf.device_sampling import RowSampler
 from roll.distributed.strategies.hf.infer import HFInferStrategy
 from roll.distributed.strategies.hf.kv_cache import Chunk, cache_kv
 from roll.distributed.strategies.hf.prefill import build_prefill
-from roll.distributed.strategies.hf.slot_serving import SlotRow, Suspended, serve_slots
+from roll.distributed.strategies.hf.slot_serving import SlotRow, serve_slots
 
 Take = Callable[[int], list[GenerateRequest]]
 """`take(n)`: up to n requests that arrived since the last call (none: an empty list)."""

@@ -22,7 +22,6 @@ The layouts and the measurements: docs/engines/hf.md.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from transformers import DynamicCache
 
 from roll.core.records import GenerateOutput, GenerateRequest
 from roll.distributed.micro_batches import group_equal_rows
+from roll.distributed.strategies.engine_api import decode_delay_s
 from roll.distributed.strategies.hf import decode_attention
 from roll.distributed.strategies.hf.device_sampling import RowSampler
 from roll.distributed.strategies.hf.kv_cache import (
@@ -49,11 +49,6 @@ from roll.distributed.strategies.offload import move_module_, release_cached_mem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-DECODE_DELAY_VAR = "ROLL_DECODE_DELAY_MS"
-"""Benchmarks only (set in the engine's environment, e.g. `actor_infer.system_envs`): every decode
-step sleeps this many milliseconds on top of its compute, without holding a core, as if the engine
-decoded on a device of its own (the latency-injected engine of benchmarks/rollout/partial_rollout.py)."""
 
 
 class HFInferStrategy:
@@ -82,7 +77,7 @@ class HFInferStrategy:
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.policy_version = 0
-        self.decode_delay_s = float(os.environ.get(DECODE_DELAY_VAR) or 0) / 1000
+        self.decode_delay_s = decode_delay_s()
         self.kv_cache = SessionKVCache(max_cached_tokens)
         self.stats = {
             "prefix_tokens_reused": 0,
@@ -101,7 +96,7 @@ class HFInferStrategy:
         self.kv_cache.clear()
 
     def pace(self) -> None:
-        """Before a decode step: sleep `DECODE_DELAY_VAR`'s delay, if one is set."""
+        """Before a decode step: sleep `engine_api.DECODE_DELAY_VAR`'s delay, if one is set."""
         if self.decode_delay_s > 0:
             time.sleep(self.decode_delay_s)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from roll.core.records import GenerateOutput, GenerateRequest
+from roll.distributed.strategies.engine_api import Suspended
 from roll.distributed.strategies.hf.device_sampling import SamplingState, sample
 from roll.distributed.strategies.hf.kv_cache import Chunk, Prefix, cache_kv, row_chunk
 from roll.distributed.strategies.hf.prefill import build_prefill
@@ -64,16 +65,6 @@ class SlotRow:
     def output(self, version: int) -> GenerateOutput:
         assert self.finish is not None, "the answer of a row still running"  # record() said it is done
         return GenerateOutput(self.request.request_id, self.token_ids, self.logprobs, self.finish, version)
-
-
-@dataclass
-class Suspended:
-    """A request stopped at a token boundary before it was done (partial rollout): the ids it
-    sampled so far, the last of them not fed to the model yet, and their log-probs."""
-
-    request: GenerateRequest
-    token_ids: list[int]
-    logprobs: list[float]
 
 
 class SlotPool:
