@@ -152,6 +152,13 @@ class EnvManagerConfig(ConfigModel):
     are stopped and their envs made anew. A slow, hung or crashed env then costs neither the group
     nor the wait for it. Which members are kept depends on timing (the fastest), so with a value
     above 0 runs are not bitwise reproducible, and quick episodes are slightly favoured."""
+    rescue_rounds: int = Field(0, ge=0)
+    """Training only: a group none of whose episodes succeeded is played again on its env seed,
+    `group_size` more episodes with sampling seeds of their own, up to this many rounds until one
+    succeeds; every round's episodes join the group. A group that always fails gives a
+    group-relative advantage nothing; one success among the extra episodes gives the whole group
+    a signal. Metrics `rollout/rescue_rounds` and `rollout/rescued_groups` (groups that a rescue
+    round gave their first success). 0: off. The page: docs/algorithms.md."""
     tags: list[str] = Field(min_length=1)
     """Which `custom_envs` this manager runs."""
     num_groups_partition: list[int] | None = None

@@ -324,6 +324,11 @@ class PipelineConfig(RollDialect):
         if self.eval_steps > 0 and self.val_batch_size == 0:
             raise InvalidField("val_batch_size", "must be > 0 when eval_steps > 0")
         if self.val_env_manager is not None:
+            if self.val_env_manager.rescue_rounds:
+                raise InvalidField(
+                    "val_env_manager.rescue_rounds",
+                    "validation plays a fixed set of episodes; rescue rounds are for train_env_manager",
+                )
             group_size = self.val_env_manager.group_size
             if self.val_batch_size % group_size:
                 raise InvalidField(

@@ -276,6 +276,8 @@ def test_a_restored_ledger_plays_the_owed_groups_once_and_none_collected_before(
         "collected_groups": 2,
         "failed_groups": 0,
         "replayed_groups": 0,
+        "rescued_groups": 0,
+        "rescue_rounds": 0,
         "outstanding_groups": 2,
     }
     ray.get(worker.release.remote())  # the killed run's groups end; the resumed run starts afresh
@@ -294,6 +296,8 @@ def test_a_restored_ledger_plays_the_owed_groups_once_and_none_collected_before(
         "collected_groups": 2,
         "failed_groups": 0,
         "replayed_groups": 2,
+        "rescued_groups": 0,
+        "rescue_rounds": 0,
         "outstanding_groups": 0,
     }
 
@@ -308,6 +312,8 @@ def test_the_group_ledger_counts_a_failed_group_and_its_replacement(make_schedul
         "collected_groups": 2,
         "failed_groups": 1,
         "replayed_groups": 0,
+        "rescued_groups": 0,
+        "rescue_rounds": 0,
         "outstanding_groups": 2,
     }
     assert [e["groups"] for e in scheduler.ledger()] == [[[0, "lake"], [1, "lake"]]]

@@ -185,6 +185,15 @@ MALFORMED = [
         "async_generation_ratio: input should be greater than or equal to 0 (got -1)",
     ),
     (
+        ["+val_env_manager.rescue_rounds=1"],
+        "val_env_manager.rescue_rounds: validation plays a fixed set of episodes; rescue rounds are for "
+        "train_env_manager",
+    ),
+    (
+        ["+train_env_manager.rescue_rounds=-1"],
+        "train_env_manager.rescue_rounds: input should be greater than or equal to 0 (got -1)",
+    ),
+    (
         ["+async_max_staleness=0"],
         "async_max_staleness: limits async training; set async_generation_ratio > 0 too",
     ),

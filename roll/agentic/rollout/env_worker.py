@@ -29,20 +29,28 @@ from roll.models.templates import apply_template
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One group to play: `group_size` episodes on the same env seed, each with its own sampling seed."""
+    """One group to play: `group_size` episodes on the same env seed, each with its own sampling seed.
+    `rescue` > 0: the group's k-th rescue round (`rescue_rounds`): more episodes of the same group
+    on the same env seed, with sampling seeds of their own; round 0 is the group itself."""
 
     group_index: int
     traj_group_id: str
     env_seed: int
     sample_seed: int
     keep_frames: bool = False
+    rescue: int = 0
 
     def episode(self, member: int) -> EpisodeSpec:
+        if self.rescue:
+            traj_id = f"{self.traj_group_id}-r{self.rescue}-{member}"
+            sample_seed = derive_seed(self.sample_seed, "rescue", self.rescue, member)
+        else:
+            traj_id, sample_seed = f"{self.traj_group_id}-{member}", derive_seed(self.sample_seed, member)
         return EpisodeSpec(
             traj_group_id=self.traj_group_id,
-            traj_id=f"{self.traj_group_id}-{member}",
+            traj_id=traj_id,
             env_seed=self.env_seed,
-            sample_seed=derive_seed(self.sample_seed, member),
+            sample_seed=sample_seed,
             keep_frames=self.keep_frames,
         )
 

@@ -5,6 +5,11 @@ sampling seeds. Any free env-group slot of the right tag may play it, and result
 sorted by j, so the batch is the same run after run whichever slot played which group. In
 training, a group whose every trajectory failed, or whose env worker died, is replaced by a fresh
 group index (at most max(8, 2 x the step's groups) times a step); validation replaces nothing.
+
+Rescue rounds (`rescue_rounds` k, training only): a group none of whose episodes succeeded is
+played again on its env seed with new sampling seeds, up to k more rounds until one succeeds, and
+each round's episodes join the group, so a map the policy always fails gets a group-relative
+signal once a rescue episode succeeds. The group counts as finished after its last round.
 An `EngineFailed` from an env worker is never replaced around: `collect` raises it at once.
 
 Async training: `dispatch(step)` queues a later step's groups ahead of time; they start on free
@@ -30,7 +35,7 @@ import collections
 import heapq
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import ray
 
@@ -88,6 +93,8 @@ class _StepState:
     causes: list[str]  # one per dropped trajectory
     redundant: int = 0  # episodes beyond group_size that were stopped or left out
     taken: int = 0  # groups a `first_done` collect has taken (of any step)
+    # groups with no success that wait for a rescue round: index -> (tag, spec, the result so far)
+    rescuing: dict[int, tuple[str, GroupSpec, GroupResult]] = field(default_factory=dict)
 
 
 class RolloutScheduler:
@@ -102,6 +109,7 @@ class RolloutScheduler:
         *,
         hung_timeout_s: float | None = None,
         probe_s: float = 10.0,
+        rescue_rounds: int = 0,
     ):
         self.workers = workers
         self.watch = HangWatch(workers, hung_timeout_s, probe_s)  # a group past the bound: its worker probed
@@ -110,6 +118,7 @@ class RolloutScheduler:
         self.seed = seed
         self.mode = mode  # "train": seeds depend on the step; "val": a fixed set every evaluation
         self.timeout_s = timeout_s
+        self.rescue_rounds = rescue_rounds if mode == "train" else 0  # validation plays its set as it is
         self.stale_dropped_groups = 0  # groups dropped as too stale by the last `collect`
         self.redundant_trajectories = 0  # episodes of the last `collect`'s groups beyond group_size
         # Ray calls from env workers to inference workers, and the generate requests they carried,
@@ -161,11 +170,13 @@ class RolloutScheduler:
         owed: dict[int, list[list]] = collections.defaultdict(list)
         for tag, queue in self._pending.items():
             for step, _, spec in queue:
-                owed[step].append([spec.group_index, tag])
+                if not spec.rescue:  # a rescue round's group is owed once, through `rescuing`
+                    owed[step].append([spec.group_index, tag])
         for run in self._running.values():
-            owed[run.step].append([run.spec.group_index, run.tag])
+            if not run.spec.rescue:
+                owed[run.step].append([run.spec.group_index, run.tag])
         for step, state in self._steps.items():
-            owed[step] += [[j, tag] for j, (tag, _, _) in state.done.items()]
+            owed[step] += [[j, tag] for j, (tag, _, _) in [*state.done.items(), *state.rescuing.items()]]
         return [
             {
                 "step": step,
@@ -190,8 +201,10 @@ class RolloutScheduler:
 
     def take_counts(self) -> dict[str, int]:
         """Group identities dispatched, collected, failed and replayed since the last call, and
-        those outstanding now (dispatched, not yet collected: what `ledger` names)."""
-        keys = ("dispatched_groups", "collected_groups", "failed_groups", "replayed_groups")
+        those outstanding now (dispatched, not yet collected: what `ledger` names); rescue rounds
+        played (`rescue_rounds`) and the groups a rescue round gave their first success."""
+        groups = ("dispatched", "collected", "failed", "replayed", "rescued")
+        keys = (*(f"{name}_groups" for name in groups), "rescue_rounds")
         counts = {key: self._counts[key] for key in keys}
         counts["outstanding_groups"] = sum(len(entry["groups"]) for entry in self.ledger())
         self._counts.clear()
@@ -311,8 +324,10 @@ class RolloutScheduler:
         state = self._steps[group_step]
         state.causes += result.dropped
         state.redundant += result.redundant
-        if result.trajectories or self.mode == "val":  # validation keeps its fixed set: a loss is only counted
-            state.done[result.group_index] = (slot.tag, spec, result)
+        if spec.rescue:
+            self._rescue_ended(state, group_step, spec, result)
+        elif result.trajectories or self.mode == "val":  # validation keeps its fixed set: a loss is only counted
+            self._group_ended(state, group_step, slot.tag, spec, result)
         elif state.next_index < state.num_groups + max(8, 2 * state.num_groups):  # all failed: a replacement
             self._push(slot.tag, group_step, self.group_spec(group_step, state.next_index, spec.keep_frames))
             state.next_index += 1
@@ -321,6 +336,29 @@ class RolloutScheduler:
         else:
             raise RolloutFailed(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
         self._launch()
+
+    def _group_ended(self, state: _StepState, step: int, tag: str, spec: GroupSpec, result: GroupResult) -> None:
+        """A group is done, or (no episode succeeded, `rescue_rounds` > 0) waits for its first rescue round."""
+        if self.rescue_rounds and not any(t.success for t in result.trajectories):
+            state.rescuing[spec.group_index] = (tag, spec, result)
+            self._push(tag, step, replace(spec, rescue=1))
+            self._counts["rescue_rounds"] += 1
+        else:
+            state.done[spec.group_index] = (tag, spec, result)
+
+    def _rescue_ended(self, state: _StepState, step: int, spec: GroupSpec, result: GroupResult) -> None:
+        """A rescue round's episodes join their group; without a success yet, the next round is
+        queued while rounds are left, else the group is done."""
+        tag, first, so_far = state.rescuing.pop(spec.group_index)
+        merged = replace(so_far, trajectories=so_far.trajectories + result.trajectories)
+        success = any(t.success for t in result.trajectories)
+        self._counts["rescued_groups"] += success
+        if success or spec.rescue >= self.rescue_rounds:
+            state.done[spec.group_index] = (tag, first, merged)
+        else:
+            state.rescuing[spec.group_index] = (tag, first, merged)
+            self._push(tag, step, replace(spec, rescue=spec.rescue + 1))
+            self._counts["rescue_rounds"] += 1
 
     def _wait_s(self) -> float:
         return self.watch.wait_s(self._running, self.timeout_s)

@@ -90,6 +90,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
         group_size=manager_cfg.group_size,
         timeout_s=max(900.0, 2 * monitor.hung_timeout),  # no group at all finished: past a probe's restart
         hung_timeout_s=hung_s,
+        rescue_rounds=manager_cfg.rescue_rounds,
     )
 
 
