@@ -5,28 +5,22 @@ sampling seeds. Any free env-group slot of the right tag may play it, and result
 sorted by j, so the batch is the same run after run whichever slot played which group. In
 training, a group whose every trajectory failed, or whose env worker died, is replaced by a fresh
 group index (at most max(8, 2 x the step's groups) times a step); validation replaces nothing.
+An `EngineFailed` from an env worker is never replaced around: `collect` raises it at once. With
+`rescue_rounds` k, a training group with no successful episode is played again on its env seed,
+up to k rounds until one succeeds, the rounds' episodes joining it (docs/algorithms.md).
 
-Rescue rounds (`rescue_rounds` k, training only): a group none of whose episodes succeeded is
-played again on its env seed with new sampling seeds, up to k more rounds until one succeeds, and
-each round's episodes join the group, so a map the policy always fails gets a group-relative
-signal once a rescue episode succeeds. The group counts as finished after its last round.
-An `EngineFailed` from an env worker is never replaced around: `collect` raises it at once.
+Async training: `dispatch(step)` queues a later step's groups ahead of time; `collect(step)`, the
+only place results are received, returns them. A group whose oldest token is too old
+(`max_staleness`) is dropped, counted, and played again under the same identity. With
+`first_done` (partial rollout) `collect` takes the first `num_groups` groups to finish among every
+step dispatched so far, the oldest steps' first.
 
-Async training: `dispatch(step)` queues a later step's groups ahead of time; they start on free
-slots at once, and `collect(step)`, the only place results are received, returns them. A group
-whose oldest token is too old (`max_staleness`) is dropped, counted, and played again under the
-same identity. With `first_done` (partial rollout) `collect` takes the first `num_groups` groups
-to finish among every step dispatched so far, the oldest steps' first.
-
-Resume: `ledger()` names, by identity, every group dispatched and not yet collected, with each
-step's counters; a checkpoint keeps it and `restore(ledger)` queues exactly those groups again
-(`replayed_groups`). `take_counts()` is the steps' group ledger: every identity dispatched is
-collected, failed or still outstanding.
-
-Hangs: a group past `hung_timeout_s` (ROLL's `env_monitor.hung_timeout`) has its worker probed,
-and a silent one is killed for Ray to restart, its groups played again (`HangWatch`). No group
-finished within `timeout_s`: `RolloutFailed`, naming what runs. The page: docs/async.md ("The
-rollout scheduler").
+Resume: `ledger()` names, by identity, every group dispatched and not yet collected; a checkpoint
+keeps it and `restore(ledger)` queues exactly those groups again (`replayed_groups`).
+`take_counts()` is the steps' group ledger: every identity dispatched is collected, failed or
+still outstanding. Hangs: a group past `hung_timeout_s` has its worker probed, and a silent one
+is killed for Ray to restart, its groups played again (`HangWatch`). No group finished within
+`timeout_s`: `RolloutFailed`, naming what runs. The page: docs/async.md ("The rollout scheduler").
 """
 
 from __future__ import annotations
