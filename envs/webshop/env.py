@@ -64,7 +64,8 @@ class WebShopEnv(TextEnv):
 
     `episode_metrics`: `purchased` (0/1), the purchase's `reward_attributes` and `reward_options`
     (shares of the goal's attributes / options matched, 1.0 when it has none), `reward_price`
-    (0/1), `reward_type` (the type factor) — all 0 before a purchase — and `num_searches`.
+    (0/1), `reward_type` (the type factor) — all 0 before a purchase — `num_searches`, and
+    `chose_option` (0/1: some click of the episode selected an option on a product page).
     """
 
     # Open text: search[...] and click[...] on what the page shows (see parse_action).
@@ -109,7 +110,7 @@ class WebShopEnv(TextEnv):
         self._page = Page(text="")
         self._purchase: dict[str, str] | None = None
         self._num_valid = 0
-        self._num_searches = 0
+        self._num_searches = self._num_option_clicks = 0
 
     # --- gymnasium API ---------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -159,7 +160,7 @@ class WebShopEnv(TextEnv):
         }
         self._page = parse_page(client.post(f"/s/{self._sid}/start", fields))
         self._purchase = None
-        self._num_valid = self._num_searches = 0
+        self._num_valid = self._num_searches = self._num_option_clicks = 0
         return self._page.text[:MAX_TEXT_CHARS]
 
     def parse_action(self, text: str) -> str | None:
@@ -194,6 +195,7 @@ class WebShopEnv(TextEnv):
         else:
             path = self._page.clickables[normalise_label(argument)][1]
         self._page = parse_page(self._connect().get(path))
+        self._num_option_clicks += kind == "click" and argument in self._page.selected  # the label as shown
         self._purchase = self._page.reward
         reward = 0.0 if self._purchase is None else float(self._purchase["reward"])
         terminated = self._purchase is not None
@@ -217,6 +219,7 @@ class WebShopEnv(TextEnv):
             "score": score,
             **parts,
             "num_searches": float(self._num_searches),
+            "chose_option": float(self._num_option_clicks > 0),
         }
 
     def scripted_action(self) -> str | None:

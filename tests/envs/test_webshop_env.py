@@ -136,6 +136,7 @@ def test_item_options_and_sub_pages(env):
         (["blue | white", "16 oz"], 1.0, (1.0, 1.0, 1.0, 1.0)),
         (["red", "16 oz"], 0.75, (1.0, 0.5, 1.0, 1.0)),  # (1 + 1 + 1) / (1 + 2 + 1)
         ([], 0.5, (1.0, 0.0, 1.0, 1.0)),  # (1 + 0 + 1) / 4
+        (["Description", "< Prev"], 0.5, (1.0, 0.0, 1.0, 1.0)),  # clicks on the item page, no option
     ],
 )
 def test_buy_now_ends_the_episode_with_the_paper_reward(env, clicks, reward, metrics):
@@ -155,6 +156,7 @@ def test_buy_now_ends_the_episode_with_the_paper_reward(env, clicks, reward, met
         "reward_price": price,
         "reward_type": kind,
         "num_searches": 1.0,
+        "chose_option": float(reward > 0.5),  # an option was selected (the clicks before Buy Now)
     }
     # after the purchase a well-formed action changes nothing and pays nothing
     assert act(env, "search[anything]")[:4] == (obs, 0.0, True, False)
