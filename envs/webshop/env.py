@@ -110,7 +110,8 @@ class WebShopEnv(TextEnv):
         self._page = Page(text="")
         self._purchase: dict[str, str] | None = None
         self._num_valid = 0
-        self._num_searches = self._num_option_clicks = 0
+        self._num_searches = 0
+        self._chose_option = False
 
     # --- gymnasium API ---------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -160,7 +161,8 @@ class WebShopEnv(TextEnv):
         }
         self._page = parse_page(client.post(f"/s/{self._sid}/start", fields))
         self._purchase = None
-        self._num_valid = self._num_searches = self._num_option_clicks = 0
+        self._num_valid = self._num_searches = 0
+        self._chose_option = False
         return self._page.text[:MAX_TEXT_CHARS]
 
     def parse_action(self, text: str) -> str | None:
@@ -195,7 +197,7 @@ class WebShopEnv(TextEnv):
         else:
             path = self._page.clickables[normalise_label(argument)][1]
         self._page = parse_page(self._connect().get(path))
-        self._num_option_clicks += kind == "click" and argument in self._page.selected  # the label as shown
+        self._chose_option |= kind == "click" and argument in self._page.selected  # the label as shown
         self._purchase = self._page.reward
         reward = 0.0 if self._purchase is None else float(self._purchase["reward"])
         terminated = self._purchase is not None
@@ -219,7 +221,7 @@ class WebShopEnv(TextEnv):
             "score": score,
             **parts,
             "num_searches": float(self._num_searches),
-            "chose_option": float(self._num_option_clicks > 0),
+            "chose_option": float(self._chose_option),
         }
 
     def scripted_action(self) -> str | None:

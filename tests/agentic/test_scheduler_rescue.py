@@ -81,6 +81,11 @@ def worker():
     ray.shutdown()
 
 
+def episode_ids(group: str, rounds: int) -> list[str]:
+    """The traj ids of `group`'s episodes when it plays its first round and `rounds` rescue rounds."""
+    return [f"{group}-{f'r{r}-' if r else ''}{m}" for r in range(rounds + 1) for m in range(MEMBERS)]
+
+
 def scheduler_for(worker, succeed_at: dict[str, int], rescue_rounds: int, mode: str = "train", hold=False):
     ray.get(worker.reset.remote(succeed_at, hold))
     slots = [Slot(worker=0, local=k, tag="lake") for k in range(2)]
@@ -92,18 +97,9 @@ def test_a_group_without_success_gets_a_rescue_round_whose_episodes_join_it(work
     scheduler = scheduler_for(worker, {"train-1-0": 0, "train-1-1": 1}, rescue_rounds=1)
     trajs, dropped = scheduler.collect(1, 3)
     assert dropped == []
-    assert [t.traj_id for t in trajs] == [
-        "train-1-0-0",
-        "train-1-0-1",
-        "train-1-1-0",
-        "train-1-1-1",
-        "train-1-1-r1-0",
-        "train-1-1-r1-1",
-        "train-1-2-0",
-        "train-1-2-1",
-        "train-1-2-r1-0",
-        "train-1-2-r1-1",
-    ]
+    ids = episode_ids("train-1-0", 0) + episode_ids("train-1-1", 1) + episode_ids("train-1-2", 1)
+    assert [t.traj_id for t in trajs] == ids
+    assert ids[4:6] == ["train-1-1-r1-0", "train-1-1-r1-1"]  # the helper's spelling of a rescue episode
     assert {t.traj_group_id for t in trajs[2:6]} == {"train-1-1"}  # one group: compared together
     assert [t.success for t in trajs] == [True, False, False, False, True, False, False, False, False, False]
     assert all(t.env_seed == scheduler.group_spec(1, 2, False).env_seed for t in trajs[6:])
@@ -116,10 +112,7 @@ def test_a_group_without_success_gets_a_rescue_round_whose_episodes_join_it(work
 def test_rescue_rounds_stop_at_the_first_success_or_at_the_limit(worker):
     scheduler = scheduler_for(worker, {"train-1-0": 2}, rescue_rounds=3)
     trajs, _ = scheduler.collect(1, 2)
-    ids = [t.traj_id for t in trajs]
-    assert ids == [f"train-1-0-{r}{m}" for r in ("", "r1-", "r2-") for m in range(MEMBERS)] + [
-        f"train-1-1-{r}{m}" for r in ("", "r1-", "r2-", "r3-") for m in range(MEMBERS)
-    ]
+    assert [t.traj_id for t in trajs] == episode_ids("train-1-0", 2) + episode_ids("train-1-1", 3)
     assert ray.get(worker.played.remote()).count(("train-1-0", 3)) == 0  # succeeded in round 2: no round 3
     counts = scheduler.take_counts()
     assert (counts["rescue_rounds"], counts["rescued_groups"]) == (5, 1)
@@ -146,14 +139,7 @@ def test_a_group_in_its_rescue_round_is_owed_once_and_replayed_from_its_start(wo
     restored = scheduler_for(worker, {"train-1-0": 0}, rescue_rounds=1)
     restored.restore(ledger)
     trajs, _ = restored.collect(1, 2)
-    assert [t.traj_id for t in trajs] == [
-        "train-1-0-0",
-        "train-1-0-1",
-        "train-1-1-0",
-        "train-1-1-1",
-        "train-1-1-r1-0",
-        "train-1-1-r1-1",
-    ]
+    assert [t.traj_id for t in trajs] == episode_ids("train-1-0", 0) + episode_ids("train-1-1", 1)
     assert restored.take_counts()["replayed_groups"] == 2
 
 

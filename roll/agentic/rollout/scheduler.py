@@ -197,8 +197,14 @@ class RolloutScheduler:
         """Group identities dispatched, collected, failed and replayed since the last call, and
         those outstanding now (dispatched, not yet collected: what `ledger` names); rescue rounds
         played (`rescue_rounds`) and the groups a rescue round gave their first success."""
-        groups = ("dispatched", "collected", "failed", "replayed", "rescued")
-        keys = (*(f"{name}_groups" for name in groups), "rescue_rounds")
+        keys = (
+            "dispatched_groups",
+            "collected_groups",
+            "failed_groups",
+            "replayed_groups",
+            "rescued_groups",
+            "rescue_rounds",
+        )
         counts = {key: self._counts[key] for key in keys}
         counts["outstanding_groups"] = sum(len(entry["groups"]) for entry in self.ledger())
         self._counts.clear()
@@ -318,10 +324,13 @@ class RolloutScheduler:
         state = self._steps[group_step]
         state.causes += result.dropped
         state.redundant += result.redundant
-        if spec.rescue:
-            self._rescue_ended(state, group_step, spec, result)
+        if spec.rescue:  # a rescue round's episodes join their group
+            tag, first, so_far = state.rescuing.pop(spec.group_index)
+            self._counts["rescued_groups"] += any(t.success for t in result.trajectories)
+            merged = replace(so_far, trajectories=so_far.trajectories + result.trajectories)
+            self._group_ended(state, group_step, tag, first, merged, rounds_played=spec.rescue)
         elif result.trajectories or self.mode == "val":  # validation keeps its fixed set: a loss is only counted
-            self._group_ended(state, group_step, slot.tag, spec, result)
+            self._group_ended(state, group_step, slot.tag, spec, result, rounds_played=0)
         elif state.next_index < state.num_groups + max(8, 2 * state.num_groups):  # all failed: a replacement
             self._push(slot.tag, group_step, self.group_spec(group_step, state.next_index, spec.keep_frames))
             state.next_index += 1
@@ -331,28 +340,17 @@ class RolloutScheduler:
             raise RolloutFailed(f"rollout: too many failed groups; last causes: {result.dropped[-3:]}")
         self._launch()
 
-    def _group_ended(self, state: _StepState, step: int, tag: str, spec: GroupSpec, result: GroupResult) -> None:
-        """A group is done, or (no episode succeeded, `rescue_rounds` > 0) waits for its first rescue round."""
-        if self.rescue_rounds and not any(t.success for t in result.trajectories):
+    def _group_ended(
+        self, state: _StepState, step: int, tag: str, spec: GroupSpec, result: GroupResult, rounds_played: int
+    ) -> None:
+        """`spec`'s group (its episodes so far: `result`) is done, or, with no success among them and
+        rescue rounds left, waits for its next rescue round (validation has none left: 0)."""
+        if rounds_played < self.rescue_rounds and not any(t.success for t in result.trajectories):
             state.rescuing[spec.group_index] = (tag, spec, result)
-            self._push(tag, step, replace(spec, rescue=1))
+            self._push(tag, step, replace(spec, rescue=rounds_played + 1))
             self._counts["rescue_rounds"] += 1
         else:
             state.done[spec.group_index] = (tag, spec, result)
-
-    def _rescue_ended(self, state: _StepState, step: int, spec: GroupSpec, result: GroupResult) -> None:
-        """A rescue round's episodes join their group; without a success yet, the next round is
-        queued while rounds are left, else the group is done."""
-        tag, first, so_far = state.rescuing.pop(spec.group_index)
-        merged = replace(so_far, trajectories=so_far.trajectories + result.trajectories)
-        success = any(t.success for t in result.trajectories)
-        self._counts["rescued_groups"] += success
-        if success or spec.rescue >= self.rescue_rounds:
-            state.done[spec.group_index] = (tag, first, merged)
-        else:
-            state.rescuing[spec.group_index] = (tag, first, merged)
-            self._push(tag, step, replace(spec, rescue=spec.rescue + 1))
-            self._counts["rescue_rounds"] += 1
 
     def _wait_s(self) -> float:
         return self.watch.wait_s(self._running, self.timeout_s)
