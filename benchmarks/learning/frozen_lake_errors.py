@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: imp
 
 
 from envs.frozen_lake.env import observation_text
-from envs.frozen_lake.maps import MOVES, find_cell, generate_map, goal_distances
+from envs.frozen_lake.maps import MOVES, find_cell, generate_map, goal_distances, needs_detour
 from roll.agentic.env_manager.chat import ChatFormatter
 
 ACTIONS = ("Left", "Down", "Right", "Up")
@@ -65,13 +65,6 @@ def classify(desc, dist, pos, move: int) -> str:
     if desc[target[0]][target[1]] == "H":
         return "hole"
     return "bump" if target == pos else "detour"
-
-
-def needs_detour(desc, dist) -> bool:
-    """Whether the map's shortest hole-free path is longer than the start's Manhattan distance to
-    the goal: somewhere on it the policy must move away from the goal."""
-    (start_row, start_col), (goal_row, goal_col) = find_cell(desc, "S"), find_cell(desc, "G")
-    return dist[(start_row, start_col)] > abs(start_row - goal_row) + abs(start_col - goal_col)
 
 
 def plays_to_goal(desc, greedy: dict) -> bool:

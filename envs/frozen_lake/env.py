@@ -24,6 +24,7 @@ from envs.frozen_lake.maps import (
     find_cell,
     generate_map,
     goal_distances,
+    needs_detour,
     next_move,
     shortest_path_length,
 )
@@ -85,7 +86,10 @@ class FrozenLakeEnv(TextEnv):
     """Walk from the start to the goal G without stepping into a hole O.
 
     `reset(options={"desc": [...]})` plays the given map (rows of S/F/H/G) instead of a random one.
-    `episode_metrics`: `fell_in_hole` (0/1) and `shortest_path` (fewest moves from the start).
+    `episode_metrics`: `fell_in_hole` (0/1), `shortest_path` (fewest moves from the start),
+    `detour_map` (0/1: the map `needs_detour`) and `detour_solved` (0/1: a detour map, solved), so
+    a run's success on detour maps is `detour_solved / detour_map`. `detour_prob` (training maps)
+    draws that share of maps from the detour maps alone (`maps.generate_map`).
     `show_neighbours=True` adds a line after the grid naming the cell each move leads to, e.g.
     `Left _ Down O Right G Up #` (`#`: the edge, the player stays): the same facts as the grid,
     where a small model reads them without locating the cell above or below the player (five
@@ -113,6 +117,7 @@ class FrozenLakeEnv(TextEnv):
         env_instruction: str | None = None,
         max_steps: int | None = None,
         show_neighbours: bool = False,
+        detour_prob: float = 0.0,
     ) -> None:
         super().__init__(
             format_penalty=format_penalty,
@@ -123,8 +128,9 @@ class FrozenLakeEnv(TextEnv):
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.max_steps = max_steps  # ROLL's key: truncate after this many actions (None: never)
-        check_map_params(size, hole_prob, max_path_length)
+        check_map_params(size, hole_prob, max_path_length, detour_prob)
         self.size = size
+        self.detour_prob = detour_prob
         self.hole_prob = hole_prob
         self.is_slippery = is_slippery
         self.max_path_length = max_path_length
@@ -133,6 +139,7 @@ class FrozenLakeEnv(TextEnv):
         self._pos = (0, 0)
         self._to_goal: dict[tuple[int, int], int] = {}  # goal_distances of the current map
         self._shortest_path = 0
+        self._detour_map = False
 
     @property
     def _cell(self) -> str:
@@ -143,17 +150,22 @@ class FrozenLakeEnv(TextEnv):
         return bool(self._desc) and self._cell == "G"
 
     def episode_metrics(self) -> dict[str, float]:
-        fell_in_hole = float(self._cell == "H")
-        return {"fell_in_hole": fell_in_hole, "shortest_path": float(self._shortest_path)}
+        return {
+            "fell_in_hole": float(self._cell == "H"),
+            "shortest_path": float(self._shortest_path),
+            "detour_map": float(self._detour_map),
+            "detour_solved": float(self._detour_map and self.success),
+        }
 
     def _reset(self, options: dict[str, Any]) -> str:
         if "desc" in options:
             self._desc = _check_desc(options["desc"])
         else:
-            self._desc = generate_map(self.np_random, self.size, self.hole_prob, self.max_path_length)
+            self._desc = generate_map(self.np_random, self.size, self.hole_prob, self.max_path_length, self.detour_prob)
         self._pos = find_cell(self._desc, "S")
         self._to_goal = goal_distances(self._desc)
         self._shortest_path = self._to_goal[self._pos]
+        self._detour_map = needs_detour(self._desc, self._to_goal)
         return self._text()
 
     def scripted_action(self) -> str | None:

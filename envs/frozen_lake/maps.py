@@ -3,7 +3,10 @@
 A map is a list of equal-length rows over gymnasium's letters: S start, F frozen, H hole, G goal.
 Unlike gymnasium's `generate_random_map` (start and goal fixed in opposite corners), the start and
 goal are placed by the rng, so a policy cannot solve every map with one memorised route, and
-`max_path_length` bounds how far apart they may be (a curriculum knob for small models).
+`max_path_length` bounds how far apart they may be (a curriculum knob for small models), and
+`detour_prob` draws that share of maps from the *detour maps* alone: those whose shortest hole-free
+path is longer than the Manhattan distance from S to G, so the walk must somewhere move away from
+the goal (a training-set knob: with `hole_prob` 0.2 on 4x4 maps about 6% of maps are detours).
 """
 
 from __future__ import annotations
@@ -65,11 +68,21 @@ def next_move(distances: dict[tuple[int, int], int], pos: tuple[int, int]) -> in
     return next(nearer, None)
 
 
+def needs_detour(desc: Sequence[str], distances: dict[tuple[int, int], int] | None = None) -> bool:
+    """Whether the map's shortest hole-free path from S is longer than S's Manhattan distance to
+    G: somewhere on it the walk must move away from the goal. `distances`: `goal_distances(desc)`
+    if already computed. False when G is unreachable."""
+    distances = goal_distances(desc) if distances is None else distances
+    (start_row, start_col), (goal_row, goal_col) = find_cell(desc, "S"), find_cell(desc, "G")
+    length = distances.get((start_row, start_col))
+    return length is not None and length > abs(start_row - goal_row) + abs(start_col - goal_col)
+
+
 MAX_SIZE = 64
 """Largest map side: 64 rows of 64 symbols is about 4,200 characters, inside an observation's 8,192."""
 
 
-def check_map_params(size: int, hole_prob: float, max_path_length: int | None) -> None:
+def check_map_params(size: int, hole_prob: float, max_path_length: int | None, detour_prob: float = 0.0) -> None:
     """Reject parameters for which `generate_map` would be meaningless, never return, or draw a
     map whose text exceeds an observation's limit (`MAX_SIZE`)."""
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
@@ -85,21 +98,42 @@ def check_map_params(size: int, hole_prob: float, max_path_length: int | None) -
         isinstance(max_path_length, bool) or not isinstance(max_path_length, int) or max_path_length < 1
     ):
         raise ValueError(f"max_path_length must be an int >= 1 or None, got {max_path_length!r}")
+    if isinstance(detour_prob, bool) or not isinstance(detour_prob, (int, float)) or not 0.0 <= detour_prob <= 1.0:
+        raise ValueError(f"detour_prob must be a number in [0, 1], got {detour_prob!r}")
+    # The smallest detour: S and G two cells apart on a 3x3 map, a hole between, a 4-move walk round.
+    if detour_prob > 0 and (size < 3 or not 0 < hole_prob < 1 or (max_path_length or 4) < 4):
+        raise ValueError(
+            f"detour_prob > 0 needs maps that can need a detour: size >= 3, 0 < hole_prob < 1 and "
+            f"max_path_length >= 4 or None; got size={size}, hole_prob={hole_prob}, "
+            f"max_path_length={max_path_length}"
+        )
 
 
 def generate_map(
-    rng: np.random.Generator, size: int, hole_prob: float, max_path_length: int | None = None
+    rng: np.random.Generator,
+    size: int,
+    hole_prob: float,
+    max_path_length: int | None = None,
+    detour_prob: float = 0.0,
 ) -> list[str]:
     """A `size` x `size` map: each cell a hole with probability `hole_prob`, then start and goal
     on two distinct rng-chosen cells; redrawn until G is reachable from S in at most
     `max_path_length` moves (any number when None). Always terminates: adjacent S and G are
-    accepted whatever the holes, and they come up with positive probability."""
-    check_map_params(size, hole_prob, max_path_length)
+    accepted whatever the holes, and they come up with positive probability.
+
+    With `detour_prob` > 0 one more draw first decides, with that probability, that the map must
+    also `needs_detour` (redrawn until it does; `check_map_params` admits only shapes where
+    detours occur). At 0 nothing more is drawn, so the maps are those of a run without the key."""
+    check_map_params(size, hole_prob, max_path_length, detour_prob)
+    want_detour = detour_prob > 0 and rng.random() < detour_prob
     while True:
         cells = np.where(rng.random((size, size)) < hole_prob, "H", "F")
         start, goal = rng.choice(size * size, size=2, replace=False)
         cells.flat[start], cells.flat[goal] = "S", "G"
         desc = ["".join(row) for row in cells]
-        length = shortest_path_length(desc)
-        if length is not None and (max_path_length is None or length <= max_path_length):
+        distances = goal_distances(desc)
+        length = distances.get(find_cell(desc, "S"))
+        if length is None or (max_path_length is not None and length > max_path_length):
+            continue
+        if not want_detour or needs_detour(desc, distances):
             return desc

@@ -70,6 +70,7 @@ def test_wall_bump_then_hole():
     obs, reward, terminated, truncated, info = env.step(answer("Down"))
     assert (obs, reward, terminated, truncated) == ("___O\n_X__\n___O\nO__G", 0.0, True, False)
     metrics = {"num_actions": 4.0, "num_invalid": 0.0, "fell_in_hole": 1.0, "shortest_path": 6.0}
+    metrics |= {"detour_map": 0.0, "detour_solved": 0.0}  # 6 moves: the Manhattan distance
     assert info == {"action_is_valid": True, "success": False, "metrics": metrics}
     # the episode is over: further moves change nothing and pay nothing
     assert env.step(answer("Right"))[:4] == (obs, 0.0, True, False)
@@ -83,7 +84,14 @@ def test_reach_goal():
     obs, reward, terminated, truncated, info = env.step(answer("Right"))
     assert (obs, reward, terminated, truncated) == ("___O\n_O__\n___O\nO__√", 1.0, True, False)
     assert env.success and info["success"] is True
-    assert info["metrics"] == {"num_actions": 6.0, "num_invalid": 0.0, "fell_in_hole": 0.0, "shortest_path": 6.0}
+    assert info["metrics"] == {
+        "num_actions": 6.0,
+        "num_invalid": 0.0,
+        "fell_in_hole": 0.0,
+        "shortest_path": 6.0,
+        "detour_map": 0.0,
+        "detour_solved": 0.0,
+    }
 
 
 def test_invalid_action_changes_nothing():
