@@ -14,6 +14,9 @@ without a purchase truncate it. After the purchase every well-formed action is a
 price_upper}. The goal's instruction is the episode's `env_instruction` (with the task and the
 action format) and is also on the search page, as on WebShop's pages, so a prompt without the
 env's instruction still has it while the agent is on that page.
+`mark_asked_options=True` (a prompt aid for small models) follows each option value on a product
+page that the instruction asks for with `(asked)`, e.g. `color: [white] (asked) [grey]`: what
+the instruction says, put beside the label to click.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ TASK = "You are shopping on WebShop. Find and buy the product that the instructi
 ACTION_FORMAT = (
     "Answer with one action, like <answer>search[red running shoes]</answer> or <answer>click[Buy Now]</answer>."
 )
+ASKED = "(asked)"
 MAX_QUERY_CHARS = 200
 _ACTION = re.compile(r"\s*(search|click)\s*\[(.*)\]\s*", re.IGNORECASE | re.DOTALL)
 _env_numbers = itertools.count()
@@ -84,6 +88,7 @@ class WebShopEnv(TextEnv):
         render_mode: str | None = None,
         env_instruction: str | None = None,
         observation_mode: str = "text",
+        mark_asked_options: bool = False,
     ) -> None:
         super().__init__(format_penalty=format_penalty, render_mode=render_mode, env_instruction=env_instruction)
         if observation_mode != "text":  # ROLL's key; its html/image modes are not built here
@@ -97,6 +102,9 @@ class WebShopEnv(TextEnv):
             isinstance(request_timeout_s, int | float) and request_timeout_s > 0
         ):
             raise ValueError(f"request_timeout_s must be a number > 0, got {request_timeout_s!r}")
+        if not isinstance(mark_asked_options, bool):
+            raise ValueError(f"mark_asked_options must be true or false, got {mark_asked_options!r}")
+        self.mark_asked_options = mark_asked_options
         self._catalog_key = (_resolved(products_file), _resolved(attributes_file), num_products)
         self.catalog = load_catalog(*self._catalog_key)  # fails early on a bad file
         self.max_steps = max_steps
@@ -163,7 +171,7 @@ class WebShopEnv(TextEnv):
         self._purchase = None
         self._num_valid = self._num_searches = 0
         self._chose_option = False
-        return self._page.text[:MAX_TEXT_CHARS]
+        return self._observation()
 
     def parse_action(self, text: str) -> str | None:
         """`search[query]` / `click[label]` (canonical spelling) if the current page allows it,
@@ -186,7 +194,7 @@ class WebShopEnv(TextEnv):
 
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         if self._purchase is not None:
-            return self._page.text[:MAX_TEXT_CHARS], 0.0, True, False
+            return self._observation(), 0.0, True, False
         match = _ACTION.fullmatch(action)
         assert match is not None  # parse_action returns only text of this form
         kind, argument = match.groups()
@@ -202,7 +210,21 @@ class WebShopEnv(TextEnv):
         reward = 0.0 if self._purchase is None else float(self._purchase["reward"])
         terminated = self._purchase is not None
         truncated = not terminated and self._num_valid >= self.max_steps
-        return self._page.text[:MAX_TEXT_CHARS], reward, terminated, truncated
+        return self._observation(), reward, terminated, truncated
+
+    def _observation(self) -> str:
+        """The page's text; with `mark_asked_options`, on a product page each asked option value
+        followed by `ASKED` (only on its option's line: `name: [v1] [v2] ...`)."""
+        text = self._page.text
+        if self.mark_asked_options and self._goal is not None and self._page.data.get("page") == "item":
+            lines = text.split("\n")
+            for i, line in enumerate(lines):
+                name, sep, values = line.partition(": ")
+                wanted = self._goal.options.get(name) if sep else None
+                if wanted is not None:
+                    lines[i] = f"{name}: " + values.replace(f"[{wanted}]", f"[{wanted}] {ASKED}", 1)
+            text = "\n".join(lines)
+        return text[:MAX_TEXT_CHARS]
 
     def episode_metrics(self) -> dict[str, float]:
         bought = self._purchase
@@ -253,7 +275,7 @@ class WebShopEnv(TextEnv):
     def tokenizer_corpus(self) -> list[str]:
         """Every text a word-level tokenizer must cover for this catalog: the action syntax,
         the instruction, the pages' fixed words and each product as the pages show it."""
-        texts = [TASK, ACTION_FORMAT, *pages.CHROME]
+        texts = [TASK, ACTION_FORMAT, *pages.CHROME, *([ASKED] if self.mark_asked_options else [])]
         for product in self.catalog.products:
             texts += [product.asin, product.title, pages.clip(product.title, pages.TITLE_CHARS)]
             texts.append(product.price_text)

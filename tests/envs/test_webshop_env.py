@@ -130,6 +130,24 @@ def test_item_options_and_sub_pages(env):
     assert act(env, "click[< Prev]")[0].startswith("[Back to Search]\nPage 1 (Total results: 1)")
 
 
+def test_mark_asked_options_follows_the_asked_values_on_product_pages_only(files):
+    env = WebShopEnv(**files, mark_asked_options=True)
+    try:
+        assert env.reset(seed=0)[0] == SEARCH_PAGE  # asks for blue | white, 16 oz
+        assert not act(env, "search[ceramic]")[0].count("(asked)")
+        marked = ITEM_PAGE.replace("[blue | white]", "[blue | white] (asked)").replace("[16 oz]", "[16 oz] (asked)")
+        assert act(env, f"click[{GOAL_ASIN}]")[0] == marked
+        assert act(env, "click[red]")[0] == marked.replace("[red]", "[red] (selected)")
+        chosen = act(env, "click[16 oz]")[0]
+        assert "size: [12 oz] [16 oz] (asked) (selected)" in chosen.split("\n")
+        assert not act(env, "click[Description]")[0].count("(asked)")
+        assert "(asked)" in env.tokenizer_corpus() and "(asked)" not in WebShopEnv(**files).tokenizer_corpus()
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="mark_asked_options must be true or false, got 'yes'"):
+        WebShopEnv(**files, mark_asked_options="yes")
+
+
 @pytest.mark.parametrize(
     ("clicks", "reward", "metrics"),
     [
