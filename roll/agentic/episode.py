@@ -53,6 +53,7 @@ class EpisodeSpec:
     sample_seed: int
     keep_frames: bool = False
     tag: str = ""
+    temperature: float | None = None  # this episode's sampling temperature (None: the manager's)
 
 
 class TokenLedger:

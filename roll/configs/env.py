@@ -159,6 +159,13 @@ class EnvManagerConfig(ConfigModel):
     group-relative advantage nothing; one success among the extra episodes gives the whole group
     a signal. Metrics `rollout/rescue_rounds` and `rollout/rescued_groups` (groups that a rescue
     round gave their first success). 0: off. The page: docs/algorithms.md."""
+    rescue_temperature: float | None = Field(None, gt=0)
+    """The sampling temperature of rescue rounds; None: the rollout's own. A hotter round tries
+    the moves the policy finds unlikely. Its tokens come from another distribution than the
+    trainer's, and the log-probs recorded for them are that distribution's, so
+    `off_policy_correction` or `train_infer_correction` is what weighs them. Needs
+    `rescue_rounds` > 0; refused for tags played by agent runners or agent loops (they sample on
+    their own)."""
     tags: list[str] = Field(min_length=1)
     """Which `custom_envs` this manager runs."""
     num_groups_partition: list[int] | None = None
@@ -197,6 +204,8 @@ class EnvManagerConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_tags_and_partition(self) -> EnvManagerConfig:
+        if self.rescue_temperature is not None and not self.rescue_rounds:
+            raise InvalidField("rescue_temperature", "needs rescue_rounds > 0 (it is the rescue rounds' temperature)")
         if len(set(self.tags)) != len(self.tags):
             raise InvalidField("tags", f"must be distinct (got {self.tags})")
         partition = self.num_groups_partition

@@ -309,6 +309,16 @@ class PipelineConfig(RollDialect):
                     f'tags {agent_tags} have env_type "agent", '
                     'which needs "traj" (agent loops give one sample per trajectory)',
                 )
+            runners = [
+                t
+                for t in manager.tags
+                if self.custom_envs[t].env_type == "agent" or self.custom_envs[t].agent_runner_cls
+            ]
+            if runners and manager.rescue_temperature is not None:
+                raise InvalidField(
+                    f"{name}.rescue_temperature",
+                    f"tags {runners} are played by agent loops or agent runners, which sample on their own",
+                )
 
     def _check_batches(self) -> None:
         group_size = self.train_env_manager.group_size

@@ -159,6 +159,21 @@ def test_episode_stops_after_max_steps_without_trailing_observation(tokenizer):
     assert len(traj.token_ids) == len(traj.response_mask) == len(traj.infer_logprobs)
 
 
+def test_an_episode_with_a_temperature_samples_at_it_and_the_next_one_as_the_manager(tokenizer):
+    class Recording(ScriptedEngine):
+        async def __call__(self, request):
+            self.sampling = getattr(self, "sampling", []) + [request.params]
+            return await super().__call__(request)
+
+    engine = Recording(tokenizer, ["Left"] * 4)
+    manager = make_manager(tokenizer, engine, max_steps=2)
+    hot = asyncio.run(manager.run_episode(EpisodeSpec("g", "g-r1-0", env_seed=SEED, sample_seed=1, temperature=1.7)))
+    asyncio.run(manager.run_episode(EpisodeSpec("g", "g-0", env_seed=SEED, sample_seed=2)))
+    temperatures = [s.temperature for s in engine.sampling]
+    assert temperatures == [1.7] * hot.num_actions + [1.0] * (len(temperatures) - hot.num_actions)
+    assert {s.max_new_tokens for s in engine.sampling} == {1}  # the rest of the sampling as the manager's
+
+
 def test_step_manager_one_sample_per_step(tokenizer):
     from roll.agentic.env_manager.step_env_manager import StepEnvManager, state_hash
 

@@ -33,6 +33,7 @@ class RescueScriptedWorker:
 
     def reset(self, succeed_at: dict[str, int], hold_rescues: bool = False) -> None:
         self.succeed_at, self.hold_rescues, self.log = succeed_at, hold_rescues, []
+        self.episode_temperatures = []
         self.gate = asyncio.Event()
 
     def release(self) -> None:
@@ -40,6 +41,10 @@ class RescueScriptedWorker:
 
     def played(self) -> list[tuple[str, int]]:
         return list(self.log)
+
+    def temperatures(self) -> list[tuple[str, float | None]]:
+        """Each episode played, with the temperature its EpisodeSpec asked for."""
+        return list(self.episode_temperatures)
 
     async def ping(self) -> bool:
         return True
@@ -54,6 +59,7 @@ class RescueScriptedWorker:
         trajs = []
         for m in range(MEMBERS):
             episode = spec.episode(m)
+            self.episode_temperatures.append((episode.traj_id, episode.temperature))
             won = success and m == 0  # one member of a successful round reaches the goal
             trajs.append(
                 Trajectory(
@@ -86,10 +92,14 @@ def episode_ids(group: str, rounds: int) -> list[str]:
     return [f"{group}-{f'r{r}-' if r else ''}{m}" for r in range(rounds + 1) for m in range(MEMBERS)]
 
 
-def scheduler_for(worker, succeed_at: dict[str, int], rescue_rounds: int, mode: str = "train", hold=False):
+def scheduler_for(
+    worker, succeed_at: dict[str, int], rescue_rounds: int, mode: str = "train", hold=False, temperature=None
+):
     ray.get(worker.reset.remote(succeed_at, hold))
     slots = [Slot(worker=0, local=k, tag="lake") for k in range(2)]
-    return RolloutScheduler([worker], slots, seed=7, mode=mode, rescue_rounds=rescue_rounds)
+    return RolloutScheduler(
+        [worker], slots, seed=7, mode=mode, rescue_rounds=rescue_rounds, rescue_temperature=temperature
+    )
 
 
 def test_a_group_without_success_gets_a_rescue_round_whose_episodes_join_it(worker):
@@ -153,3 +163,19 @@ def test_rescue_episodes_have_their_own_seeds_and_the_same_every_run():
     assert {e.env_seed for e in first + again} == {11}
     assert {e.traj_group_id for e in first + again} == {"train-5-3"}
     assert [e.traj_id for e in again] == [f"train-5-3-r1-{m}" for m in range(4)]
+
+
+def test_rescue_rounds_sample_at_the_rescue_temperature_and_first_rounds_as_the_rollout(worker):
+    scheduler = scheduler_for(worker, {"train-1-0": 0}, rescue_rounds=2, temperature=1.7)
+    scheduler.collect(1, 2)
+    played = dict(ray.get(worker.temperatures.remote()))
+    assert (
+        played
+        == {
+            **dict.fromkeys(episode_ids("train-1-0", 0), None),  # succeeded at once: no rescue round
+            **dict.fromkeys(episode_ids("train-1-1", 0), None),  # its first round: the rollout's own
+            **dict.fromkeys(episode_ids("train-1-1", 2)[MEMBERS:], 1.7),  # both rescue rounds
+        }
+    )
+    scheduler_for(worker, {}, rescue_rounds=1).collect(1, 1)
+    assert {t for _, t in ray.get(worker.temperatures.remote())} == {None}  # no key: as the rollout

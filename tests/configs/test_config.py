@@ -194,6 +194,14 @@ MALFORMED = [
         "train_env_manager.rescue_rounds: input should be greater than or equal to 0 (got -1)",
     ),
     (
+        ["+train_env_manager.rescue_temperature=1.5"],
+        "train_env_manager.rescue_temperature: needs rescue_rounds > 0 (it is the rescue rounds' temperature)",
+    ),
+    (
+        ["+train_env_manager.rescue_rounds=1", "+train_env_manager.rescue_temperature=0"],
+        "train_env_manager.rescue_temperature: input should be greater than 0 (got 0)",
+    ),
+    (
         ["+async_max_staleness=0"],
         "async_max_staleness: limits async training; set async_generation_ratio > 0 too",
     ),

@@ -56,6 +56,11 @@ def test_rolls_runner_keys_are_accepted_and_reach_the_env_workers(model_dir):
         (["+custom_env.Lake.response_prefix=Answer"], "custom_envs.Lake.response_prefix", "leave it empty"),
         (["train_env_manager.proxy.episode_timeout_s=0"], "train_env_manager.proxy.episode_timeout_s", "greater"),
         (["+train_env_manager.proxy.port=80"], "train_env_manager.proxy.port", "unknown key"),
+        (
+            ["+train_env_manager.rescue_rounds=1", "+train_env_manager.rescue_temperature=1.5"],
+            "train_env_manager.rescue_temperature",
+            "tags ['Lake'] are played by agent loops or agent runners, which sample on their own",
+        ),
     ],
 )
 def test_bad_runner_keys_are_refused_by_name(model_dir, overrides, key, says):

@@ -102,6 +102,7 @@ class BaseEnvManager:
         self.sampling = dataclasses.replace(
             sampling, max_new_tokens=min(spec.max_tokens_per_step, sampling.max_new_tokens)
         )
+        self.episode_sampling = self.sampling  # the running episode's (`EpisodeSpec.temperature`)
         self.sequence_length = sequence_length
         self.env_calls = EnvCaller(
             self.env,
@@ -117,7 +118,7 @@ class BaseEnvManager:
     ) -> GenerateOutput:
         """One turn's generation, bounded in time (None: unbounded). A request that times out may
         still be served by the engine; its answer is then discarded, and the episode is dropped."""
-        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id=session_id)
+        request = GenerateRequest(request_id, list(prompt_ids), self.episode_sampling, seed, session_id=session_id)
         return await generate_within(self._generate, request, self.generate_timeout_s)
 
     async def _env_call(self, name: str, *args, **kwargs):
@@ -134,6 +135,11 @@ class BaseEnvManager:
         self.env_calls.close()
 
     async def run_episode(self, episode: EpisodeSpec) -> Trajectory:
+        self.episode_sampling = (
+            self.sampling
+            if episode.temperature is None
+            else dataclasses.replace(self.sampling, temperature=episode.temperature)
+        )
         # injected faults (if any) are drawn per episode, so a group's members fail independently
         options = {EPISODE_KEY_OPTION: episode.sample_seed} if isinstance(self.env, FaultInjectingEnv) else None
         obs, info = await self._env_call("reset", seed=episode.env_seed, options=options)

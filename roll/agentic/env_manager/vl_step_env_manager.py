@@ -89,7 +89,7 @@ class VLStepEnvManager(BaseEnvManager):
         builder = self._builder
         assert builder is not None and builder.images is not None  # the step's prompt() made them
         images = request_images(builder.images, builder.frames, self.spec.send_frames)
-        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, images=images)
+        request = GenerateRequest(request_id, list(prompt_ids), self.episode_sampling, seed, images=images)
         return await generate_within(self._generate, request, self.generate_timeout_s)
 
 

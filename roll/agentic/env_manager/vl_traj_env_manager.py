@@ -91,7 +91,7 @@ class VLTrajEnvManager(TrajEnvManager):
         builder = self._builder
         assert builder is not None  # new_builder made it before the episode's first generate
         images = request_images(builder.images(), builder.frames, self.spec.send_frames)
-        request = GenerateRequest(request_id, list(prompt_ids), self.sampling, seed, session_id, images)
+        request = GenerateRequest(request_id, list(prompt_ids), self.episode_sampling, seed, session_id, images)
         return await generate_within(self._generate, request, self.generate_timeout_s)
 
 

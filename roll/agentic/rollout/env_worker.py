@@ -31,7 +31,8 @@ from roll.models.templates import apply_template
 class GroupSpec:
     """One group to play: `group_size` episodes on the same env seed, each with its own sampling seed.
     `rescue` > 0: the group's k-th rescue round (`rescue_rounds`): more episodes of the same group
-    on the same env seed, with sampling seeds of their own; round 0 is the group itself."""
+    on the same env seed, with sampling seeds of their own (and `temperature`, if set: the
+    `rescue_temperature`); round 0 is the group itself."""
 
     group_index: int
     traj_group_id: str
@@ -39,6 +40,7 @@ class GroupSpec:
     sample_seed: int
     keep_frames: bool = False
     rescue: int = 0
+    temperature: float | None = None
 
     def episode(self, member: int) -> EpisodeSpec:
         if self.rescue:
@@ -52,6 +54,7 @@ class GroupSpec:
             env_seed=self.env_seed,
             sample_seed=sample_seed,
             keep_frames=self.keep_frames,
+            temperature=self.temperature,
         )
 
 

@@ -104,6 +104,7 @@ class RolloutScheduler:
         hung_timeout_s: float | None = None,
         probe_s: float = 10.0,
         rescue_rounds: int = 0,
+        rescue_temperature: float | None = None,
     ):
         self.workers = workers
         self.watch = HangWatch(workers, hung_timeout_s, probe_s)  # a group past the bound: its worker probed
@@ -113,6 +114,7 @@ class RolloutScheduler:
         self.mode = mode  # "train": seeds depend on the step; "val": a fixed set every evaluation
         self.timeout_s = timeout_s
         self.rescue_rounds = rescue_rounds if mode == "train" else 0  # validation plays its set as it is
+        self.rescue_temperature = rescue_temperature  # None: rescue rounds sample as the rollout does
         self.stale_dropped_groups = 0  # groups dropped as too stale by the last `collect`
         self.redundant_trajectories = 0  # episodes of the last `collect`'s groups beyond group_size
         # Ray calls from env workers to inference workers, and the generate requests they carried,
@@ -347,7 +349,7 @@ class RolloutScheduler:
         rescue rounds left, waits for its next rescue round (validation has none left: 0)."""
         if rounds_played < self.rescue_rounds and not any(t.success for t in result.trajectories):
             state.rescuing[spec.group_index] = (tag, spec, result)
-            self._push(tag, step, replace(spec, rescue=rounds_played + 1))
+            self._push(tag, step, replace(spec, rescue=rounds_played + 1, temperature=self.rescue_temperature))
             self._counts["rescue_rounds"] += 1
         else:
             state.done[spec.group_index] = (tag, spec, result)

@@ -91,6 +91,7 @@ def build_rollout(cfg, manager_cfg, inference, tokenizer, mode: str) -> RolloutS
         timeout_s=max(900.0, 2 * monitor.hung_timeout),  # no group at all finished: past a probe's restart
         hung_timeout_s=hung_s,
         rescue_rounds=manager_cfg.rescue_rounds,
+        rescue_temperature=manager_cfg.rescue_temperature,
     )
 
 
