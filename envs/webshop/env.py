@@ -265,6 +265,28 @@ class WebShopEnv(TextEnv):
         labels = sorted(label for label, _ in self._page.clickables.values())
         return f"<answer>click[{labels[int(rng.integers(len(labels)))]}]</answer>"
 
+    def sample_shopper_action(self, rng: np.random.Generator) -> str | None:
+        """A warm-start teacher between the random shopper and the oracle: it searches as
+        `sample_valid_action` does and opens a random product of the results page; on a product
+        page it chooses the asked option values (those `mark_asked_options` marks), one a turn,
+        then buys; on a description or features page it goes back. None once bought (or before
+        `reset`)."""
+        if self._goal is None or self._purchase is not None:
+            return None
+        kind = self._page.data.get("page")
+        if kind == "results":
+            products = sorted(label for label, _ in self._page.clickables.values() if label in self.catalog.by_asin)
+            if products:
+                return f"<answer>click[{products[int(rng.integers(len(products)))]}]</answer>"
+        if kind == "item":
+            for value in self._goal.options.values():
+                if normalise_label(value) in self._page.clickables and value not in self._page.selected:
+                    return f"<answer>click[{value}]</answer>"
+            return f"<answer>click[{pages.BUY_NOW}]</answer>"
+        if kind in pages.SUB_PAGES:
+            return f"<answer>click[{pages.PREV}]</answer>"
+        return self.sample_valid_action(rng)
+
     def tokenizer_whole_words(self) -> list[str]:
         """The product codes (ASINs), each one token of a tiny word-level tokenizer: clicking a
         product means copying its code from the page, which a 2-layer model trained in minutes

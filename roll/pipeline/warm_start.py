@@ -4,7 +4,8 @@ A model trained from scratch on WebShop never writes a valid `search[...]` / `cl
 (the tiny example: 0 valid actions in 60 steps, every episode -0.8, so GRPO's groups carry no
 signal). RL needs a policy that already acts; a real pretrained model brings one, the tiny model
 gets one here. The teacher is the env's `sample_valid_action`: a uniformly random action the page
-accepts (the format, no preference among moves), optionally mixed with the env's oracle
+accepts (the format, no preference among moves), or another `sample_*_action(rng)` method of the
+env (`--teacher`, e.g. WebShop's `sample_shopper_action`), optionally mixed with the env's oracle
 `scripted_action` (`--expert_prob`). It plays through the experiment's own env manager, standing in
 for the inference engine, so every sample is laid out exactly as RL's will be (chat template,
 instruction, response prefix, agent templates, step-wise prompts); the model is trained with cross
@@ -42,21 +43,30 @@ logger = logging.getLogger("roll")
 
 
 class Teacher:
-    """The engine's stand-in: answers each request with the env's random valid action (or, with
-    chance `expert_prob`, its scripted one), as the ids the model should have generated."""
+    """The engine's stand-in: answers each request with the env's `method` (default its random
+    valid action; or, with chance `expert_prob`, its scripted one), as the ids the model should
+    have generated."""
 
-    def __init__(self, tokenizer, response_prefix: str, rng: np.random.Generator, expert_prob: float = 0.0):
+    def __init__(
+        self,
+        tokenizer,
+        response_prefix: str,
+        rng: np.random.Generator,
+        expert_prob: float = 0.0,
+        method: str = "sample_valid_action",
+    ):
         self.tokenizer, self.prefix, self.rng, self.expert_prob = tokenizer, response_prefix, rng, expert_prob
+        self.method = method
         self.env: TextEnv | None = None  # the unwrapped env of the manager being played
 
     async def generate(self, request) -> GenerateOutput:
         env = self.env
         assert env is not None  # teacher_samples sets it before the first episode
         answer = env.scripted_action() if self.expert_prob and self.rng.random() < self.expert_prob else None
-        answer = answer or env.sample_valid_action(self.rng)
+        answer = answer or getattr(env, self.method)(self.rng)
         if answer is None:
             raise ValueError(
-                f"{type(self.env).__name__} has no teacher: sample_valid_action returned None "
+                f"{type(self.env).__name__} has no teacher: {self.method} returned None "
                 "while the episode was still running"
             )
         ids = self.tokenizer.encode(answer.removeprefix(self.prefix), add_special_tokens=False)
@@ -150,11 +160,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0.0,
         help="chance per turn of the env's scripted_action instead of a random valid one",
     )
+    parser.add_argument(
+        "--teacher",
+        default="sample_valid_action",
+        help="the env's method that answers each turn, sample_*_action(rng) (default: its random valid action)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. pretrain=DIR")
     args = parser.parse_intermixed_args(argv)
     if not 0.0 <= args.expert_prob <= 1.0:
         parser.error(f"--expert_prob must be in [0, 1], got {args.expert_prob}")
+    if not (args.teacher.startswith("sample_") and args.teacher.endswith("_action")):
+        parser.error(f"--teacher must name an env method sample_*_action, got {args.teacher!r}")
     for name in ("episodes", "steps", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -191,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     torch.manual_seed(args.seed)
     tokenizer = apply_template(load_tokenizer(cfg.pretrain), cfg.actor_infer.data_args.template)
     manager_cfg = cfg.train_env_manager
-    teacher = Teacher(tokenizer, spec.response_prefix, np.random.default_rng(args.seed), args.expert_prob)
+    teacher = Teacher(tokenizer, spec.response_prefix, np.random.default_rng(args.seed), args.expert_prob, args.teacher)
     manager = make_env_manager(
         spec,
         tokenizer,
@@ -203,6 +220,13 @@ def main(argv: Sequence[str] | None = None) -> str:
         step_timeout_s=None,
         generate_timeout_s=None,
     )
+    if not callable(getattr(manager.env.unwrapped, args.teacher, None)):
+        manager.close()
+        print(
+            f"config error: --teacher: {type(manager.env.unwrapped).__name__} has no method {args.teacher}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     try:
         samples = teacher_samples(manager, teacher, range(args.episodes))
     except ValueError as err:
@@ -230,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> str:
         "episodes": args.episodes,
         "steps": args.steps,
         "expert_prob": args.expert_prob,
+        "teacher": args.teacher,
         "first_loss": losses[0],
         "last_loss": sum(losses[-10:]) / len(losses[-10:]),
     }

@@ -148,6 +148,22 @@ def test_mark_asked_options_follows_the_asked_values_on_product_pages_only(files
         WebShopEnv(**files, mark_asked_options="yes")
 
 
+def test_the_shopper_teacher_opens_a_listed_product_chooses_the_asked_options_and_buys(env):
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)  # asks for blue | white, 16 oz
+    assert env.sample_shopper_action(rng).startswith("<answer>search[")
+    act(env, "search[ceramic]")  # one result: the goal mug
+    answers = []
+    while (answer := env.sample_shopper_action(rng)) is not None:
+        answers.append(answer)
+        reward = env.step(answer)[1]
+    clicks = [f"<answer>click[{label}]</answer>" for label in (GOAL_ASIN, "blue | white", "16 oz", "Buy Now")]
+    assert answers == clicks and reward == 1.0
+    env.reset(seed=0)
+    play(env, ["search[ceramic]", f"click[{GOAL_ASIN}]", "click[Description]"])
+    assert env.sample_shopper_action(rng) == "<answer>click[< Prev]</answer>"
+
+
 @pytest.mark.parametrize(
     ("clicks", "reward", "metrics"),
     [

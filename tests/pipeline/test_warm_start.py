@@ -164,3 +164,26 @@ def test_a_tag_not_in_custom_envs_is_a_config_error(model_dir, tmp_path, capsys)
         )
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == ("config error: --tag: 'Nope' is not under custom_envs (FrozenLake)")
+
+
+def test_the_teacher_method_answers_and_a_bad_one_is_refused(tokenizer, model_dir, tmp_path, capsys):
+    class _Env(_OpenText):
+        def sample_yes_action(self, rng):
+            return "<answer>Left</answer>"
+
+    teacher = warm_start.Teacher(tokenizer, "<answer>", np.random.default_rng(0), method="sample_yes_action")
+    teacher.env = _Env()
+    import asyncio
+
+    out = asyncio.run(teacher.generate(type("R", (), {"request_id": "r"})()))
+    assert tokenizer.decode(out.token_ids).replace(" ", "") == "Left</answer>"
+    args = ["--config_path", "frozen_lake", "--config_name", "agent_val_frozen_lake", "--output_dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        warm_start.main([*args, "--teacher", "sample_shopper_action", f"pretrain={model_dir}"])
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr().err.strip() == "config error: --teacher: FrozenLakeEnv has no method sample_shopper_action"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        warm_start.main([*args, "--teacher", "close", f"pretrain={model_dir}"])
+    assert exit_info.value.code == 2 and "--teacher must name an env method sample_*_action" in capsys.readouterr().err
