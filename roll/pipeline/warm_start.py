@@ -196,19 +196,12 @@ def _teacher_setup(args: argparse.Namespace):
     return cfg, tag, env_spec(cfg, tag, manager_cfg)
 
 
-def main(argv: Sequence[str] | None = None) -> str:
-    args = _parse_args(argv)
-    try:
-        cfg, tag, spec = _teacher_setup(args)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
+def _teacher_manager(cfg, spec, tokenizer, teacher: Teacher):
+    """The experiment's env manager with `teacher` as its engine; exits 2 when the env has no
+    method `teacher.method`."""
     from roll.pipeline.setup.rollout_builders import sampling_params
 
-    torch.manual_seed(args.seed)
-    tokenizer = apply_template(load_tokenizer(cfg.pretrain), cfg.actor_infer.data_args.template)
     manager_cfg = cfg.train_env_manager
-    teacher = Teacher(tokenizer, spec.response_prefix, np.random.default_rng(args.seed), args.expert_prob, args.teacher)
     manager = make_env_manager(
         spec,
         tokenizer,
@@ -220,13 +213,27 @@ def main(argv: Sequence[str] | None = None) -> str:
         step_timeout_s=None,
         generate_timeout_s=None,
     )
-    if not callable(getattr(manager.env.unwrapped, args.teacher, None)):
+    if not callable(getattr(manager.env.unwrapped, teacher.method, None)):
         manager.close()
         print(
-            f"config error: --teacher: {type(manager.env.unwrapped).__name__} has no method {args.teacher}",
+            f"config error: --teacher: {type(manager.env.unwrapped).__name__} has no method {teacher.method}",
             file=sys.stderr,
         )
         sys.exit(2)
+    return manager
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    args = _parse_args(argv)
+    try:
+        cfg, tag, spec = _teacher_setup(args)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    torch.manual_seed(args.seed)
+    tokenizer = apply_template(load_tokenizer(cfg.pretrain), cfg.actor_infer.data_args.template)
+    teacher = Teacher(tokenizer, spec.response_prefix, np.random.default_rng(args.seed), args.expert_prob, args.teacher)
+    manager = _teacher_manager(cfg, spec, tokenizer, teacher)
     try:
         samples = teacher_samples(manager, teacher, range(args.episodes))
     except ValueError as err:
