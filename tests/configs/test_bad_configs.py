@@ -25,7 +25,7 @@ CONFIG_NAME = "minimal_agentic"
 FROZEN_LAKE = "envs.frozen_lake.env:FrozenLakeEnv"
 FROZEN_LAKE_ARGS = (
     "size, hole_prob, is_slippery, max_path_length, format_penalty, render_mode, action_pattern, env_instruction, "
-    "max_steps, show_neighbours"
+    "max_steps, show_neighbours, detour_prob"
 )
 BOTH_TAGS = "['SimpleFrozenLake', 'LargeFrozenLake']"
 UNKNOWN_ENV_CONFIG_KEY = (
