@@ -35,7 +35,7 @@ import numpy as np
 from envs.webshop import pages
 from envs.webshop.catalog import clean_text, load_catalog
 from envs.webshop.client import ShopClient, ShopConnectionError
-from envs.webshop.expert import expert_action
+from envs.webshop.expert import asked_option_click, expert_action
 from envs.webshop.goals import Goal, make_goal, sample_goal
 from envs.webshop.page_text import Page, normalise_label, parse_page
 from envs.webshop.search import TOP_K
@@ -279,10 +279,7 @@ class WebShopEnv(TextEnv):
             if products:
                 return f"<answer>click[{products[int(rng.integers(len(products)))]}]</answer>"
         if kind == "item":
-            for value in self._goal.options.values():
-                if normalise_label(value) in self._page.clickables and value not in self._page.selected:
-                    return f"<answer>click[{value}]</answer>"
-            return f"<answer>click[{pages.BUY_NOW}]</answer>"
+            return asked_option_click(self._page, self._goal) or f"<answer>click[{pages.BUY_NOW}]</answer>"
         if kind in pages.SUB_PAGES:
             return f"<answer>click[{pages.PREV}]</answer>"
         return self.sample_valid_action(rng)

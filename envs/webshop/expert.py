@@ -18,6 +18,15 @@ def _click(label: str) -> str:
     return f"<answer>click[{label}]</answer>"
 
 
+def asked_option_click(page: Page, goal: Goal) -> str | None:
+    """A click on the first option value the goal asks for that `page` offers and has not selected
+    yet; None when there is none left."""
+    for value in goal.options.values():
+        if normalise_label(value) in page.clickables and value not in page.selected:
+            return _click(value)
+    return None
+
+
 def expert_action(page: Page, goal: Goal, goal_title: str, num_searches: int) -> str | None:
     """The expert's answer text on `page`, after `num_searches` searches; None once bought."""
     kind = page.data.get("page")
@@ -34,10 +43,7 @@ def expert_action(page: Page, goal: Goal, goal_title: str, num_searches: int) ->
     if kind == "item":
         if page.data.get("asin") != goal.asin:
             return _click(pages.PREV)
-        for value in goal.options.values():
-            if value not in page.selected:
-                return _click(value)
-        return _click(pages.BUY_NOW)
+        return asked_option_click(page, goal) or _click(pages.BUY_NOW)
     if kind in pages.SUB_PAGES:
         return _click(pages.PREV)
     return None

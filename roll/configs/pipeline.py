@@ -300,7 +300,8 @@ class PipelineConfig(RollDialect):
             )
 
     def _check_agent_tags(self) -> None:
-        """Agent loops give one sample per trajectory: their tags need a "traj" manager."""
+        """Agent loops give one sample per trajectory: their tags need a "traj" manager. Agent
+        loops and agent runners sample on their own: their tags take no `rescue_temperature`."""
         for name, manager in self.env_managers.items():
             agent_tags = [t for t in manager.tags if self.custom_envs[t].env_type == "agent"]
             if agent_tags and manager.env_manager_type != SampleMode.TRAJ:
