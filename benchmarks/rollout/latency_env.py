@@ -5,7 +5,10 @@ the move: median e^mu, mean median * e^(sigma^2 / 2), p99 median * e^(2.33 sigma
 defaults (50 ms, sigma 1) the mean is 82 ms and one step in a hundred takes over half a second: a
 heavy tail, the case where a batch that waits for its slowest env loses most. `median_ms=0` gives
 plain FrozenLake with the same code path (the zero-latency bound). The sleep releases the GIL,
-like waiting on a socket, so envs stepped in threads overlap.
+like waiting on a socket, so envs stepped in threads overlap. Like a remote env written with
+`asyncio`, it also serves `astep`: the env manager awaits the delay in its event loop, with no
+thread (`roll.agentic.env_manager.env_calls`). `ThreadedSlowFrozenLakeEnv` is the same env
+without `astep`, as a blocking client would be: its steps go to the worker's threads.
 
 Latencies are drawn from the env's own generator, reseeded on every reset from (`latency_seed`,
 the reset seed, the instance number in this process), never from `np_random`: the maps and moves
@@ -19,6 +22,7 @@ the same env instances.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import time
@@ -50,10 +54,20 @@ class SlowFrozenLakeEnv(FrozenLakeEnv):
         self._latency_rng = np.random.default_rng(derive_seed(self.latency_seed, "latency", seed, self._instance))
         return super().reset(seed=seed, options=options)
 
+    cheap_calls = frozenset({"reset"})  # reset draws no delay; step waits
+
     def step(self, action: str):
         delay = self.draw_latency_s()
         if delay > 0:
             time.sleep(delay)
+            self.total_sleep_s += delay
+        return super().step(action)
+
+    async def astep(self, action: str):
+        """`step` with the delay awaited (as a client on `asyncio` waits on its socket)."""
+        delay = self.draw_latency_s()
+        if delay > 0:
+            await asyncio.sleep(delay)
             self.total_sleep_s += delay
         return super().step(action)
 
@@ -62,3 +76,10 @@ class SlowFrozenLakeEnv(FrozenLakeEnv):
         if self.median_ms == 0:
             return 0.0
         return self.median_ms / 1000.0 * math.exp(self.sigma * float(self._latency_rng.standard_normal()))
+
+
+class ThreadedSlowFrozenLakeEnv(SlowFrozenLakeEnv):
+    """`SlowFrozenLakeEnv` with its `step` only (no `astep`): the env manager steps it in a thread."""
+
+    cheap_calls = frozenset({"reset"})
+    astep = None  # type: ignore[assignment]

@@ -9,7 +9,8 @@ The same envs, model, trajectories and sampling, three ways, in turns within eac
 Env latency is log-normal (`benchmarks/rollout/latency_env.py`, `--median_ms`, `--sigma`); the model is
 the tiny random-init one, so most episodes run all `--max_turns` turns. A mode's time is the best
 of `--repeats`; the engine runs `--engine_threads 1` torch thread (0: every core). The table also
-prints what env latency alone costs each mode (Monte-Carlo).
+prints what env latency alone costs each mode (Monte-Carlo). `--env_calls thread` steps the slow
+env in the env workers' threads instead of awaiting its `astep` (the default).
 
     python benchmarks/rollout/rollout_throughput.py [--trajectories 256 --concurrent_envs 128 --group_size 8
         --max_turns 8 --median_ms 50 --sigma 1.0 --envs_per_worker 0 --engine_threads 1 --redundancy 0
@@ -57,7 +58,11 @@ from roll.pipeline.tiny_model import env_corpus
 
 CONFIG_DIR = REPO / "examples" / "frozen_lake"
 CONFIG_NAME = "agent_val_frozen_lake_traj"
-LATENCY_ENV = "benchmarks.rollout.latency_env:SlowFrozenLakeEnv"
+# --env_calls: how the env manager waits on a slow step (awaited in its loop, or in a thread)
+LATENCY_ENVS = {
+    "await": "benchmarks.rollout.latency_env:SlowFrozenLakeEnv",
+    "thread": "benchmarks.rollout.latency_env:ThreadedSlowFrozenLakeEnv",
+}
 TAG = "FrozenLake"
 
 
@@ -96,7 +101,7 @@ def bench_config(args, model_path: str, median_ms: float, output_dir: str, redun
         f"train_env_manager.max_env_num_per_worker={args.envs_per_worker}",
         f"actor_infer.strategy_args.strategy_config.max_batch_size={args.max_batch_size}",
         f"+actor_infer.strategy_args.strategy_config.batch_wait_ms={args.batch_wait_ms}",
-        f"{env}.env_type='{LATENCY_ENV}'",
+        f"{env}.env_type='{LATENCY_ENVS[args.env_calls]}'",
         f"{env}.max_steps={args.max_turns}",
         f"{env}.env_config.median_ms={median_ms}",
         f"{env}.env_config.sigma={args.sigma}",
@@ -339,6 +344,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max_batch_size", type=int, default=256, help="engine rows per call")
     parser.add_argument(
+        "--env_calls",
+        choices=sorted(LATENCY_ENVS),
+        default="await",
+        help="the slow env's steps: awaited in the env worker's loop (astep) or run in its threads",
+    )
+    parser.add_argument(
         "--batch_wait_ms", type=float, default=0.0, help="actor_infer's batch_wait_ms: a request waits for company"
     )
     parser.add_argument(
@@ -403,7 +414,8 @@ def main_steady(args, load: tuple[float, float, float]) -> None:
         f"steady state: {args.steady_batches} batches of {args.trajectories} trajectories a run (batches 2.. timed), "
         f"groups of {args.group_size}, {args.concurrent_envs} envs, redundancy {args.redundancy}, <= {args.max_turns} "
         f"turns, env.step median {args.median_ms:g} ms sigma {args.sigma:g}; median of {args.repeats}; engine threads "
-        f"{args.engine_threads or os.cpu_count()}, batch wait {args.batch_wait_ms:g} ms, {load_line(load=load)}"
+        f"{args.engine_threads or os.cpu_count()}, batch wait {args.batch_wait_ms:g} ms, env steps {args.env_calls}ed, "
+        f"{load_line(load=load)}"
     )
     ratios = rollout_steady.print_steady(runs, curve, header)
     if args.record:

@@ -19,17 +19,19 @@ observations need characters outside `CHARSET` (or longer than `MAX_TEXT_CHARS`)
 `self.observation_space` after `super().__init__`, preferably to `text_space(...)`, which every
 env asking for the same space shares.
 
-`cheap_calls` names the env methods ("reset", "step") an env manager may call in its event loop
-instead of a thread (docs/custom_env.md: only calls well under a millisecond that wait on
-nothing); the default is none.
+`cheap_calls` names the calls ("reset", "step") an env manager may make in its event loop (well
+under a millisecond, waiting on nothing). An env waiting on I/O writes `async def _aapply` /
+`_areset`: it gets `astep` / `areset`, awaited in that loop (docs/custom_env.md).
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import functools
 import re
 import string
+from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -136,6 +138,14 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     def _apply(self, action: str) -> tuple[str, float, bool, bool]:
         """Play one parsed action (one of `actions`): (obs, reward, terminated, truncated)."""
 
+    # Optional, for an env that waits on I/O (a remote service, a sandbox): `async def _areset` /
+    # `async def _aapply`, the same contracts as `_reset` / `_apply`. Written in a subclass, they
+    # give it `areset` / `astep`, which an env manager awaits in its event loop (no thread). A sync
+    # hook the subclass does not write runs its async twin to the end (`asyncio.run`), so `step`
+    # and `reset` keep working outside an event loop (`roll.agentic.play`, the config checks).
+    _areset: Callable[[dict[str, Any]], Awaitable[str]]
+    _aapply: Callable[[str], Awaitable[tuple[str, float, bool, bool]]]
+
     @property
     @abc.abstractmethod
     def success(self) -> bool:
@@ -187,24 +197,59 @@ class TextEnv(gym.Env[str, str], abc.ABC):
 
     # --- the gymnasium API, final ----------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self._begin_reset(seed)
+        self._frame = self._reset(dict(options or {}))
+        return self._end_reset()
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        parsed = self._begin_step(action)
+        result = self._unparsed_result() if parsed is None else self._apply(parsed)
+        return self._end_step(parsed, result)
+
+    # `areset` / `astep`: set on a subclass that writes `_areset` / `_aapply` (`__init_subclass__`)
+    async def _async_reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._begin_reset(seed)
+        self._frame = await self._areset(dict(options or {}))
+        return self._end_reset()
+
+    async def _async_step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        parsed = self._begin_step(action)
+        result = self._unparsed_result() if parsed is None else await self._aapply(parsed)
+        return self._end_step(parsed, result)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _wire_async_hooks(cls)
+
+    def _begin_reset(self, seed: int | None) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         super().reset(seed=None if seed is None else int(seed))
         self._num_actions = 0
         self._num_invalid = 0
-        self._frame = self._reset(dict(options or {}))
+
+    def _end_reset(self) -> tuple[str, dict[str, Any]]:
+        assert self._frame is not None
         return self._frame, {"env_instruction": self.env_instruction or self.instruction, "metrics": {}}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def _begin_step(self, action: str) -> str | None:
         if self._frame is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         self._num_actions += 1
         parsed = self.parse_action(action)
         if parsed is None:
             self._num_invalid += 1
-            obs, reward, terminated, truncated = self._frame, self.format_penalty, False, False
-        else:
-            obs, reward, terminated, truncated = self._apply(parsed)
+        return parsed
+
+    def _unparsed_result(self) -> tuple[str, float, bool, bool]:
+        assert self._frame is not None
+        return self._frame, self.format_penalty, False, False
+
+    def _end_step(
+        self, parsed: str | None, result: tuple[str, float, bool, bool]
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated = result
+        if parsed is not None:
             self._frame = obs
         metrics = {
             "num_actions": float(self._num_actions),
@@ -224,3 +269,33 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         if self._frame is None or self.render_mode is None:
             return None
         return self._frame if self.render_mode == "ansi" else self.frame_to_rgb(self._frame)
+
+
+# (sync hook, its async twin, the public coroutine a class writing the twin gets)
+_ASYNC_HOOKS = (("_reset", "_areset", "areset"), ("_apply", "_aapply", "astep"))
+
+
+def _wire_async_hooks(cls: type[TextEnv]) -> None:
+    """Give `cls` `areset` / `astep` for the async hooks it writes, and a sync hook that runs the
+    async one where it writes only that. A class that writes a sync hook (or `reset` / `step`)
+    but not its twin has the public coroutine set to None: an inherited `astep` would skip the
+    override, so the env manager takes the sync path."""
+    for sync_hook, async_hook, public in _ASYNC_HOOKS:
+        sync_call = public[1:]
+        if async_hook in cls.__dict__:
+            setattr(cls, public, TextEnv._async_reset if public == "areset" else TextEnv._async_step)
+            if getattr(getattr(cls, sync_hook), "__isabstractmethod__", False):
+                setattr(cls, sync_hook, _run_to_end(async_hook))
+        elif (sync_hook in cls.__dict__ or sync_call in cls.__dict__) and public not in cls.__dict__:
+            setattr(cls, public, None)
+
+
+def _run_to_end(async_hook: str) -> Callable[..., Any]:
+    """A sync hook that runs `async_hook` on a fresh event loop (not from inside a running one)."""
+
+    def hook(self: TextEnv, *args: Any) -> Any:
+        return asyncio.run(getattr(self, async_hook)(*args))
+
+    hook.__name__ = async_hook.replace("_a", "_", 1)
+    hook.__doc__ = f"`{async_hook}` run to the end on a fresh event loop."
+    return hook

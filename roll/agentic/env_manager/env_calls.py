@@ -16,12 +16,18 @@ What the inline path keeps and loses:
   env's life (in a row: one slow call on a busy machine is no verdict on the env).
 - `use_thread_lock` and `max_env_step_concurrent` are still honoured: the inline path takes the
   lock / semaphore without waiting, and a call that would have to wait goes to a thread.
+
+An env whose class serves a call as a coroutine (`astep` / `areset`, e.g. a `TextEnv` that writes
+`_aapply`) has it awaited in the loop instead, under the timeout, which cancels it; that path
+takes precedence over both others. It is used only where the coroutine's class is the one that
+defines the sync call or a subclass of it: a subclass that overrides `step` alone keeps its `step`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable
 from time import perf_counter
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING
 INLINE_BUDGET_S = 0.005  # an inline call slower than this blocked every other manager too long
 INLINE_STRIKES = 3  # over-budget inline calls before that call moves to threads for good
 INLINE_CALLS = frozenset({"reset", "step"})  # what `TextEnv.cheap_calls` may name
+ASYNC_TWINS = {"reset": "areset", "step": "astep"}  # the coroutine an env may serve each call as
 
 # `use_thread_lock`: one lock per env-worker process; `max_env_step_concurrent`: one semaphore per
 # tag and process. Shared by both paths, so they hold across threads and the event loop.
@@ -56,6 +63,22 @@ def declared_cheap_calls(env) -> frozenset[str]:
     return declared
 
 
+def async_calls(env) -> frozenset[str]:
+    """The calls ("reset", "step") `env`'s class serves as coroutines (`areset` / `astep`), each
+    counted only where the coroutine's class is the sync call's class or a subclass of it."""
+    cls = type(env)
+    found = set()
+    for name, twin in ASYNC_TWINS.items():
+        if inspect.iscoroutinefunction(getattr(cls, twin, None)) and issubclass(_owner(cls, twin), _owner(cls, name)):
+            found.add(name)
+    return frozenset(found)
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class in `cls`'s MRO that defines `name` (object when none does)."""
+    return next((klass for klass in cls.__mro__ if name in klass.__dict__), object)
+
+
 class EnvCaller:
     """Calls one env's `reset` / `step` on the cheapest safe path (see the module docstring)."""
 
@@ -71,6 +94,7 @@ class EnvCaller:
         self.env = env
         self.timeout_s = timeout_s
         self.inline = set(declared_cheap_calls(env))  # shrinks when a call proves slow
+        self.coroutines = async_calls(env)
         self.strikes = dict.fromkeys(INLINE_CALLS, 0)
         step_limit = None
         if max_env_step_concurrent > 0:
@@ -82,7 +106,15 @@ class EnvCaller:
 
     async def __call__(self, name: str, *args, **kwargs):
         guards = self._guards.get(name, [])
-        if name in self.inline:
+        if name in self.coroutines:
+            held = _try_acquire(guards) if guards else []
+            if held is not None:  # else a guard is taken: the sync call waits for it in a thread
+                try:
+                    return await self._await(name, *args, **kwargs)
+                finally:
+                    for guard in reversed(held):
+                        guard.release()
+        elif name in self.inline:
             if not guards:  # the common case, kept short: this runs on every step
                 return self._call_inline(name, *args, **kwargs)
             held = _try_acquire(guards)
@@ -106,6 +138,13 @@ class EnvCaller:
             self.close()
             raise EnvStepTimeout(f"env.{name} exceeded {self.timeout_s}s (took {elapsed:.3g}s inline)")
         return result
+
+    async def _await(self, name: str, *args, **kwargs):
+        try:
+            return await asyncio.wait_for(getattr(self.env, ASYNC_TWINS[name])(*args, **kwargs), self.timeout_s)
+        except TimeoutError:
+            self.close()
+            raise EnvStepTimeout(f"env.{name} exceeded {self.timeout_s}s (awaited)") from None
 
     async def _call_in_thread(self, name: str, guards: list[_Guard], *args, **kwargs):
         call: Callable = getattr(self.env, name)
