@@ -200,3 +200,19 @@ def test_a_manager_plays_identical_episodes_awaited_and_in_threads():
         (awaited_threads, awaited), (thread_threads, threaded) = play(True, seed), play(False, seed)
         assert awaited == threaded
         assert set(awaited_threads) == {threading.get_ident()} and threading.get_ident() not in thread_threads
+
+
+def test_the_sync_bridge_refuses_a_running_loop_and_a_hook_must_be_async():
+    env = RemoteCounter()
+    env.reset(seed=0)
+
+    async def inside():
+        env.step("<answer>Up</answer>")
+
+    with pytest.raises(RuntimeError, match=r"RemoteCounter.step runs the async _aapply .* await RemoteCounter.astep"):
+        asyncio.run(inside())
+    with pytest.raises(TypeError, match=r"NotAsync._aapply must be a coroutine function"):
+
+        class NotAsync(RemoteCounter):
+            def _aapply(self, action):
+                return "x", 0.0, False, False

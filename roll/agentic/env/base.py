@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import functools
+import inspect
 import re
 import string
 from collections.abc import Awaitable, Callable
@@ -283,6 +284,8 @@ def _wire_async_hooks(cls: type[TextEnv]) -> None:
     for sync_hook, async_hook, public in _ASYNC_HOOKS:
         sync_call = public[1:]
         if async_hook in cls.__dict__:
+            if not inspect.iscoroutinefunction(cls.__dict__[async_hook]):
+                raise TypeError(f"{cls.__name__}.{async_hook} must be a coroutine function (async def)")
             setattr(cls, public, TextEnv._async_reset if public == "areset" else TextEnv._async_step)
             if getattr(getattr(cls, sync_hook), "__isabstractmethod__", False):
                 setattr(cls, sync_hook, _run_to_end(async_hook))
@@ -294,7 +297,15 @@ def _run_to_end(async_hook: str) -> Callable[..., Any]:
     """A sync hook that runs `async_hook` on a fresh event loop (not from inside a running one)."""
 
     def hook(self: TextEnv, *args: Any) -> Any:
-        return asyncio.run(getattr(self, async_hook)(*args))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop running here: run the coroutine on a fresh one
+            return asyncio.run(getattr(self, async_hook)(*args))
+        call = "step" if async_hook == "_aapply" else "reset"
+        raise RuntimeError(
+            f"{type(self).__name__}.{call} runs the async {async_hook} and cannot be called inside a running "
+            f"event loop: await {type(self).__name__}.a{call} instead"
+        )
 
     hook.__name__ = async_hook.replace("_a", "_", 1)
     hook.__doc__ = f"`{async_hook}` run to the end on a fresh event loop."
