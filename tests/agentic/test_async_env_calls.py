@@ -216,3 +216,17 @@ def test_the_sync_bridge_refuses_a_running_loop_and_a_hook_must_be_async():
         class NotAsync(RemoteCounter):
             def _aapply(self, action):
                 return "x", 0.0, False, False
+
+
+def test_an_async_hook_over_a_concrete_parent_runs_for_sync_calls_too():
+    from envs.frozen_lake.env import FrozenLakeEnv
+
+    class AsyncLake(FrozenLakeEnv):
+        async def _aapply(self, action):
+            await asyncio.sleep(0)
+            return "remote", 1.0, True, False
+
+    env = AsyncLake()
+    env.reset(seed=0)
+    assert env.step("<answer>Up</answer>")[:3] == ("remote", 1.0, True)
+    assert async_calls(env) == {"step"}

@@ -142,7 +142,7 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     # Optional, for an env that waits on I/O (a remote service, a sandbox): `async def _areset` /
     # `async def _aapply`, the same contracts as `_reset` / `_apply`. Written in a subclass, they
     # give it `areset` / `astep`, which an env manager awaits in its event loop (no thread). A sync
-    # hook the subclass does not write runs its async twin to the end (`asyncio.run`), so `step`
+    # hook the subclass does not write itself runs its async twin to the end (`asyncio.run`), so `step`
     # and `reset` keep working outside an event loop (`roll.agentic.play`, the config checks).
     _areset: Callable[[dict[str, Any]], Awaitable[str]]
     _aapply: Callable[[str], Awaitable[tuple[str, float, bool, bool]]]
@@ -278,16 +278,16 @@ _ASYNC_HOOKS = (("_reset", "_areset", "areset"), ("_apply", "_aapply", "astep"))
 
 def _wire_async_hooks(cls: type[TextEnv]) -> None:
     """Give `cls` `areset` / `astep` for the async hooks it writes, and a sync hook that runs the
-    async one where it writes only that. A class that writes a sync hook (or `reset` / `step`)
-    but not its twin has the public coroutine set to None: an inherited `astep` would skip the
-    override, so the env manager takes the sync path."""
+    async one where it writes only that (even over a parent's concrete sync hook). A class that
+    writes a sync hook (or `reset` / `step`) but not its twin has the public coroutine set to None:
+    an inherited `astep` would skip the override, so the env manager takes the sync path."""
     for sync_hook, async_hook, public in _ASYNC_HOOKS:
         sync_call = public[1:]
         if async_hook in cls.__dict__:
             if not inspect.iscoroutinefunction(cls.__dict__[async_hook]):
                 raise TypeError(f"{cls.__name__}.{async_hook} must be a coroutine function (async def)")
             setattr(cls, public, TextEnv._async_reset if public == "areset" else TextEnv._async_step)
-            if getattr(getattr(cls, sync_hook), "__isabstractmethod__", False):
+            if sync_hook not in cls.__dict__:  # its sync twin, not an inherited one, runs sync calls
                 setattr(cls, sync_hook, _run_to_end(async_hook))
         elif (sync_hook in cls.__dict__ or sync_call in cls.__dict__) and public not in cls.__dict__:
             setattr(cls, public, None)
