@@ -23,7 +23,7 @@ class RemoteCounter(TextEnv):
 
     actions = ("Up", "Down")
 
-    def __init__(self, delay_s: float = 0.0, goal: int = 3, gate: asyncio.Event | None = None):
+    def __init__(self, delay_s: float = 0.0, goal: int = 3, gate: threading.Event | None = None):
         super().__init__()
         self.delay_s, self.goal, self.gate = delay_s, goal, gate
         self.count = 0
@@ -43,8 +43,8 @@ class RemoteCounter(TextEnv):
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
-            if self.gate is not None:
-                await self.gate.wait()
+            while self.gate is not None and not self.gate.is_set():  # polled: any thread may open it
+                await asyncio.sleep(0.001)
             await asyncio.sleep(self.delay_s)
         finally:
             self.in_flight -= 1
@@ -139,15 +139,21 @@ def test_awaited_steps_are_not_capped_by_the_thread_pool():
 
     async def play():
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
-        gate = asyncio.Event()
+        gate = threading.Event()
         envs = [RemoteCounter(gate=gate) for _ in range(count)]
         callers = [EnvCaller(env) for env in envs]
         for caller in callers:
             await caller("reset", seed=0)
         moves = [asyncio.ensure_future(caller("step", "<answer>Up</answer>")) for caller in callers]
-        while sum(env.in_flight for env in envs) < count:
-            await asyncio.sleep(0.001)
-        gate.set()
+
+        async def all_in_flight():
+            while sum(env.in_flight for env in envs) < count:
+                await asyncio.sleep(0.001)
+
+        try:  # capped by the threads, it would never get there
+            await asyncio.wait_for(all_in_flight(), 10)
+        finally:
+            gate.set()
         await asyncio.wait_for(asyncio.gather(*moves), 10)
         return envs
 
