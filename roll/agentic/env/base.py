@@ -272,8 +272,11 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         return self._frame if self.render_mode == "ansi" else self.frame_to_rgb(self._frame)
 
 
-# (sync hook, its async twin, the public coroutine a class writing the twin gets)
-_ASYNC_HOOKS = (("_reset", "_areset", "areset"), ("_apply", "_aapply", "astep"))
+# (sync call, its hook, the hook's async twin, the coroutine a class writing the twin gets as `a<call>`)
+_ASYNC_HOOKS = (
+    ("reset", "_reset", "_areset", TextEnv._async_reset),
+    ("step", "_apply", "_aapply", TextEnv._async_step),
+)
 
 
 def _wire_async_hooks(cls: type[TextEnv]) -> None:
@@ -281,19 +284,19 @@ def _wire_async_hooks(cls: type[TextEnv]) -> None:
     async one where it writes only that (even over a parent's concrete sync hook). A class that
     writes a sync hook (or `reset` / `step`) but not its twin has the public coroutine set to None:
     an inherited `astep` would skip the override, so the env manager takes the sync path."""
-    for sync_hook, async_hook, public in _ASYNC_HOOKS:
-        sync_call = public[1:]
+    for call, sync_hook, async_hook, coroutine in _ASYNC_HOOKS:
+        public = f"a{call}"
         if async_hook in cls.__dict__:
             if not inspect.iscoroutinefunction(cls.__dict__[async_hook]):
                 raise TypeError(f"{cls.__name__}.{async_hook} must be a coroutine function (async def)")
-            setattr(cls, public, TextEnv._async_reset if public == "areset" else TextEnv._async_step)
+            setattr(cls, public, coroutine)
             if sync_hook not in cls.__dict__:  # its sync twin, not an inherited one, runs sync calls
-                setattr(cls, sync_hook, _run_to_end(async_hook))
-        elif (sync_hook in cls.__dict__ or sync_call in cls.__dict__) and public not in cls.__dict__:
+                setattr(cls, sync_hook, _run_to_end(call, sync_hook, async_hook))
+        elif (sync_hook in cls.__dict__ or call in cls.__dict__) and public not in cls.__dict__:
             setattr(cls, public, None)
 
 
-def _run_to_end(async_hook: str) -> Callable[..., Any]:
+def _run_to_end(call: str, sync_hook: str, async_hook: str) -> Callable[..., Any]:
     """A sync hook that runs `async_hook` on a fresh event loop (not from inside a running one)."""
 
     def hook(self: TextEnv, *args: Any) -> Any:
@@ -301,12 +304,11 @@ def _run_to_end(async_hook: str) -> Callable[..., Any]:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop running here: run the coroutine on a fresh one
             return asyncio.run(getattr(self, async_hook)(*args))
-        call = "step" if async_hook == "_aapply" else "reset"
         raise RuntimeError(
             f"{type(self).__name__}.{call} runs the async {async_hook} and cannot be called inside a running "
             f"event loop: await {type(self).__name__}.a{call} instead"
         )
 
-    hook.__name__ = async_hook.replace("_a", "_", 1)
+    hook.__name__ = sync_hook
     hook.__doc__ = f"`{async_hook}` run to the end on a fresh event loop."
     return hook

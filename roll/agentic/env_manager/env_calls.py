@@ -107,23 +107,15 @@ class EnvCaller:
     async def __call__(self, name: str, *args, **kwargs):
         guards = self._guards.get(name, [])
         if name in self.coroutines:
-            held = _try_acquire(guards) if guards else []
-            if held is not None:  # else a guard is taken: the sync call waits for it in a thread
-                try:
+            with _taken_now(guards) as taken:
+                if taken:  # else a guard is held: the sync call waits for it in a thread
                     return await self._await(name, *args, **kwargs)
-                finally:
-                    for guard in reversed(held):
-                        guard.release()
         elif name in self.inline:
             if not guards:  # the common case, kept short: this runs on every step
                 return self._call_inline(name, *args, **kwargs)
-            held = _try_acquire(guards)
-            if held is not None:
-                try:
+            with _taken_now(guards) as taken:
+                if taken:
                     return self._call_inline(name, *args, **kwargs)
-                finally:
-                    for guard in reversed(held):
-                        guard.release()
         return await self._call_in_thread(name, guards, *args, **kwargs)
 
     def _call_inline(self, name: str, *args, **kwargs):
@@ -169,6 +161,17 @@ class EnvCaller:
             self.env.close()
         except Exception:  # the env is being discarded anyway
             pass
+
+
+@contextlib.contextmanager
+def _taken_now(guards: list[_Guard]):
+    """Yields whether every guard was taken without waiting; releases what was taken on exit."""
+    held = _try_acquire(guards)
+    try:
+        yield held is not None
+    finally:
+        for guard in reversed(held or []):
+            guard.release()
 
 
 def _try_acquire(guards: list[_Guard]) -> list[_Guard] | None:
